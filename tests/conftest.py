@@ -1,0 +1,22 @@
+"""Shared fixtures. The backend is chosen by KERAS_BACKEND before keras is imported."""
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import keras  # noqa: E402
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _fresh_keras_state():
+    keras.utils.clear_session()
+    keras.config.set_dtype_policy("float32")
+    yield
+    keras.config.set_dtype_policy("float32")
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
