@@ -325,6 +325,16 @@ class ResidualUnit(keras.layers.Layer):
         if self._gate is not None:
             self._gate.build(tuple(input_shape))
 
+    def get_sublayer(self, name):
+        """The sublayer called ``name`` ("conv1", "preact1_norm", "postact2_norm", "projection",
+        "projection_norm", "addition_norm", "gate"), e.g. to load converted weights."""
+        layers = [l for group in self._before + [self._convs] + self._after for l in group]
+        layers += [self._projection, self._projection_norm, self._gate] + self._after_addition
+        for layer in layers:
+            if layer is not None and layer.name == name:
+                return layer
+        raise KeyError(f"{self.name} has no sublayer {name!r}.")
+
     # ------------------------------------------------------------------------------------ call
     def _apply(self, layers, x, training):
         for layer in layers:

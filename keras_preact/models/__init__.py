@@ -13,6 +13,7 @@ from keras_preact.models.cifar import (
     cifar_resnet1202,
 )
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, LAYOUTS, imagenet_resnet
+from keras_preact.models.registry import MODELS, create_model, list_models
 
 __all__ = [
     "CIFAR_DEPTHS",
@@ -28,4 +29,7 @@ __all__ = [
     "cifar_resnet1001",
     "cifar_resnet1202",
     "imagenet_resnet",
+    "MODELS",
+    "create_model",
+    "list_models",
 ]

@@ -1,0 +1,86 @@
+"""Convert keras.applications ResNet50V2 / ResNet101V2 / ResNet152V2 into keras-preact models."""
+
+import re
+
+from keras_preact.models.imagenet import IMAGENET_DEPTHS, imagenet_resnet
+
+# Our sublayer in a full pre-activation bottleneck unit -> keras.applications' layer suffix.
+UNIT_LAYER_MAP = {
+    "preact1_norm": "preact_bn",
+    "conv1": "1_conv",
+    "preact2_norm": "1_bn",
+    "conv2": "2_conv",
+    "preact3_norm": "2_bn",
+    "conv3": "3_conv",
+    "projection": "0_conv",
+}
+
+
+def _stage_units(model):
+    """Units per stage of a keras.applications ResNetV2, read off its layer names."""
+    units = {}
+    for layer in model.layers:
+        match = re.fullmatch(r"conv(\d)_block(\d+)_out", layer.name)
+        if match:
+            stage, block = int(match.group(1)), int(match.group(2))
+            units[stage] = max(units.get(stage, 0), block)
+    return tuple(units[s] for s in sorted(units))
+
+
+def _copy(src, dst, copied):
+    dst.set_weights(src.get_weights())
+    copied.extend(dst.weights)
+
+
+def from_keras_applications(model, *, classifier_activation=None, name=None):
+    """An equivalent keras-preact model (``layout="tf_slim"``) with ``model``'s weights.
+
+    ``model`` is a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2 with any weights, input
+    shape, ``include_top`` and ``pooling``. The result gives the same outputs (to float rounding).
+    ``classifier_activation`` defaults to the source's ("softmax" unless changed).
+    """
+    units = _stage_units(model)
+    depth = next((d for d, (b, u) in IMAGENET_DEPTHS.items() if b == "bottleneck" and u == units), None)
+    if depth is None or "post_bn" not in [l.name for l in model.layers]:
+        raise ValueError(
+            f"from_keras_applications expects a keras.applications ResNet50V2, ResNet101V2 or "
+            f"ResNet152V2; got {model.name!r} with units per stage {units or 'unknown'}."
+        )
+    names = {l.name for l in model.layers}
+    include_top = "predictions" in names
+    pooling = None
+    if not include_top:
+        pooling = "avg" if "avg_pool" in names else "max" if "max_pool" in names else None
+    num_classes = 1000
+    if include_top:
+        top = model.get_layer("predictions")
+        num_classes = top.units
+        if classifier_activation is None:
+            classifier_activation = top.activation
+    converted = imagenet_resnet(
+        depth,
+        num_classes,
+        layout="tf_slim",
+        input_shape=tuple(model.input_shape[1:]),
+        include_top=include_top,
+        pooling=pooling,
+        classifier_activation=classifier_activation,
+        name=name or f"preact_resnet{depth}_from_{model.name}",
+    )
+    copied = []
+    _copy(model.get_layer("conv1_conv"), converted.get_layer("stem_conv"), copied)
+    for s, n in enumerate(units):
+        for b in range(n):
+            unit = converted.get_layer(f"stage{s + 1}_unit{b + 1}")
+            prefix = f"conv{s + 2}_block{b + 1}_"
+            for ours, theirs in UNIT_LAYER_MAP.items():
+                if prefix + theirs in names:
+                    _copy(model.get_layer(prefix + theirs), unit.get_sublayer(ours), copied)
+    _copy(model.get_layer("post_bn"), converted.get_layer("final_norm"), copied)
+    if include_top:
+        _copy(model.get_layer("predictions"), converted.get_layer("logits"), copied)
+    if len(copied) != len(converted.weights):  # every variable must come from the source
+        raise RuntimeError(
+            f"Converted {len(copied)} of {len(converted.weights)} variables: the layouts disagree."
+        )
+    return converted
