@@ -1,0 +1,277 @@
+"""ResidualUnit: exact math of every design of paper Table 1 / Table 2, config, saving, errors."""
+
+import itertools
+
+import keras
+import numpy as np
+import pytest
+from checks import (
+    run_config_echo_test,
+    run_saving_test,
+    to_numpy,
+    vector_jacobian_product,
+    zero_branch,
+)
+
+from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit
+
+pytestmark = pytest.mark.core
+EPS = 1e-5
+
+
+def unit_on(x, **kwargs):
+    unit = ResidualUnit(**{"filters": x.shape[-1], **kwargs})
+    unit.build(x.shape)
+    return unit
+
+
+def random_input(rng, shape=(2, 8, 8, 16)):
+    return rng.normal(size=shape).astype("float32")
+
+
+# With every branch kernel at zero, F(x) = 0 and each ordering reduces to a known function of x
+# (inference-mode BN with fresh statistics divides by sqrt(1 + eps)).
+ZERO_BRANCH_OUTPUT = {
+    "original": lambda x: np.maximum(x, 0),
+    "bn_after_addition": lambda x: np.maximum(x / np.sqrt(np.float32(1 + EPS)), 0),
+    "relu_before_addition": lambda x: x,
+    "relu_only_preact": lambda x: x,
+    "full_preact": lambda x: x,
+}
+
+
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_zero_branch_reduces_to_known_function(rng, ordering, block):
+    x = random_input(rng)
+    unit = unit_on(x, block=block, ordering=ordering)
+    zero_branch(unit)
+    expected = ZERO_BRANCH_OUTPUT[ordering](x)
+    actual = to_numpy(unit(x, training=False))
+    if ordering == "bn_after_addition":
+        np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-6)
+    else:  # the identity path is exact: bit for bit
+        np.testing.assert_array_equal(actual, expected)
+
+
+@pytest.mark.parametrize("training", [False, True])
+def test_full_preact_zero_branch_is_identity_bit_for_bit(rng, training):
+    x = random_input(rng)
+    unit = unit_on(x)
+    zero_branch(unit)
+    np.testing.assert_array_equal(to_numpy(unit(x, training=training)), x)
+
+
+@pytest.mark.parametrize("scale", [0.5, 0.7])
+@pytest.mark.parametrize("ordering", ["full_preact", "original"])
+def test_constant_scaling(rng, ordering, scale):
+    x = random_input(rng)
+    unit = unit_on(x, ordering=ordering, shortcut="constant_scaling", shortcut_scale=scale)
+    zero_branch(unit)
+    expected = scale * x if ordering == "full_preact" else np.maximum(scale * x, 0)
+    np.testing.assert_array_equal(to_numpy(unit(x, training=False)), expected)
+
+
+def test_constant_scaling_stack_decays_as_lambda_to_the_L(rng):
+    x = random_input(rng)
+    depth, scale = 12, 0.5
+    y = x
+    for _ in range(depth):
+        unit = unit_on(x, shortcut="constant_scaling", shortcut_scale=scale, residual_scale=0.5)
+        zero_branch(unit)
+        y = unit(y, training=False)
+    np.testing.assert_array_equal(to_numpy(y), x * scale**depth)  # powers of two: exact
+
+
+@pytest.mark.parametrize("shortcut", ["exclusive_gating", "shortcut_only_gating"])
+@pytest.mark.parametrize("bias", [0.0, -6.0])
+def test_gating_scales_identity_by_one_minus_gate(rng, shortcut, bias):
+    x = random_input(rng)
+    unit = unit_on(x, shortcut=shortcut, gate_bias_init=bias)
+    zero_branch(unit)
+    gate = unit.get_sublayer("gate")
+    gate.kernel.assign(np.zeros(gate.kernel.shape, "float32"))
+    np.testing.assert_allclose(to_numpy(gate.bias), bias)
+    expected = (1 - 1 / (1 + np.exp(-bias))) * x
+    np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6, atol=1e-7)
+
+
+def test_exclusive_gate_multiplies_branch_by_gate(rng):
+    """y = (1 - g) x + g F(x): with a zero gate kernel and bias b, g = sigmoid(b) everywhere."""
+    x = random_input(rng)
+    plain = unit_on(x)
+    gated = unit_on(x, shortcut="exclusive_gating", gate_bias_init=0.0)
+    for name in ("conv1", "conv2"):
+        gated.get_sublayer(name).kernel.assign(plain.get_sublayer(name).kernel)
+    gate = gated.get_sublayer("gate")
+    gate.kernel.assign(np.zeros(gate.kernel.shape, "float32"))
+    branch = to_numpy(plain(x, training=False)) - x
+    np.testing.assert_allclose(to_numpy(gated(x, training=False)), 0.5 * x + 0.5 * branch, atol=1e-5)
+
+
+def test_dropout_shortcut(rng):
+    x = random_input(rng) + 10.0  # no zeros in x
+    unit = unit_on(x, shortcut="dropout", shortcut_dropout_rate=0.5)
+    zero_branch(unit)
+    np.testing.assert_array_equal(to_numpy(unit(x, training=False)), x)
+    y = to_numpy(unit(x, training=True))
+    kept = y != 0
+    np.testing.assert_allclose(y[kept], 2 * x[kept], rtol=1e-6)
+    assert 0.3 < kept.mean() < 0.7
+
+
+def test_conv1x1_shortcut_projects_every_unit(rng):
+    x = random_input(rng)
+    unit = unit_on(x, shortcut="conv1x1")
+    zero_branch(unit)
+    projection = unit.get_sublayer("projection")
+    projection.kernel.assign(np.eye(16, dtype="float32")[None, None])
+    # The projection reads the pre-activated input (BN-ReLU, fresh statistics).
+    expected = np.maximum(x / np.sqrt(np.float32(1 + EPS)), 0)
+    np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6)
+    assert len(unit.trainable_weights) == len(unit_on(x).trainable_weights) + 1
+
+
+@pytest.mark.parametrize("preactivate_shortcut", [False, None])
+def test_option_a_subsamples_and_zero_pads(rng, preactivate_shortcut):
+    x = random_input(rng)
+    unit = unit_on(x, filters=32, strides=2, shortcut_type="A", preactivate_shortcut=preactivate_shortcut)
+    zero_branch(unit)
+    y = to_numpy(unit(x, training=False))
+    source = x if preactivate_shortcut is False else np.maximum(x / np.sqrt(np.float32(1 + EPS)), 0)
+    assert y.shape == (2, 4, 4, 32)
+    np.testing.assert_allclose(y[..., :16], source[:, ::2, ::2, :], rtol=1e-6)
+    np.testing.assert_array_equal(y[..., 16:], 0)
+    assert not [w for w in unit.trainable_weights if "projection" in w.path]
+
+
+@pytest.mark.parametrize(
+    "shortcut_type, strides, filters, projects",
+    [("A", 1, 16, False), ("B", 1, 16, False), ("B", 2, 16, True), ("B", 1, 32, True), ("C", 1, 16, True)],
+)
+def test_shortcut_types_project_where_documented(rng, shortcut_type, strides, filters, projects):
+    x = random_input(rng)
+    unit = unit_on(x, filters=filters, strides=strides, shortcut_type=shortcut_type)
+    paths = [w.path for w in unit.weights]
+    assert any("projection" in p for p in paths) == projects
+    assert not any("projection/bias" in p for p in paths)  # official code: no bias
+
+
+@pytest.mark.parametrize("stride_position, strided_conv", [("first", "conv1"), ("3x3", "conv2")])
+def test_stride_position(rng, stride_position, strided_conv):
+    x = random_input(rng)
+    unit = unit_on(x, filters=64, strides=2, block="bottleneck", stride_position=stride_position)
+    for i in (1, 2, 3):
+        conv = unit.get_sublayer(f"conv{i}")
+        assert conv.strides == ((2, 2) if conv.name == strided_conv else (1, 1))
+    assert unit(x).shape == (2, 4, 4, 64)
+
+
+def test_gradient_through_deep_zero_branch_stack_is_upstream(rng):
+    """dL/dx_l = dL/dx_L (1 + d/dx_l sum F) = dL/dx_L when F = 0 (paper Eq. 5)."""
+    x = random_input(rng)
+    units = []
+    for _ in range(30):
+        unit = unit_on(x)
+        zero_branch(unit)
+        units.append(unit)
+
+    def stack(inputs):
+        for unit in units:
+            inputs = unit(inputs, training=False)
+        return inputs
+
+    upstream = rng.normal(size=x.shape).astype("float32")
+    np.testing.assert_array_equal(vector_jacobian_product(stack, x, upstream), upstream)
+
+
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_zero_init_residual_starts_with_zero_branch(rng, ordering):
+    x = random_input(rng)
+    unit = unit_on(x, ordering=ordering, zero_init_residual=True)
+    expected = ZERO_BRANCH_OUTPUT[ordering](x)
+    np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6, atol=1e-6)
+
+
+def test_drop_path_drops_whole_branch_per_sample(rng):
+    x = random_input(rng, (64, 4, 4, 16))
+    unit = unit_on(x, drop_path_rate=0.5)
+    branch = to_numpy(unit(x, training=False)) - x
+    y = to_numpy(unit(x, training=True)) - x  # training-mode BN changes the branch, so compare zeros
+    dropped = np.all(y == 0, axis=(1, 2, 3))
+    assert 10 < dropped.sum() < 54
+    assert not np.any(np.all(branch == 0, axis=(1, 2, 3)))
+
+
+@pytest.mark.parametrize("normalization", ["batch", "group", "layer", "rms"])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+def test_normalizations_and_activations_run(rng, normalization, activation):
+    x = random_input(rng)
+    unit = unit_on(x, filters=32, strides=2, normalization=normalization, activation=activation)
+    y = to_numpy(unit(x, training=True))
+    assert y.shape == (2, 4, 4, 32) and np.isfinite(y).all()
+
+
+def test_orthogonal_initializer_and_regularizer(rng):
+    x = random_input(rng)
+    unit = unit_on(x, kernel_initializer="orthogonal", kernel_regularizer=keras.regularizers.L2(1e-4))
+    unit(x)
+    assert len(unit.losses) == 2  # one L2 term per branch conv
+
+
+def test_he_normal_fan_out_initialization():
+    """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions."""
+    keras.utils.set_random_seed(0)
+    unit = ResidualUnit(256)
+    unit.build((None, 8, 8, 256))
+    kernel = to_numpy(unit.get_sublayer("conv1").kernel)
+    np.testing.assert_allclose(kernel.std(), np.sqrt(2 / (9 * 256)), rtol=0.02)
+    assert np.abs(kernel).max() > 2.5 * np.sqrt(2 / (9 * 256))  # untruncated
+
+
+# Every (ordering, shortcut) combination of the paper's tables, from the tables themselves.
+VARIANTS = list(itertools.product(sorted(ORDERINGS), sorted(SHORTCUTS)))
+
+
+def test_every_variant_config_and_saving_round_trip(rng):
+    x = random_input(rng, (2, 8, 8, 16))
+    inputs = keras.Input((8, 8, 16))
+    y = inputs
+    for ordering, shortcut in VARIANTS:
+        unit = ResidualUnit(16, ordering=ordering, shortcut=shortcut, dropout_rate=0.1, drop_path_rate=0.1)
+        run_config_echo_test(ResidualUnit, unit)
+        y = unit(y)
+    y = ResidualUnit(32, strides=2, shortcut_type="A", block="bottleneck", normalization="group")(y)
+    model = keras.Model(inputs, y)
+    run_saving_test(model, x)
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(ordering="preact"), "ordering"),
+        (dict(shortcut="gated"), "shortcut"),
+        (dict(shortcut_type="D"), "shortcut_type"),
+        (dict(block="wide"), "block"),
+        (dict(normalization="instance"), "normalization"),
+        (dict(activation="not_an_activation"), "activation"),
+        (dict(dropout_rate=1.0), "dropout_rate"),
+        (dict(drop_path_rate=-0.1), "drop_path_rate"),
+        (dict(shortcut="dropout", shortcut_dropout_rate=1.5), "shortcut_dropout_rate"),
+        (dict(shortcut_scale=0.5), "shortcut_scale"),
+        (dict(shortcut="dropout", gate_bias_init=-6.0), "gate_bias_init"),
+        (dict(block="bottleneck", filters=18), "filters"),
+        (dict(filters=0), "filters"),
+        (dict(stride_position="last"), "stride_position"),
+        (dict(kernel_initializer="nonsense"), "kernel_initializer"),
+    ],
+)
+def test_bad_arguments_raise_naming_the_argument(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        ResidualUnit(**{"filters": 16, **kwargs})
+
+
+def test_option_a_cannot_reduce_channels():
+    unit = ResidualUnit(16, shortcut_type="A")
+    with pytest.raises(ValueError, match="shortcut_type='A'"):
+        unit.build((None, 8, 8, 32))
