@@ -1,0 +1,1 @@
+"""Benchmark scripts (run from the repository root; each prints a markdown table)."""
