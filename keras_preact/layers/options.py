@@ -111,6 +111,11 @@ NORMALIZATIONS = {
 }
 
 
+# Normalizations whose scale initializer can be set (zero_init_residual zeroes it). Keras'
+# RMSNormalization always starts its scale at one, so with it the last conv kernel is zeroed instead.
+NORMS_WITH_SCALE_INIT = ("batch", "group", "layer")
+
+
 def make_norm(kind, channels, *, axis, epsilon, momentum, groups, name, dtype):
     groups = math.gcd(groups, channels)
     return NORMALIZATIONS[kind](axis, epsilon, momentum, groups, name=name, dtype=dtype)

@@ -48,7 +48,8 @@ class ResidualUnit(keras.layers.Layer):
         dropout_rate: dropout before every conv of the branch but the first (as Wide ResNets).
         drop_path_rate: stochastic depth: the whole branch is dropped per sample at this rate.
         zero_init_residual: start with F(x) = 0: zero gamma of the branch's last norm, or, where no
-            norm follows the last conv (full pre-activation), zero kernel of that conv (as timm).
+            norm follows the last conv (full pre-activation) or the norm's scale is fixed at one
+            (Keras' RMSNormalization), zero kernel of that conv (as timm).
         kernel_initializer: ``"he_normal_fan_out"`` (default; the official code's untruncated
             N(0, sqrt(2/(k*k*filters)))), ``"orthogonal"`` or any Keras initializer.
         kernel_regularizer: Keras regularizer for every conv kernel.
@@ -175,9 +176,7 @@ class ResidualUnit(keras.layers.Layer):
             dtype=self.dtype_policy,
         )
         if zero:
-            # Every normalization here names its scale "gamma" (batch/group/layer) or "scale" (rms).
-            attr = "gamma_initializer" if hasattr(layer, "gamma_initializer") else "scale_initializer"
-            setattr(layer, attr, keras.initializers.Zeros())
+            layer.gamma_initializer = keras.initializers.Zeros()
         return layer
 
     def _conv(self, filters, kernel_size, strides, name, use_bias=False, zero=False):
@@ -225,7 +224,11 @@ class ResidualUnit(keras.layers.Layer):
         self._shared_preact = shared and order.is_preactivation and not self.skip_preactivation
 
         n = len(self._kernel_sizes)
-        last_norm_zero = self.zero_init_residual and "norm" in order.after_last_conv
+        last_norm_zero = (
+            self.zero_init_residual
+            and "norm" in order.after_last_conv
+            and self.normalization in opt.NORMS_WITH_SCALE_INIT
+        )
         last_conv_zero = self.zero_init_residual and not last_norm_zero
         self._pads, self._convs, self._before, self._after = [], [], [], []
         channels = in_channels
