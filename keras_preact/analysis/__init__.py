@@ -1,0 +1,20 @@
+"""Gradient-flow diagnostics for residual networks (paper Sec. 3-4, Eq. 4-5, Table 1-2)."""
+
+from keras_preact.analysis.autodiff import AUTODIFF, get_autodiff
+from keras_preact.analysis.signals import (
+    GradientNorms,
+    UnitSignals,
+    gradient_norms,
+    residual_units,
+    unit_signals,
+)
+
+__all__ = [
+    "AUTODIFF",
+    "GradientNorms",
+    "UnitSignals",
+    "get_autodiff",
+    "gradient_norms",
+    "residual_units",
+    "unit_signals",
+]
