@@ -1,0 +1,80 @@
+"""Learning-rate schedules of the paper's recipe, built from ``keras.optimizers.schedules``.
+
+``piecewise`` (paper "Training recipe"): ``warmup_lr`` (0.01) for the first ``warmup`` iterations, then
+``base_lr`` (0.1), divided by 10 at each boundary (32k and 48k of 64k at batch 128). One
+``PiecewiseConstantDecay``. ``cosine``: linear warm-up from ``warmup_lr`` to ``base_lr``, then cosine decay
+to 0 (``CosineDecay``), for short schedules such as the 15-epoch benchmark.
+"""
+
+import dataclasses
+import math
+
+import keras
+
+
+@dataclasses.dataclass(frozen=True)
+class ResolvedSchedule:
+    """The schedule of one run, in optimizer iterations at its batch size."""
+
+    total_steps: int
+    steps_per_epoch: int
+    epochs: int
+    warmup_steps: int
+    boundaries: tuple
+    base_lr: float
+    warmup_lr: float
+
+
+def resolve(config, train_size):
+    """Iterations of a run (the rule is in ``training.configs``' docstring)."""
+    batch = config.batch_size
+    steps_per_epoch = config.steps_per_epoch or max(1, train_size // batch)
+    if config.epochs:
+        total = config.epochs * steps_per_epoch
+    elif config.steps:
+        total = config.steps
+    else:
+        total = math.ceil(config.total_steps * config.reference_batch_size / batch)
+    epochs = math.ceil(total / steps_per_epoch)
+    total = epochs * steps_per_epoch
+    scale = total / config.total_steps
+    lr_scale = batch / config.reference_batch_size if config.lr_scaling == "linear" else 1.0
+    return ResolvedSchedule(
+        total_steps=total,
+        steps_per_epoch=steps_per_epoch,
+        epochs=epochs,
+        warmup_steps=round(config.warmup_steps * scale),
+        boundaries=tuple(round(b * scale) for b in config.boundaries),
+        base_lr=config.base_lr * lr_scale,
+        warmup_lr=config.warmup_lr * lr_scale,
+    )
+
+
+def piecewise(s, decay):
+    boundaries, values = [], []
+    if s.warmup_steps:
+        boundaries.append(s.warmup_steps)
+        values.append(s.warmup_lr)
+    values.append(s.base_lr)
+    for i, b in enumerate(s.boundaries):
+        boundaries.append(b)
+        values.append(s.base_lr * decay ** (i + 1))
+    if not boundaries:
+        return s.base_lr
+    return keras.optimizers.schedules.PiecewiseConstantDecay(boundaries, values)
+
+
+def cosine(s, decay):
+    return keras.optimizers.schedules.CosineDecay(
+        initial_learning_rate=s.warmup_lr if s.warmup_steps else s.base_lr,
+        decay_steps=max(1, s.total_steps - s.warmup_steps),
+        warmup_target=s.base_lr if s.warmup_steps else None,
+        warmup_steps=s.warmup_steps,
+    )
+
+
+SCHEDULES = {"piecewise": piecewise, "cosine": cosine}
+
+
+def make(config, resolved):
+    return SCHEDULES[config.schedule](resolved, config.lr_decay)

@@ -1,0 +1,546 @@
+"""Train a pre-activation ResNet with ``model.fit``: the CLI (``main``) and the Python API (``train``).
+
+Python API::
+
+    from training.configs import get_config
+    from training.train import train
+
+    result = train(get_config("t3-cifar10-resnet164-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg"))
+    result["test_accuracy"], result["run_dir"]
+
+CLI (console script ``keras-preact-train``)::
+
+    python -m training.train                       # ResNet-8 on synthetic data, a few CPU minutes, exported
+    python -m training.train --preset t2-resnet110-full-preact --dataset folder --data-dir DIR --epochs 2
+    python -m training.train --help                # flags and the preset table
+
+Run directory (``--run-dir``, default ``runs/<name>-<timestamp>``): ``config.json`` (resolved config,
+enough to re-run: ``python -m training.train --config RUN_DIR/config.json``), ``history.csv``
+(CSVLogger), ``tensorboard/``, ``checkpoints/`` (BackupAndRestore state), ``model.keras``,
+``metrics.json``, ``curves.png``. Every file is written to a temporary name and renamed.
+
+Fault tolerance: run the same command with the same ``--run-dir`` after a kill (SIGKILL at any
+moment) and the run resumes from the last backup (every ``checkpoint_every`` steps and every epoch
+end) at the exact global step, with the exact data stream, and ends with the same epochs and steps.
+A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
+checkpoint, which is kept.
+"""
+
+import argparse
+import dataclasses
+import datetime
+import json
+import math
+import os
+import pathlib
+import shutil
+import sys
+import tempfile
+import time
+
+import keras
+import numpy as np
+
+from training import configs, data as data_lib, distribute, plots, schedules
+
+BACKUP_POINTER = "latest.json"
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the last good checkpoint is kept."""
+
+
+# ------------------------------------------------------------------------------------- run files
+def write_atomic(path, text):
+    path = pathlib.Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def write_json(path, obj):
+    write_atomic(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
+
+
+def save_model_atomic(model, path):
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.keras")
+    model.save(tmp)
+    os.replace(tmp, path)
+
+
+def prepare_run_dir(config):
+    """The run directory, created and checked writable before any work."""
+    if config.run_dir:
+        run_dir = pathlib.Path(config.run_dir)
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = pathlib.Path(config.runs_root) / f"{config.name}-{stamp}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-")
+        probe.close()
+    except OSError as e:
+        raise ValueError(f"Invalid run_dir={str(run_dir)!r}: not writable ({e.strerror}).") from None
+    return run_dir
+
+
+def run_config_json(config, data, resolved):
+    """config.json: every Config field plus the cross-team contract keys."""
+    mean, std = configs.NORMALIZATIONS[config.normalization]
+    values = dataclasses.asdict(config)
+    values.update(
+        name=config.name,
+        class_names=list(data.class_names),
+        num_classes=data.num_classes,
+        image_size=list(config.image_size),
+        normalization={"mean": list(mean), "std": list(std)},
+        normalization_name=config.normalization,
+        resolved_schedule=dataclasses.asdict(resolved),
+        keras_backend=keras.backend.backend(),
+        keras_version=keras.__version__,
+    )
+    return values
+
+
+def config_from_run(path):
+    """The Config of a run directory's (or a file's) config.json, to re-run it."""
+    path = pathlib.Path(path)
+    values = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    values["normalization"] = values.get("normalization_name", "cifar10")
+    return configs.from_dict(values)
+
+
+# ----------------------------------------------------------------------------------- callbacks
+class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
+    """``BackupAndRestore`` that survives SIGKILL at any moment and resumes at the exact step.
+
+    Each backup (model + optimizer weights, epoch, global step) goes to a fresh ``state-<step>/``
+    directory, then ``latest.json`` is replaced atomically to point at it; older states are removed
+    afterwards. Backups happen every ``save_freq`` steps and at every epoch end, never with a
+    non-finite loss (so the last good state survives a divergence). The restored step is read by
+    ``train`` (``read_backup``), which resumes the data stream and the epoch where they stopped.
+    """
+
+    def __init__(self, backup_dir, save_freq, start_step):
+        super().__init__(str(backup_dir), save_freq=save_freq, delete_checkpoint=False)
+        self.step = start_step
+        self.last_saved_step = start_step
+        self.last_good = read_backup(backup_dir)
+        self._restored = False
+        self._finite = True
+
+    def on_train_begin(self, logs=None):
+        if self._restored or self.last_good is None:
+            return
+        if self.model.optimizer is not None and not self.model.optimizer.built:
+            self.model.optimizer.build(self.model.trainable_variables)
+        self.model.load_weights(self.last_good["weights"])
+        self._restored = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch
+
+    def on_train_batch_end(self, batch, logs=None):
+        self.step += 1
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self._finite = False
+        if self._finite and self.step - self.last_saved_step >= self.save_freq:
+            self._save_model()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._current_epoch = epoch + 1
+        if self._finite and self.step != self.last_saved_step:
+            self._save_model()
+
+    def _save_model(self):
+        backup_dir = pathlib.Path(self.backup_dir)
+        backup_dir.mkdir(parents=True, exist_ok=True)
+        state = backup_dir / f"state-{self.step:010d}"
+        tmp = backup_dir / f".tmp-state-{self.step:010d}-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir()
+        self.model.save_weights(tmp / "model.weights.h5")
+        shutil.rmtree(state, ignore_errors=True)
+        os.replace(tmp, state)
+        pointer = {"state": state.name, "step": self.step, "epoch": self._current_epoch,
+                   "weights": str(state / "model.weights.h5")}
+        write_json(backup_dir / BACKUP_POINTER, pointer)
+        for old in backup_dir.iterdir():
+            if old.name.startswith(("state-", ".tmp-state-")) and old.name != state.name:
+                shutil.rmtree(old, ignore_errors=True)
+        self.last_saved_step = self.step
+        self.last_good = pointer
+
+    def on_train_end(self, logs=None):
+        pass
+
+
+def read_backup(backup_dir):
+    """The last complete backup {"step", "epoch", "weights"} or None."""
+    pointer = pathlib.Path(backup_dir) / BACKUP_POINTER
+    if not pointer.exists():
+        return None
+    state = json.loads(pointer.read_text())
+    state["weights"] = str(pathlib.Path(backup_dir) / state["state"] / "model.weights.h5")
+    return state
+
+
+# ---------------------------------------------------------------------------------------- model
+def _cifar_model(config, num_classes):
+    from keras_preact.models import cifar_resnet
+
+    return cifar_resnet(config.depth, num_classes, input_shape=(*config.image_size, 3),
+                        drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
+                        **config.unit_options)
+
+
+def _imagenet_model(config, num_classes):
+    from keras_preact.models import imagenet_resnet
+
+    # Fully convolutional input so the same weights test at 224 and at 320 (Table 5).
+    return imagenet_resnet(config.depth, num_classes, input_shape=(None, None, 3),
+                           drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
+                           **config.unit_options)
+
+
+MODEL_BUILDERS = {"cifar": _cifar_model, "imagenet": _imagenet_model}
+
+
+def add_weight_decay(model, weight_decay):
+    """Torch-style coupled weight decay wd on every conv/dense kernel: an L2 loss (wd/2)*||w||^2."""
+    if not weight_decay:
+        return 0
+    regularizer = keras.regularizers.L2(weight_decay / 2)
+    kernels = [v for v in model.trainable_weights if v.path.split("/")[-1] == "kernel"]
+    for v in kernels:
+        v.regularizer = regularizer
+    return len(kernels)
+
+
+def build_model(config, num_classes, resolved):
+    model = MODEL_BUILDERS[config.architecture](config, num_classes)
+    add_weight_decay(model, config.weight_decay)
+    optimizer = keras.optimizers.SGD(
+        learning_rate=schedules.make(config, resolved), momentum=config.momentum,
+        nesterov=config.nesterov,
+    )
+    metrics = ["accuracy"]
+    if num_classes > 5:
+        metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
+    jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=metrics,
+                  jit_compile=jit)
+    return model
+
+
+# ------------------------------------------------------------------------------------- training
+def set_determinism(config):
+    keras.utils.set_random_seed(config.seed)
+    if config.deterministic and keras.backend.backend() == "tensorflow":
+        import tensorflow as tf
+
+        tf.config.experimental.enable_op_determinism()
+
+
+def _shard_eval(images, labels, batch_size, index, count):
+    """This process's slices of the test set in global batches (multi-process data-parallel)."""
+    per = batch_size // count
+    full = (len(labels) // batch_size) * batch_size
+    pick = np.concatenate([np.arange(k + index * per, k + (index + 1) * per) for k in range(0, full, batch_size)])
+    return images[pick], labels[pick]
+
+
+class _ShardedTrain:
+    """Wrap a global-batch stream so this process keeps its slice of every global batch."""
+
+    def __init__(self, index, count):
+        self.index, self.count = index, count
+
+    def numpy(self, stream):
+        for x, y in stream:
+            per = len(y) // self.count
+            sl = slice(self.index * per, (self.index + 1) * per)
+            yield x[sl], y[sl]
+
+    def tf_data(self, ds):
+        per = None
+
+        def cut(x, y):
+            n = per or (x.shape[0] // self.count)
+            return x[self.index * n:(self.index + 1) * n], y[self.index * n:(self.index + 1) * n]
+
+        return ds.map(cut)
+
+
+def has_tensorboard():
+    """The TensorBoard callback needs the ``tensorboard`` package (and TensorFlow) for its writer."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        return False
+    return data_lib.has_tensorflow()
+
+
+def _fit_phases(start_step, steps_per_epoch, epochs):
+    """[(initial_epoch, epochs, steps_per_epoch)]: the rest of a cut epoch, then whole epochs."""
+    epoch, done = divmod(start_step, steps_per_epoch)
+    phases = []
+    if done:
+        phases.append((epoch, epoch + 1, steps_per_epoch - done))
+        epoch += 1
+    if epoch < epochs:
+        phases.append((epoch, epochs, steps_per_epoch))
+    return phases
+
+
+def _verbose(config):
+    if str(config.verbose) == "auto":
+        return 1 if sys.stdout.isatty() else 2
+    return int(config.verbose)
+
+
+def train(config, data=None):
+    """Train ``config`` (a ``training.configs.Config``); returns the final metrics and ``run_dir``.
+
+    ``data``: optional ``training.data.ArrayData`` to train on instead of ``config.dataset``.
+    Raises ValueError (naming the bad argument) before any training for bad input, and
+    ``TrainingDiverged`` when the loss becomes non-finite.
+    """
+    configs.validate(config)
+    run_dir = prepare_run_dir(config)
+    keras.config.set_dtype_policy(config.precision)
+    dist = distribute.make(config)
+    data = data.validate() if data is not None else data_lib.load(config)
+    data_lib.check_image_size(data, config)
+    resolved = schedules.resolve(config, data.train_size)
+    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
+    files_dir.mkdir(exist_ok=True)
+    backup_dir = files_dir / "checkpoints" / "backup"
+    backup = read_backup(backup_dir)
+    start_step = backup["step"] if backup else 0
+    if dist.is_chief:
+        write_json(run_dir / "config.json", run_config_json(config, data, resolved))
+
+    set_determinism(config)
+    with dist.scope():
+        model = build_model(config, data.num_classes, resolved)
+
+    sharded = dist.process_count > 1 and config.distribute == "data-parallel"
+    per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
+    eval_data = data
+    if sharded and isinstance(data, data_lib.ArrayData):
+        test_images, test_labels = _shard_eval(data.test_images, data.test_labels, config.batch_size,
+                                               dist.process_index, dist.process_count)
+        eval_data = dataclasses.replace(data, test_images=test_images, test_labels=test_labels)
+
+    def streams(step):
+        train_stream, _ = data_lib.pipelines(data, config, config.batch_size, start_step=step)
+        if sharded:
+            shard = _ShardedTrain(dist.process_index, dist.process_count)
+            kind = data_lib.resolve_pipeline(config)
+            train_stream = shard.numpy(train_stream) if kind == "numpy" else shard.tf_data(train_stream)
+        return train_stream
+
+    _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
+
+    backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step)
+    callbacks = [
+        keras.callbacks.TerminateOnNaN(),
+        keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
+        backup_cb,
+    ]
+    (run_dir / "tensorboard").mkdir(exist_ok=True)
+    if has_tensorboard() and dist.is_chief:
+        callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard"), update_freq="epoch"))
+
+    phases = _fit_phases(start_step, resolved.steps_per_epoch, resolved.epochs)
+    print(
+        f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {model.count_params():,} "
+        f"params; data {config.dataset} ({data.train_size} train images, {data.num_classes} classes); "
+        f"batch {config.batch_size} on {dist.num_replicas} replica(s) ({dist.name}); "
+        f"{resolved.epochs} epochs x {resolved.steps_per_epoch} steps = {resolved.total_steps} "
+        f"iterations; lr {config.schedule} {resolved.warmup_lr}->{resolved.base_lr}, "
+        f"warm-up {resolved.warmup_steps}, boundaries {list(resolved.boundaries)}; run dir {run_dir}"
+        + (f"; resuming at step {start_step}" if start_step else ""),
+        flush=True,
+    )
+    started = time.time()
+    for initial_epoch, epochs, steps in phases:
+        model.fit(
+            streams(backup_cb.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+            validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config),
+        )
+        if not backup_cb._finite or model.stop_training:
+            break
+    wall = time.time() - started
+    if not backup_cb._finite:
+        last = backup_cb.last_good
+        raise TrainingDiverged(
+            f"The training loss became NaN/inf near step {backup_cb.step} of {config.name}; stopped "
+            f"(TerminateOnNaN). Last good checkpoint: "
+            + (f"{last['weights']} (step {last['step']})" if last else "none (diverged before the first backup)")
+            + ". Lower the learning rate (--lr) or use float32 (--precision float32)."
+        )
+    if backup_cb.step != resolved.total_steps:
+        raise RuntimeError(f"Trained to step {backup_cb.step}, expected {resolved.total_steps}.")
+
+    evaluation = model.evaluate(test_stream, verbose=0, return_dict=True)
+    metrics = {
+        "name": config.name,
+        "test_loss": float(evaluation["loss"]),
+        "test_accuracy": float(evaluation["accuracy"]),
+        "test_error": 100.0 * (1.0 - float(evaluation["accuracy"])),
+        **({"test_top5_accuracy": float(evaluation["top5_accuracy"])} if "top5_accuracy" in evaluation else {}),
+        "epochs": resolved.epochs,
+        "steps": backup_cb.step,
+        "steps_this_session": backup_cb.step - start_step,
+        "wall_time_s": round(wall, 1),
+        "train_images_per_s": round((backup_cb.step - start_step) * config.batch_size / max(wall, 1e-9), 1),
+        "params": int(model.count_params()),
+        "run_dir": str(run_dir),
+    }
+    history = _dedup_history(files_dir / "history.csv")
+    if history:
+        metrics["train_loss"] = float(history[-1]["loss"])
+        metrics["train_accuracy"] = float(history[-1]["accuracy"])
+        metrics["history_epochs"] = len(history)
+    if dist.is_chief:
+        save_model_atomic(model, run_dir / "model.keras")
+        write_json(run_dir / "metrics.json", metrics)
+        plots.plot_curves(run_dir / "history.csv", run_dir / "curves.png", resolved.steps_per_epoch,
+                          title=f"{config.name} ({config.paper})")
+        print_summary(metrics)
+        if config.export:
+            metrics["export_dir"] = export(run_dir, config.export_dir)
+    return metrics
+
+
+def _dedup_history(csv_path):
+    """CSVLogger rows, one per epoch (a kill between the log and the backup can repeat an epoch)."""
+    if not pathlib.Path(csv_path).exists():
+        return []
+    rows = {int(r["epoch"]): r for r in plots.read_history(csv_path)}
+    return [rows[k] for k in sorted(rows)]
+
+
+def print_summary(metrics):
+    print("\n[train] summary")
+    for key in ("name", "test_accuracy", "test_error", "test_top5_accuracy", "train_loss", "epochs",
+                "steps", "wall_time_s", "train_images_per_s", "params", "run_dir"):
+        if key in metrics:
+            value = metrics[key]
+            print(f"  {key:<20} {value:.4f}" if isinstance(value, float) else f"  {key:<20} {value}")
+    sys.stdout.flush()
+
+
+def export(run_dir, export_dir):
+    try:
+        from keras_preact.export import export_run
+    except ImportError:
+        print("[train] keras_preact.export is not available in this checkout; skipping the export. "
+              f"Export later with: keras-preact-export {run_dir}")
+        return None
+    path = export_run(run_dir, export_dir)
+    print(f"[train] exported SavedModel to {path}")
+    return str(path)
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _preset_table():
+    width = max(map(len, configs.PRESETS))
+    return "\n".join(f"  {name:<{width}}  {preset.paper}" for name, preset in configs.PRESETS.items())
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="keras-preact-train",
+        description="Train a pre-activation ResNet (He et al. 2016) with model.fit. With no arguments: "
+        "ResNet-8 on built-in synthetic data for a few CPU minutes, then export to saved_models/.",
+        epilog="presets (one per experiment of the paper):\n" + _preset_table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("preset_name", nargs="?", metavar="PRESET", help="same as --preset")
+    p.add_argument("--preset", choices=sorted(configs.PRESETS), metavar="NAME",
+                   help=f"preset (default {configs.DEFAULT_PRESET}; list below)")
+    p.add_argument("--config", metavar="CONFIG_JSON", help="re-run a run's config.json (flags override it)")
+    p.add_argument("--dataset", help="a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'")
+    p.add_argument("--data-dir", help="TFDS data_dir, or the image-folder root (train/ and test/ or val/)")
+    p.add_argument("--manual-dir", help="TFDS manual_dir (e.g. the imagenet2012 archives)")
+    p.add_argument("--cache-dir", help="where decoded image folders are cached as .npy")
+    p.add_argument("--subset", type=int, help="use the first N training images")
+    p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"))
+    p.add_argument("--depth", type=int, help="network depth (CIFAR 6n+2 / 9n+2; ImageNet 18-200)")
+    p.add_argument("--ordering", help="unit ordering (paper Table 2), e.g. full_preact, original")
+    p.add_argument("--epochs", type=int, help="number of epochs (the schedule shrinks to fit)")
+    p.add_argument("--steps", type=int, help="total iterations (rounded up to whole epochs)")
+    p.add_argument("--steps-per-epoch", type=int)
+    p.add_argument("--batch-size", type=int, help="global batch size")
+    p.add_argument("--lr", type=float, dest="base_lr", help="peak learning rate (default 0.1)")
+    p.add_argument("--schedule", choices=configs.SCHEDULES)
+    p.add_argument("--lr-scaling", choices=configs.LR_SCALINGS)
+    p.add_argument("--weight-decay", type=float)
+    p.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--run-dir", help="run directory; re-run the same command to resume after a kill")
+    p.add_argument("--runs-root", help="parent of default run directories (default runs/)")
+    p.add_argument("--distribute", choices=configs.DISTRIBUTIONS)
+    p.add_argument("--precision", choices=configs.PRECISIONS)
+    p.add_argument("--jit-compile", choices=("auto", "true", "false"), help="XLA / jit compilation")
+    p.add_argument("--pipeline", choices=configs.PIPELINES, help="tf_data or numpy (no TensorFlow)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--checkpoint-every", type=int, help="steps between backups (default 50)")
+    p.add_argument("--export", action=argparse.BooleanOptionalAction, default=None,
+                   help="export a SavedModel at the end (default: on for the default preset)")
+    p.add_argument("--export-dir")
+    p.add_argument("--verbose", choices=("auto", "0", "1", "2"))
+    return p
+
+
+def config_from_args(args, parser):
+    if args.preset and args.preset_name and args.preset != args.preset_name:
+        parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
+    preset = args.preset or args.preset_name
+    overrides = {
+        k: v for k, v in vars(args).items()
+        if v is not None and k not in ("preset", "preset_name", "config", "ordering")
+    }
+    if "image_size" in overrides:
+        overrides["image_size"] = tuple(overrides["image_size"])
+    try:
+        if args.config:
+            base = config_from_run(args.config)
+            if preset:
+                parser.error("give either a preset or --config, not both")
+            config = configs.validate(base.replace(**overrides))
+        else:
+            if preset and preset not in configs.PRESETS:
+                parser.error(f"argument --preset: invalid choice: {preset!r} (choose from "
+                             f"{', '.join(sorted(configs.PRESETS))})")
+            config = configs.get_config(preset or configs.DEFAULT_PRESET, **overrides)
+        if args.ordering:
+            config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}))
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    return config
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = config_from_args(args, parser)
+    try:
+        train(config)
+    except TrainingDiverged as e:
+        print(f"keras-preact-train: error: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:
+        parser.exit(2, f"keras-preact-train: error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
