@@ -1,6 +1,7 @@
 """Gradient-flow diagnostics for residual networks (paper Sec. 3-4, Eq. 4-5, Table 1-2)."""
 
 from keras_preact.analysis.autodiff import AUTODIFF, get_autodiff
+from keras_preact.analysis.health import TrainingHealthCallback, weight_groups
 from keras_preact.analysis.signals import (
     GradientNorms,
     UnitSignals,
@@ -12,9 +13,11 @@ from keras_preact.analysis.signals import (
 __all__ = [
     "AUTODIFF",
     "GradientNorms",
+    "TrainingHealthCallback",
     "UnitSignals",
     "get_autodiff",
     "gradient_norms",
     "residual_units",
     "unit_signals",
+    "weight_groups",
 ]

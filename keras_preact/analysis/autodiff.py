@@ -65,20 +65,34 @@ def _torch_jacobian(fn, x):
     return torch.autograd.functional.jacobian(fn, keras.ops.convert_to_tensor(x))
 
 
+def _tf_compile(fn):
+    import tensorflow as tf
+
+    return tf.function(fn, reduce_retracing=True)
+
+
+def _jax_compile(fn):
+    import jax
+
+    return jax.jit(fn)
+
+
 @dataclasses.dataclass(frozen=True)
 class Autodiff:
     """``value_and_grad(fn, args)``: ``fn(*args) -> (scalar, aux)``; returns ``(scalar, aux,
     grads)`` with ``grads`` shaped like ``args``. ``jacobian(fn, x)``: ``d fn(x) / d x`` with shape
-    ``fn(x).shape + x.shape``."""
+    ``fn(x).shape + x.shape``. ``compile(fn)``: the backend's graph compiler for a pure function of
+    tensors (tf.function, jax.jit; eager for torch)."""
 
     value_and_grad: Callable
     jacobian: Callable
+    compile: Callable
 
 
 AUTODIFF = {
-    "tensorflow": Autodiff(_tf_value_and_grad, _tf_jacobian),
-    "jax": Autodiff(_jax_value_and_grad, _jax_jacobian),
-    "torch": Autodiff(_torch_value_and_grad, _torch_jacobian),
+    "tensorflow": Autodiff(_tf_value_and_grad, _tf_jacobian, _tf_compile),
+    "jax": Autodiff(_jax_value_and_grad, _jax_jacobian, _jax_compile),
+    "torch": Autodiff(_torch_value_and_grad, _torch_jacobian, lambda fn: fn),
 }
 
 
