@@ -5,10 +5,12 @@ crossentropy) images/s of CIFAR and ImageNet pre-activation ResNets on the prese
 backend named by ``KERAS_BACKEND``. Each of our models runs in the same process, on the same
 in-memory random batch, interleaved (A B A B ...) with a plain functional Keras model of exactly
 the same architecture (``benchmarks/reference_models.py``; checked: same trainable parameter count
-and, with our weights copied in, the same predictions) and, for ImageNet ResNet-50/101/152, with
-``keras.applications`` ResNet50V2/101V2/152V2. Warm-up calls are not timed; the table gives median
-images/s over the timed repeats and the median of the per-repeat ratios (min-max in brackets).
-Goal: ours >= 0.97x the plain model (the variant machinery must cost nothing).
+and, with our weights copied in, the same predictions) and, for ImageNet ResNet-50/101/152,
+``keras.applications`` ResNet50V2/101V2/152V2 next to our build of that same architecture
+(``imagenet_resnet(depth, layout="tf_slim")``, checked: same trainable parameter count; it differs
+from the paper's layout, so it is compared with that, not with ours). Warm-up calls are not timed;
+the table gives median images/s over the timed repeats and the median of the per-repeat ratios
+(min-max in brackets). Goal: ours >= 0.97x the plain model (the variant machinery must cost nothing).
 
     KERAS_BACKEND=jax python benchmarks/core_speed.py --models cifar20,cifar110 --cifar-batch-size 64
     KERAS_BACKEND=tensorflow python benchmarks/core_speed.py --tiny   # CI smoke size
@@ -42,6 +44,7 @@ from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
 GOAL_RATIO = 0.97
 SAME_FUNCTION_ATOL = 1e-3  # on softmax outputs; bitwise equal on CPU, GPU kernels may reorder sums
 OURS, PLAIN = "ours", "plain Keras"
+OURS_TF_SLIM, APPLICATIONS = "ours tf_slim", "keras.applications"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +57,7 @@ class Family:
     depths: str  # for error messages
     valid_depth: object  # depth -> bool
     applications: dict  # depth -> keras.applications builder name
+    ours_like_applications: object = None  # (depth, input_shape) -> our build of that architecture
 
 
 def _is_cifar_depth(depth):
@@ -80,6 +84,9 @@ FAMILIES = {
         depths=", ".join(map(str, reference_models.IMAGENET_STAGES)),
         valid_depth=lambda depth: depth in reference_models.IMAGENET_STAGES,
         applications={50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"},
+        ours_like_applications=lambda depth, shape: imagenet_resnet(
+            depth, layout="tf_slim", input_shape=shape
+        ),
     ),
 }
 
@@ -186,23 +193,30 @@ def trainable_params(model):
     return sum(math.prod(w.shape) for w in model.trainable_weights)
 
 
+def check_same_params(spec, ours, other, what):
+    if trainable_params(ours) != trainable_params(other):
+        raise RuntimeError(
+            f"{spec.name}: {what} has {trainable_params(other):,} trainable parameters, ours "
+            f"{trainable_params(ours):,}: not the same architecture, the comparison is void."
+        )
+
+
 def build_contenders(spec, input_shape, with_applications):
-    """{label: model}: ours, the plain reference with our weights, and keras.applications."""
+    """{label: model}: ours, the plain reference with our weights and, where keras.applications
+    has the depth, our tf_slim-layout build next to keras.applications'."""
     ours = spec.family.ours(spec.depth, input_shape)
     plain = spec.family.reference(spec.depth, input_shape)
-    if trainable_params(ours) != trainable_params(plain):
-        raise RuntimeError(
-            f"{spec.name}: the plain reference has {trainable_params(plain):,} trainable parameters, "
-            f"ours {trainable_params(ours):,}: not the same architecture, the comparison is void."
-        )
+    check_same_params(spec, ours, plain, "the plain reference")
     reference_models.copy_weights_by_path(ours, plain)
     contenders = {OURS: ours, PLAIN: plain}
     app = spec.family.applications.get(spec.depth)
     if with_applications and app:
-        builder = getattr(keras.applications, app)
-        contenders[f"keras.applications {app}"] = builder(
+        ours_tf_slim = spec.family.ours_like_applications(spec.depth, input_shape)
+        applications = getattr(keras.applications, app)(
             weights=None, input_shape=input_shape, classes=spec.family.num_classes
         )
+        check_same_params(spec, ours_tf_slim, applications, f"keras.applications {app}")
+        contenders.update({OURS_TF_SLIM: ours_tf_slim, APPLICATIONS: applications})
     return contenders
 
 
@@ -288,23 +302,36 @@ def environment_line(args):
     )
 
 
+# Table columns after model/input/batch/step: (header, cell for a row's {label: rates}).
+def _median(label):
+    return lambda rates: f"{statistics.median(rates[label]):.1f}" if label in rates else "-"
+
+
+def _ratio(label, other):
+    return lambda rates: ratio_summary(rates[label], rates[other]) if other in rates else "-"
+
+
+COLUMNS = (
+    ("ours img/s", _median(OURS)),
+    ("plain Keras img/s", _median(PLAIN)),
+    ("ours / plain", _ratio(OURS, PLAIN)),
+    ("ours tf_slim layout img/s", _median(OURS_TF_SLIM)),
+    ("keras.applications ResNetV2 img/s", _median(APPLICATIONS)),
+    ("ours tf_slim / applications", _ratio(OURS_TF_SLIM, APPLICATIONS)),
+)
+
+
 def markdown(rows, facts):
-    apps = sorted({label for row in rows for label in row["rates"] if label not in (OURS, PLAIN)})
-    header = ["model", "input", "batch", "step", "ours img/s", "plain Keras img/s", "ours / plain"]
-    for app in apps:
-        header += [f"{app.split()[-1]} img/s", f"ours / {app.split()[-1]}"]
+    with_apps = any(APPLICATIONS in row["rates"] for row in rows)
+    columns = COLUMNS if with_apps else COLUMNS[:3]
+    header = ["model", "input", "batch", "step"] + [title for title, _ in columns]
     lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row in rows:
-        rates = row["rates"]
-        cells = [row["model"], row["input"], str(row["batch"]), row["step"],
-                 f"{statistics.median(rates[OURS]):.1f}", f"{statistics.median(rates[PLAIN]):.1f}",
-                 ratio_summary(rates[OURS], rates[PLAIN])]
-        for app in apps:
-            cells += ([f"{statistics.median(rates[app]):.1f}", ratio_summary(rates[OURS], rates[app])]
-                      if app in rates else ["-", "-"])
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += ["", "| model | trainable params: ours / plain / keras.applications | max abs diff of "
-              "predictions, ours vs plain (same weights) | jit_compile |", "|---|---|---|---|"]
+        cells = [row["model"], row["input"], str(row["batch"]), row["step"]]
+        lines.append("| " + " | ".join(cells + [cell(row["rates"]) for _, cell in columns]) + " |")
+    lines += ["", "| model | trainable params: ours / plain (/ ours tf_slim / keras.applications) | "
+              "max abs diff of predictions, ours vs plain (same weights) | jit_compile |",
+              "|---|---|---|---|"]
     for f in facts:
         params = " / ".join(f"{n:,}" for n in f["params"].values())
         lines.append(f"| {f['model']} | {params} | {f['max_diff']:.1e} | {f['jit_compile']} |")

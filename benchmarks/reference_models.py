@@ -166,13 +166,19 @@ def imagenet_preact_resnet(depth, num_classes=1000, input_shape=(224, 224, 3)):
 
 def copy_weights_by_path(source, target):
     """Assign every weight of a ``keras_preact`` model to the same-named weight of its reference
-    (``stage1_unit1/conv1/kernel`` -> ``stage1_unit1_conv1/kernel``); both must have the same set."""
+    (``stage1_unit1/conv1/kernel`` -> ``stage1_unit1_conv1/kernel``); both must have the same set
+    of names and shapes, else ValueError."""
     targets = {w.path: w for w in target.weights}
     for w in source.weights:
         owner, leaf = w.path.rsplit("/", 1)
         path = f"{owner.replace('/', '_')}/{leaf}"
         if path not in targets:
             raise ValueError(f"{target.name} has no weight {path!r} for {source.name}'s {w.path!r}.")
+        if tuple(targets[path].shape) != tuple(w.shape):
+            raise ValueError(
+                f"{target.name}'s {path!r} has shape {tuple(targets[path].shape)}, "
+                f"{source.name}'s {w.path!r} {tuple(w.shape)}."
+            )
         targets.pop(path).assign(keras.ops.convert_to_numpy(w))  # a copy: JAX donates buffers
     if targets:
         raise ValueError(f"{target.name} has weights {sorted(targets)} that {source.name} lacks.")

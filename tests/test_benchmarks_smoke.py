@@ -1,0 +1,140 @@
+"""Smoke tests of benchmarks/core_speed.py and its plain Keras reference models.
+
+The reference must be the same network as ours (same trainable parameters, and with our weights
+copied in, the same outputs), or the speed comparison means nothing.
+"""
+
+import dataclasses
+import math
+import re
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+
+from benchmarks import core_speed  # noqa: E402
+from benchmarks import reference_models as rm  # noqa: E402
+from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
+
+pytestmark = pytest.mark.core
+
+# name: (ours, plain reference) at a small input; one per shortcut/stride path of the references.
+PAIRS = {
+    "cifar8_basic_option_A": lambda: (
+        cifar_resnet(8, input_shape=(16, 16, 3)),
+        rm.cifar_preact_resnet(8, input_shape=(16, 16, 3)),
+    ),
+    "cifar11_bottleneck_stride_on_first_1x1": lambda: (
+        cifar_resnet(11, input_shape=(16, 16, 3)),
+        rm.cifar_preact_resnet(11, input_shape=(16, 16, 3)),
+    ),
+    "imagenet18_basic": lambda: (
+        imagenet_resnet(18, input_shape=(32, 32, 3)),
+        rm.imagenet_preact_resnet(18, input_shape=(32, 32, 3)),
+    ),
+    "imagenet50_bottleneck": lambda: (
+        imagenet_resnet(50, input_shape=(32, 32, 3)),
+        rm.imagenet_preact_resnet(50, input_shape=(32, 32, 3)),
+    ),
+}
+
+
+def trainable_params(model):
+    return sum(math.prod(w.shape) for w in model.trainable_weights)
+
+
+def logits(model, images, training):
+    """Output of the dense layer, before the (saturating) softmax."""
+    head = keras.Model(model.input, model.get_layer("logits").output)
+    return keras.ops.convert_to_numpy(head(images, training=training))
+
+
+@pytest.mark.parametrize("pair", PAIRS)
+def test_reference_computes_the_same_function_as_ours(pair, rng):
+    ours, plain = PAIRS[pair]()
+    assert trainable_params(plain) == trainable_params(ours)
+    assert len(plain.weights) == len(ours.weights)
+    images = rng.normal(size=(4, *ours.input_shape[1:])).astype("float32")
+    before = logits(plain, images, training=False)
+    rm.copy_weights_by_path(ours, plain)
+    for training in (False, True):  # moving statistics and batch statistics
+        expected = logits(ours, images, training)
+        np.testing.assert_allclose(logits(plain, images, training), expected, rtol=1e-5, atol=1e-5)
+    # The comparison can fail: independently initialised weights give other logits.
+    assert np.abs(before - logits(ours, images, False)).max() > 1e-2
+
+
+@pytest.mark.parametrize(
+    "builder, depth, expected",
+    [  # PAPER.md, reference parameter counts (trainable weights)
+        (rm.cifar_preact_resnet, 110, 1_727_962),
+        (rm.cifar_preact_resnet, 164, 1_703_258),
+        (rm.imagenet_preact_resnet, 50, 25_549_352),
+    ],
+)
+def test_reference_has_the_official_parameter_count(builder, depth, expected):
+    assert trainable_params(builder(depth)) == expected
+
+
+def test_copy_weights_rejects_another_architecture():
+    ours = cifar_resnet(8, input_shape=(16, 16, 3))
+    with pytest.raises(ValueError, match=r"'stage1_unit1_conv1/kernel' has shape \(3, 3, 16, 16\)"):
+        rm.copy_weights_by_path(cifar_resnet(11, input_shape=(16, 16, 3)),
+                                rm.cifar_preact_resnet(8, input_shape=(16, 16, 3)))
+    with pytest.raises(ValueError, match="stage3_unit2_conv1/kernel.*lacks"):
+        rm.copy_weights_by_path(ours, rm.cifar_preact_resnet(14, input_shape=(16, 16, 3)))
+
+
+def test_benchmark_refuses_a_reference_with_other_parameters():
+    wrong = dataclasses.replace(
+        core_speed.FAMILIES["cifar"],
+        reference=lambda depth, shape: rm.cifar_preact_resnet(depth + 6, input_shape=shape),
+    )
+    spec = core_speed.ModelSpec("cifar8", wrong, 8)
+    with pytest.raises(RuntimeError, match="75,290.*comparison is void"):
+        core_speed.build_contenders(spec, (16, 16, 3), with_applications=False)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "cifar21"], r"--models: invalid model 'cifar21'"),
+        (["--models", "imagenet42"], r"--models: invalid model 'imagenet42'.*18, 34, 50"),
+        (["--models", "resnet50"], r"--models: invalid model 'resnet50'"),
+        (["--modes", "forward,backward"], r"--modes: invalid backward; choose from forward, train"),
+        (["--models", "imagenet18", "--imagenet-size", "16"], r"--imagenet-size: 16 is below 32"),
+        (["--repeats", "0"], r"--repeats: .*positive integer"),
+        (["--jit-compile", "yes"], r"--jit-compile: invalid choice"),
+    ],
+)
+def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        core_speed.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_tiny_benchmark_prints_the_table(capsys):
+    assert core_speed.main(["--tiny"]) == 0
+    out = capsys.readouterr().out
+    assert f"backend **{keras.backend.backend()}**" in out
+    rows = [line.split(" | ") for line in out.splitlines() if re.match(r"\| \w+\d+ \| \d+x\d+", line)]
+    assert [(r[0], r[1], r[2], r[3]) for r in rows] == [
+        ("| cifar8", "16x16", "4", "forward"),
+        ("| cifar8", "16x16", "4", "train"),
+        ("| cifar11", "16x16", "4", "forward"),
+        ("| cifar11", "16x16", "4", "train"),
+        ("| imagenet18", "32x32", "2", "forward"),
+        ("| imagenet18", "32x32", "2", "train"),
+    ]
+    for row in rows:  # images/s positive; ratio = median of paired ratios, within its min-max
+        assert float(row[4]) > 0 and float(row[5]) > 0
+        ratio, low, high = map(float, re.fullmatch(r"([\d.]+) \(([\d.]+)-([\d.]+)\) \|", row[6]).groups())
+        assert low - 0.005 <= ratio <= high + 0.005
+    assert "| cifar8 | 75,290 / 75,290 | 0.0e+00 |" in out
+    assert "| imagenet18 | 11,687,720 / 11,687,720 | 0.0e+00 |" in out
+    assert "goal ours >= 0.97x plain:" in out
