@@ -116,11 +116,11 @@ def synthetic(train_size=4096, test_size=1024, num_classes=10, image_size=(32, 3
     def make(n):
         labels = rng.integers(0, num_classes, n)
         phase = rng.uniform(0, 2 * np.pi, (n, 1, 1))
-        contrast = rng.uniform(0.5, 1.0, (n, 1, 1, 1))
+        contrast = rng.uniform(0.2, 0.6, (n, 1, 1, 1))
         t = xx * np.cos(angles[labels])[:, None, None] + yy * np.sin(angles[labels])[:, None, None]
         wave = np.sin(2 * np.pi * freqs[labels][:, None, None] * t + phase)[..., None]
         tint = 0.6 + 0.4 * colours[labels][:, None, None, :]
-        images = 127.5 + 100 * contrast * wave * tint + rng.normal(0, 30, (n, h, w, 3))
+        images = 127.5 + 100 * contrast * wave * tint + rng.normal(0, 70, (n, h, w, 3))
         return np.clip(images, 0, 255).astype(np.uint8), labels.astype(np.int32)
 
     train_images, train_labels = make(train_size)

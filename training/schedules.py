@@ -51,13 +51,16 @@ def resolve(config, train_size):
 
 
 def piecewise(s, decay):
+    # PiecewiseConstantDecay gives values[i] while step <= boundaries[i]; the optimizer evaluates it
+    # at its iteration count before the update, so update number k (0-based) uses lr(k). "The first
+    # 400 iterations at 0.01" is steps 0..399: boundary 399.
     boundaries, values = [], []
     if s.warmup_steps:
-        boundaries.append(s.warmup_steps)
+        boundaries.append(s.warmup_steps - 1)
         values.append(s.warmup_lr)
     values.append(s.base_lr)
     for i, b in enumerate(s.boundaries):
-        boundaries.append(b)
+        boundaries.append(b - 1)
         values.append(s.base_lr * decay ** (i + 1))
     if not boundaries:
         return s.base_lr

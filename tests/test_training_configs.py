@@ -1,0 +1,115 @@
+"""Presets, the schedule rule, the learning-rate schedules and the weight-decay term (backend-agnostic)."""
+
+import math
+
+import keras
+import numpy as np
+import pytest
+
+from training import configs, schedules
+from training.train import add_weight_decay
+
+pytestmark = pytest.mark.core
+
+
+def test_presets_cover_every_table_of_the_paper():
+    names = set(configs.PRESETS)
+    # Table 1: every shortcut variant on ResNet-110 with the paper's gate-bias inits.
+    for variant in ("original", "constant-scaling-0-1", "constant-scaling-0.5-1", "constant-scaling-0.5-0.5",
+                    "exclusive-gating-bg0", "exclusive-gating-bg-6", "exclusive-gating-bg-7",
+                    "shortcut-only-gating-bg0", "shortcut-only-gating-bg-6", "conv1x1", "dropout"):
+        assert f"t1-resnet110-{variant}" in names
+    assert configs.PRESETS["t1-resnet110-exclusive-gating-bg-6"].unit_options == {
+        "ordering": "original", "shortcut": "exclusive_gating", "gate_bias_init": -6.0}
+    # Table 2: five orderings x ResNet-110/164.
+    table2 = [n for n in names if n.startswith("t2-")]
+    assert len(table2) == 10
+    assert {configs.PRESETS[n].unit_options["ordering"] for n in table2} == set(
+        ["original", "bn_after_addition", "relu_before_addition", "relu_only_preact", "full_preact"])
+    # Tables 3/4/5.
+    for name in ("t3-cifar10-resnet1001-preact", "t3-cifar100-resnet164-original", "t5-resnet200-preact",
+                 "t5-resnet152-original-test224"):
+        assert name in names
+    t4 = configs.PRESETS["t4-cifar10-resnet1001-preact-batch64"]
+    assert (t4.batch_size, t4.depth, t4.dataset) == (64, 1001, "cifar10")
+    t5 = configs.PRESETS["t5-resnet200-preact"]
+    assert (t5.architecture, t5.batch_size, t5.image_size, t5.eval_image_size) == ("imagenet", 256, (224, 224), (320, 320))
+
+
+def test_cifar_preset_is_the_paper_recipe():
+    c = configs.get_config("t2-resnet110-full-preact")
+    assert (c.batch_size, c.total_steps, c.warmup_steps, c.boundaries) == (128, 64000, 400, (32000, 48000))
+    assert (c.base_lr, c.warmup_lr, c.momentum, c.weight_decay, c.augmentation) == (0.1, 0.01, 0.9, 1e-4, "cifar")
+
+
+def test_iterations_scale_with_batch_size():
+    r = schedules.resolve(configs.get_config("t4-cifar10-resnet1001-preact-batch64"), train_size=50000)
+    # 64k iterations at batch 128 -> 128k at batch 64, rounded up to whole epochs of 781 steps.
+    assert r.steps_per_epoch == 781
+    assert r.epochs == math.ceil(128000 / 781) and r.total_steps == r.epochs * 781
+    scale = r.total_steps / 64000
+    assert r.boundaries == (round(32000 * scale), round(48000 * scale))
+    assert r.warmup_steps == round(400 * scale)
+    assert (r.base_lr, r.warmup_lr) == (0.1, 0.01)
+    linear = schedules.resolve(configs.get_config("t4-cifar10-resnet1001-preact-batch64", lr_scaling="linear"), 50000)
+    assert linear.base_lr == pytest.approx(0.05)
+
+
+def test_paper_schedule_at_batch_128_is_exact():
+    r = schedules.resolve(configs.get_config("t2-resnet164-full-preact", steps_per_epoch=400), 50000)
+    assert (r.total_steps, r.warmup_steps, r.boundaries, r.epochs) == (64000, 400, (32000, 48000), 160)
+    lr = schedules.make(configs.get_config("t2-resnet164-full-preact"), r)
+    values = [float(lr(step)) for step in (0, 399, 400, 31999, 32000, 47999, 48000, 63999)]
+    np.testing.assert_allclose(values, [0.01, 0.01, 0.1, 0.1, 0.01, 0.01, 0.001, 0.001], rtol=1e-6)
+
+
+def test_epochs_override_shrinks_the_whole_schedule():
+    r = schedules.resolve(configs.get_config("t2-resnet110-full-preact", epochs=2, steps_per_epoch=50), 50000)
+    assert (r.total_steps, r.warmup_steps, r.boundaries) == (100, 1, (50, 75))
+
+
+def test_cosine_schedule_warms_up_then_decays_to_zero():
+    c = configs.get_config("cifar10-folder-resnet20-short", data_dir="/nonexistent")
+    r = schedules.resolve(c, 50000)
+    lr = schedules.make(c, r)
+    assert float(lr(0)) == pytest.approx(0.01)
+    assert float(lr(r.warmup_steps)) == pytest.approx(0.1)
+    assert float(lr(r.total_steps)) == pytest.approx(0.0, abs=1e-7)
+
+
+@pytest.mark.parametrize(
+    "overrides, argument",
+    [
+        ({"distribute": "tpu"}, "distribute"),
+        ({"precision": "float8"}, "precision"),
+        ({"batch_size": 0}, "batch_size"),
+        ({"schedule": "linear"}, "schedule"),
+        ({"dataset": "folder"}, "data_dir"),
+        ({"unit_options": {"ordering": "post"}}, "ordering"),
+        ({"image_size": (32,)}, "image_size"),
+        ({"warmup_steps": 70000}, "warmup_steps"),
+    ],
+)
+def test_bad_config_names_the_argument(overrides, argument):
+    with pytest.raises(ValueError, match=argument):
+        configs.get_config("synthetic-resnet8", **overrides)
+
+
+def test_unknown_preset_and_field():
+    with pytest.raises(ValueError, match="Unknown preset='resnet9000'.*t2-resnet110-full-preact"):
+        configs.get_config("resnet9000")
+    with pytest.raises(ValueError, match="Unknown config field.*learning_rat"):
+        configs.get_config("synthetic-resnet8", learning_rat=0.1)
+
+
+def test_weight_decay_is_the_coupled_torch_term():
+    from keras_preact.models import cifar_resnet
+
+    model = cifar_resnet(8, 10, input_shape=(16, 16, 3))
+    count = add_weight_decay(model, 1e-4)
+    kernels = [v for v in model.trainable_weights if v.path.endswith("/kernel")]
+    assert count == len(kernels) == 1 + 3 * 2 + 1  # stem, 3 basic units x 2 convs (option A), dense
+    expected = sum(0.5e-4 * float(np.sum(np.square(keras.ops.convert_to_numpy(v)))) for v in kernels)
+    assert float(sum(keras.ops.convert_to_numpy(l) for l in model.losses)) == pytest.approx(expected, rel=1e-5)
+    # BN scales/offsets carry no decay.
+    assert all("gamma" not in v.path and "beta" not in v.path for v in kernels)
