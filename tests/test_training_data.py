@@ -1,0 +1,160 @@
+"""Data sources and pipelines: synthetic, image folders (+ .npy cache), TFDS offline guard, augmentation."""
+
+import os
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from training import configs
+from training import data as data_lib
+
+
+def _write_tree(root, sizes, per_class=3, classes=("cat", "dog"), splits=("train", "test")):
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in splits:
+        for c in classes:
+            d = root / split / c
+            d.mkdir(parents=True)
+            for i in range(per_class):
+                h, w = sizes(split, c, i)
+                Image.fromarray(rng.integers(0, 255, (h, w, 3), dtype=np.uint8)).save(d / f"{i:04d}.png")
+    return root
+
+
+@pytest.mark.core
+def test_synthetic_is_deterministic_and_class_dependent():
+    a = data_lib.synthetic(256, 64, 4, (16, 16), seed=3)
+    b = data_lib.synthetic(256, 64, 4, (16, 16), seed=3)
+    c = data_lib.synthetic(256, 64, 4, (16, 16), seed=4)
+    np.testing.assert_array_equal(a.train_images, b.train_images)
+    assert not np.array_equal(a.train_images, c.train_images)
+    assert a.train_images.dtype == np.uint8 and a.train_images.shape == (256, 16, 16, 3)
+    assert set(np.unique(a.train_labels)) == {0, 1, 2, 3}
+    # Learnable: a nearest-centroid classifier on Fourier amplitudes (orientation/frequency per
+    # class) beats chance (25%) by far on the test split.
+    def features(x):
+        return np.abs(np.fft.fft2(x.astype(np.float32) - 127.5, axes=(1, 2))).reshape(len(x), -1)
+
+    centroids = np.stack([features(a.train_images[a.train_labels == k]).mean(0) for k in range(4)])
+    predicted = np.argmin(((features(a.test_images)[:, None] - centroids[None]) ** 2).sum(-1), 1)
+    assert (predicted == a.test_labels).mean() > 0.6
+
+
+@pytest.mark.core
+def test_folder_decodes_labels_sorted_and_caches(tmp_path):
+    root = _write_tree(tmp_path / "tree", lambda s, c, i: (8, 10))
+    cache = tmp_path / "cache"
+    d = data_lib.folder(root, cache)
+    assert d.class_names == ["cat", "dog"]
+    assert d.train_images.shape == (6, 8, 10, 3) and list(d.train_labels) == [0, 0, 0, 1, 1, 1]
+    from PIL import Image
+
+    np.testing.assert_array_equal(d.train_images[3], np.asarray(Image.open(root / "train/dog/0000.png")))
+    cached = sorted(cache.glob("images-*.npy"))
+    assert len(cached) == 2  # train and test
+    # A second load reads the cache: poison it and see the poisoned pixels come back.
+    poisoned = np.load(cached[0])
+    poisoned[:] = 7
+    np.save(cached[0], poisoned)
+    again = data_lib.folder(root, cache)
+    assert (again.train_images == 7).all() or (again.test_images == 7).all()
+
+
+@pytest.mark.core
+def test_folder_bad_inputs_are_named(tmp_path):
+    with pytest.raises(data_lib.DataError, match="is not a directory"):
+        data_lib.folder(tmp_path / "missing")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(data_lib.DataError, match="must contain train/ and test/"):
+        data_lib.folder(tmp_path / "empty")
+    mixed = _write_tree(tmp_path / "mixed", lambda s, c, i: (8, 8) if i else (9, 8))
+    with pytest.raises(data_lib.DataError, match="mixed sizes"):
+        data_lib.folder(mixed, tmp_path / "c1")
+    hollow = _write_tree(tmp_path / "hollow", lambda s, c, i: (8, 8))
+    (hollow / "train" / "zebra").mkdir()
+    with pytest.raises(data_lib.DataError, match="zebra has no images"):
+        data_lib.folder(hollow, tmp_path / "c2")
+
+
+@pytest.mark.core
+def test_labels_out_of_range_are_rejected():
+    d = data_lib.synthetic(16, 8, 3, (8, 8))
+    d.train_labels[0] = 3
+    with pytest.raises(data_lib.DataError, match=r"train labels out of range.*\[0, 2\]"):
+        d.validate()
+
+
+def test_tfds_missing_data_fails_fast_without_network(tmp_path):
+    # A subprocess with a hard timeout: TFDS must not probe GCS or download.
+    code = (
+        "import sys; sys.path.insert(0, '.')\n"
+        "from training import data\n"
+        f"try:\n    data.tfds_builder('cifar10', data_dir={str(tmp_path)!r})\n"
+        "except data.DataError as e:\n    print('DATAERROR', e)\n"
+    )
+    started = time.time()
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=os.path.dirname(os.path.dirname(__file__)))
+    assert "DATAERROR" in out.stdout, out.stderr[-2000:]
+    assert "not prepared" in out.stdout and "--data-dir" in out.stdout and "--manual-dir" in out.stdout
+    assert time.time() - started < 60  # seconds, not a network time-out
+
+
+def test_unknown_dataset_is_named():
+    with pytest.raises(data_lib.DataError, match="Unknown dataset='no_such_set'"):
+        data_lib.tfds_builder("no_such_set")
+
+
+def test_tf_cifar_augmentation_is_a_padded_crop_and_flip():
+    import tensorflow as tf
+
+    images = np.random.default_rng(0).integers(1, 255, (64, 8, 8, 3), dtype=np.uint8)
+    out = data_lib._tf_cifar_augment(tf.constant(images), tf.constant([1, 2], tf.int64)).numpy()
+    padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
+    flips = 0
+    for i in range(64):
+        windows = [padded[i, y:y + 8, x:x + 8] for y in range(9) for x in range(9)]
+        plain = any(np.array_equal(out[i], w) for w in windows)
+        flipped = any(np.array_equal(out[i], w[:, ::-1]) for w in windows)
+        assert plain or flipped
+        flips += flipped and not plain
+    assert 0 < flips < 64
+
+
+@pytest.mark.core
+def test_numpy_cifar_augmentation_is_a_padded_crop_and_flip():
+    images = np.random.default_rng(0).integers(1, 255, (32, 8, 8, 3), dtype=np.uint8)
+    out = data_lib.numpy_cifar_augment(images, np.random.default_rng(1))
+    padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
+    for i in range(32):
+        windows = [padded[i, y:y + 8, x:x + 8] for y in range(9) for x in range(9)]
+        assert any(np.array_equal(out[i], w) or np.array_equal(out[i], w[:, ::-1]) for w in windows)
+
+
+@pytest.mark.parametrize("pipeline", ["tf_data", "numpy"])
+def test_stream_resumes_exactly_at_a_step(pipeline):
+    if pipeline == "numpy":
+        pytest.importorskip("numpy")
+    config = configs.get_config("synthetic-resnet8", image_size=(8, 8), pipeline=pipeline, seed=5)
+    d = data_lib.synthetic(40, 8, 3, (8, 8), seed=5)
+
+    def batches(start, count):
+        train, _ = data_lib.pipelines(d, config, 16, start_step=start)
+        it = iter(train)
+        return [tuple(np.asarray(t) for t in next(it)) for _ in range(count)]
+
+    full = batches(0, 7)
+    resumed = batches(4, 3)
+    for (x, y), (rx, ry) in zip(full[4:], resumed):
+        np.testing.assert_array_equal(x, rx)
+        np.testing.assert_array_equal(y, ry)
+    # Every epoch (40 images = 2.5 batches) is a permutation: 5 batches hold each image twice.
+    labels = np.concatenate([y for _, y in full[:5]])
+    assert np.bincount(labels, minlength=3).tolist() == (2 * np.bincount(d.train_labels, minlength=3)).tolist()
+    x, _ = full[0]
+    assert x.dtype == np.float32 and x.shape == (16, 8, 8, 3)
