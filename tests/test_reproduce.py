@@ -1,0 +1,79 @@
+"""training.reproduce: row selection, the summary table, and a tiny end-to-end reproduction."""
+
+import json
+
+import pytest
+
+from training import reproduce
+from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summarize
+
+
+def test_tables_cover_the_paper():
+    assert len(TABLES["1"]) == 16 and len(TABLES["2"]) == 10 and len(TABLES["3"]) == 10
+    paper = {r.preset: r.paper_error for t in TABLES.values() for r in t}
+    assert paper["t2-resnet164-full-preact"] == 5.46
+    assert paper["t1-resnet110-dropout"] == FAIL
+    assert paper["t3-cifar100-resnet1001-preact"] == 22.71
+    from training.configs import PRESETS
+
+    assert all(r.preset in PRESETS for t in TABLES.values() for r in t)
+
+
+def test_select_rows():
+    scaled = select_rows("2", "scaled")
+    assert [r.preset for r in scaled] == [
+        "t2-resnet110-original", "t2-resnet110-bn-after-addition", "t2-resnet110-relu-before-addition",
+        "t2-resnet110-relu-only-preact", "t2-resnet110-full-preact",
+    ]
+    assert [r.preset for r in select_rows("3", "scaled")] == [
+        "t3-cifar10-resnet110-original", "t3-cifar10-resnet110-preact"]
+    assert len(select_rows("2", "paper")) == 10
+    picked = select_rows("1", "scaled", "dropout, resnet110-original")
+    assert [r.preset for r in picked] == ["t1-resnet110-dropout", "t1-resnet110-original"]
+    with pytest.raises(ValueError, match="rows=.*'original'"):
+        select_rows("2", "scaled", "original")  # ambiguous between ResNet-110 and ResNet-164
+
+
+def test_summary_statistics_and_markdown():
+    assert summarize([10.0, 12.0, 20.0]) == (12.0, 14.0, pytest.approx(28 ** 0.5))
+    assert summarize([7.5]) == (7.5, 7.5, 0.0)
+    results = [
+        {"row": {"label": "a", "preset": "t1-x", "paper_error": 6.61, "paper_depth": 110},
+         "runs": [{"test_error": 10.0}, {"test_error": 12.0}, {"test_error": 20.0}]},
+        {"row": {"label": "b", "preset": "t1-y", "paper_error": FAIL, "paper_depth": 110}, "runs": []},
+    ]
+    text = markdown_table("1", results, "scale note")
+    assert "### Table 1 (scale note)" in text
+    assert "| a | `t1-x` | 6.61 | 12.00 | 14.00 ± 5.29 | 3 |" in text
+    assert "| b | `t1-y` | fail (>20%) | — | — | 0 |" in text
+    assert "paper (ResNet-110)" in text
+
+
+def test_bad_arguments():
+    with pytest.raises(SystemExit):
+        reproduce.main(["--table", "4"])
+    with pytest.raises(SystemExit):
+        reproduce.main(["--table", "2", "--seeds", "0"])
+    with pytest.raises(ValueError, match="budget"):
+        reproduce.reproduce("2", "huge")
+    with pytest.raises(ValueError, match="dataset='folder' needs data_dir"):
+        reproduce.reproduce("2", "scaled", overrides={"dataset": "folder"})
+
+
+def test_end_to_end_synthetic(tmp_path, capsys):
+    args = ["--table", "2", "--rows", "resnet110-full-preact", "--depth", "8", "--epochs", "2",
+            "--seeds", "2", "--dataset", "synthetic", "--set", "synthetic_train_size=128",
+            "--set", "synthetic_test_size=64", "--set", "batch_size=64", "--out", str(tmp_path)]
+    assert reproduce.main(args) == 0
+    data = json.loads((tmp_path / "table2.json").read_text())
+    runs = data["results"][0]["runs"]
+    assert [r["seed"] for r in runs] == [0, 1]
+    assert all(r["steps"] == 4 and r["epochs"] == 2 for r in runs)
+    table = (tmp_path / "table2.md").read_text()
+    assert "| full_preact (ResNet-110) | `t2-resnet110-full-preact` | 6.37 |" in table
+    assert (tmp_path / "table2_curves.png").read_bytes()[:4] == b"\x89PNG"
+    # A finished run is reused, not retrained.
+    capsys.readouterr()
+    assert reproduce.main(args) == 0
+    assert capsys.readouterr().out.count("reusing finished run") == 2
+    assert json.loads((tmp_path / "table2.json").read_text())["results"][0]["runs"] == runs

@@ -1,0 +1,376 @@
+"""Reproduce a table of the paper: run its experiments, then put our numbers next to the paper's.
+
+    python -m training.reproduce --table 2 --budget scaled --dataset folder --data-dir DIR
+    python -m training.reproduce --table 1 --budget scaled --rows original,dropout --depth 56 ...
+    python -m training.reproduce --table 3 --budget paper --seeds 5 --dataset cifar10 --data-dir DIR
+
+For every row of the table and every seed it calls the training Python API
+(``training.train.train(training.configs.get_config(preset, **overrides))``), one run directory per
+run under ``OUT/runs/`` (a finished run, i.e. one with ``metrics.json``, is reused, so an interrupted
+reproduction resumes). It then writes ``OUT/table{N}.md`` (our median, mean +- std and the paper's
+number side by side), ``OUT/table{N}.json`` (every run's metrics) and ``OUT/table{N}_curves.png``
+(test error solid and training error dashed against iterations, as the paper's Fig. 1 / 4 / 6).
+
+Budgets (``BUDGETS``): ``paper`` runs the presets unchanged (the paper's 64k iterations, its depths,
+5 seeds: days on GPUs); ``scaled`` runs the table's smallest paper network at ``--depth`` (default
+ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proportionally, 1 seed.
+"""
+
+import argparse
+import dataclasses
+import json
+import os
+import pathlib
+import statistics
+import sys
+import tempfile
+
+FAIL = "fail"  # the paper's "fail": test error above 20%
+
+
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of a paper table: the label, the training preset that runs it, the paper's error %
+    (a number, or ``FAIL``), and the paper network's depth."""
+
+    label: str
+    preset: str
+    paper_error: object
+    paper_depth: int
+
+
+def _table1():
+    """Table 1 (Fig. 2): shortcut variants on the original ResNet-110 unit."""
+    gating = {0: FAIL, -1: FAIL, -2: FAIL, -3: FAIL, -4: FAIL, -5: FAIL, -6: 8.70, -7: 9.81}
+    rows = [
+        ("original", "original", 6.61),
+        ("constant scaling 0 / 1", "constant-scaling-0-1", FAIL),
+        ("constant scaling 0.5 / 1", "constant-scaling-0.5-1", FAIL),
+        ("constant scaling 0.5 / 0.5", "constant-scaling-0.5-0.5", 12.35),
+        *[(f"exclusive gating b_g={b}", f"exclusive-gating-bg{b}", e) for b, e in gating.items()],
+        ("shortcut-only gating b_g=0", "shortcut-only-gating-bg0", 12.86),
+        ("shortcut-only gating b_g=-6", "shortcut-only-gating-bg-6", 6.91),
+        ("1x1 conv shortcut", "conv1x1", 12.22),
+        ("dropout shortcut 0.5", "dropout", FAIL),
+    ]
+    return [Row(label, f"t1-resnet110-{key}", error, 110) for label, key, error in rows]
+
+
+def _table2():
+    """Table 2 (Fig. 4): activation placements, ResNet-110 and ResNet-164 on CIFAR-10."""
+    paper = {
+        "original": (6.61, 5.93),
+        "bn_after_addition": (8.17, 6.50),
+        "relu_before_addition": (7.84, 6.14),
+        "relu_only_preact": (6.71, 5.91),
+        "full_preact": (6.37, 5.46),
+    }
+    return [
+        Row(f"{ordering} (ResNet-{depth})", f"t2-resnet{depth}-{ordering.replace('_', '-')}", errors[i], depth)
+        for i, depth in enumerate((110, 164))
+        for ordering, errors in paper.items()
+    ]
+
+
+def _table3():
+    """Table 3: original vs pre-activation unit (the 1-layer-skip row has no preset)."""
+    paper = {
+        ("cifar10", 110): (6.61, 6.37),
+        ("cifar10", 164): (5.93, 5.46),
+        ("cifar10", 1001): (7.61, 4.92),
+        ("cifar100", 164): (25.16, 24.33),
+        ("cifar100", 1001): (27.82, 22.71),
+    }
+    return [
+        Row(f"{dataset} ResNet-{depth} {label}", f"t3-{dataset}-resnet{depth}-{label}", errors[i], depth)
+        for (dataset, depth), errors in paper.items()
+        for i, label in enumerate(("original", "preact"))
+    ]
+
+
+TABLES = {"1": _table1(), "2": _table2(), "3": _table3()}
+FIGURES = {"1": "Fig. 1 / Table 1", "2": "Fig. 4 / Table 2", "3": "Fig. 6 / Table 3"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Budget:
+    """How much of the paper's run to do. ``None`` keeps the preset's value."""
+
+    seeds: int
+    depth: object = None  # replaces the paper depth
+    epochs: object = None
+    smallest_network_only: bool = False  # run only the rows of the table's smallest paper network
+    note: str = ""
+
+
+BUDGETS = {
+    "paper": Budget(seeds=5, note="the paper's schedule (64k iterations at batch 128), depths and 5 seeds"),
+    "scaled": Budget(
+        seeds=1,
+        depth=20,
+        epochs=3,
+        smallest_network_only=True,
+        note="CPU scale: the table's smallest network replaced by a shallower one, the whole "
+        "schedule (warm-up, /10 at 50% and 75%) compressed into a few epochs",
+    ),
+}
+
+
+# --------------------------------------------------------------------------------- selection
+def select_rows(table, budget, rows=None):
+    """The rows of ``table`` to run: ``rows`` (labels or preset suffixes, comma-separated) or,
+    with a scaled budget, those of the smallest paper network."""
+    all_rows = TABLES[table]
+    if rows:
+        wanted = [r.strip() for r in rows.split(",") if r.strip()]
+        short = [r.preset.split("-", 2)[-1] for r in all_rows]  # "dropout", "full-preact"
+        by_key = {}
+        for row, key in zip(all_rows, short):
+            if short.count(key) == 1:
+                by_key[key] = row
+        for row in all_rows:
+            by_key[row.label] = row
+            by_key[row.preset] = row
+            by_key[row.preset.split("-", 1)[-1]] = row  # "resnet110-dropout", "resnet164-original"
+        unknown = [w for w in wanted if w not in by_key]
+        if unknown:
+            raise ValueError(
+                f"Invalid rows={rows!r}: unknown {', '.join(map(repr, unknown))}. Allowed values: "
+                + ", ".join(repr(r.preset.split("-", 1)[-1]) for r in all_rows)
+            )
+        return list(dict.fromkeys(by_key[w] for w in wanted))
+    if BUDGETS[budget].smallest_network_only:
+        smallest = min(r.paper_depth for r in all_rows)
+        first_dataset = all_rows[0].preset.split("-")[1] if table == "3" else None
+        return [
+            r for r in all_rows
+            if r.paper_depth == smallest and (first_dataset is None or first_dataset in r.preset)
+        ]
+    return all_rows
+
+
+def run_overrides(budget, *, seed, depth=None, epochs=None, extra=None):
+    b = BUDGETS[budget]
+    overrides = {"seed": seed}
+    depth = depth if depth is not None else b.depth
+    epochs = epochs if epochs is not None else b.epochs
+    if depth is not None:
+        overrides["depth"] = depth
+    if epochs is not None:
+        overrides["epochs"] = epochs
+    overrides.update(extra or {})
+    return overrides
+
+
+# ------------------------------------------------------------------------------------ summary
+def _format_paper(error):
+    return "fail (>20%)" if error == FAIL else f"{error:.2f}"
+
+
+def summarize(errors):
+    """(median, mean, std) of a list of test errors; std is the sample std (0 for one run)."""
+    if not errors:
+        return None
+    std = statistics.stdev(errors) if len(errors) > 1 else 0.0
+    return statistics.median(errors), statistics.fmean(errors), std
+
+
+def markdown_table(table, results, header_note=""):
+    """Markdown: one line per row, our median and mean +- std next to the paper's error."""
+    lines = [
+        f"### Table {table}" + (f" ({header_note})" if header_note else ""),
+        "",
+        "| case | preset | paper (ResNet-{d}) error % | ours median % | ours mean ± std % | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    depths = sorted({r["row"]["paper_depth"] for r in results})
+    lines[2] = lines[2].replace("{d}", "/".join(map(str, depths)))
+    for entry in results:
+        row, errors = entry["row"], [m["test_error"] for m in entry["runs"]]
+        stats = summarize(errors)
+        ours = ("—", "—") if stats is None else (f"{stats[0]:.2f}", f"{stats[1]:.2f} ± {stats[2]:.2f}")
+        lines.append(
+            f"| {row['label']} | `{row['preset']}` | {_format_paper(row['paper_error'])} | {ours[0]} | "
+            f"{ours[1]} | {len(errors)} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def _read_history(run_dir):
+    import csv
+
+    path = pathlib.Path(run_dir) / "history.csv"
+    if not path.exists():
+        return []
+    with open(path, newline="") as f:
+        rows = {int(r["epoch"]): r for r in csv.DictReader(f)}
+    return [rows[k] for k in sorted(rows)]
+
+
+def plot_curves(results, png_path, title):
+    """Test error (solid) and training error (dashed) against iterations, one colour per row
+    (first seed), as the paper's Fig. 1 / 4 / 6."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, entry in enumerate(results):
+        if not entry["runs"]:
+            continue
+        run = entry["runs"][0]
+        history = _read_history(run["run_dir"])
+        if not history:
+            continue
+        per_epoch = run["steps"] / max(len(history), 1)
+        its = [(int(h["epoch"]) + 1) * per_epoch for h in history]
+        color = f"C{i % 10}"
+        ax.plot(its, [100 * (1 - float(h["val_accuracy"])) for h in history], "-o", ms=3, color=color,
+                label=f"{entry['row']['label']} test")
+        ax.plot(its, [100 * (1 - float(h["accuracy"])) for h in history], "--", color=color, alpha=0.6)
+    ax.set_xlabel("iterations")
+    ax.set_ylabel("error (%) — solid: test, dashed: training")
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(png_path)), suffix=".png")
+    os.close(fd)
+    fig.savefig(tmp, format="png", dpi=110)
+    plt.close(fig)
+    os.replace(tmp, png_path)
+    return png_path
+
+
+def _write_atomic(path, text):
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+# ---------------------------------------------------------------------------------------- run
+def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seeds=None, depth=None,
+              epochs=None, overrides=None):
+    """Run the rows of ``table`` for ``seeds`` seeds and write the table, JSON and curves.
+
+    ``overrides``: extra ``training.configs.Config`` fields for every run (``dataset``,
+    ``data_dir``, ``subset``, ``batch_size``...). Every config is built and validated before the
+    first run starts. Returns ``{"table": path, "json": path, "curves": path, "results": [...]}``.
+    """
+    from training.configs import get_config
+    from training.train import train
+
+    if str(table) not in TABLES:
+        raise ValueError(f"Invalid table={table!r}. Allowed values: {', '.join(map(repr, TABLES))}.")
+    table = str(table)
+    if budget not in BUDGETS:
+        raise ValueError(f"Invalid budget={budget!r}. Allowed values: {', '.join(map(repr, BUDGETS))}.")
+    seeds = BUDGETS[budget].seeds if seeds is None else seeds
+    if not isinstance(seeds, int) or seeds < 1:
+        raise ValueError(f"Invalid seeds={seeds!r}: a positive integer is required.")
+    selected = select_rows(table, budget, rows)
+    out_dir = pathlib.Path(out_dir)
+    plan = []
+    for row in selected:
+        for seed in range(seeds):
+            run_dir = out_dir / "runs" / f"{row.preset}-seed{seed}"
+            config = get_config(
+                row.preset,
+                **run_overrides(budget, seed=seed, depth=depth, epochs=epochs, extra=overrides),
+                run_dir=str(run_dir),
+            )
+            plan.append((row, run_dir, config))
+    out_dir.mkdir(parents=True, exist_ok=True)
+
+    results = {row.preset: {"row": dataclasses.asdict(row), "runs": []} for row in selected}
+    for i, (row, run_dir, config) in enumerate(plan):
+        metrics_path = run_dir / "metrics.json"
+        if metrics_path.exists():
+            metrics = json.loads(metrics_path.read_text())
+            print(f"[reproduce] {i + 1}/{len(plan)} {run_dir.name}: reusing finished run", flush=True)
+        else:
+            print(f"[reproduce] {i + 1}/{len(plan)} {run_dir.name}: training", flush=True)
+            try:
+                metrics = train(config)
+            except Exception as e:  # a diverged run is a result ("fail"), not a crash
+                from training.train import TrainingDiverged
+
+                if not isinstance(e, TrainingDiverged):
+                    raise
+                metrics = {"test_error": 90.0, "diverged": str(e), "run_dir": str(run_dir), "steps": 0}
+        metrics["seed"] = config.seed
+        results[row.preset]["runs"].append(metrics)
+
+    ordered = list(results.values())
+    first = plan[0][2]
+    scale = (
+        f"ResNet-{first.depth}, {first.epochs or 'preset'} epochs, {seeds} seed(s), "
+        f"dataset {first.dataset}, budget {budget}"
+    )
+    stem = out_dir / f"table{table}"
+    _write_atomic(f"{stem}.md", markdown_table(table, ordered, scale))
+    _write_atomic(f"{stem}.json", json.dumps({"table": table, "budget": budget, "scale": scale,
+                                              "results": ordered}, indent=2, default=str) + "\n")
+    plot_curves(ordered, f"{stem}_curves.png", f"{FIGURES[table]}: {scale}")
+    return {"table": f"{stem}.md", "json": f"{stem}.json", "curves": f"{stem}_curves.png",
+            "results": ordered}
+
+
+def _parse_set(text):
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects FIELD=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    try:
+        value = json.loads(value)
+    except json.JSONDecodeError:
+        pass
+    return key, value
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="python -m training.reproduce",
+        description="Run the experiments of one table of He et al. 2016 and write our numbers next "
+        "to the paper's (markdown table, JSON, training-curve figure).",
+    )
+    p.add_argument("--table", required=True, choices=sorted(TABLES), help="paper table to reproduce")
+    p.add_argument("--budget", default="scaled", choices=sorted(BUDGETS),
+                   help="; ".join(f"{k}: {b.note}" for k, b in BUDGETS.items()))
+    p.add_argument("--rows", help="comma-separated subset of the table's rows (preset suffixes, e.g. "
+                   "'original,dropout' for Table 1)")
+    p.add_argument("--seeds", type=int, help="runs per row (default: the budget's)")
+    p.add_argument("--depth", type=int, help="network depth for every row (scaled default 20)")
+    p.add_argument("--epochs", type=int, help="epochs per run (scaled default 3)")
+    p.add_argument("--dataset", default=None, help="'folder', a TFDS name or 'synthetic' (default: the preset's)")
+    p.add_argument("--data-dir", help="data directory (an extracted CIFAR-10 JPEG folder for 'folder')")
+    p.add_argument("--subset", type=int, help="use only the first N training images")
+    p.add_argument("--set", dest="sets", action="append", type=_parse_set, default=[],
+                   metavar="FIELD=VALUE", help="any other training config field, e.g. batch_size=64")
+    p.add_argument("--out", default="reproduction", help="output directory (default ./reproduction)")
+    return p
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    overrides = dict(args.sets)
+    for field in ("dataset", "data_dir", "subset"):
+        if getattr(args, field) is not None:
+            overrides[field] = getattr(args, field)
+    if args.seeds is not None and args.seeds < 1:
+        parser.error(f"argument --seeds: invalid value {args.seeds}: a positive integer is required")
+    overrides.setdefault("verbose", 2)
+    try:
+        written = reproduce(args.table, args.budget, out_dir=args.out, rows=args.rows, seeds=args.seeds,
+                            depth=args.depth, epochs=args.epochs, overrides=overrides)
+    except ValueError as e:
+        parser.error(str(e))
+    print(pathlib.Path(written["table"]).read_text())
+    print(f"[reproduce] wrote {written['table']}, {written['json']}, {written['curves']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
