@@ -3,7 +3,7 @@
 Forward (``predict_on_batch``) and training-step (``train_on_batch``, SGD, sparse categorical
 crossentropy) images/s of CIFAR and ImageNet pre-activation ResNets on the present device and the
 backend named by ``KERAS_BACKEND``. Each of our models runs in the same process, on the same
-in-memory random batch, interleaved (A B A B ...) with a plain functional Keras model of exactly
+in-memory random batch, interleaved (A B, B A, ...) with a plain functional Keras model of exactly
 the same architecture (``benchmarks/reference_models.py``; checked: same trainable parameter count
 and, with our weights copied in, the same predictions) and, for ImageNet ResNet-50/101/152,
 ``keras.applications`` ResNet50V2/101V2/152V2 next to our build of that same architecture
@@ -230,13 +230,17 @@ def compile_all(contenders, jit_compile):
 
 
 def time_interleaved(contenders, step, images, labels, *, warmup, repeats, steps):
-    """{label: [images/s per repeat]}; warm-up calls excluded, models interleaved per repeat."""
+    """{label: [images/s per repeat]}; warm-up calls excluded. Models are interleaved and the
+    order rotates every repeat (A B, B A, ...) so drift and position in the round cancel."""
     for model in contenders.values():
         for _ in range(warmup):
             step(model, images, labels)
     rates = {label: [] for label in contenders}
-    for _ in range(repeats):
-        for label, model in contenders.items():
+    order = list(contenders)
+    for repeat in range(repeats):
+        shift = repeat % len(order)
+        for label in order[shift:] + order[:shift]:
+            model = contenders[label]
             start = time.perf_counter()
             for _ in range(steps):
                 step(model, images, labels)
@@ -297,7 +301,8 @@ def environment_line(args):
     return (
         f"backend **{backend}** ({', '.join(versions)}); devices {', '.join(devices)}; "
         f"{os.cpu_count()} CPU cores visible; dtype policy {args.dtype_policy}; jit_compile={args.jit_compile}; "
-        f"{args.warmup} warm-up call(s), then {args.repeats} interleaved repeats x {args.steps} call(s); "
+        f"{args.warmup} warm-up call(s), then {args.repeats} interleaved repeats (order rotating) "
+        f"x {args.steps} call(s); "
         "SGD(momentum 0.9), sparse categorical crossentropy, random in-memory data"
     )
 
