@@ -372,7 +372,7 @@ def train(config, data=None):
     for initial_epoch, epochs, steps in phases:
         model.fit(
             streams(backup_cb.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-            validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config),
+            validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
         )
         if not backup_cb._finite or model.stop_training:
             break

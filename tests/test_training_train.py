@@ -1,0 +1,144 @@
+"""End-to-end runs of ``training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
+
+import json
+import os
+
+import keras
+import numpy as np
+import pytest
+
+from training import configs, distribute
+from training import data as data_lib
+from training import train as train_lib
+
+TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
+            batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,
+            jit_compile="false")
+
+
+def tiny(tmp_path, **overrides):
+    return configs.get_config("synthetic-resnet8", **{"run_dir": str(tmp_path / "run"), **TINY, **overrides})
+
+
+@pytest.mark.core
+def test_run_directory_contract(tmp_path):
+    result = train_lib.train(tiny(tmp_path))
+    run = tmp_path / "run"
+    assert result["run_dir"] == str(run) and (result["epochs"], result["steps"]) == (2, 6)
+    for name in ("config.json", "model.keras", "history.csv", "metrics.json", "curves.png", "tensorboard",
+                 "checkpoints"):
+        assert (run / name).exists(), name
+    cfg = json.loads((run / "config.json").read_text())
+    assert cfg["name"] == "synthetic-resnet8"
+    assert cfg["class_names"] == [f"class_{k}" for k in range(10)]
+    assert cfg["image_size"] == [16, 16]
+    assert cfg["normalization"] == {"mean": [127.5] * 3, "std": [63.75] * 3}
+    assert json.loads((run / "metrics.json").read_text())["test_accuracy"] == pytest.approx(result["test_accuracy"])
+    # The config re-runs: the same Config comes back from config.json.
+    assert train_lib.config_from_run(run) == tiny(tmp_path)
+    model = keras.saving.load_model(run / "model.keras", safe_mode=True)
+    assert model.get_layer("predictions").dtype_policy.name == "float32"
+    rows = (run / "history.csv").read_text().strip().splitlines()
+    assert len(rows) == 3 and rows[0].startswith("epoch")
+    assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    # The kept backup is the final state, at the last step.
+    assert train_lib.read_backup(run / "checkpoints" / "backup")["step"] == 6
+    # No temporary files are left behind.
+    assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.mark.core
+def test_same_seed_gives_identical_weights(tmp_path):
+    def weights(sub, seed):
+        train_lib.train(tiny(tmp_path / sub, seed=seed))
+        model = keras.saving.load_model(tmp_path / sub / "run" / "model.keras")
+        return [np.asarray(w) for w in model.get_weights()]
+
+    a, b, c = weights("a", 1), weights("b", 1), weights("c", 2)
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    assert any(not np.array_equal(x, z) for x, z in zip(a, c))
+
+
+def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
+    # Finite for the first steps at lr 0.01 (warm-up), then lr 1e30 blows it up.
+    config = tiny(tmp_path, warmup_steps=300, total_steps=600, boundaries=(), warmup_lr=0.01, base_lr=1e30,
+                  epochs=3, steps_per_epoch=4, checkpoint_every=1)
+    with pytest.raises(train_lib.TrainingDiverged, match=r"NaN/inf.*Last good checkpoint: .*model\.weights\.h5 \(step \d+\)"):
+        train_lib.train(config)
+    backup = train_lib.read_backup(tmp_path / "run" / "checkpoints" / "backup")
+    assert backup is not None and 1 <= backup["step"] < 12
+    model = train_lib.build_model(config, 10, __import__("training.schedules").schedules.resolve(config, 96))
+    model.optimizer.build(model.trainable_variables)
+    model.load_weights(backup["weights"])
+    assert all(np.isfinite(np.asarray(w)).all() for w in model.get_weights())
+    assert not (tmp_path / "run" / "model.keras").exists()
+
+
+def test_batch_not_divisible_by_replicas():
+    dist = distribute.Distribution("mirrored", None, 2)
+    with pytest.raises(ValueError, match="batch_size=33.*divisible by the 2 replicas"):
+        distribute.check_batch(33, dist)
+
+
+def test_unwritable_run_dir_fails_before_training(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(ValueError, match="Invalid run_dir=.*not writable"):
+        train_lib.train(tiny(tmp_path, run_dir=str(blocker / "run")))
+
+
+def test_image_size_mismatch_and_bad_user_data(tmp_path):
+    with pytest.raises(data_lib.DataError, match=r"image_size=\[16, 16\]"):
+        train_lib.train(tiny(tmp_path), data=data_lib.synthetic(32, 8, 10, (8, 8)))
+    bad = data_lib.synthetic(32, 8, 10, (16, 16))
+    bad.test_labels[:] = 12
+    with pytest.raises(data_lib.DataError, match="test labels out of range"):
+        train_lib.train(tiny(tmp_path), data=bad)
+
+
+def test_distribution_backend_is_checked(tmp_path):
+    wrong = "data-parallel" if keras.backend.backend() == "tensorflow" else "mirrored"
+    with pytest.raises(ValueError, match=f"distribute='{wrong}' needs KERAS_BACKEND"):
+        train_lib.train(tiny(tmp_path, distribute=wrong))
+
+
+def test_cli_help_lists_presets(capsys):
+    with pytest.raises(SystemExit) as e:
+        train_lib.main(["--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    for name in ("synthetic-resnet8", "t2-resnet164-full-preact", "t5-resnet200-preact", "--distribute", "--precision"):
+        assert name in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--preset", "nope"], "invalid choice: 'nope'"),
+        (["nope"], "invalid choice: 'nope'"),
+        (["--dataset", "folder"], "needs data_dir"),
+        (["--distribute", "horovod"], "invalid choice: 'horovod'"),
+        (["--batch-size", "0"], "batch_size=0"),
+        (["--ordering", "sideways"], "ordering='sideways'"),
+    ],
+)
+def test_cli_bad_input_exits_2(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        train_lib.main(argv)
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_cli_missing_folder_and_unknown_dataset(tmp_path, capsys):
+    for argv, message in ((["--dataset", "folder", "--data-dir", str(tmp_path / "none")], "is not a directory"),
+                          (["--dataset", "no_such_set"], "Unknown dataset='no_such_set'")):
+        with pytest.raises(SystemExit) as e:
+            train_lib.main(argv + ["--run-dir", str(tmp_path / "run")])
+        assert e.value.code == 2
+        assert message in capsys.readouterr().err
+
+
+def test_mixed_bfloat16_trains(tmp_path):
+    result = train_lib.train(tiny(tmp_path, precision="mixed_bfloat16", epochs=1))
+    assert result["steps"] == 3 and np.isfinite(result["test_loss"])
