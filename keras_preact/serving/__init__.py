@@ -1,0 +1,1 @@
+"""A TF-Serving-compatible REST server for exported SavedModels (``keras-preact-serve``)."""

@@ -1,0 +1,187 @@
+"""TF Serving REST API codec: JSON request bodies to input arrays, output tensors to JSON replies.
+
+Follows https://www.tensorflow.org/tfx/serving/api_rest: a predict body holds ``instances`` (row
+format: one entry per example; a dict per example when a signature has several inputs) or ``inputs``
+(columnar format: the batch tensor, or a dict of them); binary strings travel as ``{"b64": "..."}``.
+Replies are ``{"predictions": [...]}`` (row: a dict of outputs per example, or the bare value when
+there is one output) or ``{"outputs": ...}`` (columnar). String outputs whose name ends in
+``_bytes`` are base64-encoded, as TF Serving does. Every problem is a ``RequestError`` carrying the
+HTTP status (400 bad request, 404 not found) and a message for ``{"error": ...}``.
+"""
+
+import base64
+import binascii
+import dataclasses
+import json
+
+import numpy as np
+
+
+class RequestError(Exception):
+    """A client error: ``status`` is the HTTP status code, ``str(error)`` the message."""
+
+    def __init__(self, message, status=400):
+        super().__init__(message)
+        self.status = status
+
+
+@dataclasses.dataclass(frozen=True)
+class TensorSpec:
+    """A signature input: dtype name as numpy knows it ("uint8", "float32", "string") and shape."""
+
+    name: str
+    dtype: str
+    shape: tuple  # None for an unknown dimension
+
+
+# numpy kinds a JSON value may decode to, per input dtype, and the value range where one applies.
+_NUMERIC_KINDS = {
+    "uint8": ("iu", (0, 255)),
+    "int32": ("iu", (-(2**31), 2**31 - 1)),
+    "int64": ("iu", (-(2**63), 2**63 - 1)),
+    "float32": ("iuf", None),
+    "float64": ("iuf", None),
+}
+
+
+def parse_body(body):
+    try:
+        request = json.loads(body)
+    except (UnicodeDecodeError, json.JSONDecodeError) as error:
+        raise RequestError(f"Invalid JSON body: {error}") from None
+    if not isinstance(request, dict):
+        raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
+    has_instances, has_inputs = "instances" in request, "inputs" in request
+    if has_instances == has_inputs:
+        raise RequestError(
+            "The request must contain exactly one of 'instances' (row format) or 'inputs' "
+            "(columnar format)" + (", not both." if has_instances else ".")
+        )
+    signature_name = request.get("signature_name", "serving_default")
+    if not isinstance(signature_name, str):
+        raise RequestError(f"Invalid signature_name={signature_name!r}: expected a string.")
+    return request, signature_name, "instances" if has_instances else "inputs"
+
+
+def _decode_b64(value):
+    """Replace every ``{"b64": "..."}`` in a JSON value by the bytes it encodes."""
+    if isinstance(value, dict):
+        if set(value) == {"b64"}:
+            if not isinstance(value["b64"], str):
+                raise RequestError("A 'b64' value must be a base64 string.")
+            try:
+                return base64.b64decode(value["b64"], validate=True)
+            except (binascii.Error, ValueError):
+                raise RequestError("A 'b64' value is not valid base64.") from None
+        raise RequestError(f"Unexpected JSON object {list(value)[:5]} inside a tensor value.")
+    if isinstance(value, list):
+        return [_decode_b64(v) for v in value]
+    return value
+
+
+def to_array(value, spec):
+    """The JSON value for ``spec`` as a numpy array, checked against its dtype and shape."""
+    value = _decode_b64(value)
+    if spec.dtype == "string":
+        array = np.asarray(value, dtype=object)
+        flat = array.reshape(-1)
+        for i, item in enumerate(flat):
+            if isinstance(item, str):
+                flat[i] = item.encode("utf-8")
+            elif not isinstance(item, bytes):
+                raise RequestError(
+                    f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}."
+                )
+    else:
+        try:
+            array = np.asarray(value)
+        except ValueError:
+            raise RequestError(f"Input '{spec.name}' is not a rectangular array (ragged nested lists).") from None
+        if array.ndim and array.shape[0] == 0:
+            raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
+        kinds, value_range = _NUMERIC_KINDS[spec.dtype]
+        if array.dtype.kind not in kinds or array.dtype == object:
+            raise RequestError(
+                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values."
+            )
+        if value_range and array.size and (array.min() < value_range[0] or array.max() > value_range[1]):
+            raise RequestError(f"Input '{spec.name}' values must lie in [{value_range[0]}, {value_range[1]}] ({spec.dtype}).")
+        array = array.astype(spec.dtype)
+    check_shape(array, spec)
+    return array
+
+
+def check_shape(array, spec):
+    expected = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
+    if array.ndim != len(spec.shape) or any(d is not None and d != a for d, a in zip(spec.shape, array.shape)):
+        raise RequestError(
+            f"Input '{spec.name}' has shape {list(array.shape)}; the signature expects {expected}."
+        )
+    if array.shape[0] == 0:
+        raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
+
+
+def decode_inputs(request, mode, specs):
+    """``{input name: array}`` from a parsed predict request (``mode``: "instances" or "inputs")."""
+    names = list(specs)
+    payload = request[mode]
+    if mode == "instances":
+        if not isinstance(payload, list):
+            raise RequestError("'instances' must be a list with one entry per example.")
+        if not payload:
+            raise RequestError("'instances' is an empty batch; send at least one example.")
+        if all(isinstance(p, dict) and "b64" not in p for p in payload):
+            columns = {}
+            for p in payload:
+                if set(p) != set(names):
+                    raise RequestError(f"Every instance must have exactly the inputs {names}; got {sorted(p)}.")
+            columns = {n: [p[n] for p in payload] for n in names}
+        elif len(names) == 1:
+            columns = {names[0]: payload}
+        else:
+            raise RequestError(f"This signature has several inputs {names}: each instance must be an object.")
+    else:
+        if isinstance(payload, dict) and "b64" not in payload:
+            if set(payload) != set(names):
+                raise RequestError(f"'inputs' must have exactly the inputs {names}; got {sorted(payload)}.")
+            columns = payload
+        elif len(names) == 1:
+            columns = {names[0]: payload}
+        else:
+            raise RequestError(f"This signature has several inputs {names}: 'inputs' must be an object.")
+    arrays = {n: to_array(columns[n], specs[n]) for n in names}
+    sizes = {a.shape[0] for a in arrays.values()}
+    if len(sizes) != 1:
+        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
+    return arrays
+
+
+def _jsonable(name, array):
+    if array.dtype == object or array.dtype.kind == "S":
+        def encode(item):
+            if name.endswith("_bytes"):
+                return {"b64": base64.b64encode(item).decode("ascii")}
+            try:
+                return item.decode("utf-8")
+            except UnicodeDecodeError:
+                return {"b64": base64.b64encode(item).decode("ascii")}
+
+        return np.vectorize(encode, otypes=[object])(array).tolist() if array.size else array.tolist()
+    return array.tolist()
+
+
+def encode_outputs(outputs, mode):
+    """The reply body for ``outputs`` (``{name: numpy array}``) in the request's format."""
+    values = {name: _jsonable(name, array) for name, array in sorted(outputs.items())}
+    if mode == "inputs":
+        reply = {"outputs": values if len(values) > 1 else next(iter(values.values()))}
+    elif len(values) == 1:
+        reply = {"predictions": next(iter(values.values()))}
+    else:
+        batch = len(next(iter(values.values())))
+        reply = {"predictions": [{name: v[i] for name, v in values.items()} for i in range(batch)]}
+    return json.dumps(reply).encode("utf-8")
+
+
+def error_body(message):
+    return json.dumps({"error": message}).encode("utf-8")

@@ -1,0 +1,250 @@
+"""A local server for a SavedModel base directory that speaks TF Serving's REST API.
+
+    keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
+    python -m keras_preact.serving.server saved_models/<name> ...
+
+It loads the latest numeric version folder (as TF Serving's default version policy does) and
+answers, on the paths TF Serving uses:
+
+- ``GET /v1/models/<name>[/versions/<v>]``: model status,
+- ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
+- ``POST /v1/models/<name>[/versions/<v>]:predict``: ``instances`` or ``inputs`` requests.
+
+Request bodies and batches are bounded (``--max-body-bytes``, ``--max-batch-size``); every bad
+request gets HTTP 400 or 404 with ``{"error": message}`` and never stops the server. Only
+TensorFlow is imported (neither keras nor keras_preact's model code).
+"""
+
+import argparse
+import http.server
+import json
+import pathlib
+import re
+import sys
+
+import numpy as np
+import tensorflow as tf
+from google.protobuf import json_format
+from tensorflow.core.protobuf import saved_model_pb2
+
+from keras_preact.serving import rest
+from keras_preact.serving.rest import RequestError
+
+DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
+DEFAULT_MAX_BATCH_SIZE = 256
+_PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
+
+
+def latest_version_dir(model_base):
+    """The highest numeric version folder holding a SavedModel under ``model_base``."""
+    base = pathlib.Path(model_base)
+    if not base.is_dir():
+        raise ValueError(f"Invalid model_base_path={str(base)!r}: not a directory.")
+    versions = sorted(
+        (int(p.name), p) for p in base.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()
+    )
+    if not versions:
+        hint = " It is itself a version folder: pass its parent." if (base / "saved_model.pb").is_file() else ""
+        raise ValueError(
+            f"Invalid model_base_path={str(base)!r}: no numeric version folder with a saved_model.pb "
+            f"(TF Serving layout <model_base_path>/<version>/saved_model.pb).{hint}"
+        )
+    return versions[-1]
+
+
+class ServedModel:
+    """One loaded SavedModel version: its signatures, their input specs, metadata, and predict."""
+
+    def __init__(self, name, model_base):
+        self.name = name
+        self.version, self.path = latest_version_dir(model_base)
+        self._loaded = tf.saved_model.load(str(self.path))
+        self.signatures = dict(self._loaded.signatures)
+        self.input_specs = {
+            key: {
+                arg: rest.TensorSpec(arg, spec.dtype.name, tuple(spec.shape.as_list()))
+                for arg, spec in fn.structured_input_signature[1].items()
+            }
+            for key, fn in self.signatures.items()
+        }
+        saved_model = saved_model_pb2.SavedModel()
+        saved_model.ParseFromString((self.path / "saved_model.pb").read_bytes())
+        signature_defs = {
+            key: json_format.MessageToDict(value, preserving_proto_field_name=True)
+            for key, value in saved_model.meta_graphs[0].signature_def.items()
+            if not key.startswith("__")
+        }
+        self.metadata = {
+            "model_spec": {"name": name, "signature_name": "", "version": str(self.version)},
+            "metadata": {"signature_def": {"signature_def": signature_defs}},
+        }
+
+    def status(self):
+        return {
+            "model_version_status": [
+                {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+            ]
+        }
+
+    def predict(self, signature_name, inputs):
+        outputs = self.signatures[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
+        return {k: v.numpy() for k, v in outputs.items()}
+
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    """TF Serving REST routes for ``self.server.model``; limits from the server's attributes."""
+
+    protocol_version = "HTTP/1.1"  # keep-alive: one connection per client
+    server_version = "keras-preact-serve"
+
+    def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
+        if self.server.verbose:
+            super().log_message(format, *args)
+
+    def _reply(self, status, body):
+        self.send_response(status)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def _route(self):
+        """(version-checked model, verb or "/metadata" or None) for the request path."""
+        match = _PATH.match(self.path.split("?", 1)[0])
+        if not match:
+            raise RequestError(f"Unknown path {self.path!r}: expected /v1/models/<name>[/versions/<v>][/metadata|:predict].", 404)
+        model = self.server.model
+        if match["name"] != model.name:
+            raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
+        if match["version"] is not None and match["version"] != str(model.version):
+            raise RequestError(
+                f"Servable not found for request: Specific({match['name']}, {match['version']}); "
+                f"loaded version is {model.version}.",
+                404,
+            )
+        return model, match["rest"]
+
+    def _handle(self, method):
+        try:
+            model, verb = self._route()
+            if method == "GET" and verb is None:
+                return self._reply(200, json.dumps(model.status()).encode())
+            if method == "GET" and verb == "/metadata":
+                return self._reply(200, json.dumps(model.metadata).encode())
+            if method == "POST" and verb == ":predict":
+                return self._reply(200, self._predict(model))
+            if method == "POST" and verb in (":classify", ":regress"):
+                raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
+            raise RequestError(f"{method} {self.path} is not a TF Serving REST route.", 404)
+        except RequestError as error:
+            return self._reply(error.status, rest.error_body(str(error)))
+        except Exception as error:  # noqa: BLE001 - the server answers and stays up
+            return self._reply(500, rest.error_body(f"Internal error: {type(error).__name__}: {error}"))
+
+    def _read_body(self):
+        length = self.headers.get("Content-Length")
+        if length is None or not length.isdigit():
+            self.close_connection = True
+            raise RequestError("A Content-Length header is required (chunked bodies are not accepted).", 411 if length is None else 400)
+        length = int(length)
+        if length > self.server.max_body_bytes:
+            # The body stays unread, so this connection cannot carry another request.
+            self.close_connection = True
+            raise RequestError(f"Request body of {length} bytes exceeds the limit of {self.server.max_body_bytes} bytes.")
+        return self.rfile.read(length)
+
+    def _predict(self, model):
+        request, signature_name, mode = rest.parse_body(self._read_body())
+        if signature_name not in model.signatures:
+            raise RequestError(
+                f"Serving signature name: '{signature_name}' not found in signature def; "
+                f"available: {sorted(model.signatures)}."
+            )
+        inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
+        batch = next(iter(inputs.values())).shape[0]
+        if batch > self.server.max_batch_size:
+            raise RequestError(f"Batch size {batch} exceeds the limit of {self.server.max_batch_size}.")
+        try:
+            outputs = model.predict(signature_name, inputs)
+        except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
+            # E.g. bytes that are not a decodable image.
+            raise RequestError(f"Invalid input: {_op_error_message(error)}") from None
+        return rest.encode_outputs(outputs, mode)
+
+    def do_GET(self):  # noqa: N802
+        self._handle("GET")
+
+    def do_POST(self):  # noqa: N802
+        self._handle("POST")
+
+
+def _op_error_message(error):
+    """The op's own message out of a TensorFlow runtime error (without the graph-trace lines)."""
+    lines = [line.strip() for line in error.message.splitlines()]
+    noise = ("Graph execution error", "Detected at node", "<stack traces", "[[")
+    useful = [line for line in lines if line and not line.startswith(noise)]
+    return useful[0] if useful else error.message
+
+
+def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
+                max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch_size=DEFAULT_MAX_BATCH_SIZE, verbose=False):
+    """A ``ThreadingHTTPServer`` serving the latest version under ``model_base`` (not yet started).
+
+    ``port=0`` picks a free port: read it from ``server.server_address[1]``.
+    """
+    for argument, value in (("max_body_bytes", max_body_bytes), ("max_batch_size", max_batch_size)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
+    model_name = model_name or pathlib.Path(model_base).resolve().name
+    if not re.match(r"^[^/:\s]+$", model_name):
+        raise ValueError(f"Invalid model_name={model_name!r}: no '/', ':' or whitespace.")
+    model = ServedModel(model_name, model_base)
+    server = http.server.ThreadingHTTPServer((host, port), Handler)
+    server.daemon_threads = True
+    server.model = model
+    server.max_body_bytes = max_body_bytes
+    server.max_batch_size = max_batch_size
+    server.verbose = verbose
+    return server
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
+    )
+    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
+    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
+    parser.add_argument("--verbose", action="store_true", help="log every request")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not 0 <= args.port <= 65535:
+        parser.error(f"argument --port: invalid port {args.port}: expected 0-65535")
+    try:
+        server = make_server(
+            args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
+            max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size, verbose=args.verbose,
+        )
+    except ValueError as error:
+        parser.error(str(error))
+    host, port = server.server_address[:2]
+    model = server.model
+    print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}", flush=True)
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
