@@ -55,7 +55,9 @@ def _none(config):
 def _mirrored(config):
     import tensorflow as tf
 
-    strategy = tf.distribute.MirroredStrategy()
+    # All local GPUs, or else every logical CPU device (tests split one CPU into two).
+    devices = tf.config.list_logical_devices("GPU") or tf.config.list_logical_devices("CPU")
+    strategy = tf.distribute.MirroredStrategy([d.name for d in devices])
     return Distribution("mirrored", strategy.scope, strategy.num_replicas_in_sync, 0, 1)
 
 

@@ -266,12 +266,14 @@ class _ShardedTrain:
             sl = slice(self.index * per, (self.index + 1) * per)
             yield x[sl], y[sl]
 
-    def tf_data(self, ds):
-        per = None
+    def tf_data(self, ds, global_batch):
+        n = global_batch // self.count  # static, so Keras sees the per-process batch size
 
         def cut(x, y):
-            n = per or (x.shape[0] // self.count)
-            return x[self.index * n:(self.index + 1) * n], y[self.index * n:(self.index + 1) * n]
+            x, y = x[self.index * n:(self.index + 1) * n], y[self.index * n:(self.index + 1) * n]
+            return tf.ensure_shape(x, [n, *x.shape[1:]]), tf.ensure_shape(y, [n])
+
+        import tensorflow as tf
 
         return ds.map(cut)
 
@@ -342,7 +344,7 @@ def train(config, data=None):
         if sharded:
             shard = _ShardedTrain(dist.process_index, dist.process_count)
             kind = data_lib.resolve_pipeline(config)
-            train_stream = shard.numpy(train_stream) if kind == "numpy" else shard.tf_data(train_stream)
+            train_stream = shard.numpy(train_stream) if kind == "numpy" else shard.tf_data(train_stream, config.batch_size)
         return train_stream
 
     _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
