@@ -95,6 +95,9 @@ class Handler(http.server.BaseHTTPRequestHandler):
     """TF Serving REST routes for ``self.server.model``; limits from the server's attributes."""
 
     protocol_version = "HTTP/1.1"  # keep-alive: one connection per client
+    # Headers and body go out in two writes; without TCP_NODELAY, Nagle's algorithm and the
+    # client's delayed ACK add ~40 ms to every small reply.
+    disable_nagle_algorithm = True
     server_version = "keras-preact-serve"
 
     def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
