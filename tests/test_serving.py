@@ -15,7 +15,7 @@ import tensorflow as tf
 
 from keras_preact.export import export_saved_model
 from keras_preact.serving.server import make_server
-from tests.test_export import CLASS_NAMES, MEAN, STD, make_model
+from test_export import CLASS_NAMES, MEAN, STD, make_model
 
 MAX_BATCH = 16
 MAX_BODY = 1_000_000
