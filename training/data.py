@@ -413,7 +413,10 @@ def tf_array_train(data, batch_size, *, augmentation, mean, std, seed, start_ste
 def tf_array_eval(images, labels, batch_size, *, mean, std):
     import tensorflow as tf
 
-    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(batch_size)
+    # A static batch size when it divides the set (multi-process JAX needs one).
+    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(
+        batch_size, drop_remainder=len(labels) % batch_size == 0
+    )
     return _deterministic(
         ds.map(lambda x, y: (_tf_normalize(x, mean, std), y), num_parallel_calls=tf.data.AUTOTUNE)
         .cache()
