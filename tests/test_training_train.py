@@ -142,3 +142,15 @@ def test_cli_missing_folder_and_unknown_dataset(tmp_path, capsys):
 def test_mixed_bfloat16_trains(tmp_path):
     result = train_lib.train(tiny(tmp_path, precision="mixed_bfloat16", epochs=1))
     assert result["steps"] == 3 and np.isfinite(result["test_loss"])
+
+
+def test_health_every_logs_training_health_to_history(tmp_path):
+    train_lib.train(tiny(tmp_path, health_every=2))
+    header, *rows = (tmp_path / "run" / "history.csv").read_text().strip().splitlines()
+    columns = header.split(",")
+    for stage in ("stem", "stage1", "stage3", "head"):
+        assert f"health/{stage}/grad_norm" in columns
+    values = dict(zip(columns, rows[-1].split(",")))
+    assert float(values["health/stage1/grad_norm"]) > 0
+    with pytest.raises(ValueError, match="health_every"):
+        tiny(tmp_path, health_every=-1)

@@ -90,6 +90,7 @@ class Config:
     jit_compile: str = "auto"  # "auto", "true", "false"
     distribute: str = "none"
     checkpoint_every: int = 50  # steps between BackupAndRestore backups
+    health_every: int = 0  # steps between TrainingHealthCallback measurements; 0: off
     run_dir: Optional[str] = None
     runs_root: str = "runs"
     export: bool = False
@@ -274,6 +275,8 @@ def validate(config):
         _check_positive(field, getattr(config, field), allow_none=False)
     for field in ("steps", "epochs", "steps_per_epoch", "subset"):
         _check_positive(field, getattr(config, field))
+    if not isinstance(config.health_every, int) or config.health_every < 0:
+        raise ValueError(f"Invalid health_every={config.health_every!r}: a whole number >= 0 (0: off).")
     if not isinstance(config.synthetic_num_classes, int) or config.synthetic_num_classes < 2:
         raise ValueError(
             f"Invalid synthetic_num_classes={config.synthetic_num_classes!r}: at least 2 are required."

@@ -355,6 +355,14 @@ def train(config, data=None):
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
         backup_cb,
     ]
+    if config.health_every and isinstance(data, data_lib.ArrayData):
+        # Before CSVLogger, so the health signals land in history.csv (keras_preact.analysis).
+        from keras_preact.analysis import TrainingHealthCallback
+
+        mean, std = data_lib.normalization(config)
+        probe = ((data.train_images[:64].astype("float32") - mean) / std, data.train_labels[:64])
+        health_dir = str(run_dir / "tensorboard" / "health") if dist.is_chief else None
+        callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir))
     (run_dir / "tensorboard").mkdir(exist_ok=True)
     if has_tensorboard() and dist.is_chief:
         callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard"), update_freq="epoch"))
@@ -495,6 +503,8 @@ def build_parser():
     p.add_argument("--seed", type=int)
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--checkpoint-every", type=int, help="steps between backups (default 50)")
+    p.add_argument("--health-every", type=int,
+                   help="log per-stage gradient norms, update ratios, activation stats every N steps")
     p.add_argument("--export", action=argparse.BooleanOptionalAction, default=None,
                    help="export a SavedModel at the end (default: on for the default preset)")
     p.add_argument("--export-dir")
