@@ -1,13 +1,13 @@
 """Training curves as in the paper's Fig. 1 / 6: training loss and test error against iterations."""
 
 import csv
-import os
-import tempfile
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+
+from keras_preact.analysis.plots import save_figure  # noqa: E402
 
 
 def read_history(csv_path):
@@ -36,9 +36,4 @@ def plot_curves(csv_path, png_path, steps_per_epoch, title=""):
         ax.grid(alpha=0.3)
     fig.suptitle(title)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(png_path)), suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, format="png", dpi=100)
-    plt.close(fig)
-    os.replace(tmp, png_path)
-    return png_path
+    return save_figure(fig, png_path, dpi=100)

@@ -19,11 +19,12 @@ ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proport
 import argparse
 import dataclasses
 import json
-import os
 import pathlib
 import statistics
 import sys
-import tempfile
+
+from keras_preact.analysis.plots import save_figure
+from training.train import write_atomic
 
 FAIL = "fail"  # the paper's "fail": test error above 20%
 
@@ -235,19 +236,7 @@ def plot_curves(results, png_path, title):
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(png_path)), suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, format="png", dpi=110)
-    plt.close(fig)
-    os.replace(tmp, png_path)
-    return png_path
-
-
-def _write_atomic(path, text):
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".tmp")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    return save_figure(fig, png_path)
 
 
 # ---------------------------------------------------------------------------------------- run
@@ -310,8 +299,8 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
         f"dataset {first.dataset}, budget {budget}"
     )
     stem = out_dir / f"table{table}"
-    _write_atomic(f"{stem}.md", markdown_table(table, ordered, scale))
-    _write_atomic(f"{stem}.json", json.dumps({"table": table, "budget": budget, "scale": scale,
+    write_atomic(f"{stem}.md", markdown_table(table, ordered, scale))
+    write_atomic(f"{stem}.json", json.dumps({"table": table, "budget": budget, "scale": scale,
                                               "results": ordered}, indent=2, default=str) + "\n")
     plot_curves(ordered, f"{stem}_curves.png", f"{FIGURES[table]}: {scale}")
     return {"table": f"{stem}.md", "json": f"{stem}.json", "curves": f"{stem}_curves.png",

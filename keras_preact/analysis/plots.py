@@ -15,13 +15,13 @@ def _pyplot():
     return plt
 
 
-def _save(fig, path):
+def save_figure(fig, path, dpi=110):
     """Write the figure to a temporary file next to ``path``, then rename (nothing half-written)."""
     plt = _pyplot()
     path = os.fspath(path)
     fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
     os.close(fd)
-    fig.savefig(tmp, format="png", dpi=110)
+    fig.savefig(tmp, format="png", dpi=dpi)
     plt.close(fig)
     os.replace(tmp, path)
     return path
@@ -58,7 +58,7 @@ def plot_gradient_norms(results, path, title="Signal and gradient norms per resi
     axes[0].legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)
 
 
 def plot_spectra(spectra, path, title="Input-output Jacobian of a stack of units at initialisation"):
@@ -95,4 +95,4 @@ def plot_spectra(spectra, path, title="Input-output Jacobian of a stack of units
         ax.legend(fontsize=7)
     fig.suptitle(title)
     fig.tight_layout()
-    return _save(fig, path)
+    return save_figure(fig, path)

@@ -22,7 +22,6 @@ import pathlib
 import re
 import sys
 
-import numpy as np
 import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
