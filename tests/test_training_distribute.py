@@ -74,10 +74,6 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
     assert (result["epochs"], result["steps"]) == (2, 6)
 
 
-@pytest.mark.slow
-@pytest.mark.xfail(reason="open defect: with 2 JAX processes the run reaches model.fit, then the first "
-                   "version failed on an unknown per-process batch size and the fixed one had not finished "
-                   "in 280 s on the shared 2-core VM; not yet diagnosed", strict=False)
 def test_jax_multi_process_data_parallel(tmp_path):
     port = free_port()
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")

@@ -418,13 +418,17 @@ def train(config, data=None):
         metrics["train_loss"] = float(history[-1]["loss"])
         metrics["train_accuracy"] = float(history[-1]["accuracy"])
         metrics["history_epochs"] = len(history)
+    # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
+    # it walks the model), so every process saves; the chief's copy is the run's model.
+    save_model_atomic(model, (run_dir if dist.is_chief else files_dir) / "model.keras")
     if dist.is_chief:
-        save_model_atomic(model, run_dir / "model.keras")
         write_json(run_dir / "metrics.json", metrics)
         plots.plot_curves(run_dir / "history.csv", run_dir / "curves.png", resolved.steps_per_epoch,
                           title=f"{config.name} ({config.paper})")
         print_summary(metrics)
         if config.export:
+            if dist.process_count > 1:  # the export reloads the model: keep it out of the collectives
+                keras.distribution.set_distribution(None)
             metrics["export_dir"] = export(run_dir, config.export_dir)
     return metrics
 
