@@ -1,5 +1,6 @@
 """Keras-Applications-style entry points: ``PreActResNet18`` ... ``PreActResNet200``."""
 
+import functools
 import os
 import socket
 
@@ -121,30 +122,7 @@ def preact_resnet(
 
 
 def _entry_point(depth):
-    def builder(
-        include_top=True,
-        weights=None,
-        input_tensor=None,
-        input_shape=None,
-        pooling=None,
-        classes=1000,
-        classifier_activation="softmax",
-        name=None,
-        **kwargs,
-    ):
-        return preact_resnet(
-            depth,
-            include_top=include_top,
-            weights=weights,
-            input_tensor=input_tensor,
-            input_shape=input_shape,
-            pooling=pooling,
-            classes=classes,
-            classifier_activation=classifier_activation,
-            name=name,
-            **kwargs,
-        )
-
+    builder = functools.partial(preact_resnet, depth)
     builder.__name__ = builder.__qualname__ = f"PreActResNet{depth}"
     builder.__doc__ = (
         f"Pre-activation ResNet-{depth} (paper Table 5; fb.resnet.torch layout), "
