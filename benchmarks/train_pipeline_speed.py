@@ -67,7 +67,7 @@ def main():
         rows.append((f"input pipeline alone ({kind})", time_stream(stream, args.steps, args.batch_size)))
 
     resolved = train_lib.schedules.resolve(config, data.train_size)
-    model = train_lib.build_model(config, data.num_classes, resolved)
+    _, model = train_lib.build_model(config, data.num_classes, resolved)
     stream, _ = data_lib.pipelines(data, config.replace(pipeline="tf_data"), args.batch_size)
     x, y = next(iter(stream))
     x, y = np.asarray(x), np.asarray(y)

@@ -10,7 +10,7 @@ import textwrap
 import keras
 import numpy as np
 import pytest
-import tensorflow as tf
+tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_run, export_saved_model
 from keras_preact.export import cli

@@ -60,6 +60,7 @@ def test_bad_arguments():
         reproduce.reproduce("2", "scaled", overrides={"dataset": "folder"})
 
 
+@pytest.mark.notf
 def test_end_to_end_synthetic(tmp_path, capsys):
     args = ["--table", "2", "--rows", "resnet110-full-preact", "--depth", "8", "--epochs", "2",
             "--seeds", "2", "--dataset", "synthetic", "--set", "synthetic_train_size=128",

@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 import pytest
-import tensorflow as tf
+tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_saved_model
 from keras_preact.serving.server import make_server

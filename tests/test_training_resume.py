@@ -35,6 +35,7 @@ def weights(run_dir):
     return [np.asarray(w) for w in model.get_weights()]
 
 
+@pytest.mark.notf
 def test_sigkill_mid_epoch_then_same_command_resumes(tmp_path):
     run_dir = tmp_path / "killed"
     pointer = run_dir / "checkpoints" / "backup" / "latest.json"

@@ -37,7 +37,7 @@ SCHEDULES = ("piecewise", "cosine")
 LR_SCALINGS = ("none", "linear")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
-PIPELINES = ("auto", "tf_data", "numpy")
+PIPELINES = ("auto", "tf_data", "device", "numpy")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,7 @@ class Config:
     deterministic: bool = True
     precision: str = "float32"
     jit_compile: str = "auto"  # "auto", "true", "false"
+    steps_per_execution: int = 1  # training steps per compiled call (Keras compile argument)
     distribute: str = "none"
     checkpoint_every: int = 50  # steps between BackupAndRestore backups
     health_every: int = 0  # steps between TrainingHealthCallback measurements; 0: off
@@ -271,6 +272,7 @@ def validate(config):
     _check_choice("normalization", config.normalization, NORMALIZATIONS)
     _check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
+                  "steps_per_execution",
                   "synthetic_train_size", "synthetic_test_size"):
         _check_positive(field, getattr(config, field), allow_none=False)
     for field in ("steps", "epochs", "steps_per_epoch", "subset"):

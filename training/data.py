@@ -12,10 +12,12 @@ Sources (``load(config)``):
   ``try_gcs=False``; when it is not prepared this fails at once with a message saying what to put
   where (nothing is ever downloaded; ``manual_dir`` prepares manually downloaded archives offline).
 
-Pipelines (``train_pipeline`` / ``eval_pipeline``): tf.data (shuffle, parallel vectorised
-augmentation on whole batches, prefetch), or plain numpy generators for the JAX / PyTorch backends
-on machines without TensorFlow. Both produce ``(pixels - mean) / std`` float32 batches and are
-deterministic functions of (seed, global step): a resumed run continues the exact stream.
+Pipelines (``pipelines(data, config, ...)``, ``config.pipeline``): ``tf_data`` (shuffle, parallel
+vectorised augmentation on whole batches, prefetch; the TensorFlow default), ``device`` (numpy sends
+uint8 batches, augmentation and normalization run in the compiled step: ``training.augment``; the
+default without TensorFlow or on the JAX / PyTorch backends), or ``numpy`` (augmentation and
+normalization on the host, no TensorFlow). Every stream is a deterministic function of (seed, global
+step): a resumed run continues the exact stream.
 Augmentation: CIFAR pad 4 + random crop + horizontal flip (paper "Training recipe"); ImageNet scale
 augmentation (shorter side in [256, 480]) + 224 crop + flip; tests use the single original view
 (CIFAR) or a centre crop (ImageNet).
@@ -28,6 +30,7 @@ import os
 import pathlib
 import tempfile
 
+import keras
 import numpy as np
 
 from training.configs import NORMALIZATIONS
@@ -343,8 +346,13 @@ def load(config):
         data = synthetic(config.synthetic_train_size, config.synthetic_test_size,
                          config.synthetic_num_classes, tuple(config.image_size), config.seed)
     elif config.dataset == "folder":
+        if streaming:
+            require_tensorflow(f"augmentation={config.augmentation!r} (a streamed ImageNet-style folder)",
+                               "; CIFAR-style folders of one image size train without it")
         data = folder_stream(config.data_dir) if streaming else folder(config.data_dir, config.cache_dir)
     else:
+        require_tensorflow(f"dataset={config.dataset!r} (a TFDS data set)",
+                           "; without TensorFlow use --dataset folder or synthetic")
         builder = tfds_builder(config.dataset, config.data_dir, config.manual_dir)
         data = tfds_stream(builder) if streaming else tfds_arrays(builder)
     if isinstance(data, ArrayData):
@@ -515,8 +523,12 @@ def numpy_cifar_augment(images, rng):
     return out
 
 
-def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_step=0):
-    """Infinite generator of (images, labels) numpy batches; batch k depends only on (seed, k)."""
+def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_step=0, raw=False):
+    """Infinite generator of (images, labels) numpy batches; batch k depends only on (seed, k).
+
+    ``raw=True`` (``pipeline="device"``): uint8 batches, neither augmented nor normalised here (the
+    training model does both on the device, ``training.augment``).
+    """
     n = data.train_size
     step = start_step
     while True:
@@ -527,18 +539,38 @@ def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_
             order = np.random.default_rng([seed, int(epoch)]).permutation(n)
             index[epochs == epoch] = order[offsets[epochs == epoch]]
         x = data.train_images[index]
-        if augmentation == "cifar":
-            x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
-        yield ((x.astype(np.float32) - mean) / std), data.train_labels[index]
+        if raw:
+            yield x, data.train_labels[index]
+        else:
+            if augmentation == "cifar":
+                x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
+            yield ((x.astype(np.float32) - mean) / std), data.train_labels[index]
         step += 1
 
 
-def numpy_array_eval(images, labels, batch_size, *, mean, std):
-    """A list of normalised test batches (small sets; the test set is read many times)."""
-    return [
-        ((images[i: i + batch_size].astype(np.float32) - mean) / std, labels[i: i + batch_size])
-        for i in range(0, len(labels), batch_size)
-    ]
+class ArrayBatches(keras.utils.PyDataset):
+    """The test set in batches, re-readable every epoch (Keras takes neither a list of batches nor a
+    spent generator as ``validation_data``). Normalised when ``mean``/``std`` are given, else uint8."""
+
+    def __init__(self, images, labels, batch_size, *, mean=None, std=None):
+        super().__init__()
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.mean, self.std = mean, std
+
+    def __len__(self):
+        return math.ceil(len(self.labels) / self.batch_size)
+
+    def __getitem__(self, index):
+        window = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        x = self.images[window]
+        if self.mean is not None:
+            x = (x.astype(np.float32) - self.mean) / self.std
+        return x, self.labels[window]
+
+
+def numpy_array_eval(images, labels, batch_size, *, mean, std, raw=False):
+    """Normalised test batches (uint8 ones with ``raw=True``), re-readable every epoch."""
+    return ArrayBatches(images, labels, batch_size, mean=None if raw else mean, std=std)
 
 
 def has_tensorflow():
@@ -550,15 +582,30 @@ def has_tensorflow():
 
 
 def resolve_pipeline(config):
+    """``auto``: tf.data on the TensorFlow backend (the fastest CPU path measured), else ``device``
+    (uint8 batches from numpy, augmentation and normalization in the compiled step)."""
+    import keras
+
     if config.pipeline != "auto":
         return config.pipeline
-    return "tf_data" if has_tensorflow() else "numpy"
+    if keras.backend.backend() == "tensorflow" and has_tensorflow():
+        return "tf_data"
+    return "device" if config.augmentation in ("cifar", "none") else "tf_data"
+
+
+def require_tensorflow(what, alternative=""):
+    """A one-line DataError when TensorFlow is not installed and ``what`` needs it."""
+    if not has_tensorflow():
+        raise DataError(f"{what} needs TensorFlow, which is not installed (pip install tensorflow"
+                        f"{' tensorflow-datasets' if 'TFDS' in what else ''}){alternative}.")
 
 
 def pipelines(data, config, batch_size, *, start_step=0):
     """(train stream, eval data) for ``model.fit``; the train stream is infinite."""
     mean, std = normalization(config)
     kind = resolve_pipeline(config)
+    if kind == "tf_data":
+        require_tensorflow("pipeline='tf_data'", "; use --pipeline device or numpy")
     train_size = tuple(config.image_size)
     eval_size = tuple(config.eval_image_size or config.image_size)
     if isinstance(data, StreamData):
@@ -569,13 +616,13 @@ def pipelines(data, config, batch_size, *, start_step=0):
         test = tf_stream_eval(data, batch_size, image_size=eval_size, train_image_size=train_size,
                               mean=mean, std=std)
         return train, test
-    make_train, make_eval = {
-        "tf_data": (tf_array_train, tf_array_eval),
-        "numpy": (numpy_array_train, numpy_array_eval),
-    }[kind]
+    if kind == "tf_data":
+        make_train, make_eval, raw = tf_array_train, tf_array_eval, {}
+    else:
+        make_train, make_eval, raw = numpy_array_train, numpy_array_eval, {"raw": kind == "device"}
     train = make_train(data, batch_size, augmentation=config.augmentation, mean=mean, std=std,
-                       seed=config.seed, start_step=start_step)
-    test = make_eval(data.test_images, data.test_labels, batch_size, mean=mean, std=std)
+                       seed=config.seed, start_step=start_step, **raw)
+    test = make_eval(data.test_images, data.test_labels, batch_size, mean=mean, std=std, **raw)
     return train, test
 
 

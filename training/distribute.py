@@ -8,8 +8,8 @@ scaling; ``lr_scaling="linear"`` scales it with batch_size / reference_batch_siz
 - ``mirrored``: ``tf.distribute.MirroredStrategy`` over the local devices (TensorFlow backend); BN
   statistics are per replica (as in the paper's 2-GPU Torch runs).
 - ``multiworker``: ``tf.distribute.MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` (TensorFlow
-  backend). Keras 3 ``fit`` does not run under it (keras-team/keras#20585); the JAX path is the
-  multi-host one.
+  backend), one process per worker; Keras 3 ``fit`` needs ``training.compat``'s fix for it
+  (keras-team/keras#20585), applied here.
 - ``data-parallel``: ``keras.distribution.DataParallel`` over all devices (JAX backend), multi-process
   when ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` / ``_NUM_PROCESSES`` / ``_PROCESS_ID`` are set (or given
   as arguments): ``keras.distribution.initialize`` joins the processes; each process feeds its shard
@@ -22,6 +22,8 @@ import dataclasses
 import os
 
 import keras
+
+from training import compat
 
 
 @dataclasses.dataclass
@@ -72,6 +74,7 @@ def _multiworker(config):
             '{"cluster": {"worker": ["localhost:12345", "localhost:12346"]}, '
             '"task": {"type": "worker", "index": 0}}.'
         )
+    compat.apply_multiworker_fix()
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     task = json.loads(os.environ["TF_CONFIG"]).get("task", {})
     workers = len(json.loads(os.environ["TF_CONFIG"])["cluster"].get("worker", [1]))
@@ -108,6 +111,15 @@ def make(config):
     distribution = DISTRIBUTIONS[name](config)
     check_batch(config.batch_size, distribution)
     return distribution
+
+
+def check_pipeline(pipeline, distribution):
+    """tf.distribute strategies take the tf.data pipeline (their replicas split a tf.data stream)."""
+    if pipeline != "tf_data" and distribution.name in ("mirrored", "multiworker"):
+        raise ValueError(
+            f"Invalid pipeline={pipeline!r} with distribute={distribution.name!r}: tf.distribute "
+            "strategies take pipeline='tf_data' (or 'auto')."
+        )
 
 
 def check_batch(batch_size, distribution):

@@ -27,6 +27,7 @@ checkpoint, which is kept.
 """
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import json
@@ -41,7 +42,7 @@ import time
 import keras
 import numpy as np
 
-from training import configs, data as data_lib, distribute, plots, schedules
+from training import augment, configs, data as data_lib, distribute, plots, schedules
 
 BACKUP_POINTER = "latest.json"
 
@@ -124,13 +125,15 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
     ``train`` (``read_backup``), which resumes the data stream and the epoch where they stopped.
     """
 
-    def __init__(self, backup_dir, save_freq, start_step):
+    def __init__(self, backup_dir, save_freq, start_step, restore_dir=None):
         super().__init__(str(backup_dir), save_freq=save_freq, delete_checkpoint=False)
         self.step = start_step
         self.last_saved_step = start_step
-        self.last_good = read_backup(backup_dir)
+        # Multi-worker: every worker restores the chief's backup (the weights are in sync), so all
+        # resume at one step; each still writes its own (saving may run collectives).
+        self.last_good = read_backup(restore_dir or backup_dir)
         self._restored = False
-        self._finite = True
+        self.finite = True
 
     def on_train_begin(self, logs=None):
         if self._restored or self.last_good is None:
@@ -142,18 +145,20 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
+        self._epoch_start_step = self.step
 
     def on_train_batch_end(self, batch, logs=None):
-        self.step += 1
+        # ``batch`` is the epoch's last step of the call (several with steps_per_execution > 1).
+        self.step = self._epoch_start_step + batch + 1
         loss = (logs or {}).get("loss")
         if loss is not None and not math.isfinite(float(loss)):
-            self._finite = False
-        if self._finite and self.step - self.last_saved_step >= self.save_freq:
+            self.finite = False
+        if self.finite and self.step - self.last_saved_step >= self.save_freq:
             self._save_model()
 
     def on_epoch_end(self, epoch, logs=None):
         self._current_epoch = epoch + 1
-        if self._finite and self.step != self.last_saved_step:
+        if self.finite and self.step != self.last_saved_step:
             self._save_model()
 
     def _save_model(self):
@@ -221,9 +226,17 @@ def add_weight_decay(model, weight_decay):
     return len(kernels)
 
 
-def build_model(config, num_classes, resolved):
-    model = MODEL_BUILDERS[config.architecture](config, num_classes)
-    add_weight_decay(model, config.weight_decay)
+def build_model(config, num_classes, resolved, pipeline="tf_data"):
+    """(classifier, fit_model), ``fit_model`` compiled: the classifier itself, or with
+    ``pipeline="device"`` the classifier behind on-device augmentation and normalization
+    (``training.augment``), which takes uint8 pixels."""
+    classifier = MODEL_BUILDERS[config.architecture](config, num_classes)
+    add_weight_decay(classifier, config.weight_decay)
+    model = classifier
+    if pipeline == "device":
+        mean, std = data_lib.normalization(config)
+        model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
+                                              std=std, seed=config.seed)
     optimizer = keras.optimizers.SGD(
         learning_rate=schedules.make(config, resolved), momentum=config.momentum,
         nesterov=config.nesterov,
@@ -233,8 +246,8 @@ def build_model(config, num_classes, resolved):
         metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
     jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=metrics,
-                  jit_compile=jit)
-    return model
+                  jit_compile=jit, steps_per_execution=config.steps_per_execution)
+    return classifier, model
 
 
 # ------------------------------------------------------------------------------------- training
@@ -322,14 +335,17 @@ def train(config, data=None):
     files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
     files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
-    backup = read_backup(backup_dir)
+    chief_backup_dir = run_dir / "checkpoints" / "backup"  # what every worker resumes from
+    backup = read_backup(chief_backup_dir)
     start_step = backup["step"] if backup else 0
     if dist.is_chief:
         write_json(run_dir / "config.json", run_config_json(config, data, resolved))
 
     set_determinism(config)
+    pipeline = data_lib.resolve_pipeline(config)
+    distribute.check_pipeline(pipeline, dist)
     with dist.scope():
-        model = build_model(config, data.num_classes, resolved)
+        classifier, model = build_model(config, data.num_classes, resolved, pipeline)
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
@@ -343,13 +359,13 @@ def train(config, data=None):
         train_stream, _ = data_lib.pipelines(data, config, config.batch_size, start_step=step)
         if sharded:
             shard = _ShardedTrain(dist.process_index, dist.process_count)
-            kind = data_lib.resolve_pipeline(config)
-            train_stream = shard.numpy(train_stream) if kind == "numpy" else shard.tf_data(train_stream, config.batch_size)
+            train_stream = (shard.tf_data(train_stream, config.batch_size) if pipeline == "tf_data"
+                            else shard.numpy(train_stream))
         return train_stream
 
     _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
 
-    backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step)
+    backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step, chief_backup_dir)
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
@@ -361,17 +377,23 @@ def train(config, data=None):
 
         mean, std = data_lib.normalization(config)
         probe = ((data.train_images[:64].astype("float32") - mean) / std, data.train_labels[:64])
-        health_dir = str(run_dir / "tensorboard" / "health") if dist.is_chief else None
-        callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir))
+        health_dir = str(run_dir / "tensorboard" / "health") if dist.is_chief and has_tensorboard() else None
+        callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir,
+                                                   model=classifier))
     (run_dir / "tensorboard").mkdir(exist_ok=True)
-    if has_tensorboard() and dist.is_chief:
+    if not dist.is_chief:
+        pass
+    elif has_tensorboard():
         callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard"), update_freq="epoch"))
+    else:
+        print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
+              "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
 
     phases = _fit_phases(start_step, resolved.steps_per_epoch, resolved.epochs)
     print(
-        f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {model.count_params():,} "
+        f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {classifier.count_params():,} "
         f"params; data {config.dataset} ({data.train_size} train images, {data.num_classes} classes); "
-        f"batch {config.batch_size} on {dist.num_replicas} replica(s) ({dist.name}); "
+        f"batch {config.batch_size} on {dist.num_replicas} replica(s) ({dist.name}), input {pipeline}; "
         f"{resolved.epochs} epochs x {resolved.steps_per_epoch} steps = {resolved.total_steps} "
         f"iterations; lr {config.schedule} {resolved.warmup_lr}->{resolved.base_lr}, "
         f"warm-up {resolved.warmup_steps}, boundaries {list(resolved.boundaries)}; run dir {run_dir}"
@@ -380,14 +402,15 @@ def train(config, data=None):
     )
     started = time.time()
     for initial_epoch, epochs, steps in phases:
-        model.fit(
-            streams(backup_cb.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-            validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
-        )
-        if not backup_cb._finite or model.stop_training:
+        with _reported("model.fit"):
+            model.fit(
+                streams(backup_cb.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+                validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
+            )
+        if not backup_cb.finite or model.stop_training:
             break
     wall = time.time() - started
-    if not backup_cb._finite:
+    if not backup_cb.finite:
         last = backup_cb.last_good
         raise TrainingDiverged(
             f"The training loss became NaN/inf near step {backup_cb.step} of {config.name}; stopped "
@@ -398,7 +421,8 @@ def train(config, data=None):
     if backup_cb.step != resolved.total_steps:
         raise RuntimeError(f"Trained to step {backup_cb.step}, expected {resolved.total_steps}.")
 
-    evaluation = model.evaluate(test_stream, verbose=0, return_dict=True)
+    with _reported("model.evaluate"):
+        evaluation = model.evaluate(test_stream, verbose=0, return_dict=True)
     metrics = {
         "name": config.name,
         "test_loss": float(evaluation["loss"]),
@@ -410,7 +434,7 @@ def train(config, data=None):
         "steps_this_session": backup_cb.step - start_step,
         "wall_time_s": round(wall, 1),
         "train_images_per_s": round((backup_cb.step - start_step) * config.batch_size / max(wall, 1e-9), 1),
-        "params": int(model.count_params()),
+        "params": int(classifier.count_params()),
         "run_dir": str(run_dir),
     }
     history = _dedup_history(files_dir / "history.csv")
@@ -420,7 +444,7 @@ def train(config, data=None):
         metrics["history_epochs"] = len(history)
     # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
     # it walks the model), so every process saves; the chief's copy is the run's model.
-    save_model_atomic(model, (run_dir if dist.is_chief else files_dir) / "model.keras")
+    save_model_atomic(classifier, (run_dir if dist.is_chief else files_dir) / "model.keras")
     if dist.is_chief:
         write_json(run_dir / "metrics.json", metrics)
         plots.plot_curves(run_dir / "history.csv", run_dir / "curves.png", resolved.steps_per_epoch,
@@ -451,13 +475,31 @@ def print_summary(metrics):
     sys.stdout.flush()
 
 
-def export(run_dir, export_dir):
+class TrainingFailed(RuntimeError):
+    """Keras raised inside ``fit``/``evaluate``; the message is its first line (no array dumps)."""
+
+
+@contextlib.contextmanager
+def _reported(what):
+    """Re-raise an error from inside Keras as ``TrainingFailed`` with its type and first line."""
     try:
-        from keras_preact.export import export_run
-    except ImportError:
-        print("[train] keras_preact.export is not available in this checkout; skipping the export. "
-              f"Export later with: keras-preact-export {run_dir}")
+        yield
+    except (KeyboardInterrupt, TrainingDiverged):
+        raise
+    except Exception as e:  # noqa: BLE001 - any backend error, summarised; the cause stays chained
+        first = (str(e).strip().splitlines() or [""])[0]
+        if len(first) > 300:
+            first = first[:300] + " ..."
+        raise TrainingFailed(f"{what} failed: {type(e).__name__}: {first}") from e
+
+
+def export(run_dir, export_dir):
+    if not data_lib.has_tensorflow():
+        print("[train] export skipped: SavedModel export needs TensorFlow (pip install tensorflow); "
+              f"model.keras is saved. Export later with: keras-preact-export {run_dir}")
         return None
+    from keras_preact.export import export_run
+
     path = export_run(run_dir, export_dir)
     print(f"[train] exported SavedModel to {path}")
     return str(path)
@@ -503,7 +545,11 @@ def build_parser():
     p.add_argument("--distribute", choices=configs.DISTRIBUTIONS)
     p.add_argument("--precision", choices=configs.PRECISIONS)
     p.add_argument("--jit-compile", choices=("auto", "true", "false"), help="XLA / jit compilation")
-    p.add_argument("--pipeline", choices=configs.PIPELINES, help="tf_data or numpy (no TensorFlow)")
+    p.add_argument("--pipeline", choices=configs.PIPELINES,
+                   help="input pipeline: tf_data (TensorFlow default), device (uint8 from numpy, "
+                   "augmentation and normalization in the compiled step; default without TensorFlow), "
+                   "numpy (all on the host)")
+    p.add_argument("--steps-per-execution", type=int, help="training steps per compiled call (default 1)")
     p.add_argument("--seed", type=int)
     p.add_argument("--deterministic", action=argparse.BooleanOptionalAction, default=None)
     p.add_argument("--checkpoint-every", type=int, help="steps between backups (default 50)")
@@ -552,6 +598,12 @@ def main(argv=None):
         train(config)
     except TrainingDiverged as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
+        return 1
+    except TrainingFailed as e:
+        if os.environ.get("KERAS_PREACT_TRACEBACK"):
+            raise
+        print(f"keras-preact-train: error: {e} (set KERAS_PREACT_TRACEBACK=1 for the traceback)",
+              file=sys.stderr)
         return 1
     except ValueError as e:
         parser.exit(2, f"keras-preact-train: error: {e}\n")

@@ -75,12 +75,15 @@ class TrainingHealthCallback(keras.callbacks.Callback):
         loss: a Keras loss; default sparse categorical cross-entropy on the model's output.
         prefix: key prefix; keys are ``{prefix}/{group}/{grad_norm|update_ratio}`` and
             ``{prefix}/{stage}/{act_mean|act_std}``.
+        model: the network to measure when ``fit`` runs a model that holds it (e.g. the classifier
+            behind on-device preprocessing); default the model being fit.
 
     Works under ``tf.distribute`` strategies (variables are read in cross-replica context).
     """
 
-    def __init__(self, data, every_n_steps=100, *, log_dir=None, loss=None, prefix="health"):
+    def __init__(self, data, every_n_steps=100, *, log_dir=None, loss=None, prefix="health", model=None):
         super().__init__()
+        self._measured_model = model
         if not isinstance(every_n_steps, int) or isinstance(every_n_steps, bool) or every_n_steps < 1:
             raise ValueError(f"Invalid every_n_steps={every_n_steps!r}: a positive integer is required.")
         self.images, self.labels = _first_batch(data)
@@ -102,6 +105,8 @@ class TrainingHealthCallback(keras.callbacks.Callback):
     # ----------------------------------------------------------------------------- setup
     def _setup(self):
         model = self.model
+        if self._measured_model is not None:
+            model = self._measured_model
         self._groups = weight_groups(model)
         stages = stage_outputs(model)
         self._stage_names = list(stages)

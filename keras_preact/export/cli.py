@@ -29,7 +29,10 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     # Imported after parsing so that --help and argument errors do not wait for TensorFlow.
-    from keras_preact.export.run import export_run
+    try:
+        from keras_preact.export import export_run
+    except ImportError as error:
+        parser.exit(2, f"keras-preact-export: error: {error}\n")
 
     try:
         path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version)

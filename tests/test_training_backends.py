@@ -1,0 +1,201 @@
+"""Training on every backend, with or without TensorFlow: on-device input, the CLI end to end on real
+JPEGs, one-line messages for what needs TensorFlow, and errors from inside ``fit`` in one line.
+
+CI runs the ``notf`` tests in an environment without TensorFlow on JAX and on PyTorch (``.ci/run``),
+and with TensorFlow on the TensorFlow backend.
+"""
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+
+import keras
+import numpy as np
+import pytest
+
+from training import augment, configs
+from training import data as data_lib
+from training import train as train_lib
+
+pytestmark = pytest.mark.notf
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+HAS_TF = importlib.util.find_spec("tensorflow") is not None
+TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32, batch_size=16,
+            epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False, jit_compile="false")
+
+
+def env():
+    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+def run_cli(*args, timeout=600):
+    return subprocess.run([sys.executable, "-m", "training.train", *args], cwd=REPO, env=env(),
+                          capture_output=True, text=True, timeout=timeout)
+
+
+def saved_weights(path):
+    import keras_preact.layers  # noqa: F401  (registers ResidualUnit)
+
+    return [np.asarray(w) for w in keras.saving.load_model(path).get_weights()]
+
+
+@pytest.fixture(scope="module")
+def cifar_folder(tmp_path_factory):
+    """A small real CIFAR-10 JPEG tree: 12 train and 4 test images per class from the shared tarball."""
+    if not CIFAR_TAR.exists():
+        pytest.skip(f"{CIFAR_TAR} is not here")
+    root = tmp_path_factory.mktemp("cifar")
+    wanted = {"train": 12, "test": 4}
+    with tarfile.open(CIFAR_TAR) as tar:
+        for member in tar:
+            parts = pathlib.PurePosixPath(member.name).parts
+            if member.isfile() and len(parts) == 4 and int(pathlib.PurePosixPath(parts[3]).stem) < wanted[parts[1]]:
+                tar.extract(member, root, filter="data")
+    return root / "cifar10-jpeg"
+
+
+def test_environment_without_tensorflow_is_real():
+    """In CI's TensorFlow-free environment (KERAS_PREACT_REQUIRE_NO_TF=1) TensorFlow is truly absent."""
+    if not os.environ.get("KERAS_PREACT_REQUIRE_NO_TF"):
+        pytest.skip("not the TensorFlow-free environment")
+    assert importlib.util.find_spec("tensorflow") is None
+    assert importlib.util.find_spec("tensorflow_datasets") is None
+    import keras_preact.applications
+    import keras_preact.models
+
+    model = keras_preact.models.cifar_resnet(20)
+    assert model.count_params() > 0 and keras_preact.applications.PreActResNet18(weights=None).built
+
+
+# ------------------------------------------------------------------------------ on-device input
+def test_pad_crop_flip_draws_a_valid_view_per_image():
+    images = np.random.default_rng(0).integers(0, 256, (16, 8, 8, 3)).astype("uint8")
+    layer = augment.PadCropFlip(2, seed=7)
+    first = keras.ops.convert_to_numpy(layer(images, training=True))
+    second = keras.ops.convert_to_numpy(layer(images, training=True))
+    padded = np.pad(images, [(0, 0), (2, 2), (2, 2), (0, 0)])
+    views = []
+    for i in range(len(images)):
+        found = [(oy, ox, flip) for oy in range(5) for ox in range(5) for flip in (0, 1)
+                 if np.array_equal(first[i], padded[i, oy:oy + 8, ox:ox + 8][:, ::-1 if flip else 1])]
+        assert found, f"image {i} is not a padded crop (or its mirror) of its input"
+        views.append(found[0])
+    assert len(set(views)) > 4, "offsets and flips must be drawn per image, not per batch"
+    assert first.dtype == np.uint8 and not np.array_equal(first, second)
+    # The draws at call k depend only on (seed, k): the counter is a saved weight.
+    assert [w.path for w in layer.weights] == ["pad_crop_flip/iterations"]
+    assert int(keras.ops.convert_to_numpy(layer.iterations)) == 2
+    layer.iterations.assign(1)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(images, training=True)), second)
+    np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(images, training=False)), images)
+
+
+def test_device_model_normalizes_like_the_host():
+    from keras_preact.models import cifar_resnet
+
+    classifier = cifar_resnet(8, 10, input_shape=(16, 16, 3))
+    mean, std = data_lib.normalization(configs.get_config("synthetic-resnet8"))
+    model = augment.device_training_model(classifier, augmentation="cifar", mean=mean, std=std, seed=0)
+    images = np.random.default_rng(1).integers(0, 256, (4, 16, 16, 3)).astype("uint8")
+    host = classifier.predict((images.astype("float32") - mean) / std, verbose=0)
+    np.testing.assert_allclose(model.predict(images, verbose=0), host, rtol=1e-5, atol=1e-6)
+    assert model.input.dtype == "uint8"
+    with pytest.raises(ValueError, match="augmentation='imagenet'"):
+        augment.device_training_model(classifier, augmentation="imagenet", mean=mean, std=std, seed=0)
+
+
+@pytest.mark.parametrize("pipeline", ["device", "numpy"])
+def test_pipelines_feed_fit_and_are_deterministic(tmp_path, pipeline):
+    def run(sub, **overrides):
+        config = configs.get_config("synthetic-resnet8", run_dir=str(tmp_path / sub), pipeline=pipeline,
+                                    **{**TINY, **overrides})
+        result = train_lib.train(config)
+        return result, saved_weights(tmp_path / sub / "model.keras")
+
+    result, a = run("a")
+    assert (result["steps"], result["epochs"]) == (6, 2) and 0 <= result["test_accuracy"] <= 1
+    _, b = run("b")
+    for x, y in zip(a, b):
+        np.testing.assert_array_equal(x, y)
+    # Several steps per compiled call: same steps, backups at the right step, the same training.
+    result, c = run("c", steps_per_execution=3)
+    assert result["steps"] == 6
+    assert train_lib.read_backup(tmp_path / "c" / "checkpoints" / "backup")["step"] == 6
+    for x, y in zip(a, c):
+        np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
+
+
+def test_auto_pipeline_choice():
+    config = configs.get_config("synthetic-resnet8")
+    expected = "tf_data" if keras.backend.backend() == "tensorflow" and HAS_TF else "device"
+    assert data_lib.resolve_pipeline(config) == expected
+    if not HAS_TF:
+        with pytest.raises(data_lib.DataError, match="pipeline='tf_data' needs TensorFlow"):
+            data_lib.pipelines(data_lib.synthetic(16, 16, image_size=(8, 8)), config.replace(pipeline="tf_data"), 8)
+
+
+# --------------------------------------------------------------------------------- CLI end to end
+def test_cli_on_real_jpeg_folder(tmp_path, cifar_folder):
+    run_dir = tmp_path / "run"
+    done = run_cli("--dataset", "folder", "--data-dir", str(cifar_folder), "--cache-dir", str(tmp_path / "cache"),
+                   "--depth", "8", "--batch-size", "20", "--epochs", "2", "--steps-per-epoch", "3",
+                   "--run-dir", str(run_dir), "--verbose", "0", "--no-export", "--jit-compile", "false")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[train] summary" in done.stdout
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert (metrics["steps"], metrics["epochs"]) == (6, 2)
+    config = json.loads((run_dir / "config.json").read_text())
+    assert config["class_names"][:3] == ["airplane", "automobile", "bird"]
+    assert config["keras_backend"] == keras.backend.backend()
+    assert len((run_dir / "history.csv").read_text().strip().splitlines()) == 3
+    assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert saved_weights(run_dir / "model.keras")
+
+
+def test_default_command_and_what_needs_tensorflow(tmp_path):
+    """The README's default command (shortened) finishes; without TensorFlow, export and TensorBoard
+    are skipped with one line each, and TFDS fails at once with one line."""
+    run_dir = tmp_path / "run"
+    done = run_cli("--epochs", "1", "--steps-per-epoch", "4", "--run-dir", str(run_dir),
+                   "--export-dir", str(tmp_path / "exported"), "--verbose", "0")
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    assert "[train] summary" in done.stdout and "Traceback" not in done.stderr
+    if HAS_TF:
+        assert list((tmp_path / "exported").glob("*/1/saved_model.pb"))
+        return
+    skipped = [line for line in done.stdout.splitlines() if "skipped" in line]
+    assert len(skipped) == 2 and all("pip install tensorflow" in line for line in skipped)
+    assert not (tmp_path / "exported").exists()
+
+    tfds = run_cli("--dataset", "cifar10", "--run-dir", str(tmp_path / "tfds"), timeout=120)
+    assert tfds.returncode == 2 and "Traceback" not in tfds.stderr
+    assert "needs TensorFlow" in tfds.stderr and "--dataset folder or synthetic" in tfds.stderr
+    export = subprocess.run([sys.executable, "-m", "keras_preact.export.cli", str(run_dir)], cwd=REPO,
+                            env=env(), capture_output=True, text=True, timeout=120)
+    assert export.returncode == 2 and "Traceback" not in export.stderr
+    assert export.stderr.strip().endswith("needs TensorFlow: pip install tensorflow")
+
+
+def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys):
+    """A malformed batch makes Keras raise inside fit with pages of array values; we print one line."""
+    real = data_lib.pipelines
+
+    def malformed(*args, **kwargs):
+        train, test = real(*args, **kwargs)
+        return (((x, y),) for x, y in train), test
+
+    monkeypatch.setattr(data_lib, "pipelines", malformed)
+    code = train_lib.main(["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--epochs", "1",
+                           "--steps-per-epoch", "2", "--run-dir", str(tmp_path / "run"), "--no-export",
+                           "--verbose", "0", "--pipeline", "numpy"])
+    err = capsys.readouterr().err
+    assert code == 1
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("keras-preact-train: error: model.fit failed: ")
+    assert "KERAS_PREACT_TRACEBACK" in lines[0] and len(lines[0]) < 600 and "[[" not in lines[0]

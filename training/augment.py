@@ -1,0 +1,88 @@
+"""Input on the device: CIFAR augmentation and normalization inside the compiled training step.
+
+With ``pipeline="device"`` the host sends uint8 batches and the network is fit through
+``device_training_model``: uint8 pixels -> ``PadCropFlip`` (training only) -> ``Normalization`` ->
+the classifier, all Keras layers and ``keras.ops``, so the same code runs on TensorFlow, JAX and
+PyTorch, compiled with the step. Only the classifier is saved as ``model.keras``; the export puts the
+normalization back in front of it (``keras_preact.export``).
+"""
+
+import keras
+from keras import ops
+
+
+class PadCropFlip(keras.layers.Layer):
+    """Zero-pad ``padding`` pixels, crop back to the input size at a random offset, flip left-right
+    with probability 1/2; an independent draw for every image (paper Sec. 4, "Training recipe").
+
+    ``keras.layers.RandomCrop`` draws one offset per batch, hence this layer. The draws at training
+    call ``k`` depend only on ``seed`` and ``k``: the call counter ``iterations`` is a weight, saved
+    and restored with checkpoints, so a resumed run draws exactly what an uninterrupted one does.
+    Inference (``training=False``) returns the input unchanged.
+    """
+
+    def __init__(self, padding=4, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        if not isinstance(padding, int) or padding < 0:
+            raise ValueError(f"Invalid padding={padding!r}: a whole number >= 0 is required.")
+        self.padding = padding
+        self.seed = int(seed)
+        self._rng = keras.random.SeedGenerator(self.seed)
+
+    def build(self, input_shape):
+        self.iterations = self.add_weight(shape=(), dtype="int32", initializer="zeros",
+                                          trainable=False, name="iterations")
+
+    def call(self, images, training=None):
+        if not training:
+            return images
+        state = self._rng.state
+        # Two draws per call: the generator's counter at call k is 2k.
+        state.assign(ops.cast(ops.stack([ops.convert_to_tensor(self.seed, "int32"), 2 * self.iterations]),
+                              state.dtype))
+        self.iterations.assign_add(ops.convert_to_tensor(1, "int32"))
+        batch = ops.shape(images)[0]
+        height, width, channels = images.shape[1], images.shape[2], images.shape[3]
+        p = self.padding
+        padded = ops.pad(images, [[0, 0], [p, p], [p, p], [0, 0]])
+        offsets = keras.random.randint((2, batch), 0, 2 * p + 1, seed=self._rng, dtype="int32")
+        rows = offsets[0][:, None] + ops.arange(height, dtype="int32")[None]
+        cols = offsets[1][:, None] + ops.arange(width, dtype="int32")[None]
+        out = ops.take_along_axis(
+            padded, ops.broadcast_to(rows[:, :, None, None], (batch, height, width + 2 * p, channels)), axis=1
+        )
+        out = ops.take_along_axis(
+            out, ops.broadcast_to(cols[:, None, :, None], (batch, height, width, channels)), axis=2
+        )
+        flip = keras.random.uniform((batch,), seed=self._rng) < 0.5
+        return ops.where(flip[:, None, None, None], ops.flip(out, axis=2), out)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "padding": self.padding, "seed": self.seed}
+
+
+AUGMENTATION_LAYERS = {"cifar": lambda seed: PadCropFlip(4, seed=seed, name="pad_crop_flip")}
+
+
+def device_training_model(classifier, *, augmentation, mean, std, seed):
+    """uint8 pixels -> augmentation (training only) -> (x - mean) / std -> ``classifier``.
+
+    ``augmentation``: ``"cifar"`` (pad 4, crop, flip) or ``"none"``; ``mean``/``std`` per channel in
+    0-255 units. The classifier's variables are shared, so training this model trains it.
+    """
+    if augmentation not in (*AUGMENTATION_LAYERS, "none"):
+        raise ValueError(
+            f"Invalid augmentation={augmentation!r} for pipeline='device': allowed "
+            f"{sorted((*AUGMENTATION_LAYERS, 'none'))} (ImageNet augmentation streams through tf.data)."
+        )
+    images = keras.Input(classifier.input_shape[1:], dtype="uint8", name="images")
+    x = images
+    if augmentation != "none":
+        x = AUGMENTATION_LAYERS[augmentation](seed)(x)
+    std = [float(s) for s in std]
+    x = keras.layers.Normalization(mean=[float(m) for m in mean], variance=[s * s for s in std],
+                                   dtype="float32", name="normalize")(x)
+    return keras.Model(images, classifier(x), name=f"{classifier.name}_device_input")
