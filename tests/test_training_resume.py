@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-STEPS_PER_EPOCH, EPOCHS = 30, 3
+STEPS_PER_EPOCH, EPOCHS = 20, 2
 
 
 def command(run_dir):
     return [sys.executable, "-m", "training.train", "--depth", "8", "--image-size", "16", "16", "--batch-size", "32", "--epochs", str(EPOCHS),
-            "--steps-per-epoch", str(STEPS_PER_EPOCH), "--checkpoint-every", "5", "--run-dir", str(run_dir),
+            "--steps-per-epoch", str(STEPS_PER_EPOCH), "--checkpoint-every", "4", "--run-dir", str(run_dir),
             "--verbose", "0", "--no-export", "--jit-compile", "false", "--seed", "3"]
 
 

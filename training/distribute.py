@@ -88,7 +88,8 @@ def _data_parallel(config):
     import jax
 
     devices = keras.distribution.list_devices()
-    distribution = keras.distribution.DataParallel(devices=devices)
+    # Each process feeds its own shard of every global batch (train.py), so Keras must not re-shard.
+    distribution = keras.distribution.DataParallel(devices=devices, auto_shard_dataset=False)
     keras.distribution.set_distribution(distribution)
     return Distribution("data-parallel", contextlib.nullcontext, len(devices),
                         jax.process_index(), jax.process_count())
