@@ -9,12 +9,15 @@ Schedule rule (paper "Training recipe"): a preset gives its schedule in iteratio
 ``reference_batch_size / B`` (same number of epochs; the learning rate stays, as in the paper's batch-64
 run of Table 4, unless ``lr_scaling="linear"``, which multiplies it by B / reference_batch_size).
 The warm-up and the decay boundaries are fixed fractions of the total, so ``--steps`` or ``--epochs``
-shrink the whole schedule proportionally. The total is rounded up to whole epochs.
+shrink the whole schedule proportionally. The run stops at the exact iteration (the last epoch may be
+partial), as the paper's 64k.
 
-Weight decay: ``weight_decay=1e-4`` is the Torch/Caffe coupled decay (gradient += wd * w, passed
-through momentum as in ``torch.optim.SGD`` and fb.resnet.torch), implemented exactly as an L2 loss
-term (wd / 2) * ||w||^2 on every conv and dense kernel. Keras' ``SGD(weight_decay=...)`` is
-decoupled (w -= lr * wd * w) and at momentum 0.9 is about 10x weaker, so it is not used.
+Optimizer (``training.optimizers.TorchSGD``): the official trainer's ``optim.sgd`` step for step:
+momentum 0.9, Nesterov, dampening 0, coupled weight decay 1e-4 (gradient += wd * x, before momentum)
+on every parameter (``weight_decay_scope="all"``, as ``model:getParameters()``; ``"kernels"`` limits it
+to conv/dense kernels). Keras' ``SGD`` is not used: its velocity holds lr-scaled steps (it parts from
+Torch's whenever the lr changes) and its ``weight_decay`` is decoupled. Each recipe choice and its
+source: REPRODUCTION.md, "Recipe choices".
 """
 
 import dataclasses
@@ -22,6 +25,7 @@ import math
 from typing import Optional
 
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
+TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
 NORMALIZATIONS = {
     # fb.resnet.torch (datasets/cifar10.lua) per-channel statistics.
     "cifar10": ((125.3, 123.0, 113.9), (63.0, 62.1, 66.7)),
@@ -31,6 +35,8 @@ NORMALIZATIONS = {
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
+# The paper's "per-pixel mean subtracted": the mean training image, std 1 (training.data.normalization).
+PIXEL_MEAN = "pixel_mean"
 ARCHITECTURES = ("cifar", "imagenet")
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
 SCHEDULES = ("piecewise", "cosine")
@@ -38,6 +44,7 @@ LR_SCALINGS = ("none", "linear")
 PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
 PIPELINES = ("auto", "tf_data", "device", "numpy")
+WEIGHT_DECAY_SCOPES = ("all", "kernels")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,8 +84,9 @@ class Config:
     lr_decay: float = 0.1
     lr_scaling: str = "none"
     momentum: float = 0.9
-    nesterov: bool = False
-    weight_decay: float = 1e-4
+    nesterov: bool = True  # fb.resnet.torch train.lua: nesterov = true, dampening = 0
+    weight_decay: float = 1e-4  # coupled, as optim.sgd: gradient += wd * x (training.optimizers)
+    weight_decay_scope: str = "all"  # "all" (every parameter: the official code's) or "kernels"
     # --- run length overrides (None: from the schedule)
     steps: Optional[int] = None
     epochs: Optional[int] = None
@@ -103,14 +111,16 @@ class Config:
 
 
 def _cifar(name, paper, depth, dataset="cifar10", **fields):
-    fields.setdefault("normalization", "cifar100" if dataset == "cifar100" else "cifar10")
+    # The paper's text: "per-pixel mean subtracted" (fb.resnet.torch: per-channel mean/std).
+    fields.setdefault("normalization", PIXEL_MEAN)
     return Config(name=name, paper=paper, depth=depth, dataset=dataset, **fields)
 
 
 def _imagenet(name, paper, depth, **fields):
     # ImageNet recipe: batch 256, lr 0.1 /10 at epochs 30 and 60, 90 epochs (fb.resnet.torch), no
-    # warm-up; 1,281,167 training images -> 5005 iterations per epoch.
-    per_epoch = math.ceil(1281167 / 256)
+    # warm-up; 1,281,167 training images -> 5004 full batches per epoch (fb.resnet.torch's loader also
+    # runs the last, partial batch: 5005).
+    per_epoch = TRAIN_SIZES["imagenet2012"] // 256
     defaults = dict(
         architecture="imagenet",
         dataset="imagenet2012",
@@ -123,7 +133,6 @@ def _imagenet(name, paper, depth, **fields):
         total_steps=90 * per_epoch,
         warmup_steps=0,
         boundaries=(30 * per_epoch, 60 * per_epoch),
-        nesterov=True,
     )
     defaults.update(fields)
     return Config(name=name, paper=paper, depth=depth, **defaults)
@@ -236,6 +245,7 @@ def _build_presets():
             warmup_steps=400,
             total_steps=64000,
             unit_options={"ordering": "full_preact"},
+            normalization="cifar10",
         )
     )
     return presets
@@ -268,8 +278,9 @@ def validate(config):
     _check_choice("precision", config.precision, PRECISIONS)
     _check_choice("distribute", config.distribute, DISTRIBUTIONS)
     _check_choice("pipeline", config.pipeline, PIPELINES)
+    _check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
     _check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
-    _check_choice("normalization", config.normalization, NORMALIZATIONS)
+    _check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN))
     _check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
                   "steps_per_execution",
@@ -304,6 +315,9 @@ def validate(config):
         value = getattr(config, field)
         if not isinstance(value, (int, float)) or value < 0:
             raise ValueError(f"Invalid {field}={value!r}: a non-negative number is required.")
+    if config.nesterov and not config.momentum:
+        raise ValueError("Invalid nesterov=True with momentum=0: Nesterov momentum needs momentum > 0 "
+                         "(pass --no-nesterov).")
     from keras_preact.layers import options as unit_tables
 
     _check_choice("ordering", config.unit_options.get("ordering", "full_preact"), unit_tables.ORDERINGS)

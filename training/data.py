@@ -33,7 +33,7 @@ import tempfile
 import keras
 import numpy as np
 
-from training.configs import NORMALIZATIONS
+from training.configs import NORMALIZATIONS, PIXEL_MEAN
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_SPLIT_NAMES = ("test", "val", "validation")
@@ -365,7 +365,18 @@ def load(config):
     return data
 
 
-def normalization(config):
+def normalization(config, data=None):
+    """(mean, std) in 0-255 units: the model consumes ``(pixels - mean) / std``.
+
+    Per channel (``[3]`` each) for the named statistics, or for ``"pixel_mean"`` the paper's per-pixel
+    mean subtraction: the mean training image (``[H, W, 3]``, from ``data``) and std 1.
+    """
+    if config.normalization == PIXEL_MEAN:
+        if not isinstance(data, ArrayData):
+            raise DataError("normalization='pixel_mean' needs in-memory array data (the CIFAR recipe) to "
+                            "compute the mean training image.")
+        mean = data.train_images.mean(axis=0, dtype=np.float64).astype(np.float32)
+        return mean, np.ones(3, np.float32)
     mean, std = NORMALIZATIONS[config.normalization]
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 
@@ -602,7 +613,7 @@ def require_tensorflow(what, alternative=""):
 
 def pipelines(data, config, batch_size, *, start_step=0):
     """(train stream, eval data) for ``model.fit``; the train stream is infinite."""
-    mean, std = normalization(config)
+    mean, std = normalization(config, data)
     kind = resolve_pipeline(config)
     if kind == "tf_data":
         require_tensorflow("pipeline='tf_data'", "; use --pipeline device or numpy")

@@ -35,8 +35,9 @@ def resolve(config, train_size):
         total = config.steps
     else:
         total = math.ceil(config.total_steps * config.reference_batch_size / batch)
+    # The paper's runs stop at an iteration count (64k), not at an epoch end: the last epoch may be
+    # partial, so the stop, the warm-up and the decays stay exactly where the recipe puts them.
     epochs = math.ceil(total / steps_per_epoch)
-    total = epochs * steps_per_epoch
     scale = total / config.total_steps
     lr_scale = batch / config.reference_batch_size if config.lr_scaling == "linear" else 1.0
     return ResolvedSchedule(
@@ -81,3 +82,18 @@ SCHEDULES = {"piecewise": piecewise, "cosine": cosine}
 
 def make(config, resolved):
     return SCHEDULES[config.schedule](resolved, config.lr_decay)
+
+
+def lr_table(config, resolved):
+    """``[(first iteration, lr), ...]``: where the piecewise schedule changes (0-based iterations), as
+    ``--dry-run`` prints it; for ``cosine``, the warm-up start, the peak and the end."""
+    s = resolved
+    if config.schedule == "cosine":
+        rows = [(0, s.warmup_lr if s.warmup_steps else s.base_lr)]
+        if s.warmup_steps:
+            rows.append((s.warmup_steps, s.base_lr))
+        return rows + [(s.total_steps, 0.0)]
+    rows = [(0, s.warmup_lr)] if s.warmup_steps else []
+    rows.append((s.warmup_steps, s.base_lr))
+    rows += [(b, s.base_lr * config.lr_decay ** (i + 1)) for i, b in enumerate(s.boundaries)]
+    return rows

@@ -42,7 +42,7 @@ import time
 import keras
 import numpy as np
 
-from training import augment, configs, data as data_lib, distribute, plots, schedules
+from training import augment, configs, data as data_lib, distribute, optimizers, plots, schedules
 
 BACKUP_POINTER = "latest.json"
 
@@ -90,7 +90,7 @@ def prepare_run_dir(config):
 
 def run_config_json(config, data, resolved):
     """config.json: every Config field plus the cross-team contract keys."""
-    mean, std = configs.NORMALIZATIONS[config.normalization]
+    mean, std = (a.tolist() for a in data_lib.normalization(config, data))
     values = dataclasses.asdict(config)
     values.update(
         name=config.name,
@@ -215,39 +215,30 @@ def _imagenet_model(config, num_classes):
 MODEL_BUILDERS = {"cifar": _cifar_model, "imagenet": _imagenet_model}
 
 
-def add_weight_decay(model, weight_decay):
-    """Torch-style coupled weight decay wd on every conv/dense kernel: an L2 loss (wd/2)*||w||^2."""
-    if not weight_decay:
-        return 0
-    regularizer = keras.regularizers.L2(weight_decay / 2)
-    kernels = [v for v in model.trainable_weights if v.path.split("/")[-1] == "kernel"]
-    for v in kernels:
-        v.regularizer = regularizer
-    return len(kernels)
-
-
-def build_model(config, num_classes, resolved, pipeline="tf_data"):
+def build_model(config, num_classes, resolved, pipeline="tf_data", data=None):
     """(classifier, fit_model), ``fit_model`` compiled: the classifier itself, or with
     ``pipeline="device"`` the classifier behind on-device augmentation and normalization
-    (``training.augment``), which takes uint8 pixels."""
+    (``training.augment``), which takes uint8 pixels (``data``: for per-pixel mean statistics)."""
     classifier = MODEL_BUILDERS[config.architecture](config, num_classes)
-    add_weight_decay(classifier, config.weight_decay)
     model = classifier
     if pipeline == "device":
-        mean, std = data_lib.normalization(config)
+        mean, std = data_lib.normalization(config, data)
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
                                               std=std, seed=config.seed)
-    optimizer = keras.optimizers.SGD(
-        learning_rate=schedules.make(config, resolved), momentum=config.momentum,
-        nesterov=config.nesterov,
-    )
+    compile_model(model, config, resolved, num_classes)
+    return classifier, model
+
+
+def compile_model(model, config, resolved, num_classes):
+    """Compile for training as the recipe says: ``TorchSGD`` on the schedule, cross-entropy, accuracy."""
+    optimizer = optimizers.from_config(config, schedules.make(config, resolved))
     metrics = ["accuracy"]
     if num_classes > 5:
         metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
     jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
     model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=metrics,
                   jit_compile=jit, steps_per_execution=config.steps_per_execution)
-    return classifier, model
+    return model
 
 
 # ------------------------------------------------------------------------------------- training
@@ -300,15 +291,20 @@ def has_tensorboard():
     return data_lib.has_tensorflow()
 
 
-def _fit_phases(start_step, steps_per_epoch, epochs):
-    """[(initial_epoch, epochs, steps_per_epoch)]: the rest of a cut epoch, then whole epochs."""
-    epoch, done = divmod(start_step, steps_per_epoch)
-    phases = []
-    if done:
-        phases.append((epoch, epoch + 1, steps_per_epoch - done))
-        epoch += 1
-    if epoch < epochs:
-        phases.append((epoch, epochs, steps_per_epoch))
+def _fit_phases(start_step, steps_per_epoch, total_steps):
+    """[(initial_epoch, epochs, steps_per_epoch)] from ``start_step`` to ``total_steps``: the rest of
+    a cut epoch, whole epochs, then a last partial epoch (the paper stops at an iteration count)."""
+    phases, step = [], start_step
+    while step < total_steps:
+        epoch, done = divmod(step, steps_per_epoch)
+        whole = (total_steps - step) // steps_per_epoch if not done else 0
+        if whole:
+            phases.append((epoch, epoch + whole, steps_per_epoch))
+            step += whole * steps_per_epoch
+        else:
+            steps = min(steps_per_epoch - done, total_steps - step)
+            phases.append((epoch, epoch + 1, steps))
+            step += steps
     return phases
 
 
@@ -345,7 +341,7 @@ def train(config, data=None):
     pipeline = data_lib.resolve_pipeline(config)
     distribute.check_pipeline(pipeline, dist)
     with dist.scope():
-        classifier, model = build_model(config, data.num_classes, resolved, pipeline)
+        classifier, model = build_model(config, data.num_classes, resolved, pipeline, data)
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
@@ -375,7 +371,7 @@ def train(config, data=None):
         # Before CSVLogger, so the health signals land in history.csv (keras_preact.analysis).
         from keras_preact.analysis import TrainingHealthCallback
 
-        mean, std = data_lib.normalization(config)
+        mean, std = data_lib.normalization(config, data)
         probe = ((data.train_images[:64].astype("float32") - mean) / std, data.train_labels[:64])
         health_dir = str(run_dir / "tensorboard" / "health") if dist.is_chief and has_tensorboard() else None
         callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir,
@@ -389,7 +385,7 @@ def train(config, data=None):
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
               "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
 
-    phases = _fit_phases(start_step, resolved.steps_per_epoch, resolved.epochs)
+    phases = _fit_phases(start_step, resolved.steps_per_epoch, resolved.total_steps)
     print(
         f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {classifier.count_params():,} "
         f"params; data {config.dataset} ({data.train_size} train images, {data.num_classes} classes); "
@@ -505,6 +501,33 @@ def export(run_dir, export_dir):
     return str(path)
 
 
+def describe_recipe(config):
+    """What ``--dry-run`` prints: the run's iterations, its lr at every change, the optimizer."""
+    if config.dataset == "synthetic":
+        train_size = config.synthetic_train_size
+    elif config.dataset == "folder":
+        train_size = len(data_lib._list_folder(data_lib.folder_splits(config.data_dir)[0])[0])
+    elif config.dataset in configs.TRAIN_SIZES:
+        train_size = configs.TRAIN_SIZES[config.dataset]
+    else:
+        raise ValueError(f"--dry-run does not know the size of dataset={config.dataset!r}; pass --steps-per-epoch.")
+    train_size = min(train_size, config.subset or train_size)
+    resolved = schedules.resolve(config, train_size)
+    lines = [
+        f"preset {config.name} ({config.paper})",
+        f"model: {config.architecture} ResNet-{config.depth} {config.unit_options or ''}".rstrip(),
+        f"data: {config.dataset}, {train_size} training images, batch {config.batch_size}, augmentation "
+        f"{config.augmentation}, normalization {config.normalization}",
+        f"iterations: {resolved.total_steps} = {resolved.epochs} epochs x {resolved.steps_per_epoch}",
+        f"optimizer: TorchSGD momentum {config.momentum}, nesterov {config.nesterov}, dampening 0, weight "
+        f"decay {config.weight_decay} (coupled, scope {config.weight_decay_scope})",
+        f"learning rate ({config.schedule}), from iteration:",
+    ]
+    lines += [f"  {step:>9}  {lr:.6g}" for step, lr in schedules.lr_table(config, resolved)]
+    lines.append(f"  {resolved.total_steps:>9}  (stop)")
+    return "\n".join(lines)
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def _preset_table():
     width = max(map(len, configs.PRESETS))
@@ -539,7 +562,12 @@ def build_parser():
     p.add_argument("--schedule", choices=configs.SCHEDULES)
     p.add_argument("--lr-scaling", choices=configs.LR_SCALINGS)
     p.add_argument("--weight-decay", type=float)
-    p.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None)
+    p.add_argument("--nesterov", action=argparse.BooleanOptionalAction, default=None,
+                   help="Nesterov momentum (default on, as the official trainer)")
+    p.add_argument("--weight-decay-scope", choices=configs.WEIGHT_DECAY_SCOPES,
+                   help="all: every parameter (the official code's, default); kernels: conv/dense kernels only")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
     p.add_argument("--run-dir", help="run directory; re-run the same command to resume after a kill")
     p.add_argument("--runs-root", help="parent of default run directories (default runs/)")
     p.add_argument("--distribute", choices=configs.DISTRIBUTIONS)
@@ -568,7 +596,7 @@ def config_from_args(args, parser):
     preset = args.preset or args.preset_name
     overrides = {
         k: v for k, v in vars(args).items()
-        if v is not None and k not in ("preset", "preset_name", "config", "ordering")
+        if v is not None and k not in ("preset", "preset_name", "config", "ordering", "dry_run")
     }
     if "image_size" in overrides:
         overrides["image_size"] = tuple(overrides["image_size"])
@@ -594,6 +622,12 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from_args(args, parser)
+    if args.dry_run:
+        try:
+            print(describe_recipe(config))
+        except ValueError as e:
+            parser.exit(2, f"keras-preact-train: error: {e}\n")
+        return 0
     try:
         train(config)
     except TrainingDiverged as e:

@@ -106,14 +106,19 @@ def _check_name(argument, value):
         )
 
 
-def _check_triple(argument, value, positive=False):
+def _check_triple(argument, value, positive=False, image_size=None):
+    """Per-channel (R, G, B) statistics, or per pixel ([H, W, 3] at ``image_size``: the paper's mean image)."""
     values = np.asarray(value, dtype=np.float64) if value is not None else None
-    if values is None or values.shape != (3,) or not np.all(np.isfinite(values)) or (
+    shapes = [(3,)] + ([(*image_size, 3)] if image_size is not None else [])
+    if values is None or values.shape not in shapes or not np.all(np.isfinite(values)) or (
         positive and not np.all(values > 0)
     ):
-        kind = "three positive numbers" if positive else "three finite numbers"
-        raise ValueError(f"Invalid {argument}={value!r}: expected {kind} (R, G, B) in 0-255 pixel units.")
-    return [float(v) for v in values]
+        kind = "positive numbers" if positive else "finite numbers"
+        per_pixel = f" or an [{image_size[0]}, {image_size[1]}, 3] image" if image_size is not None else ""
+        shown = value if values is None or values.size <= 3 else f"<array of shape {values.shape}>"
+        raise ValueError(f"Invalid {argument}={shown!r}: expected three {kind} (R, G, B){per_pixel} in 0-255 "
+                         "pixel units.")
+    return values.astype(np.float32)
 
 
 def _check_class_names(class_names, num_classes):
@@ -243,7 +248,8 @@ def export_saved_model(
             version is never overwritten.
         class_names: one string per class (index = label); default ``"0"``, ``"1"``, ...
         mean, std: per-channel (R, G, B) normalization in 0-255 pixel units, applied in the graph as
-            ``(pixels - mean) / std``; default 0 and 1 (the model consumes raw pixels).
+            ``(pixels - mean) / std``; default 0 and 1 (the model consumes raw pixels). ``mean`` may
+            also be an ``[H, W, 3]`` mean image (the paper's per-pixel mean subtraction).
         top_k: how many classes the ``classes``/``scores``/``class_names`` outputs hold
             (1 to num_classes).
         image_size: ``(height, width)``, needed only when the model's input size is dynamic.
@@ -259,7 +265,7 @@ def export_saved_model(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
         raise ValueError(f"Invalid top_k={top_k!r}: expected an integer in [1, {num_classes}] (num_classes).")
     class_names = _check_class_names(class_names, num_classes)
-    mean = _check_triple("mean", [0.0, 0.0, 0.0] if mean is None else mean)
+    mean = _check_triple("mean", [0.0, 0.0, 0.0] if mean is None else mean, image_size=image_size)
     std = _check_triple("std", [1.0, 1.0, 1.0] if std is None else std, positive=True)
 
     model_dir = pathlib.Path(export_dir) / name

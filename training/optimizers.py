@@ -1,0 +1,99 @@
+"""``TorchSGD``: the optimizer of the official trainer, step for step.
+
+fb.resnet.torch (``train.lua`` L20-29, which KaimingHe/resnet-1k-layers uses) calls torch/optim's
+``optim.sgd`` (``sgd.lua`` L48-82) with ``{learningRate, momentum = 0.9, nesterov = true,
+dampening = 0, weightDecay = 1e-4}`` on ``model:getParameters()``, the flat vector of every
+parameter (BN gamma/beta and biases included). Per parameter x with gradient g:
+
+    g = g + wd * x                      (coupled weight decay, before momentum)
+    buf = g at the first step, else mom * buf + (1 - dampening) * g
+    g = g + mom * buf (Nesterov), else g = buf
+    x = x - lr * g
+
+Keras' ``SGD`` differs: its velocity holds learning-rate-scaled steps (``v = mom * v - lr * g``), so
+the two part ways whenever the learning rate changes (the warm-up's end, every decay), and its
+``weight_decay`` is decoupled (``x -= lr * wd * x`` outside momentum).
+"""
+
+import keras
+from keras import ops
+
+WEIGHT_DECAY_SCOPES = ("all", "kernels")
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class TorchSGD(keras.optimizers.Optimizer):
+    """SGD with momentum as torch/optim ``sgd.lua`` (see the module docstring).
+
+    Args:
+        learning_rate: a float or a ``keras.optimizers.schedules`` schedule.
+        momentum, dampening, nesterov: as ``optim.sgd``; Nesterov needs momentum > 0, dampening 0.
+        coupled_weight_decay: ``wd`` of ``g += wd * x``.
+        weight_decay_scope: ``"all"`` (every trainable variable, the official code's) or ``"kernels"``
+            (only variables named ``kernel``: conv and dense weights, the common modern practice).
+    """
+
+    def __init__(self, learning_rate=0.1, momentum=0.9, dampening=0.0, nesterov=True, coupled_weight_decay=0.0,
+                 weight_decay_scope="all", name="torch_sgd", **kwargs):
+        super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+        if weight_decay_scope not in WEIGHT_DECAY_SCOPES:
+            raise ValueError(f"Invalid weight_decay_scope={weight_decay_scope!r}. Allowed values: 'all', 'kernels'.")
+        for argument, value in (("momentum", momentum), ("dampening", dampening),
+                                ("coupled_weight_decay", coupled_weight_decay)):
+            if not isinstance(value, (int, float)) or value < 0:
+                raise ValueError(f"Invalid {argument}={value!r}: a non-negative number is required.")
+        if nesterov and (momentum <= 0 or dampening != 0):
+            raise ValueError(f"Invalid nesterov=True with momentum={momentum}, dampening={dampening}: "
+                             "Nesterov momentum needs momentum > 0 and dampening 0 (as optim.sgd).")
+        self.momentum = float(momentum)
+        self.dampening = float(dampening)
+        self.nesterov = bool(nesterov)
+        self.coupled_weight_decay = float(coupled_weight_decay)
+        self.weight_decay_scope = weight_decay_scope
+
+    def build(self, variables):
+        if self.built:
+            return
+        super().build(variables)
+        # Decided on the Keras variables here: update_step may get the backend's variable.
+        self._decayed = [self.decays(v) for v in variables]
+        self.momentum_buffers = []
+        if self.momentum:
+            self.momentum_buffers = [self.add_variable_from_reference(v, "momentum_buffer") for v in variables]
+
+    def decays(self, variable):
+        """Whether ``variable`` gets the coupled weight decay (by ``weight_decay_scope``)."""
+        return self.coupled_weight_decay > 0 and (
+            self.weight_decay_scope == "all" or variable.path.split("/")[-1] == "kernel"
+        )
+
+    def update_step(self, gradient, variable, learning_rate):
+        learning_rate = ops.cast(learning_rate, variable.dtype)
+        gradient = ops.cast(gradient, variable.dtype)
+        index = self._get_variable_index(variable)
+        if self._decayed[index]:
+            gradient = ops.add(gradient, ops.multiply(self.coupled_weight_decay, variable))
+        if self.momentum:
+            buffer = self.momentum_buffers[index]
+            running = ops.add(ops.multiply(self.momentum, buffer), ops.multiply(1.0 - self.dampening, gradient))
+            new_buffer = ops.where(ops.equal(self.iterations, 0), gradient, running)
+            self.assign(buffer, new_buffer)
+            gradient = ops.add(gradient, ops.multiply(self.momentum, new_buffer)) if self.nesterov else new_buffer
+        self.assign_sub(variable, ops.multiply(learning_rate, gradient))
+
+    def get_config(self):
+        return {
+            **super().get_config(),
+            "momentum": self.momentum,
+            "dampening": self.dampening,
+            "nesterov": self.nesterov,
+            "coupled_weight_decay": self.coupled_weight_decay,
+            "weight_decay_scope": self.weight_decay_scope,
+        }
+
+
+def from_config(config, learning_rate):
+    """The optimizer of a ``training.configs.Config``: ``TorchSGD`` with its momentum, Nesterov flag,
+    weight decay and scope."""
+    return TorchSGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=config.nesterov,
+                    coupled_weight_decay=config.weight_decay, weight_decay_scope=config.weight_decay_scope)
