@@ -48,7 +48,7 @@ def child(args):
     data = data_lib.load(config)
     resolved = schedules.resolve(config, data.train_size)
     keras.utils.set_random_seed(0)
-    _, model = train_lib.build_model(config, data.num_classes, resolved, pipeline)
+    _, model = train_lib.build_model(config, data.num_classes, resolved, pipeline, data)
     stream, _ = data_lib.pipelines(data, config, config.batch_size)
     model.fit(stream, epochs=1, steps_per_epoch=args.warmup, verbose=0)
     start = time.perf_counter()

@@ -126,6 +126,15 @@ def test_pixel_mean_is_the_mean_training_image():
     np.testing.assert_allclose(mean, data.train_images.astype(np.float64).mean(axis=0), rtol=1e-6)
     with pytest.raises(data_lib.DataError, match="pixel_mean"):
         data_lib.normalization(config)
+    # On the device the same mean image is subtracted (then the pad-crop-flip, training only).
+    from keras_preact.models import cifar_resnet
+    from training import augment
+
+    classifier = cifar_resnet(8, 10, input_shape=(8, 8, 3))
+    model = augment.device_training_model(classifier, augmentation="cifar", mean=mean, std=std, seed=0)
+    x = data.test_images[:4]
+    np.testing.assert_allclose(model.predict(x, verbose=0), classifier.predict(x.astype("float32") - mean, verbose=0),
+                               rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize(

@@ -1,13 +1,14 @@
 """Input on the device: CIFAR augmentation and normalization inside the compiled training step.
 
 With ``pipeline="device"`` the host sends uint8 batches and the network is fit through
-``device_training_model``: uint8 pixels -> ``PadCropFlip`` (training only) -> ``Normalization`` ->
+``device_training_model``: uint8 pixels -> ``Normalization`` -> ``PadCropFlip`` (training only) ->
 the classifier, all Keras layers and ``keras.ops``, so the same code runs on TensorFlow, JAX and
 PyTorch, compiled with the step. Only the classifier is saved as ``model.keras``; the export puts the
 normalization back in front of it (``keras_preact.export``).
 """
 
 import keras
+import numpy as np
 from keras import ops
 
 
@@ -68,10 +69,10 @@ AUGMENTATION_LAYERS = {"cifar": lambda seed: PadCropFlip(4, seed=seed, name="pad
 
 
 def device_training_model(classifier, *, augmentation, mean, std, seed):
-    """uint8 pixels -> augmentation (training only) -> (x - mean) / std -> ``classifier``.
+    """uint8 pixels -> (x - mean) / std -> augmentation (training only) -> ``classifier``.
 
-    ``augmentation``: ``"cifar"`` (pad 4, crop, flip) or ``"none"``; ``mean``/``std`` per channel in
-    0-255 units. The classifier's variables are shared, so training this model trains it.
+    ``augmentation``: ``"cifar"`` (pad 4 with the mean, crop, flip) or ``"none"``; ``mean``/``std`` per
+    channel in 0-255 units, or a mean image. The classifier's variables are shared.
     """
     if augmentation not in (*AUGMENTATION_LAYERS, "none"):
         raise ValueError(
@@ -79,10 +80,10 @@ def device_training_model(classifier, *, augmentation, mean, std, seed):
             f"{sorted((*AUGMENTATION_LAYERS, 'none'))} (ImageNet augmentation streams through tf.data)."
         )
     images = keras.Input(classifier.input_shape[1:], dtype="uint8", name="images")
-    x = images
-    if augmentation != "none":
+    mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
+    axis = (1, 2, 3) if mean.ndim == 3 else -1  # a mean image (per-pixel mean) or per-channel statistics
+    x = keras.layers.Normalization(mean=mean, variance=np.broadcast_to(std * std, mean.shape), axis=axis,
+                                   dtype="float32", name="normalize")(images)
+    if augmentation != "none":  # after normalization: the padding is the mean, as fb.resnet.torch
         x = AUGMENTATION_LAYERS[augmentation](seed)(x)
-    std = [float(s) for s in std]
-    x = keras.layers.Normalization(mean=[float(m) for m in mean], variance=[s * s for s in std],
-                                   dtype="float32", name="normalize")(x)
     return keras.Model(images, classifier(x), name=f"{classifier.name}_device_input")

@@ -37,6 +37,8 @@ from training.configs import NORMALIZATIONS, PIXEL_MEAN
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_SPLIT_NAMES = ("test", "val", "validation")
+# Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
+# with zeros, i.e. with the mean: every pipeline here pads after normalization too.
 CIFAR_PAD = 4
 IMAGENET_SCALE = (256, 480)
 
@@ -411,10 +413,10 @@ def tf_array_train(data, batch_size, *, augmentation, mean, std, seed, start_ste
     n = data.train_size
 
     def make_batch(step, index):
-        x = tf.gather(images, index)
-        if augmentation == "cifar":
+        x = _tf_normalize(tf.gather(images, index), mean, std)
+        if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
             x = _tf_cifar_augment(x, tf.stack([tf.cast(seed, tf.int64), step]))
-        return _tf_normalize(x, mean, std), tf.gather(labels, index)
+        return x, tf.gather(labels, index)
 
     ds = (
         tf.data.Dataset.range(n)
@@ -553,9 +555,10 @@ def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_
         if raw:
             yield x, data.train_labels[index]
         else:
-            if augmentation == "cifar":
+            x = (x.astype(np.float32) - mean) / std
+            if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
                 x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
-            yield ((x.astype(np.float32) - mean) / std), data.train_labels[index]
+            yield x, data.train_labels[index]
         step += 1
 
 
