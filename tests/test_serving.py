@@ -22,13 +22,19 @@ MAX_BODY = 1_000_000
 
 
 @pytest.fixture(scope="module")
-def served(tmp_path_factory):
+def exported(tmp_path_factory):
     base = tmp_path_factory.mktemp("saved_models")
     model = make_model()
     export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
     path = export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
     assert path.name == "2"
-    server = make_server(base / "cifar", port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    path = exported
+    server = make_server(path.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     signatures = tf.saved_model.load(str(path)).signatures
@@ -125,9 +131,18 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/cifar:predict", {"instances": [["a"] * 3] * 1}, 400, "uint8 values"),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes", "instances": [{"b64": "%%%"}]}, 400, "not valid base64"),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes",
-     "instances": [{"b64": base64.b64encode(b"corrupt image").decode()}]}, 400, "Unknown image file format"),
+     "instances": [{"b64": base64.b64encode(b"corrupt image").decode()}]}, 400, "is not a JPEG/PNG/GIF/BMP image"),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes", "instances": [[1, 2]]}, 400, "strings"),
-    ("POST", "/v1/models/cifar:predict", {"instances": images(MAX_BATCH + 1).tolist()}, 400, "exceeds the limit"),
+    ("POST", "/v1/models/cifar:predict", {"instances": images(MAX_BATCH + 1).tolist()}, 413, "exceeds the limit"),
+    # A nesting bomb, and numbers that are not finite (strict JSON has no NaN; 1e999 parses to inf).
+    ("POST", "/v1/models/cifar:predict", b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
+    ("POST", "/v1/models/cifar:predict", {"instances": [[[[0.0] * 3] * 32] * 32]}, 400, "uint8 values"),
+    ("POST", "/v1/models/cifar:predict",
+     b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
+         "0.0", "NaN", 1).encode() + b"]}", 400, "NaN is not a finite number"),
+    ("POST", "/v1/models/cifar:predict",
+     b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
+         "0.0", "1e999", 1).encode() + b"]}", 400, "non-finite values"),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "nope", "instances": GOOD}, 400, "'nope' not found"),
     ("POST", "/v1/models/cifar:predict", {"instances": [{"wrong": GOOD[0]}]}, 400, "exactly the inputs"),
     ("POST", "/v1/models/cifar:classify", {"instances": GOOD}, 400, "not supported"),
@@ -154,7 +169,7 @@ def test_body_over_the_limit_is_refused_without_reading_it(served):
     conn.putheader("Content-Length", str(MAX_BODY + 1))
     conn.endheaders()  # no body sent: the reply must come from the header alone
     response = conn.getresponse()
-    assert response.status == 400 and "exceeds the limit" in json.loads(response.read())["error"]
+    assert response.status == 413 and "exceeds the limit" in json.loads(response.read())["error"]
     conn.close()
 
 
@@ -223,3 +238,118 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(served, tmp_path
     finally:
         process.terminate()
         process.wait(timeout=30)
+
+
+# ------------------------------------------------------------------------------------- hardening
+def test_unread_bodies_never_desynchronise_a_kept_alive_connection(served):
+    """A body sent to an unknown model, version or verb is read before the 404, so a request line
+    inside it is never answered as a request of its own."""
+    port, signatures = served
+    smuggled = b"GET /v2/smuggled HTTP/1.1\r\nHost: x\r\n\r\n"
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    for path in ("/v1/models/other:predict", "/v1/models/cifar/versions/9:predict", "/v1/models/cifar:explode",
+                 "/v2/nowhere"):
+        code, reply = request(port, "POST", path, smuggled, connection=conn)
+        assert code in (400, 404) and "smuggled" not in reply["error"]
+        code, reply = request(port, "GET", "/v1/models/cifar", connection=conn)
+        assert code == 200 and "model_version_status" in reply, reply
+    conn.close()
+
+    # Mixed load: 8 kept-alive clients, bad requests with bodies between good ones; nothing lost.
+    pool = images(4, seed=9)
+    reference = expected(signatures, pool)
+    failures = []
+
+    def client(index):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        for k in range(12):
+            request(port, "POST", "/v1/models/other:predict", smuggled, connection=conn)
+            i = (index + k) % len(pool)
+            code, reply = request(port, "POST", "/v1/models/cifar:predict", {"instances": pool[i:i + 1].tolist()},
+                                  connection=conn)
+            if code != 200 or reply["predictions"][0]["classes"] != reference["classes"][i].tolist():
+                failures.append(reply)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert failures == []
+
+
+def png_header_only(width, height):
+    """A PNG whose header claims width x height (1-bit grey), with a tiny all-zero image stream."""
+    import struct
+    import zlib
+
+    def chunk(kind, data):
+        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data) & 0xFFFFFFFF)
+
+    row = b"\x00" + b"\x00" * ((width + 7) // 8)
+    compressor = zlib.compressobj(9)
+    stream = b"".join(compressor.compress(row) for _ in range(height)) + compressor.flush()
+    header = struct.pack(">IIBBBBB", width, height, 1, 0, 0, 0, 0)
+    return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", header) + chunk(b"IDAT", stream) + chunk(b"IEND", b"")
+
+
+def test_decompression_bombs_are_refused_from_their_header(served):
+    """A 20000 x 20000 PNG (~50 KB, 1.2 GB decoded to RGB) and a 1 x 20000 sliver are refused with 413
+    before anything is decoded: the process's peak memory does not move."""
+    import resource
+
+    port, _ = served
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    for png, message in ((png_header_only(20_000, 20_000), "the limit is 16777216 pixels per image"),
+                         (png_header_only(5_000, 5_000), "25000000 pixels; the limit is"),
+                         (png_header_only(20_000, 1), "aspect ratio")):
+        assert len(png) < 200_000
+        body = {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(png).decode()}]}
+        code, reply = request(port, "POST", "/v1/models/cifar:predict", body)
+        assert code == 413 and message in reply["error"], reply
+    grown_mib = (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - peak) / 1024
+    assert grown_mib < 100, f"peak memory grew by {grown_mib:.0f} MiB"
+    ok = tf.io.encode_png(images(1)[0]).numpy()
+    code, _ = request(port, "POST", "/v1/models/cifar:predict",
+                      {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(ok).decode()}]})
+    assert code == 200
+
+
+def test_slow_idle_and_surplus_connections_are_bounded(exported):
+    import socket
+
+    server = make_server(exported.parent, port=0, request_timeout=0.5, max_connections=2)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    try:
+        # A body that never fully arrives: 408 after the timeout, then the connection is closed.
+        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
+        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"inst")
+        start = time.perf_counter()
+        reply = slow.recv(4096)
+        assert reply.startswith(b"HTTP/1.1 408") and time.perf_counter() - start < 5
+        slow.close()
+        # Two idle connections hold both slots; a third is answered 503 at once, without a thread.
+        idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+        time.sleep(0.1)
+        extra = socket.create_connection(("127.0.0.1", port), timeout=10)
+        assert extra.recv(4096).startswith(b"HTTP/1.1 503")
+        extra.close()
+        # Idle connections are closed after the timeout, which frees the slots.
+        for sock in idle:
+            assert sock.recv(4096) == b""
+            sock.close()
+        time.sleep(0.1)
+        assert request(port, "GET", "/v1/models/cifar")[0] == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_server_limits_are_validated(exported):
+    for argument, value in (("request_timeout", 0), ("max_connections", 0), ("max_image_pixels", -1),
+                            ("max_aspect_ratio", 0.5), ("request_timeout", float("nan"))):
+        with pytest.raises(ValueError, match=f"Invalid {argument}="):
+            make_server(exported.parent, port=0, **{argument: value})

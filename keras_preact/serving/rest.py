@@ -44,11 +44,17 @@ _NUMERIC_KINDS = {
 }
 
 
+def _reject_constant(name):
+    raise RequestError(f"Invalid JSON body: {name} is not a finite number (strict JSON has no NaN or Infinity).")
+
+
 def parse_body(body):
     try:
-        request = json.loads(body)
+        request = json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(f"Invalid JSON body: {error}") from None
+    except RecursionError:
+        raise RequestError("Invalid JSON body: nested too deeply.") from None
     if not isinstance(request, dict):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request
@@ -104,6 +110,8 @@ def to_array(value, spec):
             raise RequestError(
                 f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values."
             )
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise RequestError(f"Input '{spec.name}' holds non-finite values (e.g. 1e999); send finite numbers.")
         if value_range and array.size and (array.min() < value_range[0] or array.max() > value_range[1]):
             raise RequestError(f"Input '{spec.name}' values must lie in [{value_range[0]}, {value_range[1]}] ({spec.dtype}).")
         array = array.astype(spec.dtype)
@@ -180,8 +188,43 @@ def encode_outputs(outputs, mode):
     else:
         batch = len(next(iter(values.values())))
         reply = {"predictions": [{name: v[i] for name, v in values.items()} for i in range(batch)]}
-    return json.dumps(reply).encode("utf-8")
+    return json.dumps(reply, allow_nan=False).encode("utf-8")
 
 
 def error_body(message):
     return json.dumps({"error": message}).encode("utf-8")
+
+
+IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what the exported graph's tf.io.decode_image reads
+
+
+def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_request_pixels):
+    """Bound what decoding the encoded images of a request would allocate, from their headers only
+    (Pillow reads the header; nothing is decoded): each image's pixel count and aspect ratio (the
+    in-graph resize of the shorter side scales with it), and the request's total pixel count."""
+    import io
+
+    from PIL import Image, UnidentifiedImageError
+
+    total = 0
+    for name, array in arrays.items():
+        for index, data in enumerate(array.reshape(-1)):
+            try:
+                with Image.open(io.BytesIO(data)) as image:
+                    fmt, (width, height) = image.format, image.size
+            except Image.DecompressionBombError:  # Pillow's own header check, far above ours
+                raise RequestError(f"Input '{name}'[{index}] declares more than {Image.MAX_IMAGE_PIXELS} pixels; "
+                                   f"the limit is {max_image_pixels} pixels per image.", 413) from None
+            except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
+                raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.") from None
+            where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
+            if fmt not in IMAGE_FORMATS:
+                raise RequestError(f"{where}: format {fmt} is not accepted; send {'/'.join(IMAGE_FORMATS)}.")
+            if width < 1 or height < 1 or width * height > max_image_pixels:
+                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.",
+                                   413)
+            if max(width, height) > max_aspect_ratio * min(width, height):
+                raise RequestError(f"{where}: aspect ratio above the limit of {max_aspect_ratio}:1.", 413)
+            total += width * height
+            if total > max_request_pixels:
+                raise RequestError(f"The request's images hold more than {max_request_pixels} pixels in all.", 413)

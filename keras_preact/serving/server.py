@@ -10,9 +10,14 @@ answers, on the paths TF Serving uses:
 - ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
 - ``POST /v1/models/<name>[/versions/<v>]:predict``: ``instances`` or ``inputs`` requests.
 
-Request bodies and batches are bounded (``--max-body-bytes``, ``--max-batch-size``); every bad
-request gets HTTP 400 or 404 with ``{"error": message}`` and never stops the server. Only
-TensorFlow is imported (neither keras nor keras_preact's model code).
+Every resource a request can make it use is bounded: the body (``--max-body-bytes``), the batch
+(``--max-batch-size``), the pixels an encoded image may decode to and its aspect ratio (read from the
+header before anything is decoded: ``--max-image-pixels``, ``--max-aspect-ratio``,
+``--max-request-pixels``), the time a client may take to send a request or keep an idle connection
+(``--request-timeout``), and the number of open connections (``--max-connections``; beyond it, 503).
+Every request's body is read before the reply, so a kept-alive connection never desynchronises. Every
+bad request gets a 4xx with ``{"error": message}`` and never stops the server. Only TensorFlow (and
+Pillow, for image headers) is imported, neither keras nor keras_preact's model code.
 """
 
 import argparse
@@ -21,6 +26,7 @@ import json
 import pathlib
 import re
 import sys
+import threading
 
 import tensorflow as tf
 from google.protobuf import json_format
@@ -31,6 +37,12 @@ from keras_preact.serving.rest import RequestError
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 256
+DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # a decoded image: 48 MiB of uint8 RGB
+DEFAULT_MAX_ASPECT_RATIO = 8  # the in-graph resize of the shorter side grows with it
+DEFAULT_MAX_REQUEST_PIXELS = 64 * 1024 * 1024
+DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds to send a request, and to keep an idle connection
+DEFAULT_MAX_CONNECTIONS = 64
+LISTEN_BACKLOG = 128
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
 
 
@@ -99,6 +111,10 @@ class Handler(http.server.BaseHTTPRequestHandler):
     disable_nagle_algorithm = True
     server_version = "keras-preact-serve"
 
+    def setup(self):
+        self.timeout = self.server.request_timeout  # the socket's timeout: slow or idle clients
+        super().setup()
+
     def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
         if self.server.verbose:
             super().log_message(format, *args)
@@ -128,35 +144,54 @@ class Handler(http.server.BaseHTTPRequestHandler):
 
     def _handle(self, method):
         try:
+            # The body is read first, on every path: a reply to an unread body would leave it to be
+            # parsed as the next request on this kept-alive connection.
+            body = self._read_body(required=method == "POST")
+        except RequestError as error:
+            return self._reply(error.status, rest.error_body(str(error)))
+        except TimeoutError:
+            self.close_connection = True
+            return self._reply(408, rest.error_body(
+                f"The request body did not arrive within {self.server.request_timeout} s."))
+        try:
             model, verb = self._route()
             if method == "GET" and verb is None:
                 return self._reply(200, json.dumps(model.status()).encode())
             if method == "GET" and verb == "/metadata":
                 return self._reply(200, json.dumps(model.metadata).encode())
             if method == "POST" and verb == ":predict":
-                return self._reply(200, self._predict(model))
+                return self._reply(200, self._predict(model, body))
             if method == "POST" and verb in (":classify", ":regress"):
                 raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
             raise RequestError(f"{method} {self.path} is not a TF Serving REST route.", 404)
         except RequestError as error:
             return self._reply(error.status, rest.error_body(str(error)))
+        except RecursionError:
+            return self._reply(400, rest.error_body("Invalid request: values nested too deeply."))
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
             return self._reply(500, rest.error_body(f"Internal error: {type(error).__name__}: {error}"))
 
-    def _read_body(self):
+    def _read_body(self, required):
+        """The request body (b"" when a GET has none); refused, with the connection closed, when its
+        length is missing, malformed or over the limit (it cannot then be skipped safely)."""
         length = self.headers.get("Content-Length")
+        if length is None and not required and "chunked" not in self.headers.get("Transfer-Encoding", ""):
+            return b""
         if length is None or not length.isdigit():
             self.close_connection = True
             raise RequestError("A Content-Length header is required (chunked bodies are not accepted).", 411 if length is None else 400)
         length = int(length)
         if length > self.server.max_body_bytes:
-            # The body stays unread, so this connection cannot carry another request.
             self.close_connection = True
-            raise RequestError(f"Request body of {length} bytes exceeds the limit of {self.server.max_body_bytes} bytes.")
-        return self.rfile.read(length)
+            raise RequestError(f"Request body of {length} bytes exceeds the limit of {self.server.max_body_bytes} bytes.", 413)
+        body = self.rfile.read(length)
+        if len(body) < length:  # the client closed its side early
+            self.close_connection = True
+            raise RequestError(f"The request body ended after {len(body)} of {length} bytes.")
+        return body
 
-    def _predict(self, model):
-        request, signature_name, mode = rest.parse_body(self._read_body())
+    def _predict(self, model, body):
+        request, signature_name, mode = rest.parse_body(body)
         if signature_name not in model.signatures:
             raise RequestError(
                 f"Serving signature name: '{signature_name}' not found in signature def; "
@@ -165,7 +200,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
         batch = next(iter(inputs.values())).shape[0]
         if batch > self.server.max_batch_size:
-            raise RequestError(f"Batch size {batch} exceeds the limit of {self.server.max_batch_size}.")
+            raise RequestError(f"Batch size {batch} exceeds the limit of {self.server.max_batch_size}.", 413)
+        encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
+        if encoded:
+            rest.check_encoded_images(encoded, max_image_pixels=self.server.max_image_pixels,
+                                      max_aspect_ratio=self.server.max_aspect_ratio,
+                                      max_request_pixels=self.server.max_request_pixels)
         try:
             outputs = model.predict(signature_name, inputs)
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
@@ -188,24 +228,72 @@ def _op_error_message(error):
     return useful[0] if useful else error.message
 
 
-def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
-                max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch_size=DEFAULT_MAX_BATCH_SIZE, verbose=False):
-    """A ``ThreadingHTTPServer`` serving the latest version under ``model_base`` (not yet started).
+class BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
+    """A thread per connection, at most ``max_connections`` at once: the next ones get a 503 and are
+    closed at once (no thread, no read)."""
 
-    ``port=0`` picks a free port: read it from ``server.server_address[1]``.
+    request_queue_size = LISTEN_BACKLOG
+    daemon_threads = True
+
+    def __init__(self, address, handler, max_connections):
+        super().__init__(address, handler)
+        self.max_connections = max_connections
+        self._slots = threading.BoundedSemaphore(max_connections)
+
+    def process_request(self, request, client_address):
+        if not self._slots.acquire(blocking=False):
+            body = rest.error_body(f"Too many connections (limit {self.max_connections}); retry later.")
+            try:
+                request.settimeout(1.0)
+                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
+                                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+            except OSError:
+                pass
+            self.shutdown_request(request)
+            return
+        try:
+            super().process_request(request, client_address)
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def process_request_thread(self, request, client_address):
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            self._slots.release()
+
+
+def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
+                max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch_size=DEFAULT_MAX_BATCH_SIZE,
+                max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS, max_aspect_ratio=DEFAULT_MAX_ASPECT_RATIO,
+                max_request_pixels=DEFAULT_MAX_REQUEST_PIXELS, request_timeout=DEFAULT_REQUEST_TIMEOUT,
+                max_connections=DEFAULT_MAX_CONNECTIONS, verbose=False):
+    """A server for the latest version under ``model_base`` (not yet started); limits as the module
+    docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``.
     """
-    for argument, value in (("max_body_bytes", max_body_bytes), ("max_batch_size", max_batch_size)):
+    for argument, value in (("max_body_bytes", max_body_bytes), ("max_batch_size", max_batch_size),
+                            ("max_image_pixels", max_image_pixels), ("max_request_pixels", max_request_pixels),
+                            ("max_connections", max_connections)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
+    for argument, value in (("max_aspect_ratio", max_aspect_ratio), ("request_timeout", request_timeout)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
+    if max_aspect_ratio < 1:
+        raise ValueError(f"Invalid max_aspect_ratio={max_aspect_ratio!r}: expected a number >= 1.")
     model_name = model_name or pathlib.Path(model_base).resolve().name
     if not re.match(r"^[^/:\s]+$", model_name):
         raise ValueError(f"Invalid model_name={model_name!r}: no '/', ':' or whitespace.")
     model = ServedModel(model_name, model_base)
-    server = http.server.ThreadingHTTPServer((host, port), Handler)
-    server.daemon_threads = True
+    server = BoundedThreadingHTTPServer((host, port), Handler, max_connections)
     server.model = model
     server.max_body_bytes = max_body_bytes
     server.max_batch_size = max_batch_size
+    server.max_image_pixels = max_image_pixels
+    server.max_aspect_ratio = max_aspect_ratio
+    server.max_request_pixels = max_request_pixels
+    server.request_timeout = float(request_timeout)
     server.verbose = verbose
     return server
 
@@ -218,8 +306,18 @@ def build_parser():
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES)
-    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE)
+    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (413 above)")
+    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE, help="examples per request (413 above)")
+    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
+                        help="pixels an encoded image may decode to, read from its header (413 above)")
+    parser.add_argument("--max-aspect-ratio", type=float, default=DEFAULT_MAX_ASPECT_RATIO,
+                        help="longer/shorter side of an encoded image (413 above)")
+    parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_MAX_REQUEST_PIXELS,
+                        help="pixels of all encoded images of one request (413 above)")
+    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
+                        help="seconds a client may take to send a request or keep an idle connection")
+    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
+                        help="open connections at once (503 beyond)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -232,7 +330,10 @@ def main(argv=None):
     try:
         server = make_server(
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
-            max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size, verbose=args.verbose,
+            max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
+            max_image_pixels=args.max_image_pixels, max_aspect_ratio=args.max_aspect_ratio,
+            max_request_pixels=args.max_request_pixels, request_timeout=args.request_timeout,
+            max_connections=args.max_connections, verbose=args.verbose,
         )
     except ValueError as error:
         parser.error(str(error))
