@@ -154,7 +154,8 @@ BAD_REQUESTS = [
 ]
 
 
-@pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS)
+@pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS,
+                         ids=[f"{status}-{message}" for _, _, _, status, message in BAD_REQUESTS])
 def test_bad_requests_get_an_error_reply_and_the_server_stays_up(served, method, path, body, status, message):
     port, _ = served
     code, reply = request(port, method, path, body)
