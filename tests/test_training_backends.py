@@ -180,6 +180,10 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
                             env=env(), capture_output=True, text=True, timeout=120)
     assert export.returncode == 2 and "Traceback" not in export.stderr
     assert export.stderr.strip().endswith("needs TensorFlow: pip install tensorflow")
+    serve = subprocess.run([sys.executable, "-c", "import sys, keras_preact.serving as s; sys.exit(s.main(['x']))"],
+                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    assert serve.returncode == 2 and serve.stderr.strip().splitlines() == [
+        "keras-preact-serve: error: serving SavedModels needs TensorFlow: pip install tensorflow"]
 
 
 def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys):
