@@ -41,7 +41,8 @@ import time
 import keras
 import numpy as np
 
-from training import configs, data as data_lib, distribute, plots, schedules
+from keras_preact import scratch
+from training import configs, data as data_lib, distribute, plots, run_state, schedules
 
 BACKUP_POINTER = "latest.json"
 
@@ -53,7 +54,7 @@ class TrainingDiverged(RuntimeError):
 # ------------------------------------------------------------------------------------- run files
 def write_atomic(path, text):
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=scratch.tag(path.name) + "-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
@@ -65,8 +66,9 @@ def write_json(path, obj):
 
 def save_model_atomic(model, path):
     path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.keras")
-    model.save(tmp)
+    tmp = path.with_name(scratch.tag(path.stem) + ".keras")
+    run_state.guard_write(path, run_state.weight_bytes(model), lambda: model.save(tmp), cleanup=tmp)
+    run_state.kill_point("save")
     os.replace(tmp, path)
 
 
@@ -160,17 +162,20 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         backup_dir = pathlib.Path(self.backup_dir)
         backup_dir.mkdir(parents=True, exist_ok=True)
         state = backup_dir / f"state-{self.step:010d}"
-        tmp = backup_dir / f".tmp-state-{self.step:010d}-{os.getpid()}"
+        tmp = backup_dir / scratch.tag(f"state-{self.step:010d}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        self.model.save_weights(tmp / "model.weights.h5")
+        needed = run_state.tree_bytes(self.last_good["weights"]) if self.last_good else 0
+        run_state.guard_write(tmp / "model.weights.h5", needed or run_state.weight_bytes(self.model),
+                              lambda: self.model.save_weights(tmp / "model.weights.h5"), cleanup=tmp)
+        run_state.kill_point("checkpoint")
         shutil.rmtree(state, ignore_errors=True)
         os.replace(tmp, state)
         pointer = {"state": state.name, "step": self.step, "epoch": self._current_epoch,
                    "weights": str(state / "model.weights.h5")}
         write_json(backup_dir / BACKUP_POINTER, pointer)
         for old in backup_dir.iterdir():
-            if old.name.startswith(("state-", ".tmp-state-")) and old.name != state.name:
+            if old.name.startswith("state-") and old.name != state.name:
                 shutil.rmtree(old, ignore_errors=True)
         self.last_saved_step = self.step
         self.last_good = pointer
@@ -322,14 +327,25 @@ def train(config, data=None):
     files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
     files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
+    for directory in (run_dir, files_dir, backup_dir):
+        scratch.remove_stale(directory)
     backup = read_backup(backup_dir)
     start_step = backup["step"] if backup else 0
+    done = run_state.finished(run_dir, config, resolved.total_steps, backup) if dist.process_count == 1 else None
+    if done is not None:
+        print(f"[train] run already finished at step {start_step}; nothing to do (metrics in "
+              f"{run_dir / 'metrics.json'})", flush=True)
+        return done
+    if config.export and dist.is_chief:
+        run_state.check_export_target(config.export_dir, config.name)
     if dist.is_chief:
         write_json(run_dir / "config.json", run_config_json(config, data, resolved))
 
     set_determinism(config)
     with dist.scope():
         model = build_model(config, data.num_classes, resolved)
+        if backup:  # before anything is decided: with nothing left to fit, fit never restores
+            run_state.restore(model, backup)
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
@@ -350,6 +366,7 @@ def train(config, data=None):
     _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
 
     backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step)
+    backup_cb._restored = True
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
@@ -387,6 +404,7 @@ def train(config, data=None):
         if not backup_cb._finite or model.stop_training:
             break
     wall = time.time() - started
+    run_state.kill_point("trained")
     if not backup_cb._finite:
         last = backup_cb.last_good
         raise TrainingDiverged(
@@ -430,6 +448,7 @@ def train(config, data=None):
             if dist.process_count > 1:  # the export reloads the model: keep it out of the collectives
                 keras.distribution.set_distribution(None)
             metrics["export_dir"] = export(run_dir, config.export_dir)
+            write_json(run_dir / "metrics.json", metrics)  # marks the export done
     return metrics
 
 
@@ -550,7 +569,7 @@ def main(argv=None):
     config = config_from_args(args, parser)
     try:
         train(config)
-    except TrainingDiverged as e:
+    except (TrainingDiverged, run_state.DiskFullError) as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:
