@@ -17,6 +17,7 @@ import os
 import pathlib
 import shutil
 import signal
+import zipfile
 
 TEST_KILL_ENV = "KERAS_PREACT_TEST_KILL_AT"
 MARGIN = 1.25  # free space asked for, relative to the estimated size of the write
@@ -51,7 +52,7 @@ def finished(run_dir, config, total_steps, backup):
         return None
     if not isinstance(metrics, dict) or metrics.get("steps") != total_steps:
         return None
-    if not (run_dir / "model.keras").is_file():
+    if not zipfile.is_zipfile(run_dir / "model.keras"):  # missing or truncated
         return None
     if config.export and not metrics.get("export_dir"):
         return None
@@ -123,23 +124,23 @@ def guard_write(path, needed, write, cleanup=None):
     while not parent.exists() and parent != parent.parent:
         parent = parent.parent
     free = shutil.disk_usage(parent).free
-    if free < needed:
-        raise _full(path, needed, free)
-    try:
-        return write()
-    except OSError as error:
-        if not is_disk_full(error):
-            raise
-        error.__traceback__ = None  # its frames hold the half-written h5py file
-    # Collect the failed writer's h5py objects now, while they can still be closed, not at exit.
-    gc.collect()
+    if free >= needed:
+        try:
+            return write()
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            error.__traceback__ = None  # its frames hold the half-written h5py file
+        # Collect the failed writer's h5py objects now, while they can still be closed, not at exit.
+        gc.collect()
+        free = shutil.disk_usage(parent).free
     if cleanup is not None:
         cleanup = pathlib.Path(cleanup)
         if cleanup.is_dir():
             shutil.rmtree(cleanup, ignore_errors=True)
         else:
             cleanup.unlink(missing_ok=True)
-    raise _full(path, needed, shutil.disk_usage(parent).free) from None
+    raise _full(path, needed, free) from None
 
 
 # ------------------------------------------------------------------------------------- export
@@ -156,3 +157,21 @@ def check_export_target(export_dir, name):
         )
     if not os.access(path, os.W_OK | os.X_OK):
         raise ValueError(f"Invalid export_dir={str(export_dir)!r}: {path} is not writable.")
+
+
+# ------------------------------------------------------------------------------------- config
+def read_config_json(path):
+    """A config.json's object; ValueError naming the file for bad JSON or a non-object."""
+    text = pathlib.Path(path).read_text()
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"Invalid config file {str(path)!r}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})."
+        ) from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"Invalid config file {str(path)!r}: it must hold a JSON object of config fields "
+            f"({{\"name\": ..., \"depth\": ...}}), not {type(values).__name__}."
+        )
+    return values

@@ -110,7 +110,7 @@ def run_config_json(config, data, resolved):
 def config_from_run(path):
     """The Config of a run directory's (or a file's) config.json, to re-run it."""
     path = pathlib.Path(path)
-    values = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    values = run_state.read_config_json(path / "config.json" if path.is_dir() else path)
     values["normalization"] = values.get("normalization_name", "cifar10")
     return configs.from_dict(values)
 
@@ -323,6 +323,7 @@ def train(config, data=None):
     dist = distribute.make(config)
     data = data.validate() if data is not None else data_lib.load(config)
     data_lib.check_image_size(data, config)
+    data_lib.check_batch_size(data, config)
     resolved = schedules.resolve(config, data.train_size)
     files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
     files_dir.mkdir(exist_ok=True)
@@ -504,6 +505,8 @@ def build_parser():
     p.add_argument("--data-dir", help="TFDS data_dir, or the image-folder root (train/ and test/ or val/)")
     p.add_argument("--manual-dir", help="TFDS manual_dir (e.g. the imagenet2012 archives)")
     p.add_argument("--cache-dir", help="where decoded image folders are cached as .npy")
+    p.add_argument("--skip-bad-images", action=argparse.BooleanOptionalAction, default=None,
+                   help="folder data: skip unreadable image files (counted) instead of failing")
     p.add_argument("--subset", type=int, help="use the first N training images")
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"))
     p.add_argument("--depth", type=int, help="network depth (CIFAR 6n+2 / 9n+2; ImageNet 18-200)")

@@ -29,6 +29,8 @@ import keras
 import numpy as np
 import tensorflow as tf
 
+from keras_preact import scratch as scratch_names
+
 CLASS_NAMES_ASSET = "class_names.txt"
 OUTPUTS = ("probabilities", "classes", "scores", "class_names")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
@@ -263,6 +265,10 @@ def export_saved_model(
     std = _check_triple("std", [1.0, 1.0, 1.0] if std is None else std, positive=True)
 
     model_dir = pathlib.Path(export_dir) / name
+    for path in (pathlib.Path(export_dir), model_dir):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"Invalid export_dir={str(export_dir)!r}: {path} is a file, not a directory.")
+    scratch_names.remove_stale(model_dir)  # left by killed exports
     version = next_version(model_dir) if version is None else version
     target = model_dir / str(version)
     if target.exists():
@@ -270,7 +276,7 @@ def export_saved_model(
     model_dir.mkdir(parents=True, exist_ok=True)
     # The temporary directory sits next to the target (same file system, so the rename is atomic);
     # its name is not a number, so TF Serving never loads it.
-    scratch = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir)
+    scratch = tempfile.mkdtemp(prefix=scratch_names.tag(str(version)) + "-", dir=model_dir)
     try:
         staged = os.path.join(scratch, "saved_model")
         _write_archive(staged, model, image_size, class_names, mean, std, top_k, scratch)
