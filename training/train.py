@@ -572,7 +572,9 @@ def main(argv=None):
     config = config_from_args(args, parser)
     try:
         train(config)
-    except (TrainingDiverged, run_state.DiskFullError) as e:
+    except (TrainingDiverged, OSError) as e:
+        if isinstance(e, OSError) and not run_state.is_disk_full(e):
+            raise
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 1
     except ValueError as e:

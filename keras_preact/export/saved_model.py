@@ -19,6 +19,7 @@ failed export leaves nothing behind.
 """
 
 import dataclasses
+import errno
 import os
 import pathlib
 import re
@@ -161,6 +162,18 @@ def _model_geometry(model, image_size):
     return size, int(out_shape[-1])
 
 
+def _check_free_space(model_dir, model):
+    """OSError(ENOSPC), one line, when the export (about the weights plus 2 MB of graph) cannot fit."""
+    needed = int(1.25 * sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights)) + 2**21
+    free = shutil.disk_usage(model_dir).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left to export to {model_dir}: it needs about {needed / 2**20:.1f} MB free, "
+            f"{free / 2**20:.1f} MB is available there",
+        )
+
+
 def next_version(model_dir):
     """The next TF Serving version number under ``model_dir`` (1 when there is none)."""
     model_dir = pathlib.Path(model_dir)
@@ -274,6 +287,7 @@ def export_saved_model(
     if target.exists():
         raise ValueError(f"Invalid version={version}: {target} already exists; exports are never overwritten.")
     model_dir.mkdir(parents=True, exist_ok=True)
+    _check_free_space(model_dir, model)
     # The temporary directory sits next to the target (same file system, so the rename is atomic);
     # its name is not a number, so TF Serving never loads it.
     scratch = tempfile.mkdtemp(prefix=scratch_names.tag(str(version)) + "-", dir=model_dir)
