@@ -384,3 +384,19 @@ def test_export_to_a_full_disk_fails_in_one_line_and_writes_nothing(tmp_path, mo
     assert e.value.errno == 28
     assert f"No space left to export to {tmp_path / 'exp' / 'm'}: it needs about 2.4 MB free, 0.5 MB" in str(e.value)
     assert list((tmp_path / "exp" / "m").iterdir()) == []
+
+
+@pytest.mark.core
+@pytest.mark.parametrize("decoder", ["tensorflow", "pillow"])
+def test_folder_names_bad_files_with_either_decoder(tmp_path, monkeypatch, decoder):
+    if decoder == "pillow":
+        monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on a machine without TensorFlow
+    root = tmp_path / "tree"
+    bad = _tree_with_bad_files(root)
+    with pytest.raises(data_lib.DataError, match="2 of 26 image files cannot be decoded") as e:
+        data_lib.folder(root, tmp_path / "cache")
+    assert str(bad[0]) in str(e.value) and str(bad[1]) in str(e.value)
+    data = data_lib.folder(root, tmp_path / "cache", skip_bad_images=True)
+    assert (data.train_size, len(data.test_labels)) == (24, 24)
+    assert list(data.train_labels) == [0] * 12 + [1] * 12
+    assert not list((tmp_path / "cache").glob("*.npy"))  # only complete decodes are cached (both splits lack files)
