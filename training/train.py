@@ -22,6 +22,9 @@ enough to re-run: ``python -m training.train --config RUN_DIR/config.json``), ``
 Fault tolerance: run the same command with the same ``--run-dir`` after a kill (SIGKILL at any
 moment) and the run resumes from the last backup (every ``checkpoint_every`` steps and every epoch
 end) at the exact global step, with the exact data stream, and ends with the same epochs and steps.
+The backup is restored before anything else, so a run killed after training (evaluation, ``model.keras``,
+export) finishes those phases from the trained weights, and a finished run re-run does nothing
+(``training/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
 checkpoint, which is kept.
 """
@@ -328,7 +331,7 @@ def train(config, data=None):
     files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
     files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
-    for directory in (run_dir, files_dir, backup_dir):
+    for directory in (files_dir, backup_dir):  # this process's own folders (the chief's: run_dir)
         scratch.remove_stale(directory)
     backup = read_backup(backup_dir)
     start_step = backup["step"] if backup else 0
