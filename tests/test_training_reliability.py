@@ -400,3 +400,15 @@ def test_folder_names_bad_files_with_either_decoder(tmp_path, monkeypatch, decod
     assert (data.train_size, len(data.test_labels)) == (24, 24)
     assert list(data.train_labels) == [0] * 12 + [1] * 12
     assert not list((tmp_path / "cache").glob("*.npy"))  # only complete decodes are cached (both splits lack files)
+
+
+def test_streamed_folder_names_a_non_image_file_or_skips_it(tmp_path):
+    import tensorflow as tf
+
+    root = tmp_path / "tree"
+    bad = _tree_with_bad_files(root)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="Not an image file") as e:
+        list(data_lib.folder_stream(root).make("train"))
+    assert str(bad[0]) in str(e.value) or str(bad[1]) in str(e.value)
+    kept = list(data_lib.folder_stream(root, skip_bad_images=True).make("train"))
+    assert len(kept) == 24  # 26 files, the text and the empty one left out

@@ -285,18 +285,48 @@ def folder(data_dir, cache_dir=None, skip_bad_images=False):
     ).validate()
 
 
-def folder_stream(data_dir):
-    """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes)."""
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")  # JPEG, PNG, GIF, BMP
+
+
+def _tf_is_image(encoded):
+    """Whether encoded bytes start like a JPEG/PNG/GIF/BMP file (a cheap check, no decoding)."""
+    import tensorflow as tf
+
+    return tf.reduce_any(tf.stack([tf.strings.substr(encoded, 0, len(m)) == m for m in _IMAGE_MAGIC]))
+
+
+def folder_stream(data_dir, skip_bad_images=False):
+    """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes).
+
+    A file that does not start like an image (text, empty, garbage) fails naming it, or with
+    ``skip_bad_images`` is left out.
+    """
     import tensorflow as tf
 
     train_dir, test_dir = folder_splits(data_dir)
     lists = {"train": _list_folder(train_dir), "test": _list_folder(test_dir)}
 
+    def read(f, y):
+        encoded = tf.io.read_file(f)
+        if skip_bad_images:
+            return encoded, y, _tf_is_image(encoded)
+        check = tf.debugging.Assert(
+            _tf_is_image(encoded),
+            ["Not an image file (corrupt, empty or not JPEG/PNG/GIF/BMP; --skip-bad-images skips it):", f],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(encoded), y, True
+
+    def readable(encoded, label, ok):
+        return ok
+
+    def drop_flag(encoded, label, ok):
+        return encoded, label
+
     def make(split):
         files, labels, _ = lists[split]
-        return tf.data.Dataset.from_tensor_slices((files, labels)).map(
-            lambda f, y: (tf.io.read_file(f), y), num_parallel_calls=tf.data.AUTOTUNE
-        )
+        ds = tf.data.Dataset.from_tensor_slices((files, labels)).map(read, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.filter(readable).map(drop_flag)
 
     return StreamData(make, len(lists["train"][0]), len(lists["test"][0]), lists["train"][2])
 
@@ -376,7 +406,7 @@ def load(config):
         data = synthetic(config.synthetic_train_size, config.synthetic_test_size,
                          config.synthetic_num_classes, tuple(config.image_size), config.seed)
     elif config.dataset == "folder":
-        data = folder_stream(config.data_dir) if streaming else folder(
+        data = folder_stream(config.data_dir, config.skip_bad_images) if streaming else folder(
             config.data_dir, config.cache_dir, config.skip_bad_images)
     else:
         builder = tfds_builder(config.dataset, config.data_dir, config.manual_dir)
