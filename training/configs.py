@@ -45,6 +45,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
 PIPELINES = ("auto", "tf_data", "device", "numpy")
 WEIGHT_DECAY_SCOPES = ("all", "kernels")
+INT32_MAX = 2**31 - 1
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,6 +105,7 @@ class Config:
     runs_root: str = "runs"
     export: bool = False
     export_dir: str = "saved_models"
+    skip_bad_images: bool = False  # folder data: skip unreadable image files (and report them) instead of failing
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
 
     def replace(self, **overrides):
@@ -311,10 +313,15 @@ def validate(config):
             f"Invalid boundaries={tuple(config.boundaries)}: increasing iteration counts in "
             f"[warmup_steps, total_steps={config.total_steps})."
         )
-    for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay"):
+    for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)
-        if not isinstance(value, (int, float)) or value < 0:
-            raise ValueError(f"Invalid {field}={value!r}: a non-negative number is required.")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            raise ValueError(f"Invalid {field}={value!r}: a finite non-negative number is required.")
+    for key, value in config.unit_options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"Invalid unit_options[{key!r}]={value!r}: a finite number is required.")
+    if config.batch_size > INT32_MAX:
+        raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
     if config.nesterov and not config.momentum:
         raise ValueError("Invalid nesterov=True with momentum=0: Nesterov momentum needs momentum > 0 "
                          "(pass --no-nesterov).")

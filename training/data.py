@@ -176,24 +176,47 @@ def folder_splits(data_dir):
     return train_dir, test_dirs[0]
 
 
-def _decode_files(files):
-    """Decode image files to one uint8 array [N, H, W, 3]; all images must have the same size."""
+def _decoded_images(files):
+    """(index, uint8 image) for every file that decodes, in order; unreadable files are left out."""
     try:
         import tensorflow as tf
     except ImportError:  # machines without TensorFlow: Pillow (a matplotlib dependency)
         tf = None
     if tf is not None:
-        ds = tf.data.Dataset.from_tensor_slices(files).map(
-            lambda f: tf.io.decode_image(tf.io.read_file(f), channels=3, expand_animations=False),
-            num_parallel_calls=tf.data.AUTOTUNE,
-        )
-        images = (x.numpy() for x in ds)
-    else:
-        from PIL import Image
+        ds = tf.data.Dataset.from_tensor_slices((np.arange(len(files)), files)).map(
+            lambda i, f: (i, tf.io.decode_image(tf.io.read_file(f), channels=3, expand_animations=False)),
+            num_parallel_calls=tf.data.AUTOTUNE, deterministic=True,
+        ).ignore_errors()
+        for i, x in ds:
+            yield int(i), x.numpy()
+        return
+    from PIL import Image
 
-        images = (np.asarray(Image.open(f).convert("RGB")) for f in files)
-    out = None
-    for i, (path, image) in enumerate(zip(files, images)):
+    for i, f in enumerate(files):
+        try:
+            with Image.open(f) as image:
+                yield i, np.asarray(image.convert("RGB"))
+        except (OSError, ValueError, SyntaxError):  # PIL's "cannot identify", truncated, bad header
+            continue
+
+
+def _bad_files_error(bad, total):
+    shown = ", ".join(bad[:5]) + (f" (and {len(bad) - 5} more)" if len(bad) > 5 else "")
+    return DataError(
+        f"{len(bad)} of {total} image files cannot be decoded (corrupt, empty or not an image): {shown}. "
+        "Remove or replace them, or pass --skip-bad-images (config skip_bad_images=True) to train without them."
+    )
+
+
+def _decode_files(files, skip_bad=False):
+    """(uint8 array [N, H, W, 3] of the readable images, their indices into ``files``).
+
+    All images must have the same size. Unreadable files raise a DataError naming them, or with
+    ``skip_bad`` are left out (and counted on stdout).
+    """
+    out, kept = None, []
+    for i, image in _decoded_images(files):
+        path = files[i]
         if out is None:
             out = np.empty((len(files),) + image.shape, np.uint8)
         elif image.shape != out.shape[1:]:
@@ -202,8 +225,15 @@ def _decode_files(files):
                 f"{out.shape[1:3]}. The array pipeline needs one size; resize the images or use an "
                 "ImageNet-style recipe (augmentation='imagenet'), which streams and resizes."
             )
-        out[i] = image
-    return out
+        out[len(kept)] = image
+        kept.append(i)
+    if len(kept) < len(files):
+        bad = [files[i] for i in sorted(set(range(len(files))) - set(kept))]
+        if not skip_bad or not kept:
+            raise _bad_files_error(bad, len(files))
+        print(f"[data] skipped {len(bad)} of {len(files)} unreadable image files (--skip-bad-images), "
+              f"e.g. {bad[0]}", flush=True)
+    return out[: len(kept)], np.asarray(kept, np.int64)
 
 
 def _cache_key(files):
@@ -229,19 +259,22 @@ def _atomic_save(path, array):
     os.replace(tmp, path)
 
 
-def _decode_cached(files, cache_dir):
+def _decode_cached(files, labels, cache_dir, skip_bad=False):
+    """(images, labels) of ``files``; only complete decodes (every file readable) are cached."""
     path = pathlib.Path(cache_dir or default_cache_dir()) / f"images-{_cache_key(files)}.npy"
     if path.exists():
-        return np.load(path)
-    images = _decode_files(files)
+        return np.load(path), labels
+    images, kept = _decode_files(files, skip_bad)
+    if len(kept) < len(files):
+        return images, labels[kept]
     try:
         _atomic_save(path, images)
     except OSError as e:  # a read-only cache is not fatal
         print(f"[data] could not cache decoded images at {path}: {e}")
-    return images
+    return images, labels
 
 
-def folder(data_dir, cache_dir=None):
+def folder(data_dir, cache_dir=None, skip_bad_images=False):
     """An image-folder data set decoded to arrays (cached as .npy, keyed by file names/sizes/mtimes)."""
     train_dir, test_dir = folder_splits(data_dir)
     train_files, train_labels, classes = _list_folder(train_dir)
@@ -252,23 +285,53 @@ def folder(data_dir, cache_dir=None):
             f"({len(test_classes)}): {sorted(set(classes) ^ set(test_classes))[:5]}."
         )
     return ArrayData(
-        _decode_cached(train_files, cache_dir), train_labels,
-        _decode_cached(test_files, cache_dir), test_labels, classes,
+        *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images),
+        *_decode_cached(test_files, test_labels, cache_dir, skip_bad_images), classes,
     ).validate()
 
 
-def folder_stream(data_dir):
-    """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes)."""
+_IMAGE_MAGIC = (b"\xff\xd8\xff", b"\x89PNG", b"GIF8", b"BM")  # JPEG, PNG, GIF, BMP
+
+
+def _tf_is_image(encoded):
+    """Whether encoded bytes start like a JPEG/PNG/GIF/BMP file (a cheap check, no decoding)."""
+    import tensorflow as tf
+
+    return tf.reduce_any(tf.stack([tf.strings.substr(encoded, 0, len(m)) == m for m in _IMAGE_MAGIC]))
+
+
+def folder_stream(data_dir, skip_bad_images=False):
+    """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes).
+
+    A file that does not start like an image (text, empty, garbage) fails naming it, or with
+    ``skip_bad_images`` is left out.
+    """
     import tensorflow as tf
 
     train_dir, test_dir = folder_splits(data_dir)
     lists = {"train": _list_folder(train_dir), "test": _list_folder(test_dir)}
 
+    def read(f, y):
+        encoded = tf.io.read_file(f)
+        if skip_bad_images:
+            return encoded, y, _tf_is_image(encoded)
+        check = tf.debugging.Assert(
+            _tf_is_image(encoded),
+            ["Not an image file (corrupt, empty or not JPEG/PNG/GIF/BMP; --skip-bad-images skips it):", f],
+        )
+        with tf.control_dependencies([check]):
+            return tf.identity(encoded), y, True
+
+    def readable(encoded, label, ok):
+        return ok
+
+    def drop_flag(encoded, label, ok):
+        return encoded, label
+
     def make(split):
         files, labels, _ = lists[split]
-        return tf.data.Dataset.from_tensor_slices((files, labels)).map(
-            lambda f, y: (tf.io.read_file(f), y), num_parallel_calls=tf.data.AUTOTUNE
-        )
+        ds = tf.data.Dataset.from_tensor_slices((files, labels)).map(read, num_parallel_calls=tf.data.AUTOTUNE)
+        return ds.filter(readable).map(drop_flag)
 
     return StreamData(make, len(lists["train"][0]), len(lists["test"][0]), lists["train"][2])
 
@@ -351,7 +414,8 @@ def load(config):
         if streaming:
             require_tensorflow(f"augmentation={config.augmentation!r} (a streamed ImageNet-style folder)",
                                "; CIFAR-style folders of one image size train without it")
-        data = folder_stream(config.data_dir) if streaming else folder(config.data_dir, config.cache_dir)
+        data = folder_stream(config.data_dir, config.skip_bad_images) if streaming else folder(
+            config.data_dir, config.cache_dir, config.skip_bad_images)
     else:
         require_tensorflow(f"dataset={config.dataset!r} (a TFDS data set)",
                            "; without TensorFlow use --dataset folder or synthetic")
@@ -638,6 +702,15 @@ def pipelines(data, config, batch_size, *, start_step=0):
                        seed=config.seed, start_step=start_step, **raw)
     test = make_eval(data.test_images, data.test_labels, batch_size, mean=mean, std=std, **raw)
     return train, test
+
+
+def check_batch_size(data, config):
+    """The global batch must fit in the training set (one batch is drawn without replacement)."""
+    if config.batch_size > data.train_size:
+        raise DataError(
+            f"Invalid batch_size={config.batch_size}: larger than the {data.train_size} training images; "
+            f"at most {data.train_size}."
+        )
 
 
 def check_image_size(data, config):

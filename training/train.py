@@ -22,6 +22,9 @@ enough to re-run: ``python -m training.train --config RUN_DIR/config.json``), ``
 Fault tolerance: run the same command with the same ``--run-dir`` after a kill (SIGKILL at any
 moment) and the run resumes from the last backup (every ``checkpoint_every`` steps and every epoch
 end) at the exact global step, with the exact data stream, and ends with the same epochs and steps.
+The backup is restored before anything else, so a run killed after training (evaluation, ``model.keras``,
+export) finishes those phases from the trained weights, and a finished run re-run does nothing
+(``training/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
 checkpoint, which is kept.
 """
@@ -42,7 +45,8 @@ import time
 import keras
 import numpy as np
 
-from training import augment, configs, data as data_lib, distribute, optimizers, plots, schedules
+from keras_preact import scratch
+from training import augment, configs, data as data_lib, distribute, optimizers, plots, run_state, schedules
 
 BACKUP_POINTER = "latest.json"
 
@@ -54,7 +58,7 @@ class TrainingDiverged(RuntimeError):
 # ------------------------------------------------------------------------------------- run files
 def write_atomic(path, text):
     path = pathlib.Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=scratch.tag(path.name) + "-")
     with os.fdopen(fd, "w") as f:
         f.write(text)
     os.replace(tmp, path)
@@ -66,8 +70,9 @@ def write_json(path, obj):
 
 def save_model_atomic(model, path):
     path = pathlib.Path(path)
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}.keras")
-    model.save(tmp)
+    tmp = path.with_name(scratch.tag(path.stem) + ".keras")
+    run_state.guard_write(path, run_state.weight_bytes(model), lambda: model.save(tmp), cleanup=tmp)
+    run_state.kill_point("save")
     os.replace(tmp, path)
 
 
@@ -109,7 +114,7 @@ def run_config_json(config, data, resolved):
 def config_from_run(path):
     """The Config of a run directory's (or a file's) config.json, to re-run it."""
     path = pathlib.Path(path)
-    values = json.loads((path / "config.json" if path.is_dir() else path).read_text())
+    values = run_state.read_config_json(path / "config.json" if path.is_dir() else path)
     values["normalization"] = values.get("normalization_name", "cifar10")
     return configs.from_dict(values)
 
@@ -132,16 +137,16 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         # Multi-worker: every worker restores the chief's backup (the weights are in sync), so all
         # resume at one step; each still writes its own (saving may run collectives).
         self.last_good = read_backup(restore_dir or backup_dir)
-        self._restored = False
+        self.restored = False
         self.finite = True
 
     def on_train_begin(self, logs=None):
-        if self._restored or self.last_good is None:
+        if self.restored or self.last_good is None:
             return
         if self.model.optimizer is not None and not self.model.optimizer.built:
             self.model.optimizer.build(self.model.trainable_variables)
         self.model.load_weights(self.last_good["weights"])
-        self._restored = True
+        self.restored = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
@@ -165,17 +170,20 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         backup_dir = pathlib.Path(self.backup_dir)
         backup_dir.mkdir(parents=True, exist_ok=True)
         state = backup_dir / f"state-{self.step:010d}"
-        tmp = backup_dir / f".tmp-state-{self.step:010d}-{os.getpid()}"
+        tmp = backup_dir / scratch.tag(f"state-{self.step:010d}")
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir()
-        self.model.save_weights(tmp / "model.weights.h5")
+        needed = run_state.tree_bytes(self.last_good["weights"]) if self.last_good else 0
+        run_state.guard_write(tmp / "model.weights.h5", needed or run_state.weight_bytes(self.model),
+                              lambda: self.model.save_weights(tmp / "model.weights.h5"), cleanup=tmp)
+        run_state.kill_point("checkpoint")
         shutil.rmtree(state, ignore_errors=True)
         os.replace(tmp, state)
         pointer = {"state": state.name, "step": self.step, "epoch": self._current_epoch,
                    "weights": str(state / "model.weights.h5")}
         write_json(backup_dir / BACKUP_POINTER, pointer)
         for old in backup_dir.iterdir():
-            if old.name.startswith(("state-", ".tmp-state-")) and old.name != state.name:
+            if old.name.startswith("state-") and old.name != state.name:
                 shutil.rmtree(old, ignore_errors=True)
         self.last_saved_step = self.step
         self.last_good = pointer
@@ -327,13 +335,23 @@ def train(config, data=None):
     dist = distribute.make(config)
     data = data.validate() if data is not None else data_lib.load(config)
     data_lib.check_image_size(data, config)
+    data_lib.check_batch_size(data, config)
     resolved = schedules.resolve(config, data.train_size)
     files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
     files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
+    for directory in (files_dir, backup_dir):  # this process's own folders (the chief's: run_dir)
+        scratch.remove_stale(directory)
     chief_backup_dir = run_dir / "checkpoints" / "backup"  # what every worker resumes from
     backup = read_backup(chief_backup_dir)
     start_step = backup["step"] if backup else 0
+    done = run_state.finished(run_dir, config, resolved.total_steps, backup) if dist.process_count == 1 else None
+    if done is not None:
+        print(f"[train] run already finished at step {start_step}; nothing to do (metrics in "
+              f"{run_dir / 'metrics.json'})", flush=True)
+        return done
+    if config.export and dist.is_chief:
+        run_state.check_export_target(config.export_dir, config.name)
     if dist.is_chief:
         write_json(run_dir / "config.json", run_config_json(config, data, resolved))
 
@@ -342,6 +360,8 @@ def train(config, data=None):
     distribute.check_pipeline(pipeline, dist)
     with dist.scope():
         classifier, model = build_model(config, data.num_classes, resolved, pipeline, data)
+        if backup:  # before anything is decided: with nothing left to fit, fit never restores
+            run_state.restore(model, backup)
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
@@ -362,6 +382,7 @@ def train(config, data=None):
     _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
 
     backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step, chief_backup_dir)
+    backup_cb.restored = True
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
@@ -406,6 +427,7 @@ def train(config, data=None):
         if not backup_cb.finite or model.stop_training:
             break
     wall = time.time() - started
+    run_state.kill_point("trained")
     if not backup_cb.finite:
         last = backup_cb.last_good
         raise TrainingDiverged(
@@ -450,6 +472,7 @@ def train(config, data=None):
             if dist.process_count > 1:  # the export reloads the model: keep it out of the collectives
                 keras.distribution.set_distribution(None)
             metrics["export_dir"] = export(run_dir, config.export_dir)
+            write_json(run_dir / "metrics.json", metrics)  # marks the export done
     return metrics
 
 
@@ -550,6 +573,8 @@ def build_parser():
     p.add_argument("--data-dir", help="TFDS data_dir, or the image-folder root (train/ and test/ or val/)")
     p.add_argument("--manual-dir", help="TFDS manual_dir (e.g. the imagenet2012 archives)")
     p.add_argument("--cache-dir", help="where decoded image folders are cached as .npy")
+    p.add_argument("--skip-bad-images", action=argparse.BooleanOptionalAction, default=None,
+                   help="folder data: skip unreadable image files (counted) instead of failing")
     p.add_argument("--subset", type=int, help="use the first N training images")
     p.add_argument("--image-size", type=int, nargs=2, metavar=("H", "W"))
     p.add_argument("--depth", type=int, help="network depth (CIFAR 6n+2 / 9n+2; ImageNet 18-200)")
@@ -630,7 +655,9 @@ def main(argv=None):
         return 0
     try:
         train(config)
-    except TrainingDiverged as e:
+    except (TrainingDiverged, OSError) as e:
+        if isinstance(e, OSError) and not run_state.is_disk_full(e):
+            raise
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 1
     except TrainingFailed as e:

@@ -5,6 +5,8 @@ import tempfile
 
 import numpy as np
 
+from keras_preact import scratch
+
 
 def _pyplot():
     import matplotlib
@@ -19,7 +21,8 @@ def save_figure(fig, path, dpi=110):
     """Write the figure to a temporary file next to ``path``, then rename (nothing half-written)."""
     plt = _pyplot()
     path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)), suffix=".png")
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
+                               prefix=scratch.tag(os.path.basename(path)) + "-", suffix=".png")
     os.close(fd)
     fig.savefig(tmp, format="png", dpi=dpi)
     plt.close(fig)

@@ -1,6 +1,7 @@
 """``keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N]``."""
 
 import argparse
+import errno
 
 
 def _positive_int(text):
@@ -38,6 +39,10 @@ def main(argv=None):
         path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version)
     except ValueError as error:
         parser.error(str(error))
+    except OSError as error:
+        if error.errno != errno.ENOSPC:  # disk full: one line, no traceback
+            raise
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     print(path)
     return 0
 

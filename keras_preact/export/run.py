@@ -2,6 +2,7 @@
 
 import json
 import pathlib
+import zipfile
 
 import keras
 
@@ -35,6 +36,21 @@ def read_run_config(run_dir):
     return config
 
 
+def load_run_model(path):
+    """``keras.saving.load_model`` (safe mode, uncompiled) with a corrupt file named as such."""
+    path = pathlib.Path(path)
+    corrupt = ValueError(
+        f"Invalid model file {str(path)!r}: it is corrupt or truncated ({path.stat().st_size} bytes, not a "
+        "complete .keras zip archive). Re-create it: re-run the training command with the same --run-dir."
+    )
+    if not zipfile.is_zipfile(path):
+        raise corrupt
+    try:
+        return keras.saving.load_model(path, safe_mode=True, compile=False)
+    except (zipfile.BadZipFile, EOFError, OSError) as error:
+        raise corrupt from error
+
+
 def export_run(run_dir, export_dir="saved_models", *, name=None, version=None):
     """Export ``RUN_DIR/model.keras`` with the run's class names, image size and normalization.
 
@@ -42,7 +58,7 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None):
     run's ``config["name"]``).
     """
     config = read_run_config(run_dir)
-    model = keras.saving.load_model(pathlib.Path(run_dir) / "model.keras", safe_mode=True, compile=False)
+    model = load_run_model(pathlib.Path(run_dir) / "model.keras")
     return export_saved_model(
         model,
         export_dir,

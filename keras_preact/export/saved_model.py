@@ -19,6 +19,7 @@ failed export leaves nothing behind.
 """
 
 import dataclasses
+import errno
 import os
 import pathlib
 import re
@@ -28,6 +29,8 @@ import tempfile
 import keras
 import numpy as np
 import tensorflow as tf
+
+from keras_preact import scratch as scratch_names
 
 CLASS_NAMES_ASSET = "class_names.txt"
 OUTPUTS = ("probabilities", "classes", "scores", "class_names")
@@ -164,6 +167,18 @@ def _model_geometry(model, image_size):
     return size, int(out_shape[-1])
 
 
+def _check_free_space(model_dir, model):
+    """OSError(ENOSPC), one line, when the export (about the weights plus 2 MB of graph) cannot fit."""
+    needed = int(1.25 * sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights)) + 2**21
+    free = shutil.disk_usage(model_dir).free
+    if free < needed:
+        raise OSError(
+            errno.ENOSPC,
+            f"No space left to export to {model_dir}: it needs about {needed / 2**20:.1f} MB free, "
+            f"{free / 2**20:.1f} MB is available there",
+        )
+
+
 def next_version(model_dir):
     """The next TF Serving version number under ``model_dir`` (1 when there is none)."""
     model_dir = pathlib.Path(model_dir)
@@ -269,14 +284,19 @@ def export_saved_model(
     std = _check_triple("std", [1.0, 1.0, 1.0] if std is None else std, positive=True)
 
     model_dir = pathlib.Path(export_dir) / name
+    for path in (pathlib.Path(export_dir), model_dir):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"Invalid export_dir={str(export_dir)!r}: {path} is a file, not a directory.")
+    scratch_names.remove_stale(model_dir)  # left by killed exports
     version = next_version(model_dir) if version is None else version
     target = model_dir / str(version)
     if target.exists():
         raise ValueError(f"Invalid version={version}: {target} already exists; exports are never overwritten.")
     model_dir.mkdir(parents=True, exist_ok=True)
+    _check_free_space(model_dir, model)
     # The temporary directory sits next to the target (same file system, so the rename is atomic);
     # its name is not a number, so TF Serving never loads it.
-    scratch = tempfile.mkdtemp(prefix=f".tmp-{version}-", dir=model_dir)
+    scratch = tempfile.mkdtemp(prefix=scratch_names.tag(str(version)) + "-", dir=model_dir)
     try:
         staged = os.path.join(scratch, "saved_model")
         _write_archive(staged, model, image_size, class_names, mean, std, top_k, scratch)

@@ -1,0 +1,179 @@
+"""What a run directory holds after a kill, and how a re-run picks up from it.
+
+- ``restore(model, backup)`` loads the last backup (model + optimizer) before anything is decided, so
+  evaluation, ``model.keras`` and the export use the trained weights even when nothing is left to fit.
+- ``finished(run_dir, config, total_steps)``: the metrics of a run whose every phase (fit, evaluation,
+  ``model.keras``, ``metrics.json``, export when asked) is done; a re-run is then a no-op.
+- ``guard_write(...)``: a write that needs disk space fails with one line naming the path and the
+  space needed (checked before writing, and on ENOSPC while writing) instead of an h5py traceback.
+- ``kill_point(phase)``: the test-only hook ``KERAS_PREACT_TEST_KILL_AT=<phase>`` SIGKILLs the process
+  at a phase boundary, so tests can kill at a precise moment.
+"""
+
+import errno
+import gc
+import importlib.util
+import json
+import os
+import pathlib
+import shutil
+import signal
+import zipfile
+
+TEST_KILL_ENV = "KERAS_PREACT_TEST_KILL_AT"
+MARGIN = 1.25  # free space asked for, relative to the estimated size of the write
+
+
+class DiskFullError(OSError):
+    """Not enough free space to write a checkpoint, the model or the export (one line, no traceback)."""
+
+
+def kill_point(phase):
+    """Test hook: SIGKILL this process when ``KERAS_PREACT_TEST_KILL_AT`` names ``phase``."""
+    if os.environ.get(TEST_KILL_ENV) == phase:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+# ------------------------------------------------------------------------------------- restore
+def restore(model, backup):
+    """Load a ``read_backup`` state (model and optimizer variables) into a compiled ``model``."""
+    if model.optimizer is not None and not model.optimizer.built:
+        model.optimizer.build(model.trainable_variables)
+    model.load_weights(backup["weights"])
+
+
+def finished(run_dir, config, total_steps, backup):
+    """The saved metrics when the run is complete (nothing left to do), else None."""
+    run_dir = pathlib.Path(run_dir)
+    if backup is None or backup["step"] < total_steps:
+        return None
+    try:
+        metrics = json.loads((run_dir / "metrics.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(metrics, dict) or metrics.get("steps") != total_steps:
+        return None
+    if not zipfile.is_zipfile(run_dir / "model.keras"):  # missing or truncated
+        return None
+    # Without TensorFlow the export is skipped (said in one line); there is nothing more to finish.
+    if config.export and not metrics.get("export_dir") and importlib.util.find_spec("tensorflow") is not None:
+        return None
+    return metrics
+
+
+# ---------------------------------------------------------------------------------- disk space
+def weight_bytes(model):
+    """Bytes of the model's and optimizer's variables (what a backup writes)."""
+    variables = list(model.weights)
+    if model.optimizer is not None and model.optimizer.built:
+        variables += list(model.optimizer.variables)
+    total = 0
+    for v in variables:
+        size = 1
+        for d in v.shape:
+            size *= int(d)
+        total += size * _itemsize(v.dtype)
+    # h5 / zip metadata: a few KB per variable.
+    return total + 4096 * len(variables)
+
+
+def _itemsize(dtype):
+    import numpy as np
+
+    try:
+        return np.dtype(str(dtype)).itemsize
+    except TypeError:
+        return 4
+
+
+def tree_bytes(path):
+    """Size of a file or of all files under a folder (0 when it does not exist)."""
+    path = pathlib.Path(path)
+    if path.is_file():
+        return path.stat().st_size
+    if path.is_dir():
+        return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
+    return 0
+
+
+def _mb(n):
+    return f"{n / 2**20:.1f} MB"
+
+
+def _full(path, needed, free):
+    return DiskFullError(
+        errno.ENOSPC,
+        f"No space left to write {path}: it needs about {_mb(needed)} free, {_mb(free)} is available "
+        "there. Free some space (or choose another --run-dir / --export-dir) and re-run the same "
+        "command; the last complete checkpoint is kept.",
+    )
+
+
+def is_disk_full(error):
+    return isinstance(error, OSError) and (
+        error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)
+    )
+
+
+def guard_write(path, needed, write, cleanup=None):
+    """Run ``write()`` that writes about ``needed`` bytes at ``path``; DiskFullError when space lacks.
+
+    ``cleanup`` (a path) is removed when the write fails for lack of space.
+    """
+    path = pathlib.Path(path)
+    needed = int(needed * MARGIN)
+    parent = path.parent if not path.is_dir() else path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    free = shutil.disk_usage(parent).free
+    if free >= needed:
+        try:
+            return write()
+        except OSError as error:
+            if not is_disk_full(error):
+                raise
+            error.__traceback__ = None  # its frames hold the half-written h5py file
+        # Collect the failed writer's h5py objects now, while they can still be closed, not at exit.
+        gc.collect()
+        free = shutil.disk_usage(parent).free
+    if cleanup is not None:
+        cleanup = pathlib.Path(cleanup)
+        if cleanup.is_dir():
+            shutil.rmtree(cleanup, ignore_errors=True)
+        else:
+            cleanup.unlink(missing_ok=True)
+    raise _full(path, needed, free) from None
+
+
+# ------------------------------------------------------------------------------------- export
+def check_export_target(export_dir, name):
+    """ValueError before training when ``export_dir/name`` cannot become a writable directory."""
+    target = pathlib.Path(export_dir) / name
+    path = target
+    while not path.exists() and path != path.parent:
+        path = path.parent
+    if not path.is_dir():
+        raise ValueError(
+            f"Invalid export_dir={str(export_dir)!r}: {path} is a file, not a directory; pass "
+            "--export-dir DIR (a directory, created when missing) or --no-export."
+        )
+    if not os.access(path, os.W_OK | os.X_OK):
+        raise ValueError(f"Invalid export_dir={str(export_dir)!r}: {path} is not writable.")
+
+
+# ------------------------------------------------------------------------------------- config
+def read_config_json(path):
+    """A config.json's object; ValueError naming the file for bad JSON or a non-object."""
+    text = pathlib.Path(path).read_text()
+    try:
+        values = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise ValueError(
+            f"Invalid config file {str(path)!r}: not valid JSON ({e.msg} at line {e.lineno}, column {e.colno})."
+        ) from None
+    if not isinstance(values, dict):
+        raise ValueError(
+            f"Invalid config file {str(path)!r}: it must hold a JSON object of config fields "
+            f"({{\"name\": ..., \"depth\": ...}}), not {type(values).__name__}."
+        )
+    return values
