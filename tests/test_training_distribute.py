@@ -73,6 +73,8 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
 
 @pytest.mark.notf
 def test_jax_data_parallel_on_two_host_devices(tmp_path):
+    if os.environ.get("KERAS_BACKEND") == "torch":
+        pytest.skip("JAX subprocesses: run in the JAX pass, not again in the PyTorch one")
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
     out = run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     result = result_of(out)
@@ -82,6 +84,8 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
 
 @pytest.mark.notf
 def test_jax_multi_process_data_parallel(tmp_path):
+    if os.environ.get("KERAS_BACKEND") == "torch":
+        pytest.skip("JAX subprocesses: run in the JAX pass, not again in the PyTorch one")
     port = free_port()
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
     procs = [
