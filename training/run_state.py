@@ -65,8 +65,9 @@ def finished(run_dir, config, total_steps, backup):
 def weight_bytes(model):
     """Bytes of the model's and optimizer's variables (what a backup writes)."""
     variables = list(model.weights)
-    if model.optimizer is not None and model.optimizer.built:
-        variables += list(model.optimizer.variables)
+    optimizer = getattr(model, "optimizer", None)  # an uncompiled model has none
+    if optimizer is not None and optimizer.built:
+        variables += list(optimizer.variables)
     total = 0
     for v in variables:
         size = 1
