@@ -503,7 +503,7 @@ def _reported(what):
     """Re-raise an error from inside Keras as ``TrainingFailed`` with its type and first line."""
     try:
         yield
-    except (KeyboardInterrupt, TrainingDiverged):
+    except (KeyboardInterrupt, TrainingDiverged, run_state.DiskFullError):  # ours: already one line
         raise
     except Exception as e:  # noqa: BLE001 - any backend error, summarised; the cause stays chained
         first = (str(e).strip().splitlines() or [""])[0]
