@@ -322,6 +322,12 @@ def validate(config):
             raise ValueError(f"Invalid unit_options[{key!r}]={value!r}: a finite number is required.")
     if config.batch_size > INT32_MAX:
         raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
+    if config.steps_per_execution > 1:
+        import keras
+
+        if keras.backend.backend() == "torch":
+            raise ValueError(f"Invalid steps_per_execution={config.steps_per_execution}: Keras' PyTorch backend "
+                             "runs one step per call; use 1 (or the JAX or TensorFlow backend).")
     if config.nesterov and not config.momentum:
         raise ValueError("Invalid nesterov=True with momentum=0: Nesterov momentum needs momentum > 0 "
                          "(pass --no-nesterov).")
