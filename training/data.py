@@ -24,6 +24,7 @@ augmentation (shorter side in [256, 480]) + 224 crop + flip; tests use the singl
 """
 
 import dataclasses
+import functools
 import hashlib
 import math
 import os
@@ -68,6 +69,11 @@ class ArrayData:
     @property
     def train_size(self):
         return len(self.train_labels)
+
+    @functools.cached_property
+    def mean_image(self):
+        """The mean training image, float32 [H, W, 3] (the paper's per-pixel mean), computed once."""
+        return self.train_images.mean(axis=0, dtype=np.float64).astype(np.float32)
 
     def validate(self):
         for split in ("train", "test"):
@@ -441,8 +447,7 @@ def normalization(config, data=None):
         if not isinstance(data, ArrayData):
             raise DataError("normalization='pixel_mean' needs in-memory array data (the CIFAR recipe) to "
                             "compute the mean training image.")
-        mean = data.train_images.mean(axis=0, dtype=np.float64).astype(np.float32)
-        return mean, np.ones(3, np.float32)
+        return data.mean_image, np.ones(3, np.float32)
     mean, std = NORMALIZATIONS[config.normalization]
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 

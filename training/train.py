@@ -120,33 +120,24 @@ def config_from_run(path):
 
 
 # ----------------------------------------------------------------------------------- callbacks
-class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
-    """``BackupAndRestore`` that survives SIGKILL at any moment and resumes at the exact step.
+class AtomicBackupAndRestore(keras.callbacks.Callback):
+    """Backups that survive SIGKILL at any moment, for a resume at the exact step.
 
     Each backup (model + optimizer weights, epoch, global step) goes to a fresh ``state-<step>/``
     directory, then ``latest.json`` is replaced atomically to point at it; older states are removed
     afterwards. Backups happen every ``save_freq`` steps and at every epoch end, never with a
-    non-finite loss (so the last good state survives a divergence). The restored step is read by
-    ``train`` (``read_backup``), which resumes the data stream and the epoch where they stopped.
+    non-finite loss (so the last good state survives a divergence). ``train`` restores the backup
+    (``read_backup``, ``run_state.restore``) before anything else and resumes the data stream and the
+    epoch where they stopped; ``last_good`` is that backup, the one a divergence falls back to.
     """
 
-    def __init__(self, backup_dir, save_freq, start_step, restore_dir=None):
-        super().__init__(str(backup_dir), save_freq=save_freq, delete_checkpoint=False)
+    def __init__(self, backup_dir, save_freq, start_step, last_good=None):
+        super().__init__()
+        self.backup_dir, self.save_freq = backup_dir, save_freq
         self.step = start_step
         self.last_saved_step = start_step
-        # Multi-worker: every worker restores the chief's backup (the weights are in sync), so all
-        # resume at one step; each still writes its own (saving may run collectives).
-        self.last_good = read_backup(restore_dir or backup_dir)
-        self.restored = False
+        self.last_good = last_good
         self.finite = True
-
-    def on_train_begin(self, logs=None):
-        if self.restored or self.last_good is None:
-            return
-        if self.model.optimizer is not None and not self.model.optimizer.built:
-            self.model.optimizer.build(self.model.trainable_variables)
-        self.model.load_weights(self.last_good["weights"])
-        self.restored = True
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
@@ -188,8 +179,6 @@ class AtomicBackupAndRestore(keras.callbacks.BackupAndRestore):
         self.last_saved_step = self.step
         self.last_good = pointer
 
-    def on_train_end(self, logs=None):
-        pass
 
 
 def read_backup(backup_dir):
@@ -381,8 +370,9 @@ def train(config, data=None):
 
     _, test_stream = data_lib.pipelines(eval_data, config, per_process_batch, start_step=0)
 
-    backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step, chief_backup_dir)
-    backup_cb.restored = True
+    # Multi-worker: every worker restored the chief's backup (the weights are in sync), so all resume at
+    # one step; each still writes its own (saving may run collectives).
+    backup_cb = AtomicBackupAndRestore(backup_dir, config.checkpoint_every, start_step, backup)
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
