@@ -170,6 +170,11 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
                    "--export-dir", str(tmp_path / "exported"), "--verbose", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[train] summary" in done.stdout and "Traceback" not in done.stderr
+    # model.keras is the bare classifier: it loads in a fresh process with Keras and our layers only.
+    load = subprocess.run([sys.executable, "-c", "import sys, keras, keras_preact.layers; "
+                           "print(keras.saving.load_model(sys.argv[1]).count_params())", str(run_dir / "model.keras")],
+                          cwd=tmp_path, env=env(), capture_output=True, text=True, timeout=300)
+    assert load.returncode == 0 and int(load.stdout.split()[-1]) > 0, load.stderr[-2000:]
     if HAS_TF:
         assert list((tmp_path / "exported").glob("*/1/saved_model.pb"))
         return

@@ -213,15 +213,18 @@ MODEL_BUILDERS = {"cifar": _cifar_model, "imagenet": _imagenet_model}
 
 
 def build_model(config, num_classes, resolved, pipeline="tf_data", data=None):
-    """(classifier, fit_model), ``fit_model`` compiled: the classifier itself, or with
-    ``pipeline="device"`` the classifier behind on-device augmentation and normalization
-    (``training.augment``), which takes uint8 pixels (``data``: for per-pixel mean statistics)."""
+    """(classifier, fit_model). ``fit_model`` holds the classifier and is the one compiled: with
+    ``pipeline="device"`` behind on-device augmentation and normalization (``training.augment``, uint8
+    pixels in; ``data`` for per-pixel mean statistics). The classifier stays uncompiled, so the saved
+    ``model.keras`` loads with plain Keras (no ``TorchSGD`` to import); the backups hold the optimizer."""
     classifier = MODEL_BUILDERS[config.architecture](config, num_classes)
-    model = classifier
     if pipeline == "device":
         mean, std = data_lib.normalization(config, data)
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
                                               std=std, seed=config.seed)
+    else:
+        images = keras.Input(classifier.input_shape[1:], name="images")
+        model = keras.Model(images, classifier(images), name=f"{classifier.name}_training")
     compile_model(model, config, resolved, num_classes)
     return classifier, model
 
