@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from checks import to_numpy, trainable_params
+from keras_preact.testing import to_numpy, trainable_params
 
 from keras_preact import applications
 from keras_preact.applications import from_keras_applications

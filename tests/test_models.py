@@ -3,7 +3,7 @@
 import keras
 import numpy as np
 import pytest
-from checks import run_saving_test, to_numpy, trainable_params
+from keras_preact.testing import run_saving_test, to_numpy, trainable_params
 
 from keras_preact.layers import ORDERINGS, ResidualUnit
 from keras_preact.models import (

@@ -5,7 +5,7 @@ import itertools
 import keras
 import numpy as np
 import pytest
-from checks import (
+from keras_preact.testing import (
     run_config_echo_test,
     run_saving_test,
     to_numpy,
