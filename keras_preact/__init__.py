@@ -1,3 +1,11 @@
-"""keras-preact: pre-activation residual networks (He et al., ECCV 2016) for Keras 3."""
+"""keras-preact: pre-activation residual networks (He et al., ECCV 2016) for Keras 3.
+
+``layers`` (the residual unit and the paper's design tables) -> ``models`` (backbone, classifier,
+registry) -> ``applications`` (keras.applications-style entry points) -> ``export``/``serving``.
+"""
+
+from keras_preact import layers, models
 
 __version__ = "0.1.0"
+
+__all__ = ["layers", "models", "__version__"]

@@ -1,4 +1,5 @@
-"""Reusable checks for layers and models (keras-hub style ``run_*_test`` helpers)."""
+"""Reusable checks for layers and models (keras-hub's ``TestCase.run_*_test``, timm's
+``tests/test_models.py``): ``run_model_checks`` runs every check on one registered network."""
 
 import inspect
 import os
@@ -77,3 +78,84 @@ def run_saving_test(model, inputs, atol=0.0):
     actual = to_numpy(restored(inputs, training=False))
     np.testing.assert_allclose(actual, expected, rtol=0, atol=atol)
     return restored
+
+
+def _value_and_grads(model, images, labels):
+    """Cross-entropy of ``model`` on a batch and its gradient for every trainable variable."""
+    from keras_preact.analysis.autodiff import get_autodiff
+
+    variables = model.trainable_variables
+    non_trainable = [v.value for v in model.non_trainable_variables]
+    loss_fn = keras.losses.SparseCategoricalCrossentropy()
+
+    def objective(values):
+        outputs, _ = model.stateless_call(values, non_trainable, images, training=True)
+        return keras.ops.cast(loss_fn(labels, outputs), "float32"), None
+
+    value, _, grads = get_autodiff().value_and_grad(objective, [[v.value for v in variables]])
+    return to_numpy(value), [to_numpy(g) for g in grads[0]]
+
+
+def run_forward_backward_test(model, images, labels):
+    """Finite outputs in both modes; a finite, non-zero gradient on every trainable variable."""
+    for training in (False, True):
+        assert np.isfinite(to_numpy(model(images, training=training))).all(), f"non-finite output ({training=})"
+    loss, grads = _value_and_grads(model, images, labels)
+    assert np.isfinite(loss)
+    dead = [v.path for v, g in zip(model.trainable_variables, grads) if not np.isfinite(g).all() or not np.any(g)]
+    assert not dead, f"zero or non-finite gradient for {dead}"
+
+
+def run_pyramid_outputs_test(backbone, images):
+    """``pyramid_outputs["P{n}"]`` is at stride 2^n with the channels ``feature_info`` names."""
+    extractor = keras.Model(backbone.input, backbone.pyramid_outputs)
+    outputs = extractor(images, training=False)
+    assert set(outputs) == set(backbone.pyramid_outputs) and outputs
+    channels_last = backbone.data_format == "channels_last"
+    height, width = images.shape[1:3] if channels_last else images.shape[2:4]
+    for info in backbone.feature_info:
+        if info["level"] is None or backbone.get_layer(info["layer"]).output is not backbone.pyramid_outputs[info["level"]]:
+            continue
+        shape = tuple(outputs[info["level"]].shape)
+        expected = (-(-height // info["stride"]), -(-width // info["stride"]))
+        spatial, channels = (shape[1:3], shape[3]) if channels_last else (shape[2:4], shape[1])
+        assert spatial == expected and channels == info["channels"], (info, shape)
+        assert 2 ** int(info["level"][1:]) == info["stride"]
+
+
+def run_mixed_precision_test(build, images, policy="mixed_bfloat16"):
+    """Under ``policy`` every layer computes in the low precision with float32 variables, except
+    the float32 output."""
+    previous = keras.config.dtype_policy()
+    keras.config.set_dtype_policy(policy)
+    try:
+        model = build()
+        output = model(images, training=False)
+    finally:
+        keras.config.set_dtype_policy(previous)
+    compute = policy.split("_")[1]
+    assert keras.backend.standardize_dtype(output.dtype) == "float32"
+    assert np.isfinite(to_numpy(output)).all()
+
+    assert all(variable.dtype == "float32" for variable in model.weights)
+
+    def layers(model):
+        for layer in model.layers:
+            yield from layers(layer) if isinstance(layer, keras.Model) else [layer]
+
+    for layer in layers(model):
+        if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)) and layer.name != "logits":
+            assert layer.compute_dtype == compute, (layer.name, layer.compute_dtype)
+        if hasattr(layer, "get_sublayer"):  # a ResidualUnit passes its policy to its convolutions
+            assert layer.get_sublayer("conv1").compute_dtype == compute, layer.name
+
+
+def run_channels_first_test(build, images):
+    """``data_format="channels_first"`` gives the channels-last network's outputs on transposed
+    images, with the same weights."""
+    last = build(data_format="channels_last")
+    first = build(data_format="channels_first", input_shape=(images.shape[3], *images.shape[1:3]))
+    first.set_weights(last.get_weights())
+    expected = to_numpy(last(images, training=False))
+    actual = to_numpy(first(np.transpose(images, (0, 3, 1, 2)), training=False))
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-5)

@@ -112,7 +112,7 @@ def test_gradient_norms_shape_order_and_weights(rng):
         assert values.shape == (9,) and np.all(np.isfinite(values)) and np.all(values > 0)
     assert [r["depth"] for r in norms.rows()] == list(range(1, 10))
     s = unit_signals(model, images, labels, training=True)
-    unit = model.get_layer("stage2_unit2")
+    unit = model.backbone.get_layer("stage2_unit2")
     assert [g.shape for g in s.weight_grads[4]] == [tuple(v.shape) for v in unit.trainable_weights]
 
 

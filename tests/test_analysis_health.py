@@ -49,8 +49,8 @@ def test_values_are_exact_with_frozen_weights(tmp_path):
     for s, grads in enumerate(signals.weight_grads):
         expected = np.sqrt(sum(np.sum(g.astype(np.float64) ** 2) for g in grads))
         assert health.latest[f"health/stage{s + 1}/grad_norm"] == pytest.approx(expected, rel=1e-4)
-        unit = model.get_layer(f"stage{s + 1}_unit1")
-        out = keras.ops.convert_to_numpy(keras.Model(model.inputs[0], unit.output)(probe[0], training=True))
+        unit = model.backbone.get_layer(f"stage{s + 1}_unit1")
+        out = keras.ops.convert_to_numpy(keras.Model(model.backbone.input, unit.output)(probe[0], training=True))
         assert health.latest[f"health/stage{s + 1}/act_mean"] == pytest.approx(out.mean(), rel=1e-4, abs=1e-6)
         assert health.latest[f"health/stage{s + 1}/act_std"] == pytest.approx(out.std(), rel=1e-4)
 

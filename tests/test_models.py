@@ -1,18 +1,27 @@
 """Builders: parameter counts equal the official code's (PAPER.md), structure, precision, errors."""
 
+import subprocess
+import sys
+
 import keras
 import numpy as np
 import pytest
-from keras_preact.testing import run_saving_test, to_numpy, trainable_params
 
-from keras_preact.layers import ORDERINGS, ResidualUnit
+import keras_preact as kp
+from keras_preact.layers import ORDERINGS
 from keras_preact.models import (
+    PreActResNetBackbone,
+    PreActResNetClassifier,
     cifar_resnet,
     cifar_resnet20,
     create_model,
     imagenet_resnet,
     list_models,
+    model_spec,
+    register_model,
 )
+from keras_preact.models.registry import unregister_model
+from keras_preact.testing import run_config_echo_test, run_saving_test, to_numpy, trainable_params
 
 pytestmark = pytest.mark.core
 
@@ -41,30 +50,56 @@ def test_tf_slim_layout_matches_keras_applications_count():
     assert imagenet_resnet(50, layout="tf_slim").count_params() == 25_613_800
 
 
+def units(model):
+    return [unit for stage in model.backbone.residual_units for unit in stage]
+
+
+def test_one_layer_skip_resnet110_parameters():
+    # Table 3's "ResNet-110 (1-layer skip)": 36 units of BN-ReLU-conv3x3 per stage, option A shortcuts.
+    widths = [16] * 36 + [32] * 36 + [64] * 36
+    inputs = [16] + widths[:-1]
+    expected = 3 * 3 * 3 * 16  # stem conv
+    expected += sum(2 * c + 3 * 3 * c * w for c, w in zip(inputs, widths))  # pre-activation BN + conv
+    expected += 2 * 64 + 64 * 10 + 10  # final BN, dense
+    model = create_model("cifar_resnet110_1layer")
+    assert trainable_params(model) == expected
+    assert [u.block for u in units(model)] == ["one_layer"] * 108 and len(units(model)[0].weights) == 5
+
+
 @pytest.mark.parametrize("name", list_models())
 def test_every_registered_model_builds_with_documented_units(name):
-    model = create_model(name, input_shape=(64, 64, 3) if "imagenet" in name else (32, 32, 3))
-    units = [l for l in model.layers if isinstance(l, ResidualUnit)]
-    depth = int(name.rsplit("resnet", 1)[1])
-    layers_per_unit = 2 if units[0].block == "basic" else 3
-    assert layers_per_unit * len(units) + 2 == depth  # stem conv + units + classifier
-    assert model.output_shape == (None, 10 if "cifar" in name else 1000)
+    spec = model_spec(name)
+    model = create_model(name, input_shape=(64, 64, 3) if spec.family == "imagenet" else (32, 32, 3))
+    layers_per_unit = {"one_layer": 1, "basic": 2, "bottleneck": 3}[units(model)[0].block]
+    assert layers_per_unit * len(units(model)) + 2 == spec.arguments["depth"]  # stem conv + units + classifier
+    assert model.output_shape == (None, 10 if spec.family == "cifar" else 1000)
+
+
+@pytest.mark.parametrize("name", ["cifar_resnet20", "imagenet_resnet18"])
+def test_a_registered_model_takes_its_input_config_size(name):
+    assert create_model(name).input_shape[1:] == model_spec(name).input_config.input_size
+
+
+def test_every_registered_model_has_a_helper():
+    for name in list_models():
+        helper = getattr(kp.models, name)
+        assert helper.__name__ == name and name in kp.models.__all__
 
 
 def test_cifar_first_units_follow_official_code():
-    basic = cifar_resnet20()
+    basic = cifar_resnet20().backbone
     first = basic.get_layer("stage1_unit1")
     assert first.preactivate_shortcut is True and first.shortcut_type == "A"
     assert basic.get_layer("stage1_unit2").preactivate_shortcut is None
     assert basic.get_layer("stage2_unit1").strides == 2
-    bottleneck = cifar_resnet(164)
+    bottleneck = cifar_resnet(164).backbone
     unit = bottleneck.get_layer("stage2_unit1")
     assert unit.block == "bottleneck" and unit.shortcut_type == "B" and unit.stride_position == "first"
     assert bottleneck.get_layer("final_norm") is not None  # extra BN-ReLU after the last unit
 
 
 def test_imagenet_first_unit_skips_preactivation_after_stem():
-    model = imagenet_resnet(50, input_shape=(64, 64, 3))
+    model = imagenet_resnet(50, input_shape=(64, 64, 3)).backbone
     assert model.get_layer("stage1_unit1").skip_preactivation
     assert not model.get_layer("stage2_unit1").skip_preactivation
     assert model.get_layer("stage2_unit1").strides == 2
@@ -79,15 +114,15 @@ def test_every_ordering_builds_a_network(ordering):
 
 
 def test_block_override_and_ambiguous_depths():
-    assert cifar_resnet(110).get_layer("stage1_unit1").block == "basic"  # 110 is 6n+2 and 9n+2
-    assert cifar_resnet(164).get_layer("stage1_unit1").block == "bottleneck"
-    model = cifar_resnet(29, block="bottleneck")
-    assert len([l for l in model.layers if isinstance(l, ResidualUnit)]) == 9
+    assert units(cifar_resnet(110))[0].block == "basic"  # 110 is 6n+2, 9n+2 and 3n+2
+    assert units(cifar_resnet(164))[0].block == "bottleneck"
+    assert len(units(cifar_resnet(29, block="bottleneck"))) == 9
+    assert len(units(cifar_resnet(11, block="one_layer"))) == 9
 
 
 def test_stochastic_depth_grows_linearly():
     model = cifar_resnet20(drop_path_rate=0.2)
-    rates = [l.drop_path_rate for l in model.layers if isinstance(l, ResidualUnit)]
+    rates = [unit.drop_path_rate for unit in units(model)]
     np.testing.assert_allclose(rates, np.linspace(0, 0.2, 9))
 
 
@@ -95,9 +130,51 @@ def test_headless_pooling_and_input_tensor():
     features = imagenet_resnet(18, include_top=False, pooling="avg", input_shape=(None, None, 3))
     assert features.output_shape == (None, 512)
     maps = cifar_resnet20(include_top=False)
-    assert maps.output_shape == (None, 8, 8, 64)
+    assert isinstance(maps, PreActResNetBackbone) and maps.output_shape == (None, 8, 8, 64)
     tensor = keras.Input((32, 32, 3))
     assert cifar_resnet20(input_tensor=tensor).inputs[0] is tensor
+
+
+def test_backbone_and_classifier_configs_echo_every_argument():
+    backbone = cifar_resnet(8, include_top=False, shortcut="exclusive_gating", drop_path_rate=0.1)
+    run_config_echo_test(PreActResNetBackbone, backbone)
+    run_config_echo_test(PreActResNetClassifier, PreActResNetClassifier(backbone, 7, dropout=0.2))
+
+
+def test_pyramid_outputs_feed_a_detection_neck(rng):
+    """A small FPN (top-down upsampling + lateral 1x1 convs) on the ImageNet backbone's P2-P5."""
+    backbone = imagenet_resnet(18, include_top=False, input_shape=(64, 64, 3))
+    assert list(backbone.pyramid_outputs) == ["P2", "P3", "P4", "P5"]
+    levels = backbone.pyramid_outputs
+    x = keras.layers.Conv2D(32, 1)(levels["P5"])
+    outputs = [x]
+    for level in ("P4", "P3", "P2"):
+        x = keras.layers.UpSampling2D()(x) + keras.layers.Conv2D(32, 1)(levels[level])
+        outputs.append(x)
+    fpn = keras.Model(backbone.input, outputs)
+    shapes = [tuple(y.shape) for y in fpn(rng.uniform(size=(2, 64, 64, 3)).astype("float32"))]
+    assert shapes == [(2, 2, 2, 32), (2, 4, 4, 32), (2, 8, 8, 32), (2, 16, 16, 32)]
+
+
+def test_kp_models_is_an_attribute_of_the_package():
+    """``import keras_preact as kp; kp.models.cifar_resnet(20)`` in a fresh interpreter."""
+    code = "import keras_preact as kp; print(kp.models.cifar_resnet(20).count_params())"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert int(done.stdout.split()[-1]) == cifar_resnet(20).count_params()
+
+
+def test_register_model_adds_a_named_network():
+    spec = register_model("test_tiny_net", family="cifar", arguments={"depth": 8, "ordering": "original"},
+                          input_config=model_spec("cifar_resnet20").input_config, paper="test")
+    try:
+        assert "test_tiny_net" in list_models("test_*")
+        assert units(create_model("test_tiny_net", num_classes=3))[0].ordering == "original"
+        with pytest.raises(ValueError, match="already registered"):
+            register_model("test_tiny_net", family="cifar", arguments={}, input_config=spec.input_config)
+    finally:
+        unregister_model("test_tiny_net")
+    assert "test_tiny_net" not in list_models()
 
 
 def test_cifar_model_saving_round_trip(rng):
@@ -113,7 +190,7 @@ def test_mixed_precision_float32_output(policy, rng):
         y = model(x, training=False)
         assert keras.backend.standardize_dtype(y.dtype) == "float32"
         assert np.isfinite(to_numpy(y)).all()
-        conv = model.get_layer("stage1_unit1").get_sublayer("conv1")
+        conv = model.backbone.get_layer("stage1_unit1").get_sublayer("conv1")
         assert conv.compute_dtype == policy.split("_")[1] and conv.kernel.dtype == "float32"
 
 
@@ -138,6 +215,11 @@ def test_mixed_precision_float32_output(policy, rng):
         (lambda: cifar_resnet(20, include_top=False, pooling="min"), "pooling"),
         (lambda: cifar_resnet(20, filter_size=3), "filter_size"),
         (lambda: create_model("resnet9000"), "name"),
+        (lambda: cifar_resnet(20, data_format="NCHW"), "data_format"),
+        (lambda: cifar_resnet(20, dropout=1.5), "dropout"),
+        (lambda: cifar_resnet(20, input_shape=(3, 32, 32), data_format="channels_first", block="dense"), "block"),
+        (lambda: register_model("x", family="vgg", arguments={}, input_config=None), "family"),
+        (lambda: register_model("not a name", family="cifar", arguments={}, input_config=None), "name"),
     ],
 )
 def test_bad_configurations_raise_before_building(build, message):

@@ -9,43 +9,40 @@ into the epoch's ``logs`` (so ``CSVLogger`` and ``History`` record them; put thi
 ``CSVLogger``) and, with ``log_dir``, to TensorBoard at every measurement.
 """
 
-import re
-
 import keras
 import numpy as np
 
 from keras_preact.analysis.autodiff import get_autodiff
-from keras_preact.analysis.signals import residual_units
-
-STAGE_NAME = re.compile(r"^(stage\d+)_unit\d+$")
-
+from keras_preact.analysis.signals import network_parts
 
 def weight_groups(model):
-    """Ordered ``{group: [variables]}``: ``stem`` (before the first unit), one group per stage
-    (units named ``stage{s}_unit{u}``; other units go to ``units``), ``head`` (after the last)."""
-    units = residual_units(model)
-    first, last = model.layers.index(units[0]), model.layers.index(units[-1])
-    groups = {}
-    for position, layer in enumerate(model.layers):
-        if position < first:
-            name = "stem"
-        elif position > last:
-            name = "head"
-        else:
-            match = STAGE_NAME.match(layer.name) if layer in units else None
-            name = match.group(1) if match else "units"
-        if layer.trainable_variables:
-            groups.setdefault(name, []).extend(layer.trainable_variables)
-    return groups
+    """Ordered ``{group: [variables]}``: ``stem`` (before the first unit), ``stage1`` ... ``stageN``
+    (the backbone's stages), ``head`` (the final ops and the classifier head)."""
+    backbone, _ = network_parts(model)
+    stages = backbone.residual_units
+    first, last = backbone.layers.index(stages[0][0]), backbone.layers.index(stages[-1][-1])
+    groups = {"stem": [v for layer in backbone.layers[:first] for v in layer.trainable_variables]}
+    for s, stage in enumerate(stages):
+        groups[f"stage{s + 1}"] = [v for unit in stage for v in unit.trainable_variables]
+    seen = {id(v) for vs in groups.values() for v in vs}
+    groups["head"] = [v for v in model.trainable_variables if id(v) not in seen]
+    return {name: variables for name, variables in groups.items() if variables}
 
 
 def stage_outputs(model):
-    """``{stage: output tensor of its last unit}`` in stage order."""
-    outputs = {}
-    for unit in residual_units(model):
-        match = STAGE_NAME.match(unit.name)
-        outputs[match.group(1) if match else "units"] = unit.output
-    return outputs
+    """``{stage: output of its last unit}`` in stage order, as tensors of the backbone's graph."""
+    backbone, _ = network_parts(model)
+    return {info["stage"]: backbone.get_layer(info["layer"]).output for info in backbone.feature_info}
+
+
+def make_probe_model(model):
+    """``images -> [model output, *stage outputs]`` sharing ``model``'s variables."""
+    backbone, head = network_parts(model)
+    stages = stage_outputs(model)
+    features = keras.Model(backbone.inputs[0], [backbone.output, *stages.values()])
+    images = keras.Input(shape=tuple(backbone.inputs[0].shape[1:]), dtype=backbone.inputs[0].dtype)
+    final, *acts = features(images)
+    return list(stages), keras.Model(images, [head(final), *acts])
 
 
 def _first_batch(data):
@@ -108,9 +105,7 @@ class TrainingHealthCallback(keras.callbacks.Callback):
         if self._measured_model is not None:
             model = self._measured_model
         self._groups = weight_groups(model)
-        stages = stage_outputs(model)
-        self._stage_names = list(stages)
-        self._probe_model = keras.Model(model.inputs[0], [model.outputs[0], *stages.values()])
+        self._stage_names, self._probe_model = make_probe_model(model)
         trainable = self._probe_model.trainable_variables
         index = {id(v): i for i, v in enumerate(trainable)}
         group_indices = [[index[id(v)] for v in vs] for vs in self._groups.values()]

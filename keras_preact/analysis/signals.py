@@ -12,10 +12,28 @@ import numpy as np
 
 from keras_preact.analysis.autodiff import get_autodiff
 from keras_preact.layers import ResidualUnit
+from keras_preact.models import PreActResNetBackbone, PreActResNetClassifier
+
+
+def network_parts(model):
+    """(backbone, head) of a network of this package: its ``PreActResNetBackbone`` and a function
+    from the backbone's features to the model's output (the identity for a bare backbone)."""
+    if isinstance(model, PreActResNetBackbone):
+        return model, lambda features, training=None: features
+    if isinstance(model, PreActResNetClassifier):
+        return model.backbone, model.head
+    raise ValueError(
+        f"Invalid model={getattr(model, 'name', model)!r}: a PreActResNetBackbone or PreActResNetClassifier "
+        "is required (build it with keras_preact.models, e.g. cifar_resnet(20))."
+    )
 
 
 def residual_units(model):
-    """The model's ``ResidualUnit`` layers, input side first (``model.layers`` is topological)."""
+    """The network's ``ResidualUnit`` layers, input side first: a backbone's or classifier's, or
+    those at the top level of any other functional model (``model.layers`` is topological)."""
+    if isinstance(model, (PreActResNetBackbone, PreActResNetClassifier)):
+        backbone, _ = network_parts(model)
+        return [unit for stage in backbone.residual_units for unit in stage]
     if not isinstance(model, keras.Model):
         raise ValueError(f"Invalid model={model!r}: a keras.Model is required.")
     units = [layer for layer in model.layers if isinstance(layer, ResidualUnit)]
@@ -29,7 +47,7 @@ def residual_units(model):
 
 @dataclasses.dataclass(frozen=True)
 class _Segments:
-    """A model cut at every unit input: ``stem`` (images -> first unit input), ``links[i]``
+    """A network cut at every unit input: ``stem`` (images -> first unit input), ``links[i]``
     (unit i output -> unit i+1 input; ``None`` where they are the same tensor), ``head``."""
 
     units: list
@@ -40,19 +58,18 @@ class _Segments:
 
 def _segments(model):
     units = residual_units(model)
-    for unit in units:
-        if len(unit._inbound_nodes) != 1:
-            raise ValueError(f"Invalid model: unit {unit.name!r} is called more than once.")
     links = [
         None if nxt.input is prev.output else keras.Model(prev.output, nxt.input)
         for prev, nxt in zip(units, units[1:])
     ]
-    return _Segments(
-        units=units,
-        stem=keras.Model(model.inputs[0], units[0].input),
-        links=links,
-        head=keras.Model(units[-1].output, model.outputs[0]),
-    )
+    if isinstance(model, (PreActResNetBackbone, PreActResNetClassifier)):
+        backbone, head = network_parts(model)
+        tail = keras.Model(units[-1].output, backbone.output)
+        features = keras.Input(shape=tuple(units[-1].output.shape[1:]), dtype=units[-1].output.dtype)
+        images, head = backbone.inputs[0], keras.Model(features, head(tail(features)))
+    else:  # a functional chain of units (each called once: their input/output tensors are unique)
+        images, head = model.inputs[0], keras.Model(units[-1].output, model.outputs[0])
+    return _Segments(units=units, stem=keras.Model(images, units[0].input), links=links, head=head)
 
 
 def _probed_forward(segments, images, probes, training):

@@ -67,16 +67,16 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
         classifier_activation=classifier_activation,
         name=name or f"preact_resnet{depth}_from_{model.name}",
     )
+    backbone = getattr(converted, "backbone", converted)
     copied = []
-    _copy(model.get_layer("conv1_conv"), converted.get_layer("stem_conv"), copied)
-    for s, n in enumerate(units):
-        for b in range(n):
-            unit = converted.get_layer(f"stage{s + 1}_unit{b + 1}")
+    _copy(model.get_layer("conv1_conv"), backbone.get_layer("stem_conv"), copied)
+    for s, stage in enumerate(backbone.residual_units):
+        for b, unit in enumerate(stage):
             prefix = f"conv{s + 2}_block{b + 1}_"
             for ours, theirs in UNIT_LAYER_MAP.items():
                 if prefix + theirs in names:
                     _copy(model.get_layer(prefix + theirs), unit.get_sublayer(ours), copied)
-    _copy(model.get_layer("post_bn"), converted.get_layer("final_norm"), copied)
+    _copy(model.get_layer("post_bn"), backbone.get_layer("final_norm"), copied)
     if include_top:
         _copy(model.get_layer("predictions"), converted.get_layer("logits"), copied)
     if len(copied) != len(converted.weights):  # every variable must come from the source

@@ -9,6 +9,7 @@ import keras
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
+from keras_preact.models.registry import model_spec
 
 # Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
 KERAS_IMAGENET_WEIGHTS = {
@@ -121,22 +122,25 @@ def preact_resnet(
     return model
 
 
-def _entry_point(depth):
+def _entry_point(model_name):
+    """``PreActResNet{depth}`` from the registered ``imagenet_resnet{depth}``."""
+    spec = model_spec(model_name)
+    depth = spec.arguments["depth"]
     builder = functools.partial(preact_resnet, depth)
     builder.__name__ = builder.__qualname__ = f"PreActResNet{depth}"
     builder.__doc__ = (
-        f"Pre-activation ResNet-{depth} (paper Table 5; fb.resnet.torch layout), "
-        "keras.applications semantics. See ``preact_resnet`` for the arguments."
+        f"Pre-activation ResNet-{depth} ({spec.paper}; fb.resnet.torch layout), keras.applications "
+        f"semantics; input {spec.input_config.input_size}. See ``preact_resnet`` for the arguments."
     )
     return builder
 
 
-PreActResNet18 = _entry_point(18)
-PreActResNet34 = _entry_point(34)
-PreActResNet50 = _entry_point(50)
-PreActResNet101 = _entry_point(101)
-PreActResNet152 = _entry_point(152)
-PreActResNet200 = _entry_point(200)
+PreActResNet18 = _entry_point("imagenet_resnet18")
+PreActResNet34 = _entry_point("imagenet_resnet34")
+PreActResNet50 = _entry_point("imagenet_resnet50")
+PreActResNet101 = _entry_point("imagenet_resnet101")
+PreActResNet152 = _entry_point("imagenet_resnet152")
+PreActResNet200 = _entry_point("imagenet_resnet200")
 
 
 def preprocess_input(x):

@@ -81,6 +81,7 @@ SHORTCUT_TYPES = ("A", "B", "C")
 
 BLOCKS = {
     # name: (kernel sizes, width divisor of the output channels for all but the last conv)
+    "one_layer": ((3,), 1),  # Table 3's "1-layer skip": a single 3x3 conv per unit
     "basic": ((3, 3), 1),
     "bottleneck": ((1, 3, 1), 4),
 }

@@ -18,7 +18,8 @@ class ResidualUnit(keras.layers.Layer):
     Args:
         filters: output channels of the unit. A bottleneck's inner width is ``filters // 4``.
         strides: spatial stride of the unit.
-        block: ``"basic"`` (3x3, 3x3) or ``"bottleneck"`` (1x1, 3x3, 1x1).
+        block: ``"basic"`` (3x3, 3x3), ``"bottleneck"`` (1x1, 3x3, 1x1) or ``"one_layer"`` (a single
+            3x3: Table 3's "1-layer skip").
         ordering: where BN/activation sit, paper Table 2: ``"original"``, ``"bn_after_addition"``,
             ``"relu_before_addition"``, ``"relu_only_preact"``, ``"full_preact"`` (default, Fig. 4e).
         shortcut: shortcut design, paper Table 1: ``"identity"`` (default), ``"constant_scaling"``,

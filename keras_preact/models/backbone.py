@@ -1,7 +1,15 @@
-"""One flat functional builder for every network of the package: stem, stages of units, head."""
+"""``PreActResNetBackbone``: the headless network (stem, stages of residual units, final ops).
+
+keras-hub's convention: a functional model whose constructor arguments are its config, exposing
+``pyramid_outputs`` (``"P{n}"``: the output of the last stage at stride 2^n, taken before the
+ordering's final BN-ReLU as keras-hub's ResNetBackbone and timm do) and ``feature_info`` (timm's
+``features_only`` description). Classifiers, analysis and conversion read stages from these, never
+from layer names.
+"""
 
 import dataclasses
 import inspect
+import math
 
 import keras
 
@@ -13,15 +21,31 @@ UNIT_OPTIONS = tuple(
     for p in inspect.signature(ResidualUnit.__init__).parameters
     if p not in ("self", "filters", "strides", "kwargs", "data_format")
 )
+DATA_FORMATS = ("channels_last", "channels_first")
 
 
 @dataclasses.dataclass(frozen=True)
-class Stage:
-    """``units`` residual units of ``filters`` output channels; the stride sits on one unit."""
+class Stem:
+    """The layers before the first unit: a ``kernel_size``/``strides`` conv (with symmetric explicit
+    padding where ``explicit_padding``, as Torch and TF-slim pad), then optionally a 3x3/2 max-pool."""
 
-    units: int
-    filters: int
+    kernel_size: int
     strides: int
+    explicit_padding: bool
+    max_pool: bool
+
+    @property
+    def total_stride(self):
+        return self.strides * (2 if self.max_pool else 1)
+
+
+STEMS = {
+    "cifar": Stem(3, 1, False, False),  # fb.resnet.torch preresnet.lua, CIFAR: 3x3 conv
+    "imagenet": Stem(7, 2, True, True),  # 7x7/2 conv, 3x3/2 max-pool
+}
+# What follows the stem conv: the ordering's ``after_stem`` ops, or always BN-ReLU (fb.resnet.torch's
+# ImageNet stem, whatever the unit ordering).
+STEM_OPS = ("ordering", "norm_act")
 
 
 def check_unit_options(unit_options):
@@ -34,10 +58,21 @@ def check_unit_options(unit_options):
     ResidualUnit(filters=64, **unit_options)
 
 
-def check_input_shape(input_shape, total_stride, argument="input_shape"):
+def check_data_format(data_format):
+    data_format = data_format or keras.config.image_data_format()
+    opt.check_choice("data_format", data_format, DATA_FORMATS)
+    return data_format
+
+
+def check_input_shape(input_shape, total_stride, data_format="channels_last", argument="input_shape"):
+    layout = "(height, width, channels)" if data_format == "channels_last" else "(channels, height, width)"
     if input_shape is None or len(input_shape) != 3:
-        raise ValueError(f"Invalid {argument}={input_shape!r}: expected (height, width, channels).")
-    for size in input_shape[:2]:
+        raise ValueError(f"Invalid {argument}={input_shape!r}: expected {layout} ({data_format}).")
+    spatial = input_shape[:2] if data_format == "channels_last" else input_shape[1:]
+    channels = input_shape[2] if data_format == "channels_last" else input_shape[0]
+    if channels is None:
+        raise ValueError(f"Invalid {argument}={tuple(input_shape)}: the channel count {layout} must be known.")
+    for size in spatial:
         if size is not None and size < total_stride:
             raise ValueError(
                 f"Invalid {argument}={tuple(input_shape)}: height and width must be at least "
@@ -45,15 +80,22 @@ def check_input_shape(input_shape, total_stride, argument="input_shape"):
             )
 
 
-def apply_ops(x, tokens, unit_options, name):
+def _positive_ints(argument, values):
+    if not isinstance(values, (list, tuple)) or not values or not all(
+        isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values
+    ):
+        raise ValueError(f"Invalid {argument}={values!r}: a non-empty list of positive integers is required.")
+    return list(values)
+
+
+def apply_ops(x, tokens, unit_options, name, axis):
     """Norm/activation tokens of an ``Ordering`` applied as layers (stem and network end)."""
-    norm = unit_options.get("normalization", "batch")
-    for i, token in enumerate(tokens):
+    for token in tokens:
         if token == "norm":
             x = opt.make_norm(
-                norm,
-                x.shape[-1],
-                axis=-1,
+                unit_options.get("normalization", "batch"),
+                x.shape[axis],
+                axis=axis,
                 epsilon=unit_options.get("norm_epsilon", 1e-5),
                 momentum=unit_options.get("norm_momentum", 0.9),
                 groups=unit_options.get("norm_groups", 32),
@@ -66,65 +108,168 @@ def apply_ops(x, tokens, unit_options, name):
     return x
 
 
-def build_resnet(
-    inputs,
-    x,
-    stages,
-    *,
-    unit_options,
-    stage_unit_options,
-    drop_path_rate,
-    stride_on_last_unit,
-    include_top,
-    pooling,
-    num_classes,
-    classifier_activation,
-    name,
-):
-    """Stack ``stages`` on the stem output ``x`` and add the network's end and head.
+def unit_name(stage_index, unit_index):
+    return f"stage{stage_index + 1}_unit{unit_index + 1}"
 
-    ``stage_unit_options(stage_index, unit_index)`` gives per-unit options such as the official
-    code's first-unit handling. Stochastic depth grows linearly to ``drop_path_rate`` (Huang et al.).
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class PreActResNetBackbone(keras.Model):
+    """Images -> features after the last unit and the ordering's final ops (paper Fig. 4; for
+    pre-activation, the extra BN-ReLU of Sec. 4.1).
+
+    Args:
+        stackwise_units, stackwise_filters, stackwise_strides: per stage, the number of residual
+            units, their output channels and the stage's stride (on the first unit, or on the last
+            with ``stride_on_last_unit``).
+        stem: ``"cifar"`` (3x3 conv) or ``"imagenet"`` (7x7/2 conv, 3x3/2 max-pool); ``stem_filters``
+            output channels, ``stem_bias`` a conv bias, ``stem_ops`` what follows the conv:
+            ``"ordering"`` (the ordering's ``after_stem``) or ``"norm_act"`` (always BN-ReLU).
+        unit_options: ``ResidualUnit`` arguments shared by every unit (block, ordering, shortcut, ...).
+        unit_overrides: ``{"stage{s}_unit{u}": {argument: value}}`` for single units (the official
+            code's first-unit rules, TF-slim's strided identity).
+        drop_path_rate: stochastic depth, growing linearly to this rate over the units (Huang et al.).
+        input_shape: image shape in ``data_format`` order; height and width may be ``None``.
+        data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
     """
-    ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
-    total = sum(s.units for s in stages)
-    index = 0
-    for s, stage in enumerate(stages):
-        for u in range(stage.units):
-            stride_unit = stage.units - 1 if stride_on_last_unit else 0
-            options = dict(unit_options)
-            options.update(stage_unit_options(s, u))
-            if drop_path_rate:
-                options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
-            x = ResidualUnit(
-                stage.filters,
-                strides=stage.strides if u == stride_unit else 1,
-                name=f"stage{s + 1}_unit{u + 1}",
-                **options,
-            )(x)
-            index += 1
-    x = apply_ops(x, ordering.final, unit_options, "final")
-    if include_top:
-        x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-        x = keras.layers.Dense(num_classes, name="logits")(x)
-        # The classifier output is float32 under mixed precision.
-        x = keras.layers.Activation(classifier_activation or "linear", dtype="float32", name="predictions")(x)
-    elif pooling == "avg":
-        x = keras.layers.GlobalAveragePooling2D(name="avg_pool")(x)
-    elif pooling == "max":
-        x = keras.layers.GlobalMaxPooling2D(name="max_pool")(x)
-    return keras.Model(inputs, x, name=name)
 
+    def __init__(
+        self,
+        stackwise_units,
+        stackwise_filters,
+        stackwise_strides,
+        *,
+        stem="cifar",
+        stem_filters=16,
+        stem_bias=False,
+        stem_ops="ordering",
+        stride_on_last_unit=False,
+        unit_options=None,
+        unit_overrides=None,
+        drop_path_rate=0.0,
+        input_shape=(None, None, 3),
+        data_format=None,
+        name=None,
+        **kwargs,
+    ):
+        units = _positive_ints("stackwise_units", stackwise_units)
+        filters = _positive_ints("stackwise_filters", stackwise_filters)
+        strides = _positive_ints("stackwise_strides", stackwise_strides)
+        if not len(units) == len(filters) == len(strides):
+            raise ValueError(
+                f"Invalid stackwise_units={units}, stackwise_filters={filters}, stackwise_strides={strides}: "
+                "one value per stage is required in each."
+            )
+        opt.check_choice("stem", stem, STEMS)
+        opt.check_choice("stem_ops", stem_ops, STEM_OPS)
+        _positive_ints("stem_filters", [stem_filters])
+        unit_options = dict(unit_options or {})
+        check_unit_options(unit_options)
+        unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
+        names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
+        unknown = sorted(set(unit_overrides) - set(names))
+        if unknown:
+            raise ValueError(f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...).")
+        for overrides in unit_overrides.values():
+            check_unit_options({**unit_options, **overrides})
+        opt.check_rate("drop_path_rate", drop_path_rate)
+        data_format = check_data_format(data_format)
+        stem_spec = STEMS[stem]
+        total_stride = stem_spec.total_stride * math.prod(strides)
+        check_input_shape(input_shape, total_stride, data_format)
+        axis = -1 if data_format == "channels_last" else 1
+        ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
 
-def check_head(include_top, pooling, num_classes, argument="num_classes"):
-    opt.check_choice("pooling", pooling, (None, "avg", "max"))
-    if include_top and (not isinstance(num_classes, int) or num_classes < 1):
-        raise ValueError(f"Invalid {argument}={num_classes!r}: a positive integer is required.")
+        # --- stem
+        inputs = keras.Input(shape=tuple(input_shape), name="images")
+        x = inputs
+        if stem_spec.explicit_padding:
+            x = keras.layers.ZeroPadding2D(stem_spec.kernel_size // 2, data_format=data_format, name="stem_pad")(x)
+        x = keras.layers.Conv2D(
+            stem_filters,
+            stem_spec.kernel_size,
+            strides=stem_spec.strides,
+            padding="valid" if stem_spec.explicit_padding else "same",
+            use_bias=stem_bias,
+            kernel_initializer=opt.get_kernel_initializer(unit_options.get("kernel_initializer", "he_normal_fan_out")),
+            kernel_regularizer=opt.get_regularizer(unit_options.get("kernel_regularizer")),
+            data_format=data_format,
+            name="stem_conv",
+        )(x)
+        ops = ("norm", "act") if stem_ops == "norm_act" else ordering.after_stem
+        x = apply_ops(x, ops, unit_options, "stem", axis)
+        if stem_spec.max_pool:
+            x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad")(x)
+            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool")(x)
 
+        # --- stages
+        stride = stem_spec.total_stride
+        stage_outputs, feature_info, stage_unit_names = [], [], []
+        index, total = 0, len(names)
+        for s, (n, width, stage_stride) in enumerate(zip(units, filters, strides)):
+            stride_unit = n - 1 if stride_on_last_unit else 0
+            stage_names = []
+            for u in range(n):
+                options = {**unit_options, **unit_overrides.get(unit_name(s, u), {})}
+                if drop_path_rate:
+                    options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
+                x = ResidualUnit(
+                    width,
+                    strides=stage_stride if u == stride_unit else 1,
+                    data_format=data_format,
+                    name=unit_name(s, u),
+                    **options,
+                )(x)
+                stage_names.append(unit_name(s, u))
+                index += 1
+            stride *= stage_stride
+            stage_outputs.append(x)
+            stage_unit_names.append(stage_names)
+            feature_info.append(
+                {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
+                 "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
+            )
+        outputs = apply_ops(x, ordering.final, unit_options, "final", axis)
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
 
-def make_inputs(input_shape, input_tensor):
-    if input_tensor is None:
-        return keras.Input(shape=input_shape, name="images")
-    if not keras.backend.is_keras_tensor(input_tensor):
-        return keras.Input(tensor=input_tensor, shape=input_shape, name="images")
-    return input_tensor
+        # The deepest stage at each stride: with the stride on a stage's last unit (TF-slim), two
+        # stages can share one.
+        self.pyramid_outputs = {
+            info["level"]: tensor for info, tensor in zip(feature_info, stage_outputs) if info["level"]
+        }
+        self.feature_info = feature_info
+        self.stage_unit_names = stage_unit_names
+        self.stackwise_units, self.stackwise_filters, self.stackwise_strides = units, filters, strides
+        self.stem, self.stem_filters, self.stem_bias, self.stem_ops = stem, stem_filters, stem_bias, stem_ops
+        self.stride_on_last_unit = stride_on_last_unit
+        self.unit_options, self.unit_overrides = unit_options, unit_overrides
+        self.drop_path_rate = drop_path_rate
+        self.image_shape = tuple(input_shape)
+        self.data_format = data_format
+
+    @property
+    def residual_units(self):
+        """Per stage, the stage's ``ResidualUnit`` layers, input side first."""
+        return [[self.get_layer(n) for n in stage] for stage in self.stage_unit_names]
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "stackwise_units": self.stackwise_units,
+            "stackwise_filters": self.stackwise_filters,
+            "stackwise_strides": self.stackwise_strides,
+            "stem": self.stem,
+            "stem_filters": self.stem_filters,
+            "stem_bias": self.stem_bias,
+            "stem_ops": self.stem_ops,
+            "stride_on_last_unit": self.stride_on_last_unit,
+            "unit_options": {k: opt.serialize(v) for k, v in self.unit_options.items()},
+            "unit_overrides": self.unit_overrides,
+            "drop_path_rate": self.drop_path_rate,
+            "input_shape": self.image_shape,
+            "data_format": self.data_format,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        return cls(**config)

@@ -2,11 +2,9 @@
 
 import dataclasses
 
-import keras
-
 from keras_preact.layers import options as opt
-from keras_preact.models import backbone
-from keras_preact.models.backbone import Stage
+from keras_preact.models.backbone import PreActResNetBackbone, check_unit_options, unit_name
+from keras_preact.models.classifier import check_head, with_head
 
 IMAGENET_DEPTHS = {
     18: ("basic", (2, 2, 2, 2)),
@@ -59,7 +57,9 @@ def imagenet_resnet(
     include_top=True,
     pooling=None,
     classifier_activation="softmax",
+    dropout=0.0,
     drop_path_rate=0.0,
+    data_format=None,
     name=None,
     **unit_options,
 ):
@@ -69,7 +69,8 @@ def imagenet_resnet(
     256/512/1024/2048 (bottleneck) output channels; final BN-ReLU, global average pooling, dense.
     Shortcut type B and the stride on the 3x3 conv, as the official code. ``layout="tf_slim"``
     reproduces keras.applications ResNetV2 (see ``Layout``). ``unit_options``: any
-    ``ResidualUnit`` argument.
+    ``ResidualUnit`` argument. ``include_top=False`` returns the ``PreActResNetBackbone``
+    (``pooling=None``) or its pooled features.
     """
     if depth not in IMAGENET_DEPTHS:
         raise ValueError(
@@ -87,54 +88,35 @@ def imagenet_resnet(
         **spec.unit_defaults,
         **unit_options,
     }
-    backbone.check_unit_options(unit_options)
-    backbone.check_head(include_top, pooling, num_classes)
-    backbone.check_input_shape(input_shape, 32)
-    opt.check_rate("drop_path_rate", drop_path_rate)
+    check_unit_options(unit_options)
+    check_head(include_top, pooling, num_classes)
     ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
-    stages = [Stage(n, w, s) for n, w, s in zip(units, IMAGENET_WIDTHS[block], spec.stage_strides)]
-
-    inputs = backbone.make_inputs(input_shape, input_tensor)
-    # Explicit symmetric padding as Torch and TF-slim pad, not Keras' "same" (asymmetric at stride 2).
-    x = keras.layers.ZeroPadding2D(3, name="stem_pad")(inputs)
-    x = keras.layers.Conv2D(
-        STEM_FILTERS,
-        7,
-        strides=2,
-        use_bias=spec.stem_bias,
-        kernel_initializer=opt.get_kernel_initializer(
-            unit_options.get("kernel_initializer", "he_normal_fan_out")
-        ),
-        kernel_regularizer=opt.get_regularizer(unit_options.get("kernel_regularizer")),
-        name="stem_conv",
-    )(x)
-    stem_ops = ("norm", "act") if spec.stem_ops == "norm_act" else ordering.after_stem
-    x = backbone.apply_ops(x, stem_ops, unit_options, "stem")
-    x = keras.layers.ZeroPadding2D(1, name="stem_pool_pad")(x)
-    x = keras.layers.MaxPooling2D(3, strides=2, name="stem_pool")(x)
-
-    def per_unit(stage_index, unit_index):
-        options = {}
-        if spec.stride_on_last_unit:
-            stage = stages[stage_index]
-            if unit_index == stage.units - 1 and stage.strides > 1:
-                # keras.applications: strided identity (1x1 max-pool) on the raw input.
-                options.update(shortcut_type="A", preactivate_shortcut=False)
-        elif stage_index == 0 and unit_index == 0 and ordering.is_preactivation and "norm" in stem_ops:
-            options["skip_preactivation"] = True  # fb.resnet.torch 'no_preact'
-        return options
-
-    return backbone.build_resnet(
-        inputs,
-        x,
-        stages,
-        unit_options=unit_options,
-        stage_unit_options=per_unit,
-        drop_path_rate=drop_path_rate,
+    stem_ops = "norm_act" if spec.stem_ops == "norm_act" else "ordering"
+    stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
+    overrides = {}
+    for s, (n, stride) in enumerate(zip(units, spec.stage_strides)):
+        if spec.stride_on_last_unit and stride > 1:
+            # keras.applications: strided identity (1x1 max-pool) on the raw input.
+            overrides[unit_name(s, n - 1)] = {"shortcut_type": "A", "preactivate_shortcut": False}
+    if not spec.stride_on_last_unit and ordering.is_preactivation and stem_norm:
+        overrides[unit_name(0, 0)] = {"skip_preactivation": True}  # fb.resnet.torch 'no_preact'
+    name = name or f"preact_resnet{depth}"
+    model = PreActResNetBackbone(
+        list(units),
+        list(IMAGENET_WIDTHS[block]),
+        list(spec.stage_strides),
+        stem="imagenet",
+        stem_filters=STEM_FILTERS,
+        stem_bias=spec.stem_bias,
+        stem_ops=stem_ops,
         stride_on_last_unit=spec.stride_on_last_unit,
-        include_top=include_top,
-        pooling=pooling,
-        num_classes=num_classes,
-        classifier_activation=classifier_activation,
-        name=name or f"preact_resnet{depth}",
+        unit_options=unit_options,
+        unit_overrides=overrides,
+        drop_path_rate=drop_path_rate,
+        input_shape=input_shape,
+        data_format=data_format,
+        name=f"{name}_backbone",
     )
+    return with_head(model, include_top=include_top, pooling=pooling, num_classes=num_classes,
+                     classifier_activation=classifier_activation, dropout=dropout,
+                     input_tensor=input_tensor, name=name)

@@ -1,0 +1,93 @@
+"""``PreActResNetClassifier``: a backbone with a thin head (pooling, dropout, dense, float32 output)."""
+
+import keras
+
+from keras_preact.layers import options as opt
+
+POOLINGS = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class PreActResNetClassifier(keras.Model):
+    """``backbone`` -> global pooling -> dropout -> dense ``num_classes`` -> ``activation`` (in
+    float32 under mixed precision), as keras-hub's ``ImageClassifier``.
+
+    Args:
+        backbone: a ``PreActResNetBackbone`` (``.backbone`` of the classifier).
+        num_classes: classes of the dense layer; ``None``: no dense layer, the pooled features.
+        pooling: ``"avg"`` (the paper's) or ``"max"``.
+        dropout: rate before the dense layer (0: none, the paper's).
+        activation: of the output, ``"softmax"`` (default) or ``None``/``"linear"`` for logits.
+    """
+
+    def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
+                 name=None, **kwargs):
+        if not isinstance(backbone, keras.Model) or not hasattr(backbone, "pyramid_outputs"):
+            raise ValueError(f"Invalid backbone={backbone!r}: a keras_preact PreActResNetBackbone is required.")
+        if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
+                                        or num_classes < 1):
+            raise ValueError(f"Invalid num_classes={num_classes!r}: a positive integer (or None: no dense layer).")
+        opt.check_choice("pooling", pooling, POOLINGS)
+        opt.check_rate("dropout", dropout)
+        head = [POOLINGS[pooling](data_format=backbone.data_format, name=f"{pooling}_pool")]
+        if num_classes is not None:
+            if dropout:
+                head.append(keras.layers.Dropout(dropout, name="head_dropout"))
+            head.append(keras.layers.Dense(num_classes, name="logits"))
+            head.append(keras.layers.Activation(activation or "linear", dtype="float32", name="predictions"))
+        inputs = keras.Input(shape=backbone.image_shape, name="images")
+        x = backbone(inputs)
+        for layer in head:
+            x = layer(x)
+        super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+        self.backbone = backbone
+        self.head_layers = head
+        self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
+
+    def head(self, features, training=None):
+        """The head on backbone features (for analysis that cuts the network at its units)."""
+        for layer in self.head_layers:
+            features = layer(features, training=training) if isinstance(layer, keras.layers.Dropout) else layer(features)
+        return features
+
+    def get_config(self):
+        return {
+            "name": self.name,
+            "trainable": self.trainable,
+            "backbone": keras.layers.serialize(self.backbone),
+            "num_classes": self.num_classes,
+            "pooling": self.pooling,
+            "dropout": self.dropout,
+            "activation": self.activation,
+        }
+
+    @classmethod
+    def from_config(cls, config):
+        config = dict(config)
+        config["backbone"] = keras.layers.deserialize(config["backbone"])
+        return cls(**config)
+
+
+def check_head(include_top, pooling, num_classes, argument="num_classes"):
+    opt.check_choice("pooling", pooling, (None, *POOLINGS))
+    if include_top and (not isinstance(num_classes, int) or isinstance(num_classes, bool) or num_classes < 1):
+        raise ValueError(f"Invalid {argument}={num_classes!r}: a positive integer is required.")
+
+
+def with_head(backbone, *, include_top, pooling, num_classes, classifier_activation, dropout=0.0,
+              input_tensor=None, name=None):
+    """keras.applications' semantics on a backbone: the classifier with ``include_top``, else the
+    backbone itself (``pooling=None``) or pooled features; ``input_tensor`` wraps it on that tensor."""
+    if include_top:
+        model = PreActResNetClassifier(backbone, num_classes, pooling="avg", dropout=dropout,
+                                       activation=classifier_activation, name=name)
+    elif pooling is not None:
+        model = PreActResNetClassifier(backbone, None, pooling=pooling, name=name)
+    else:
+        model = backbone
+    if input_tensor is None:
+        return model
+    inputs = input_tensor
+    if not keras.backend.is_keras_tensor(input_tensor):
+        inputs = keras.Input(tensor=input_tensor, shape=backbone.image_shape, name="images")
+    return keras.Model(inputs, model(inputs), name=f"{model.name}_on_input_tensor")

@@ -1,0 +1,45 @@
+"""The package's named networks as data: builder arguments, input config and paper reference.
+
+One entry per network (timm's ``default_cfgs``, keras-hub's presets); ``registry`` registers them,
+and the ``cifar_resnet20``-style helpers and the ``PreActResNet50``-style applications come from it.
+"""
+
+from keras_preact.preprocessing import InputConfig
+
+# fb.resnet.torch datasets/cifar10.lua and datasets/imagenet.lua statistics, in 0-255 pixel units.
+CIFAR_INPUT = InputConfig(
+    input_size=(32, 32, 3), mean=(125.3, 123.0, 113.9), std=(63.0, 62.1, 66.7), crop_fraction=1.0
+)
+IMAGENET_INPUT = InputConfig(
+    input_size=(224, 224, 3), mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), crop_fraction=0.875
+)
+
+CIFAR_PAPER = {
+    20: "Sec. 4 (fb.resnet.torch preresnet.lua)",
+    32: "Sec. 4 (fb.resnet.torch preresnet.lua)",
+    44: "Sec. 4 (fb.resnet.torch preresnet.lua)",
+    56: "Sec. 4 (fb.resnet.torch preresnet.lua)",
+    110: "Tables 1-3",
+    164: "Tables 2-3",
+    1001: "Tables 3-4",
+    1202: "Sec. 4 (original ResNet paper's deepest CIFAR net)",
+}
+IMAGENET_PAPER = {18: "Sec. 4 (fb.resnet.torch)", 34: "Sec. 4 (fb.resnet.torch)", 50: "Sec. 4 (fb.resnet.torch)",
+                  101: "Sec. 4.1", 152: "Table 5", 200: "Table 5"}
+
+MODEL_PRESETS = {
+    **{
+        f"cifar_resnet{depth}": dict(family="cifar", arguments={"depth": depth}, input_config=CIFAR_INPUT,
+                                     paper=paper)
+        for depth, paper in CIFAR_PAPER.items()
+    },
+    # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv.
+    "cifar_resnet110_1layer": dict(
+        family="cifar", arguments={"depth": 110, "block": "one_layer"}, input_config=CIFAR_INPUT, paper="Table 3"
+    ),
+    **{
+        f"imagenet_resnet{depth}": dict(family="imagenet", arguments={"depth": depth},
+                                        input_config=IMAGENET_INPUT, paper=paper)
+        for depth, paper in IMAGENET_PAPER.items()
+    },
+}

@@ -1,0 +1,63 @@
+"""Every registered network through the same checks (timm's tests/test_models.py, keras-hub's
+``run_backbone_test``): forward and backward, ``.keras`` round trip, mixed precision, pyramid
+outputs, channels_first. The largest networks run under the ``slow`` marker."""
+
+import numpy as np
+import pytest
+
+from keras_preact import testing
+from keras_preact.models import create_model, list_models, model_spec
+
+pytestmark = pytest.mark.core
+
+SLOW = {"cifar_resnet1001", "cifar_resnet1202", "imagenet_resnet101", "imagenet_resnet152", "imagenet_resnet200"}
+NUM_CLASSES = 5
+
+
+def _small_input(name):
+    return (64, 64, 3) if model_spec(name).family == "imagenet" else (16, 16, 3)
+
+
+def _models():
+    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in list_models()]
+
+
+def _batch(name, rng):
+    images = rng.uniform(0, 1, size=(2, *_small_input(name))).astype("float32")
+    return images, np.array([1, 3])
+
+
+def test_every_model_is_in_the_harness():
+    assert list_models() and set(SLOW) <= set(list_models())
+
+
+@pytest.mark.parametrize("name", _models())
+def test_forward_backward_and_saving(name, rng):
+    images, labels = _batch(name, rng)
+    model = create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name))
+    assert model.output_shape == (None, NUM_CLASSES)
+    testing.run_forward_backward_test(model, images, labels)
+    testing.run_saving_test(model, images)
+
+
+@pytest.mark.parametrize("name", _models())
+def test_pyramid_outputs(name, rng):
+    images, _ = _batch(name, rng)
+    backbone = create_model(name, include_top=False, input_shape=(None, None, 3))
+    testing.run_pyramid_outputs_test(backbone, images)
+
+
+@pytest.mark.parametrize("name", _models())
+def test_mixed_precision(name, rng):
+    images, _ = _batch(name, rng)
+    testing.run_mixed_precision_test(
+        lambda: create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name)), images
+    )
+
+
+@pytest.mark.parametrize("name", _models())
+def test_channels_first(name, rng):
+    images, _ = _batch(name, rng)
+    testing.run_channels_first_test(
+        lambda **kw: create_model(name, num_classes=NUM_CLASSES, **{"input_shape": _small_input(name), **kw}), images
+    )
