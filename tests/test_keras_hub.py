@@ -1,0 +1,46 @@
+"""A headless backbone is a keras-hub image encoder: DeepLabV3 segmentation on ``pyramid_outputs``.
+
+keras-hub's task backbones take any ``keras.Model`` with a ``pyramid_outputs`` dict (``"P{n}"`` at
+stride 2^n), so ``include_top=False, pooling=None`` is all a detection or segmentation model needs.
+Needs the ``[hub]`` extra (installed by CI's TensorFlow environment).
+"""
+
+import keras
+import keras_hub
+import numpy as np
+
+import keras_preact as kp
+from keras_preact.testing import to_numpy
+
+
+def test_deeplab_v3_segmenter_on_the_preact_backbone_trains_and_round_trips(tmp_path):
+    encoder = kp.models.imagenet_resnet(18, include_top=False, pooling=None, input_shape=(64, 64, 3))
+    assert isinstance(encoder, kp.models.PreActResNetBackbone)
+    hub_backbone = keras_hub.models.DeepLabV3Backbone(
+        image_encoder=encoder,
+        spatial_pyramid_pooling_key="P5",
+        low_level_feature_key="P2",
+        upsampling_size=8,
+        dilation_rates=[6, 12, 18],
+        image_shape=(64, 64, 3),
+    )
+    segmenter = keras_hub.models.DeepLabV3ImageSegmenter(backbone=hub_backbone, num_classes=3)
+    segmenter.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+
+    rng = np.random.default_rng(0)
+    images = rng.uniform(size=(4, 64, 64, 3)).astype("float32")
+    masks = rng.integers(0, 3, size=(4, 64, 64, 1))
+    first_unit = encoder.get_layer(encoder.stage_unit_names[0][0])
+    before = [to_numpy(w) for w in first_unit.trainable_weights]
+    history = segmenter.fit(images, masks, batch_size=2, epochs=1, verbose=0)
+
+    assert np.isfinite(history.history["loss"][0])
+    # The segmentation loss reaches the backbone's first stage through P2 and P5.
+    assert any(not np.array_equal(b, to_numpy(w)) for b, w in zip(before, first_unit.trainable_weights))
+    predicted = segmenter.predict(images, verbose=0)
+    assert predicted.shape == (4, 64, 64, 3)
+
+    path = tmp_path / "segmenter.keras"
+    segmenter.save(path)
+    restored = keras.saving.load_model(path)
+    np.testing.assert_array_equal(to_numpy(restored.predict(images, verbose=0)), to_numpy(predicted))
