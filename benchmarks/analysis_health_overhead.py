@@ -76,8 +76,8 @@ def main(argv=None):
     base, ours = statistics.median(times[False]), statistics.median(times[True])
     print(f"ResNet-{args.depth}, 32x32, batch {args.batch_size}, {args.steps} steps per trial, "
           f"probe batch {args.probe}, every_n_steps={args.every}, {args.repeats} repeats (median)")
-    print(f"| configuration | seconds | ms/step | slowdown |")
-    print(f"|---|---|---|---|")
+    print("| configuration | seconds | ms/step | slowdown |")
+    print("|---|---|---|---|")
     print(f"| model.fit (reference) | {base:.1f} | {1000 * base / args.steps:.0f} | — |")
     print(f"| model.fit + TrainingHealthCallback | {ours:.1f} | {1000 * ours / args.steps:.0f} | "
           f"{100 * (ours / base - 1):+.1f}% |")

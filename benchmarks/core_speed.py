@@ -1,4 +1,4 @@
-"""Core-library speed: keras_preact models next to plain hand-written Keras models (issue 2, sec. 6).
+"""Core-library speed: keras_preact models next to plain hand-written Keras models.
 
 Forward (``predict_on_batch``) and training-step (``train_on_batch``, SGD, sparse categorical
 crossentropy) images/s of CIFAR and ImageNet pre-activation ResNets on the present device and the

@@ -1,4 +1,4 @@
-"""Input pipeline alone vs training step alone (issue "Training", section 7), images/s.
+"""Input pipeline alone vs training step alone, images/s.
 
     PYTHONPATH=. python benchmarks/train_pipeline_speed.py [--steps 40] [--batch-size 128] [--synthetic]
 

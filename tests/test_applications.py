@@ -3,10 +3,10 @@
 import keras
 import numpy as np
 import pytest
-from keras_preact.testing import to_numpy, trainable_params
 
 from keras_preact import applications
 from keras_preact.applications import from_keras_applications
+from keras_preact.testing import to_numpy, trainable_params
 
 pytestmark = pytest.mark.core
 

@@ -1,4 +1,4 @@
-"""Builders: parameter counts equal the official code's (PAPER.md), structure, precision, errors."""
+"""Builders: parameter counts equal the official Torch code's, structure, precision, errors."""
 
 import subprocess
 import sys
@@ -25,7 +25,7 @@ from keras_preact.testing import run_config_echo_test, run_saving_test, to_numpy
 
 pytestmark = pytest.mark.core
 
-# PAPER.md, "Reference parameter counts" (trainable weights).
+# The official code's parameter counts (trainable weights).
 REFERENCE_PARAMS = [
     ("cifar_resnet164", dict(num_classes=10), 1_703_258),
     ("cifar_resnet164", dict(num_classes=100), 1_726_388),
@@ -46,7 +46,7 @@ def test_trainable_parameters_equal_official_code(name, kwargs, expected):
 
 
 def test_tf_slim_layout_matches_keras_applications_count():
-    # PAPER.md: ResNet50V2 count_params() with top, BN moving statistics included.
+    # keras.applications ResNet50V2 count_params() with top, BN moving statistics included.
     assert imagenet_resnet(50, layout="tf_slim").count_params() == 25_613_800
 
 

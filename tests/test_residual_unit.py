@@ -5,6 +5,8 @@ import itertools
 import keras
 import numpy as np
 import pytest
+
+from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit
 from keras_preact.testing import (
     run_config_echo_test,
     run_saving_test,
@@ -12,8 +14,6 @@ from keras_preact.testing import (
     vector_jacobian_product,
     zero_branch,
 )
-
-from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit
 
 pytestmark = pytest.mark.core
 EPS = 1e-5

@@ -6,7 +6,7 @@ knows about Keras layers.
 """
 
 import dataclasses
-from typing import Callable
+from collections.abc import Callable
 
 import keras
 

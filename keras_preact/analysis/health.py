@@ -15,12 +15,13 @@ import numpy as np
 from keras_preact.analysis.autodiff import get_autodiff
 from keras_preact.analysis.signals import network_parts
 
+
 def weight_groups(model):
     """Ordered ``{group: [variables]}``: ``stem`` (before the first unit), ``stage1`` ... ``stageN``
     (the backbone's stages), ``head`` (the final ops and the classifier head)."""
     backbone, _ = network_parts(model)
     stages = backbone.residual_units
-    first, last = backbone.layers.index(stages[0][0]), backbone.layers.index(stages[-1][-1])
+    first = backbone.layers.index(stages[0][0])
     groups = {"stem": [v for layer in backbone.layers[:first] for v in layer.trainable_variables]}
     for s, stage in enumerate(stages):
         groups[f"stage{s + 1}"] = [v for unit in stage for v in unit.trainable_variables]
@@ -145,7 +146,7 @@ class TrainingHealthCallback(keras.callbacks.Callback):
         return self._step % self.every_n_steps == 0 or (steps is not None and batch == steps - 1)
 
     def _weights(self):
-        self.model  # the property syncs the JAX trainer's state into the variables
+        _ = self.model  # the public property syncs the JAX trainer's state into the variables
         return {g: [keras.ops.convert_to_numpy(v.value) for v in vs] for g, vs in self._groups.items()}
 
     def on_train_batch_begin(self, batch, logs=None):
@@ -165,7 +166,7 @@ class TrainingHealthCallback(keras.callbacks.Callback):
         self._step += 1
 
     def _record_probe(self):
-        self.model  # JAX: sync the trainer's state into the variables
+        _ = self.model  # JAX: sync the trainer's state into the variables
         model = self._probe_model
         trainable = [keras.ops.convert_to_tensor(v.value) for v in model.trainable_variables]
         non_trainable = [keras.ops.convert_to_tensor(v.value) for v in model.non_trainable_variables]

@@ -41,12 +41,12 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
     """
     units = _stage_units(model)
     depth = next((d for d, (b, u) in IMAGENET_DEPTHS.items() if b == "bottleneck" and u == units), None)
-    if depth is None or "post_bn" not in [l.name for l in model.layers]:
+    if depth is None or "post_bn" not in [layer.name for layer in model.layers]:
         raise ValueError(
             f"from_keras_applications expects a keras.applications ResNet50V2, ResNet101V2 or "
             f"ResNet152V2; got {model.name!r} with units per stage {units or 'unknown'}."
         )
-    names = {l.name for l in model.layers}
+    names = {layer.name for layer in model.layers}
     include_top = "predictions" in names
     pooling = None
     if not include_top:

@@ -332,7 +332,7 @@ class ResidualUnit(keras.layers.Layer):
     def get_sublayer(self, name):
         """The sublayer called ``name`` ("conv1", "preact1_norm", "postact2_norm", "projection",
         "projection_norm", "addition_norm", "gate"), e.g. to load converted weights."""
-        layers = [l for group in self._before + [self._convs] + self._after for l in group]
+        layers = [layer for group in self._before + [self._convs] + self._after for layer in group]
         layers += [self._projection, self._projection_norm, self._gate] + self._after_addition
         for layer in layers:
             if layer is not None and layer.name == name:

@@ -168,7 +168,9 @@ class PreActResNetBackbone(keras.Model):
         names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
         unknown = sorted(set(unit_overrides) - set(names))
         if unknown:
-            raise ValueError(f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...).")
+            raise ValueError(
+                f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...)."
+            )
         for overrides in unit_overrides.values():
             check_unit_options({**unit_options, **overrides})
         opt.check_rate("drop_path_rate", drop_path_rate)

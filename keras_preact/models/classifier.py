@@ -47,7 +47,8 @@ class PreActResNetClassifier(keras.Model):
     def head(self, features, training=None):
         """The head on backbone features (for analysis that cuts the network at its units)."""
         for layer in self.head_layers:
-            features = layer(features, training=training) if isinstance(layer, keras.layers.Dropout) else layer(features)
+            dropout = isinstance(layer, keras.layers.Dropout)
+            features = layer(features, training=training) if dropout else layer(features)
         return features
 
     def get_config(self):

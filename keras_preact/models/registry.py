@@ -7,7 +7,7 @@ The package's own networks are declared as data in ``presets.MODEL_PRESETS``.
 import dataclasses
 import fnmatch
 import functools
-from typing import Callable
+from collections.abc import Callable
 
 from keras_preact.models.cifar import cifar_resnet
 from keras_preact.models.imagenet import imagenet_resnet
@@ -46,7 +46,9 @@ def register_model(name, *, family, arguments, input_config, paper=""):
     if family not in FAMILIES:
         raise ValueError(f"Invalid family={family!r}. Allowed values: {', '.join(map(repr, FAMILIES))}.")
     if not isinstance(input_config, InputConfig):
-        raise ValueError(f"Invalid input_config={input_config!r}: a keras_preact.preprocessing.InputConfig is required.")
+        raise ValueError(
+            f"Invalid input_config={input_config!r}: a keras_preact.preprocessing.InputConfig is required."
+        )
     spec = ModelSpec(name, family, FAMILIES[family], dict(arguments), input_config, paper)
     _REGISTRY[name] = spec
     return spec
