@@ -22,7 +22,6 @@ import argparse
 import dataclasses
 import gc
 import importlib.metadata
-import math
 import os
 import re
 import statistics
@@ -40,6 +39,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import reference_models  # noqa: E402
 from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
+from keras_preact.testing import trainable_params  # noqa: E402
 
 GOAL_RATIO = 0.97
 SAME_FUNCTION_ATOL = 1e-3  # on softmax outputs; bitwise equal on CPU, GPU kernels may reorder sums
@@ -187,10 +187,6 @@ def parse_args(argv=None):
             parser.error(f"argument --{spec.name.rstrip('0123456789')}-size: {size} is below "
                          f"{minimum}, the total stride of {spec.name}")
     return args
-
-
-def trainable_params(model):
-    return sum(math.prod(w.shape) for w in model.trainable_weights)
 
 
 def check_same_params(spec, ours, other, what):

@@ -7,7 +7,6 @@ CPU backend (eager calls, XLA compiles), so CI runs them under TensorFlow only (
 """
 
 import dataclasses
-import math
 import re
 import sys
 from pathlib import Path
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is n
 from benchmarks import core_speed  # noqa: E402
 from benchmarks import reference_models as rm  # noqa: E402
 from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
+from keras_preact.testing import trainable_params  # noqa: E402
 
 # name: (ours, plain reference) at a small input; one per shortcut/stride path of the references.
 PAIRS = {
@@ -41,10 +41,6 @@ PAIRS = {
         rm.imagenet_preact_resnet(50, input_shape=(32, 32, 3)),
     ),
 }
-
-
-def trainable_params(model):
-    return sum(math.prod(w.shape) for w in model.trainable_weights)
 
 
 def logits(model, images, training):
