@@ -12,6 +12,9 @@ pytestmark = pytest.mark.core
 
 SLOW = {"cifar_resnet1001", "cifar_resnet1202", "imagenet_resnet101", "imagenet_resnet152", "imagenet_resnet200"}
 NUM_CLASSES = 5
+# Untrained, these overflow float32 in inference mode (fresh BN statistics: the variance doubles per
+# unit; see run_forward_backward_test); they are checked in training mode.
+INFERENCE_OVERFLOWS_UNTRAINED = {"cifar_resnet1001", "cifar_resnet1202"}
 
 
 def _small_input(name):
@@ -36,7 +39,7 @@ def test_forward_backward_and_saving(name, rng):
     images, labels = _batch(name, rng)
     model = create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name))
     assert model.output_shape == (None, NUM_CLASSES)
-    testing.run_forward_backward_test(model, images, labels)
+    testing.run_forward_backward_test(model, images, labels, inference=name not in INFERENCE_OVERFLOWS_UNTRAINED)
     testing.run_saving_test(model, images)
 
 
