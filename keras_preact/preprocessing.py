@@ -225,7 +225,7 @@ def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):
     shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
     scale = tf.cast(size, tf.float32) / tf.reduce_min(shape)
     new = tf.cast(tf.round(shape * scale), tf.int32)
-    return tf.image.resize(image, new, method=interpolation, antialias=antialias)
+    return tf.cast(tf.image.resize(image, new, method=interpolation, antialias=antialias), tf.float32)
 
 
 def center_crop(image, size):
