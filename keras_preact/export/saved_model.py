@@ -252,7 +252,8 @@ def _resolve_input_config(input_config, image_size, mean, std, crop_fraction, in
             try:
                 input_config = InputConfig.from_dict(input_config)
             except (TypeError, ValueError) as error:
-                raise ValueError(f"Invalid input_config: {error}") from None
+                message = str(error).removeprefix("Invalid input config: ")
+                raise ValueError(f"Invalid input_config: {message}") from None
         if not isinstance(input_config, InputConfig):
             raise ValueError(f"Invalid input_config={input_config!r:.200}: expected a "
                              "keras_preact.preprocessing.InputConfig (or its to_dict()).")
