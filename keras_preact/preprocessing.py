@@ -112,7 +112,7 @@ class InputConfig:
             allowed = [(channels,)] + ([size] if field == "mean" else [])
             if shape not in allowed or (field == "std" and not all(v > 0 for v in _flat(_as_tuples(value)))):
                 what = "positive numbers" if field == "std" else "finite numbers"
-                image = f", or a {list(size)} mean image" if field == "mean" else ""
+                image = f", or an {list(size)} image (a per-pixel mean)" if field == "mean" else ""
                 shown = value if shape is None or len(shape) < 2 else f"<{'x'.join(map(str, shape))} values>"
                 raise ValueError(f"Invalid {field}={shown!r}: expected {channels} {what} (one per channel){image} "
                                  "in 0-255 pixel units.")

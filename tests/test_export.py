@@ -92,7 +92,7 @@ FRESH_PROCESS = textwrap.dedent(
 
 @pytest.mark.core
 def test_fresh_tensorflow_only_process_matches_keras(exported, tmp_path):
-    """Issue 4, sec. 2: a process importing only TensorFlow reproduces the Keras predictions."""
+    """A process importing only TensorFlow reproduces the Keras predictions."""
     model, path, images, reference = exported
     np.save(tmp_path / "images.npy", images)
     np.save(tmp_path / "png.npy", np.array([tf.io.encode_png(i).numpy() for i in images], dtype=object),
