@@ -103,3 +103,14 @@ def test_bad_preprocessing_arguments_raise_before_writing_anything(tmp_path, kwa
     with pytest.raises(ValueError, match=f"^Invalid {argument}"):
         export_saved_model(model, tmp_path / "out", **kwargs)
     assert not (tmp_path / "out").exists()
+
+
+def test_the_export_uses_only_public_export_api():
+    """The model is converted with ExportArchive's public add_endpoint/track/write_out; no private
+    method of ExportArchive (such as _backend_add_endpoint) is called."""
+    import inspect
+
+    from keras_preact.export import saved_model
+
+    source = inspect.getsource(saved_model)
+    assert "archive._" not in source and "_backend_add_endpoint" not in source
