@@ -13,10 +13,14 @@ import pytest
 
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
-from keras_preact.export import export_saved_model  # noqa: E402
-from keras_preact.models import get_input_config  # noqa: E402
-from keras_preact.preprocessing import InputConfig, eval_view, normalize  # noqa: E402
-from keras_preact.testing import encode_image, make_position_sensitive_classifier, photo_like  # noqa: E402
+from keras_preact.export import export_saved_model
+from keras_preact.models import get_input_config
+from keras_preact.preprocessing import InputConfig, eval_view, normalize
+from keras_preact.testing import (
+    encode_image,
+    make_position_sensitive_classifier,
+    photo_like,
+)
 
 IMAGENET = get_input_config("imagenet_resnet18")  # 224, crop_fraction 0.875
 CONFIGS = {"224": IMAGENET, "320": IMAGENET.at_test_size(320)}

@@ -10,7 +10,13 @@ import numpy as np
 import pytest
 
 from keras_preact.models import get_input_config
-from keras_preact.preprocessing import IMAGE_FORMATS, IMAGE_MAGIC, INTERPOLATIONS, InputConfig, image_format
+from keras_preact.preprocessing import (
+    IMAGE_FORMATS,
+    IMAGE_MAGIC,
+    INTERPOLATIONS,
+    InputConfig,
+    image_format,
+)
 from keras_preact.testing import encode_image, photo_like
 
 IMAGENET_224 = InputConfig()  # crop 224 of a shorter side of 256
