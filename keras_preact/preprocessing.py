@@ -1,12 +1,274 @@
-"""TEMPORARY stub (replaced by the preprocessing branch)."""
+"""Image preprocessing driven by a model's ``InputConfig``: one definition for evaluation and export.
+
+The evaluation view of an encoded image is, in this order (``eval_view``):
+
+1. ``decode_image``: JPEG/PNG/GIF/BMP bytes to uint8 RGB ``[H, W, 3]`` (the first frame of a GIF);
+2. ``resize_shorter_side`` to ``InputConfig.resize_size`` = ``ceil(max(crop) / crop_fraction)``: the
+   aspect ratio is kept (the longer side is ``round(longer * resize_size / shorter)``), bilinear with
+   antialiasing, float32 output;
+3. ``center_crop`` to the crop ``(height, width)`` = ``input_size[:2]`` (offsets ``(side - crop) // 2``);
+
+then ``normalize``: ``(pixels - mean) / std`` in 0-255 pixel units. ``crop_fraction`` 0.875 is the
+standard ImageNet test (shorter side 256, centre 224 x 224); 1.0 resizes the shorter side to the crop
+itself (CIFAR, whose images are already at the crop size, and the 320 x 320 test of a network trained at
+224: ``InputConfig.at_test_size``).
+
+``InputConfig`` and the format tables need nothing but the standard library. The image functions are
+TensorFlow graph functions (``tf.io``/``tf.image``), run inside ``tf.data`` and inside exported
+SavedModels; TensorFlow is imported when one is called, and without it the call raises one ImportError
+saying so.
+"""
 
 import dataclasses
+import math
+import numbers
+
+IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads (and Pillow's names)
+# The leading bytes of each accepted format (the prefixes tf.io.decode_image itself recognises).
+IMAGE_MAGIC = {"JPEG": b"\xff\xd8\xff", "PNG": b"\x89PNG", "GIF": b"GIF8", "BMP": b"BM"}
+INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian", "mitchellcubic")
+STANDARD_CROP_FRACTION = 0.875  # 224 / 256: the shorter side resized to 256, the centre 224 x 224 kept
+MISSING_TENSORFLOW = "keras_preact.preprocessing.{} runs tf.io/tf.image graph ops and needs TensorFlow: pip install tensorflow"
+
+
+def _tensorflow(function):
+    try:
+        import tensorflow as tf
+    except ImportError:
+        raise ImportError(MISSING_TENSORFLOW.format(function)) from None
+    return tf
+
+
+# ------------------------------------------------------------------------------------- InputConfig
+def _is_number(value):
+    return isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _nested_shape(value):
+    """The shape of a nested list/tuple of numbers, or None when it is ragged or holds non-numbers."""
+    if _is_number(value):
+        return ()
+    if hasattr(value, "tolist"):  # numpy arrays and scalars
+        value = value.tolist()
+    if not isinstance(value, (list, tuple)) or not value:
+        return None
+    shapes = {_nested_shape(v) for v in value}
+    if len(shapes) != 1 or None in shapes:
+        return None
+    return (len(value), *shapes.pop())
+
+
+def _as_tuples(value):
+    if hasattr(value, "tolist"):
+        value = value.tolist()
+    return tuple(_as_tuples(v) for v in value) if isinstance(value, (list, tuple)) else float(value)
+
+
+def _as_lists(value):
+    return [_as_lists(v) for v in value] if isinstance(value, tuple) else value
+
+
+def _flat(value):
+    return [x for v in value for x in _flat(v)] if isinstance(value, tuple) else [value]
 
 
 @dataclasses.dataclass(frozen=True)
 class InputConfig:
+    """What a network expects: its input size, pixel statistics and evaluation crop.
+
+    Attributes:
+        input_size: ``(height, width, channels)`` of the network input; ``(height, width)`` is the
+            crop the evaluation view ends with.
+        mean, std: per-channel statistics in 0-255 pixel units (``normalize``); ``mean`` may also be
+            an ``[height, width, channels]`` mean image (per-pixel mean subtraction).
+        crop_fraction: the share of the resized image's shorter side the centre crop keeps, in (0, 1]:
+            the shorter side is first resized to ``resize_size = ceil(max(crop) / crop_fraction)``.
+        interpolation: the resize method (a ``tf.image.ResizeMethod`` name, ``INTERPOLATIONS``).
+
+    Every field is checked on construction; a bad one raises ValueError naming it.
+    """
+
     input_size: tuple = (224, 224, 3)
     mean: tuple = (123.675, 116.28, 103.53)
     std: tuple = (58.395, 57.12, 57.375)
-    crop_fraction: float = 0.875
+    crop_fraction: float = STANDARD_CROP_FRACTION
     interpolation: str = "bilinear"
+
+    def __post_init__(self):
+        size = self.input_size
+        if hasattr(size, "tolist"):
+            size = size.tolist()
+        if not isinstance(size, (list, tuple)) or len(size) != 3 or not all(
+            isinstance(s, numbers.Integral) and not isinstance(s, bool) and s > 0 for s in size
+        ):
+            raise ValueError(f"Invalid input_size={self.input_size!r}: expected (height, width, channels), "
+                             "three positive integers.")
+        size = tuple(int(s) for s in size)
+        object.__setattr__(self, "input_size", size)
+        channels = size[2]
+        for field in ("mean", "std"):
+            value = getattr(self, field)
+            shape = _nested_shape(value)
+            allowed = [(channels,)] + ([size] if field == "mean" else [])
+            if shape not in allowed or (field == "std" and not all(v > 0 for v in _flat(_as_tuples(value)))):
+                what = "positive numbers" if field == "std" else "finite numbers"
+                image = f", or an {list(size)} image (a per-pixel mean)" if field == "mean" else ""
+                shown = value if shape is None or len(shape) < 2 else f"<{'x'.join(map(str, shape))} values>"
+                raise ValueError(f"Invalid {field}={shown!r}: expected {channels} {what} (one per channel){image} "
+                                 "in 0-255 pixel units.")
+            object.__setattr__(self, field, _as_tuples(value))
+        if not _is_number(self.crop_fraction) or not 0 < self.crop_fraction <= 1:
+            raise ValueError(f"Invalid crop_fraction={self.crop_fraction!r}: expected a number in (0, 1] (the share "
+                             "of the resized shorter side the centre crop keeps; 0.875 for the standard 224/256).")
+        object.__setattr__(self, "crop_fraction", float(self.crop_fraction))
+        if self.interpolation not in INTERPOLATIONS:
+            raise ValueError(f"Invalid interpolation={self.interpolation!r}. Allowed values: "
+                             f"{', '.join(map(repr, INTERPOLATIONS))}.")
+
+    @property
+    def crop_size(self):
+        """``(height, width)`` of the centre crop: the network input size."""
+        return self.input_size[:2]
+
+    @property
+    def resize_size(self):
+        """The shorter side's size before the centre crop: ``ceil(max(crop) / crop_fraction)``.
+
+        The rule training's ImageNet evaluation used (``ceil(crop * 256 / 224)``: 256 at 224, 37 at
+        32). The quotient is rounded to 6 decimals before the ceiling, so that a fraction that is not
+        exact in binary (e.g. 0.9 at 90) does not add a pixel; at 0.875 the quotient is a multiple of
+        1/7, so this changes nothing.
+        """
+        return math.ceil(round(max(self.crop_size) / self.crop_fraction, 6))
+
+    def at_test_size(self, test_size):
+        """This config evaluated at another resolution, by the rule training's evaluation uses: a
+        test crop larger than the training crop (the paper's 320 x 320 test of a network trained at
+        224) resizes the shorter side to the crop itself (``crop_fraction=1.0``); a smaller or equal one
+        keeps this ``crop_fraction``. ``test_size``: an int or ``(height, width)``.
+        """
+        height, width = (test_size, test_size) if isinstance(test_size, numbers.Integral) else tuple(test_size)
+        larger = max(height, width) > max(self.crop_size)
+        mean = self.mean if isinstance(self.mean[0], float) else None
+        if mean is None:
+            raise ValueError("Invalid test_size: a per-pixel mean image is defined at one input size only.")
+        return dataclasses.replace(self, input_size=(height, width, self.input_size[2]),
+                                   crop_fraction=1.0 if larger else self.crop_fraction)
+
+    def replace(self, **changes):
+        """A copy with ``changes`` applied (and checked)."""
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self):
+        """JSON-ready: lists for the tuples. ``InputConfig.from_dict(config.to_dict()) == config``."""
+        return {f.name: _as_lists(getattr(self, f.name)) for f in dataclasses.fields(self)}
+
+    @classmethod
+    def from_dict(cls, config):
+        """An InputConfig from ``to_dict()``'s output; unknown keys raise ValueError naming them, absent
+        ones take the defaults."""
+        if not isinstance(config, dict):
+            raise ValueError(f"Invalid input config {config!r:.100}: expected a dict with the keys "
+                             f"{', '.join(f.name for f in dataclasses.fields(cls))}.")
+        names = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(config) - names)
+        if unknown:
+            raise ValueError(f"Invalid input config: unknown key(s) {', '.join(map(repr, unknown))}; the keys are "
+                             f"{', '.join(sorted(names))}.")
+        return cls(**config)
+
+
+def _view_parameters(config):
+    """``(crop (height, width), resize_size, interpolation)`` from an InputConfig or a tuple
+    ``(crop_size, crop_fraction[, interpolation])``."""
+    if isinstance(config, InputConfig):
+        return config.crop_size, config.resize_size, config.interpolation
+    if isinstance(config, (tuple, list)) and len(config) in (2, 3):
+        crop_size, crop_fraction, *interpolation = config
+        size = (crop_size, crop_size) if isinstance(crop_size, numbers.Integral) else tuple(crop_size)
+        parsed = InputConfig(input_size=(*size, 3), crop_fraction=crop_fraction,
+                             interpolation=interpolation[0] if interpolation else "bilinear")
+        return parsed.crop_size, parsed.resize_size, parsed.interpolation
+    raise ValueError(f"Invalid input_config={config!r}: expected an InputConfig or (crop_size, crop_fraction"
+                     "[, interpolation]).")
+
+
+# --------------------------------------------------------------------------------- formats
+def image_format(data):
+    """The format name (``IMAGE_FORMATS``) whose magic bytes ``data`` starts with, or None."""
+    head = bytes(data[:8])
+    return next((name for name, magic in IMAGE_MAGIC.items() if head.startswith(magic)), None)
+
+
+def is_encoded_image(encoded):
+    """A bool tensor: whether the string tensor ``encoded`` starts like a JPEG/PNG/GIF/BMP file (a
+    cheap check on the first bytes, nothing decoded)."""
+    tf = _tensorflow("is_encoded_image")
+    return tf.reduce_any(tf.stack([tf.strings.substr(encoded, 0, len(m)) == m for m in IMAGE_MAGIC.values()]))
+
+
+# ------------------------------------------------------------------------------- image functions
+def decode_image(encoded, channels=3):
+    """Encoded JPEG/PNG/GIF/BMP bytes (a scalar string tensor) to a uint8 ``[H, W, channels]`` image;
+    a GIF gives its first frame."""
+    tf = _tensorflow("decode_image")
+    return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+
+
+def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):
+    """Resize ``image`` (``[H, W, C]`` or ``[N, H, W, C]``) so that its shorter side is ``size``.
+
+    The other side is ``round(side * size / shorter)`` (computed in float32, ties to even); the output
+    is float32. ``antialias=True`` (the default, as training) low-pass filters when downscaling.
+    """
+    tf = _tensorflow("resize_shorter_side")
+    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
+    scale = tf.cast(size, tf.float32) / tf.reduce_min(shape)
+    new = tf.cast(tf.round(shape * scale), tf.int32)
+    return tf.cast(tf.image.resize(image, new, method=interpolation, antialias=antialias), tf.float32)
+
+
+def center_crop(image, size):
+    """The centre ``size`` (an int or ``(height, width)``) of ``image``; offsets ``(side - crop) // 2``.
+
+    A side shorter than the crop is zero-padded (``tf.image.resize_with_crop_or_pad``); after
+    ``resize_shorter_side`` to at least the crop that never happens.
+    """
+    tf = _tensorflow("center_crop")
+    height, width = (size, size) if isinstance(size, numbers.Integral) else tuple(size)
+    return tf.image.resize_with_crop_or_pad(image, height, width)
+
+
+def eval_view(image, input_config):
+    """The evaluation view: decode (when given encoded bytes), resize the shorter side to
+    ``resize_size``, centre-crop to the input size; float32 pixels in 0-255 units, not normalized.
+
+    Args:
+        image: a scalar string tensor of encoded bytes, a vector of them (a batch, each image of any
+            size), or a decoded ``[H, W, 3]`` image (any dtype, 0-255 units).
+        input_config: an ``InputConfig``, or ``(crop_size, crop_fraction[, interpolation])`` with
+            ``crop_size`` an int or ``(height, width)``.
+
+    Returns:
+        float32 ``[height, width, 3]`` (``[N, height, width, 3]`` for a batch of encoded images).
+    """
+    tf = _tensorflow("eval_view")
+    (height, width), side, interpolation = _view_parameters(input_config)
+    image = tf.convert_to_tensor(image)
+
+    def one(item):
+        if item.dtype == tf.string:
+            item = decode_image(item)
+        view = center_crop(resize_shorter_side(item, side, interpolation), (height, width))
+        return tf.ensure_shape(tf.cast(view, tf.float32), (height, width, 3))
+
+    if image.dtype == tf.string and image.shape.rank == 1:
+        return tf.map_fn(one, image, fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))
+    return one(image)
+
+
+def normalize(images, mean, std):
+    """``(images - mean) / std`` in float32: ``mean``/``std`` per channel (or a mean image), in the
+    pixel units of ``images`` (0-255)."""
+    tf = _tensorflow("normalize")
+    return (tf.cast(images, tf.float32) - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)

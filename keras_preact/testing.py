@@ -178,3 +178,67 @@ def run_channels_first_test(build, images, atol=1e-5):
     actual = to_numpy(compiled_call(first, np.transpose(images, (0, 3, 1, 2)), training=True))
     assert np.isfinite(expected).all()
     np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=atol)
+
+
+# ---------------------------------------------------------------------- export and serving fixtures
+CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+MEAN = [124.14, 122.96, 112.57]  # CIFAR-10 statistics in 0-255 pixel units
+STD = [62.50, 61.85, 66.42]
+
+
+def randomize_statistics(model, seed=0):
+    """Random BN moving statistics, gammas, betas and biases, so that every weight matters."""
+    rng = np.random.default_rng(seed)
+    for v in model.non_trainable_variables:
+        shape = tuple(v.shape)
+        v.assign(rng.uniform(0.5, 2.0, shape) if "variance" in v.path else rng.normal(0.0, 0.2, shape))
+    for v in model.trainable_variables:
+        if "gamma" in v.path or "beta" in v.path or "bias" in v.path:
+            v.assign(rng.normal(1.0 if "gamma" in v.path else 0.0, 0.2, tuple(v.shape)))
+    return model
+
+
+def make_export_model(seed=0, name="resnet8"):
+    """A CIFAR ResNet-8 (10 classes, 32 x 32) with random statistics: the export and serving tests' model."""
+    from keras_preact.models import cifar_resnet
+
+    keras.utils.set_random_seed(seed)
+    return randomize_statistics(cifar_resnet(8, 10, name=name), seed)
+
+
+def make_position_sensitive_classifier(input_size, num_classes=5, seed=0, name="tiny"):
+    """A small classifier at ``input_size`` (h, w, 3) whose output depends on where each pixel is
+    (strided conv, local pooling, flatten, dense, softmax): it tells apart two crops of one image."""
+    keras.utils.set_random_seed(seed)
+    inputs = keras.Input(input_size)
+    x = keras.layers.Conv2D(4, 8, strides=8)(inputs)
+    x = keras.layers.BatchNormalization()(x)
+    x = keras.layers.Activation("relu")(x)
+    x = keras.layers.AveragePooling2D(4)(x)
+    x = keras.layers.Flatten()(x)
+    outputs = keras.layers.Dense(num_classes, activation="softmax", name="predictions")(x)
+    return randomize_statistics(keras.Model(inputs, outputs, name=name), seed)
+
+
+def encode_image(pixels, fmt="JPEG", **options):
+    """uint8 ``[H, W, 3]`` pixels encoded with Pillow (``fmt``: JPEG, PNG, GIF, BMP), as bytes."""
+    import io
+
+    from PIL import Image
+
+    buffer = io.BytesIO()
+    Image.fromarray(np.asarray(pixels, np.uint8)).save(buffer, fmt, **options)
+    return buffer.getvalue()
+
+
+def photo_like(height, width, seed=0):
+    """A smooth uint8 RGB test image (gradients and blobs, no noise), as a JPEG would hold a photo."""
+    rng = np.random.default_rng(seed)
+    y, x = np.mgrid[0:height, 0:width].astype(np.float32)
+    channels = []
+    for _ in range(3):
+        cy, cx, r = rng.uniform(0, height), rng.uniform(0, width), rng.uniform(0.1, 0.4) * min(height, width)
+        blob = np.exp(-((y - cy) ** 2 + (x - cx) ** 2) / (2 * r * r))
+        ramp = rng.uniform(-1, 1) * x / width + rng.uniform(-1, 1) * y / height
+        channels.append(128 + 90 * blob + 60 * ramp + 20 * np.sin(x / rng.uniform(3, 12)))
+    return np.clip(np.stack(channels, -1), 0, 255).astype(np.uint8)

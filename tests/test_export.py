@@ -14,26 +14,9 @@ tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_run, export_saved_model
 from keras_preact.export import cli
-from keras_preact.models import cifar_resnet
+from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model as make_model
 
-CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-MEAN = [124.14, 122.96, 112.57]
-STD = [62.50, 61.85, 66.42]
 TOP_K = 3
-
-
-def make_model(seed=0, name="resnet8"):
-    """A CIFAR ResNet-8 with random BN statistics and classifier bias, so every weight matters."""
-    keras.utils.set_random_seed(seed)
-    model = cifar_resnet(8, 10, name=name)
-    rng = np.random.default_rng(seed)
-    for v in model.non_trainable_variables:
-        shape = tuple(v.shape)
-        v.assign(rng.uniform(0.5, 2.0, shape) if "variance" in v.path else rng.normal(0.0, 0.2, shape))
-    for v in model.trainable_variables:
-        if "gamma" in v.path or "beta" in v.path or "bias" in v.path:
-            v.assign(rng.normal(1.0 if "gamma" in v.path else 0.0, 0.2, tuple(v.shape)))
-    return model
 
 
 def keras_reference(model, images):
@@ -109,7 +92,7 @@ FRESH_PROCESS = textwrap.dedent(
 
 @pytest.mark.core
 def test_fresh_tensorflow_only_process_matches_keras(exported, tmp_path):
-    """Issue 4, sec. 2: a process importing only TensorFlow reproduces the Keras predictions."""
+    """A process importing only TensorFlow reproduces the Keras predictions."""
     model, path, images, reference = exported
     np.save(tmp_path / "images.npy", images)
     np.save(tmp_path / "png.npy", np.array([tf.io.encode_png(i).numpy() for i in images], dtype=object),

@@ -10,9 +10,12 @@ signature returns the same named outputs:
   ``assets/class_names.txt``, one name per line, line number = label).
 
 The signatures differ only in what they take (the ``SIGNATURES`` table): raw uint8 pixels
-(``serving_default``), float pixels in 0-255 units, or encoded JPEG/PNG/GIF/BMP bytes that are
-decoded, resized (shorter side) and centre-cropped to the model resolution in the graph. The
-training normalization ``(pixels - mean) / std`` runs in the graph, so clients send plain pixels.
+(``serving_default``), float pixels in 0-255 units, or encoded JPEG/PNG/GIF/BMP bytes that go
+through the evaluation view of ``keras_preact.preprocessing`` in the graph (``eval_view``: decode,
+shorter side resized to ``ceil(crop / crop_fraction)``, centre crop), the same function evaluation
+uses, so a served image is seen as the model's accuracy was measured. The normalization
+``(pixels - mean) / std`` runs in the graph, so clients send plain pixels. The input config used
+(``keras_preact.preprocessing.InputConfig.to_dict()``) is written to ``assets/preprocessing.json``.
 
 The export is written to a temporary directory next to the target and renamed into place, so a
 failed export leaves nothing behind.
@@ -20,6 +23,7 @@ failed export leaves nothing behind.
 
 import dataclasses
 import errno
+import json
 import os
 import pathlib
 import re
@@ -31,42 +35,21 @@ import numpy as np
 import tensorflow as tf
 
 from keras_preact import scratch as scratch_names
+from keras_preact.preprocessing import IMAGE_FORMATS, InputConfig, eval_view, normalize
 
 CLASS_NAMES_ASSET = "class_names.txt"
+PREPROCESSING_ASSET = "preprocessing.json"
 OUTPUTS = ("probabilities", "classes", "scores", "class_names")
 _NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
-def _cast_pixels(images, image_size):
+def _cast_pixels(images, input_config):
     return tf.cast(images, tf.float32)
 
 
-def _decode_pixels(image_bytes, image_size):
-    """Decode each encoded image, resize its shorter side to the model size, centre-crop."""
-    height, width = image_size
-
-    def decode_one(data):
-        image = tf.io.decode_image(data, channels=3, expand_animations=False)
-        image = tf.cast(image, tf.float32)
-        shape = tf.shape(image)
-        same_size = tf.logical_and(tf.equal(shape[0], height), tf.equal(shape[1], width))
-
-        def resize_and_crop():
-            scale = tf.maximum(height / tf.cast(shape[0], tf.float64), width / tf.cast(shape[1], tf.float64))
-            new_h = tf.maximum(height, tf.cast(tf.math.round(tf.cast(shape[0], tf.float64) * scale), tf.int32))
-            new_w = tf.maximum(width, tf.cast(tf.math.round(tf.cast(shape[1], tf.float64) * scale), tf.int32))
-            resized = tf.image.resize(image, tf.stack([new_h, new_w]), method="bilinear", antialias=True)
-            top = (new_h - height) // 2
-            left = (new_w - width) // 2
-            return tf.clip_by_value(resized[top : top + height, left : left + width, :], 0.0, 255.0)
-
-        # An image already at the model resolution goes through untouched (bit-exact pixels).
-        image = tf.cond(same_size, lambda: image, resize_and_crop)
-        return tf.ensure_shape(image, (height, width, 3))
-
-    return tf.map_fn(
-        decode_one, image_bytes, fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32)
-    )
+def _view_pixels(image_bytes, input_config):
+    """Each encoded image's evaluation view (``keras_preact.preprocessing.eval_view``)."""
+    return eval_view(image_bytes, input_config)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,9 +78,9 @@ SIGNATURES = {
         "image_bytes",
         tf.string,
         True,
-        _decode_pixels,
-        "encoded JPEG/PNG/GIF/BMP images [N] (base64 {'b64': ...} in REST JSON), any size: the "
-        "shorter side is resized to the model resolution, then centre-cropped",
+        _view_pixels,
+        f"encoded {'/'.join(IMAGE_FORMATS)} images [N] (base64 {{'b64': ...}} in REST JSON), any size: the "
+        "evaluation view (shorter side resized to ceil(crop / crop_fraction), centre crop)",
     ),
 }
 
@@ -107,21 +90,6 @@ def _check_name(argument, value):
         raise ValueError(
             f"Invalid {argument}={value!r}: use letters, digits, '.', '_' and '-' (a directory name)."
         )
-
-
-def _check_triple(argument, value, positive=False, image_size=None):
-    """Per-channel (R, G, B) statistics, or per pixel ([H, W, 3] at ``image_size``: the paper's mean image)."""
-    values = np.asarray(value, dtype=np.float64) if value is not None else None
-    shapes = [(3,)] + ([(*image_size, 3)] if image_size is not None else [])
-    if values is None or values.shape not in shapes or not np.all(np.isfinite(values)) or (
-        positive and not np.all(values > 0)
-    ):
-        kind = "positive numbers" if positive else "finite numbers"
-        per_pixel = f" or an [{image_size[0]}, {image_size[1]}, 3] image" if image_size is not None else ""
-        shown = value if values is None or values.size <= 3 else f"<array of shape {values.shape}>"
-        raise ValueError(f"Invalid {argument}={shown!r}: expected three {kind} (R, G, B){per_pixel} in 0-255 "
-                         "pixel units.")
-    return values.astype(np.float32)
 
 
 def _check_class_names(class_names, num_classes):
@@ -186,26 +154,33 @@ def next_version(model_dir):
     return max(versions, default=0) + 1
 
 
-def _model_function(archive, model, image_size):
-    """The model's inference call as a tf.function on normalized float32 images.
+def _inference_module(model, image_size, scratch):
+    """The model's inference as a plain TensorFlow object: ``module.infer(normalized_images)``.
 
-    ``ExportArchive`` turns a Keras callable into a tf.function for the current backend (through
-    jax2tf on JAX). Its public ``add_endpoint`` would also publish that function as a serving
-    signature on normalized inputs, which clients would misuse, so the backend conversion is called
-    without registering it; the preprocessing signatures below call it.
+    ``ExportArchive.add_endpoint`` turns a Keras callable into a TensorFlow function for the current
+    backend (through jax2tf on JAX), but publishes every endpoint as a serving signature, and one on
+    normalized inputs would be misused by clients. So the model alone is written with the public
+    ``ExportArchive`` API to a scratch SavedModel and loaded back: the loaded ``infer`` is plain
+    TensorFlow on any backend, the preprocessing signatures call it, and only they are published.
+    Loading restores the variables into memory, so the scratch copy is deleted at once.
     """
     spec = [tf.TensorSpec((None, *image_size, 3), tf.float32, name="normalized_images")]
+    archive = keras.export.ExportArchive()
     archive.track(model)
-    return archive._backend_add_endpoint("model", lambda x: model(x, training=False), spec)
+    archive.add_endpoint("infer", lambda x: model(x, training=False), spec)
+    path = os.path.join(scratch, "inference")
+    archive.write_out(path, verbose=False)
+    module = tf.saved_model.load(path)
+    shutil.rmtree(path)
+    return module
 
 
-def _serving_function(signature, model_fn, table, image_size, mean, std, top_k):
-    mean = tf.constant(mean, tf.float32)
-    std = tf.constant(std, tf.float32)
+def _serving_function(signature, inference, table, input_config, top_k):
+    image_size = input_config.crop_size
 
     def serve(inputs):
-        pixels = signature.to_pixels(inputs, image_size)
-        probabilities = tf.cast(model_fn((pixels - mean) / std), tf.float32)
+        pixels = signature.to_pixels(inputs, input_config)
+        probabilities = tf.cast(inference.infer(normalize(pixels, input_config.mean, input_config.std)), tf.float32)
         scores, classes = tf.math.top_k(probabilities, k=top_k)
         return {
             "probabilities": probabilities,
@@ -217,11 +192,19 @@ def _serving_function(signature, model_fn, table, image_size, mean, std, top_k):
     return tf.function(serve, input_signature=[signature.input_spec(image_size)], autograph=False)
 
 
-def _write_archive(path, model, image_size, class_names, mean, std, top_k, scratch):
+def _write_archive(path, model, input_config, class_names, top_k, scratch):
+    """The SavedModel: the inference object, the class-name table, the preprocessing config asset and
+    one signature per ``SIGNATURES`` entry (nothing else is published)."""
     labels_file = os.path.join(scratch, CLASS_NAMES_ASSET)
     with open(labels_file, "w", encoding="utf-8") as f:
         f.write("".join(name + "\n" for name in class_names))
-    table = tf.lookup.StaticHashTable(
+    config_file = os.path.join(scratch, PREPROCESSING_ASSET)
+    with open(config_file, "w", encoding="utf-8") as f:
+        json.dump(input_config.to_dict(), f)
+        f.write("\n")
+    root = tf.Module()
+    root.inference = _inference_module(model, input_config.crop_size, scratch)
+    root.class_names = tf.lookup.StaticHashTable(
         tf.lookup.TextFileInitializer(
             labels_file,
             tf.int64,
@@ -231,12 +214,48 @@ def _write_archive(path, model, image_size, class_names, mean, std, top_k, scrat
         ),
         default_value="",
     )
-    archive = keras.export.ExportArchive()
-    model_fn = _model_function(archive, model, image_size)
-    archive.track(table)
+    root.preprocessing_config = tf.saved_model.Asset(config_file)
+    signatures = {}
     for name, signature in SIGNATURES.items():
-        archive.add_endpoint(name, _serving_function(signature, model_fn, table, image_size, mean, std, top_k))
-    archive.write_out(str(path), verbose=False)
+        function = _serving_function(signature, root.inference, root.class_names, input_config, top_k)
+        setattr(root, name, function)
+        signatures[name] = function.get_concrete_function()
+    # Serving needs no gradients; the jax2tf function loaded back (JAX backend) cannot re-save its custom
+    # gradient, so none is saved.
+    options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
+    tf.saved_model.save(root, str(path), signatures=signatures, options=options)
+
+
+def _resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation):
+    """The InputConfig the export uses: ``input_config`` (an InputConfig or its dict) with the explicit
+    arguments applied over it; without one, ``crop_fraction`` 1.0, bilinear, mean 0 and std 1.
+    Every problem raises ValueError naming the argument."""
+    if input_config is None:
+        base = InputConfig(input_size=(*image_size, 3), mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_fraction=1.0)
+    else:
+        if isinstance(input_config, dict):
+            try:
+                input_config = InputConfig.from_dict(input_config)
+            except (TypeError, ValueError) as error:
+                message = str(error).removeprefix("Invalid input config: ")
+                raise ValueError(f"Invalid input_config: {message}") from None
+        if not isinstance(input_config, InputConfig):
+            raise ValueError(f"Invalid input_config={input_config!r:.200}: expected a "
+                             "keras_preact.preprocessing.InputConfig (or its to_dict()).")
+        if input_config.input_size != (*image_size, 3):
+            raise ValueError(f"Invalid input_config: its input_size {input_config.input_size} does not match the "
+                             f"model input {(*image_size, 3)}.")
+        base = input_config
+    changes = {}
+    if mean is not None:
+        changes["mean"] = mean
+    if std is not None:
+        changes["std"] = std
+    if crop_fraction is not None:
+        changes["crop_fraction"] = crop_fraction
+    if interpolation is not None:
+        changes["interpolation"] = interpolation
+    return base.replace(**changes)  # InputConfig checks each field, naming it
 
 
 def export_saved_model(
@@ -250,6 +269,9 @@ def export_saved_model(
     std=None,
     top_k=5,
     image_size=None,
+    input_config=None,
+    crop_fraction=None,
+    interpolation=None,
 ):
     """Write ``model`` to ``export_dir/<name>/<version>/`` as a SavedModel for TF Serving.
 
@@ -268,6 +290,16 @@ def export_saved_model(
         top_k: how many classes the ``classes``/``scores``/``class_names`` outputs hold
             (1 to num_classes).
         image_size: ``(height, width)``, needed only when the model's input size is dynamic.
+        input_config: the model's ``keras_preact.preprocessing.InputConfig`` (or its ``to_dict()``),
+            e.g. ``keras_preact.models.get_input_config(name)``: its ``input_size`` must match the model
+            input; ``mean``/``std``/``crop_fraction``/``interpolation`` default to its values.
+        crop_fraction: the ``serving_bytes`` evaluation view keeps the centre ``crop`` of the image
+            whose shorter side is resized to ``ceil(crop / crop_fraction)``; in (0, 1]. Default: the
+            input config's, else 1.0 (shorter side to the crop: CIFAR-style evaluation of the whole
+            image). An ImageNet model evaluated at 224 of 256 needs 0.875 (or its input config), or its
+            served view differs from the one its accuracy was measured on.
+        interpolation: the resize method of that view (``keras_preact.preprocessing.INTERPOLATIONS``);
+            default the input config's, else "bilinear".
 
     Returns:
         The version directory written, a ``pathlib.Path``.
@@ -280,8 +312,7 @@ def export_saved_model(
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
         raise ValueError(f"Invalid top_k={top_k!r}: expected an integer in [1, {num_classes}] (num_classes).")
     class_names = _check_class_names(class_names, num_classes)
-    mean = _check_triple("mean", [0.0, 0.0, 0.0] if mean is None else mean, image_size=image_size)
-    std = _check_triple("std", [1.0, 1.0, 1.0] if std is None else std, positive=True)
+    input_config = _resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
 
     model_dir = pathlib.Path(export_dir) / name
     for path in (pathlib.Path(export_dir), model_dir):
@@ -299,7 +330,7 @@ def export_saved_model(
     scratch = tempfile.mkdtemp(prefix=scratch_names.tag(str(version)) + "-", dir=model_dir)
     try:
         staged = os.path.join(scratch, "saved_model")
-        _write_archive(staged, model, image_size, class_names, mean, std, top_k, scratch)
+        _write_archive(staged, model, input_config, class_names, top_k, scratch)
         os.rename(staged, target)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)

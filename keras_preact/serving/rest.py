@@ -16,6 +16,8 @@ import json
 
 import numpy as np
 
+from keras_preact.preprocessing import IMAGE_FORMATS, image_format
+
 
 class RequestError(Exception):
     """A client error: ``status`` is the HTTP status code, ``str(error)`` the message."""
@@ -195,13 +197,12 @@ def error_body(message):
     return json.dumps({"error": message}).encode("utf-8")
 
 
-IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what the exported graph's tf.io.decode_image reads
-
-
 def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_request_pixels):
     """Bound what decoding the encoded images of a request would allocate, from their headers only
-    (Pillow reads the header; nothing is decoded): each image's pixel count and aspect ratio (the
-    in-graph resize of the shorter side scales with it), and the request's total pixel count."""
+    (nothing is decoded): the format from the leading bytes (``keras_preact.preprocessing``'s magic
+    bytes, the formats the exported graph decodes), then Pillow reads the header for each image's pixel
+    count and aspect ratio (the in-graph resize of the shorter side scales with it), and the request's
+    total pixel count."""
     import io
 
     from PIL import Image, UnidentifiedImageError
@@ -209,17 +210,18 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
     total = 0
     for name, array in arrays.items():
         for index, data in enumerate(array.reshape(-1)):
+            fmt = image_format(data)
+            if fmt is None:
+                raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.")
             try:
                 with Image.open(io.BytesIO(data)) as image:
-                    fmt, (width, height) = image.format, image.size
+                    width, height = image.size
             except Image.DecompressionBombError:  # Pillow's own header check, far above ours
                 raise RequestError(f"Input '{name}'[{index}] declares more than {Image.MAX_IMAGE_PIXELS} pixels; "
                                    f"the limit is {max_image_pixels} pixels per image.", 413) from None
             except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
                 raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.") from None
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
-            if fmt not in IMAGE_FORMATS:
-                raise RequestError(f"{where}: format {fmt} is not accepted; send {'/'.join(IMAGE_FORMATS)}.")
             if width < 1 or height < 1 or width * height > max_image_pixels:
                 raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.",
                                    413)

@@ -16,8 +16,9 @@ header before anything is decoded: ``--max-image-pixels``, ``--max-aspect-ratio`
 ``--max-request-pixels``), the time a client may take to send a request or keep an idle connection
 (``--request-timeout``), and the number of open connections (``--max-connections``; beyond it, 503).
 Every request's body is read before the reply, so a kept-alive connection never desynchronises. Every
-bad request gets a 4xx with ``{"error": message}`` and never stops the server. Only TensorFlow (and
-Pillow, for image headers) is imported, neither keras nor keras_preact's model code.
+bad request gets a 4xx with ``{"error": message}`` and never stops the server. Predictions run the
+SavedModel with TensorFlow alone (Pillow reads image headers; the accepted formats are
+``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
 import argparse

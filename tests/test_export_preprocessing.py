@@ -1,0 +1,120 @@
+"""The exported ``serving_bytes`` signature sees an image exactly as evaluation does.
+
+For the same JPEG, the SavedModel's probabilities equal ``model(normalize(eval_view(jpeg)))`` computed
+with ``keras_preact.preprocessing``, at 224 (shorter side 256, crop_fraction 0.875) and at 320 (the test
+of a network trained at 224: shorter side 320, crop_fraction 1.0).
+"""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
+
+from keras_preact.export import export_saved_model
+from keras_preact.models import get_input_config
+from keras_preact.preprocessing import InputConfig, eval_view, normalize
+from keras_preact.testing import (
+    encode_image,
+    make_position_sensitive_classifier,
+    photo_like,
+)
+
+IMAGENET = get_input_config("imagenet_resnet18")  # 224, crop_fraction 0.875
+CONFIGS = {"224": IMAGENET, "320": IMAGENET.at_test_size(320)}
+# Landscape and portrait photos, as a client would send them.
+JPEGS = [encode_image(photo_like(375, 500, seed=1), quality=90), encode_image(photo_like(500, 375, seed=2), quality=90)]
+
+
+def evaluated(model, encoded, config):
+    """What evaluation computes for one encoded image, through the shared preprocessing module."""
+    pixels = normalize(eval_view(tf.constant(encoded), config), config.mean, config.std)
+    return keras.ops.convert_to_numpy(model(np.asarray(pixels)[None], training=False))[0]
+
+
+@pytest.fixture(scope="module", params=sorted(CONFIGS))
+def exported(request, tmp_path_factory):
+    keras.utils.clear_session()
+    config = CONFIGS[request.param]
+    model = make_position_sensitive_classifier(config.input_size, name=f"tiny{request.param}")
+    path = export_saved_model(model, tmp_path_factory.mktemp("exports"), input_config=config, top_k=2)
+    return config, model, path, tf.saved_model.load(str(path)).signatures
+
+
+@pytest.mark.core
+def test_served_output_equals_evaluated_output(exported):
+    config, model, _, signatures = exported
+    served = signatures["serving_bytes"](image_bytes=tf.constant(JPEGS))["probabilities"].numpy()
+    expected = np.stack([evaluated(model, jpeg, config) for jpeg in JPEGS])
+    np.testing.assert_allclose(served, expected, atol=1e-5, rtol=0)
+    # serving_default on the evaluation view's pixels says the same.
+    views = np.stack([eval_view(tf.constant(j), config).numpy() for j in JPEGS])
+    floats = signatures["serving_float"](images=tf.constant(views))["probabilities"].numpy()
+    np.testing.assert_allclose(floats, expected, atol=1e-5, rtol=0)
+
+
+@pytest.mark.core
+def test_the_served_view_is_not_the_shorter_side_to_crop_view(exported):
+    """The export used to resize the shorter side to the crop itself whatever the model's evaluation
+    crop; at crop_fraction 0.875 that view gives other outputs than the one evaluation uses."""
+    config, model, _, signatures = exported
+    served = signatures["serving_bytes"](image_bytes=tf.constant(JPEGS))["probabilities"].numpy()
+    old = np.stack([evaluated(model, jpeg, config.replace(crop_fraction=1.0)) for jpeg in JPEGS])
+    if config.crop_fraction == 1.0:  # the 320 test: the shorter side is the crop, as before
+        np.testing.assert_allclose(served, old, atol=1e-5, rtol=0)
+    else:
+        assert np.abs(served - old).max() > 1e-3
+
+
+@pytest.mark.core
+def test_the_archive_records_its_input_config(exported):
+    config, _, path, _ = exported
+    written = json.loads((path / "assets" / "preprocessing.json").read_text(encoding="utf-8"))
+    assert written == config.to_dict() and InputConfig.from_dict(written) == config
+    assert sorted(p.name for p in (path / "assets").iterdir()) == ["class_names.txt", "preprocessing.json"]
+
+
+def test_explicit_arguments_override_the_input_config_and_default_to_the_whole_image(tmp_path):
+    model = make_position_sensitive_classifier((64, 48, 3))
+    config = IMAGENET.replace(input_size=(64, 48, 3))
+    path = export_saved_model(model, tmp_path, name="a", input_config=config.to_dict(), crop_fraction=0.5,
+                              interpolation="bicubic", mean=[1, 2, 3])
+    written = InputConfig.from_dict(json.loads((path / "assets" / "preprocessing.json").read_text()))
+    assert written == config.replace(crop_fraction=0.5, interpolation="bicubic", mean=(1, 2, 3))
+    # Without an input config: crop_fraction 1.0 (the shorter side resized to the crop), mean 0, std 1.
+    path = export_saved_model(model, tmp_path, name="b")
+    written = InputConfig.from_dict(json.loads((path / "assets" / "preprocessing.json").read_text()))
+    assert written == InputConfig(input_size=(64, 48, 3), mean=(0, 0, 0), std=(1, 1, 1), crop_fraction=1.0)
+    jpeg = encode_image(photo_like(90, 150), quality=95)
+    served = tf.saved_model.load(str(path)).signatures["serving_bytes"](image_bytes=tf.constant([jpeg]))
+    np.testing.assert_allclose(served["probabilities"].numpy()[0], evaluated(model, jpeg, written), atol=1e-5)
+
+
+@pytest.mark.parametrize("kwargs, argument", [
+    (dict(crop_fraction=0.0), "crop_fraction"),
+    (dict(crop_fraction=1.5), "crop_fraction"),
+    (dict(crop_fraction="0.875"), "crop_fraction"),
+    (dict(interpolation="cubic"), "interpolation"),
+    (dict(input_config="imagenet"), "input_config"),
+    (dict(input_config=IMAGENET.at_test_size(320)), "input_config"),  # 320 for a 224 model
+    (dict(input_config={"input_size": [224, 224, 3], "crop_pct": 0.9}), "input_config"),
+    (dict(input_config=IMAGENET, mean=[1.0, 2.0]), "mean"),
+])
+def test_bad_preprocessing_arguments_raise_before_writing_anything(tmp_path, kwargs, argument):
+    model = make_position_sensitive_classifier((224, 224, 3))
+    with pytest.raises(ValueError, match=f"^Invalid {argument}"):
+        export_saved_model(model, tmp_path / "out", **kwargs)
+    assert not (tmp_path / "out").exists()
+
+
+def test_the_export_uses_only_public_export_api():
+    """The model is converted with ExportArchive's public add_endpoint/track/write_out; no private
+    method of ExportArchive (such as _backend_add_endpoint) is called."""
+    import inspect
+
+    from keras_preact.export import saved_model
+
+    source = inspect.getsource(saved_model)
+    assert "archive._" not in source and "_backend_add_endpoint" not in source
