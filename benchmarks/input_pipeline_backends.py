@@ -36,7 +36,8 @@ def child(args):
     sys.path.insert(0, str(REPO))
     import keras
 
-    from training import configs, data as data_lib, schedules, train as train_lib
+    from training import configs, pipelines, schedules, sources
+    from training import model as model_lib
 
     _, pipeline = VARIANTS[args.child]
     overrides = dict(depth=20, batch_size=args.batch_size, pipeline=pipeline, verbose="0")
@@ -45,11 +46,12 @@ def child(args):
                                     cache_dir=args.cache_dir, **overrides)
     else:
         config = configs.get_config("synthetic-resnet8", synthetic_train_size=8192, **overrides)
-    data = data_lib.load(config)
+    data = sources.load(config)
     resolved = schedules.resolve(config, data.train_size)
     keras.utils.set_random_seed(0)
-    _, model = train_lib.build_model(config, data.num_classes, resolved, pipeline, data)
-    stream, _ = data_lib.pipelines(data, config, config.batch_size)
+    mean, std = pipelines.pixel_stats(config, data)
+    _, model = model_lib.build_model(config, data.num_classes, resolved, pipeline=pipeline, mean=mean, std=std)
+    stream, _ = pipelines.pipelines(data, config, config.batch_size)
     model.fit(stream, epochs=1, steps_per_epoch=args.warmup, verbose=0)
     start = time.perf_counter()
     model.fit(stream, epochs=1, steps_per_epoch=args.steps, verbose=0)

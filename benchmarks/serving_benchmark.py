@@ -64,16 +64,16 @@ def main(argv=None):
                 body = json.dumps({"instances": images.tolist()}).encode()
                 normalized = images.astype(np.float32) / 127.5 - 1.0
 
-                def rest():
+                def rest(conn=conn, name=name, body=body):
                     conn.request("POST", f"/v1/models/{name}:predict", body=body)
                     response = conn.getresponse()
                     assert response.status == 200, response.read()
                     response.read()
 
                 cells = {
-                    "SavedModel in-process": lambda: serve(images=tf.constant(images)),
+                    "SavedModel in-process": lambda serve=serve, images=images: serve(images=tf.constant(images)),
                     "REST server (JSON uint8)": rest,
-                    "model.predict": lambda: model.predict(normalized, batch_size=batch, verbose=0),
+                    "model.predict": lambda model=model, x=normalized, b=batch: model.predict(x, batch_size=b, verbose=0),
                 }
                 for mode, fn in cells.items():
                     rows.append((name, mode, batch, *measure(fn, batch, args.requests)))
@@ -81,7 +81,7 @@ def main(argv=None):
             server.shutdown()
             server.server_close()
     print(f"\nimage size {args.image_size}, {args.requests} timed calls per cell, backend {keras.backend.backend()}")
-    print(f"| model | path | batch | images/s | p50 ms | p99 ms |\n|---|---|---|---|---|---|")
+    print("| model | path | batch | images/s | p50 ms | p99 ms |\n|---|---|---|---|---|---|")
     for name, mode, batch, ips, p50, p99 in rows:
         print(f"| {name} | {mode} | {batch} | {ips:.1f} | {p50:.1f} | {p99:.1f} |")
 

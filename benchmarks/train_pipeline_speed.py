@@ -48,9 +48,8 @@ def main():
     import numpy as np
 
     from benchmarks.train_cifar10_folder import extract
-    from training import configs
-    from training import data as data_lib
-    from training import train as train_lib
+    from training import configs, pipelines, schedules, sources
+    from training import model as model_lib
 
     if args.synthetic:
         config = configs.get_config("synthetic-resnet8", depth=args.depth, batch_size=args.batch_size)
@@ -60,15 +59,15 @@ def main():
             "cifar10-folder-resnet20-short", data_dir=str(root), cache_dir=args.cache,
             depth=args.depth, batch_size=args.batch_size,
         )
-    data = data_lib.load(config)
+    data = sources.load(config)
     rows = []
     for kind in ("tf_data", "numpy"):
-        stream, _ = data_lib.pipelines(data, config.replace(pipeline=kind), args.batch_size)
+        stream, _ = pipelines.pipelines(data, config.replace(pipeline=kind), args.batch_size)
         rows.append((f"input pipeline alone ({kind})", time_stream(stream, args.steps, args.batch_size)))
 
-    resolved = train_lib.schedules.resolve(config, data.train_size)
-    _, model = train_lib.build_model(config, data.num_classes, resolved)
-    stream, _ = data_lib.pipelines(data, config.replace(pipeline="tf_data"), args.batch_size)
+    resolved = schedules.resolve(config, data.train_size)
+    _, model = model_lib.build_model(config, data.num_classes, resolved)
+    stream, _ = pipelines.pipelines(data, config.replace(pipeline="tf_data"), args.batch_size)
     x, y = next(iter(stream))
     x, y = np.asarray(x), np.asarray(y)
     for _ in range(3):

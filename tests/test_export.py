@@ -1,6 +1,5 @@
 """SavedModel export: TF Serving layout, signatures, preprocessing in the graph, verified without keras."""
 
-import json
 import os
 import pathlib
 import subprocess
@@ -10,11 +9,12 @@ import textwrap
 import keras
 import numpy as np
 import pytest
+
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
-from keras_preact.export import export_run, export_saved_model
-from keras_preact.export import cli
-from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model as make_model
+from keras_preact.export import export_saved_model
+from keras_preact.testing import CLASS_NAMES, MEAN, STD
+from keras_preact.testing import make_export_model as make_model
 
 TOP_K = 3
 
@@ -201,45 +201,3 @@ def test_existing_version_is_never_overwritten_and_a_failed_export_leaves_nothin
     with pytest.raises(RuntimeError, match="disk full"):
         export_saved_model(model, tmp_path, name="m")
     assert sorted(p.name for p in (tmp_path / "m").iterdir()) == ["3"]
-
-
-def write_run(run_dir, model):
-    run_dir.mkdir(parents=True)
-    model.save(run_dir / "model.keras")
-    config = {"name": "cifar_run", "class_names": CLASS_NAMES, "image_size": [32, 32],
-              "normalization": {"mean": MEAN, "std": STD}, "model": {"depth": 8}}
-    (run_dir / "config.json").write_text(json.dumps(config))
-
-
-def test_export_run_and_cli_use_the_run_config(tmp_path, capsys):
-    model = make_model()
-    write_run(tmp_path / "run", model)
-    path = export_run(tmp_path / "run", tmp_path / "exports")
-    assert path == tmp_path / "exports" / "cifar_run" / "1"
-    assert cli.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--name", "other",
-                     "--version", "4"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "exports" / "other" / "4")
-    images = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
-    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
-    np.testing.assert_allclose(out["probabilities"].numpy(), keras_reference(model, images), atol=1e-5)
-    assert (path / "assets" / "class_names.txt").read_text().splitlines() == CLASS_NAMES
-
-
-@pytest.mark.parametrize(
-    "argv, message",
-    [
-        (["{missing}"], "config.json is missing"),
-        (["{run}", "--version", "0"], "invalid version"),
-        (["{bad_config}"], "config.json needs the keys"),
-    ],
-)
-def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
-    (tmp_path / "bad").mkdir()
-    (tmp_path / "bad" / "config.json").write_text(json.dumps({"name": "x"}))
-    (tmp_path / "bad" / "model.keras").write_bytes(b"")
-    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad"}
-    with pytest.raises(SystemExit) as exit_info:
-        cli.main([a.format(**paths) for a in argv] + ["--export-dir", str(tmp_path / "out")])
-    assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
-    assert not (tmp_path / "out").exists()

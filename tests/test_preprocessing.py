@@ -126,11 +126,28 @@ def tf():
 
 
 def training_eval_view(encoded, crop, train_crop):
-    """Training's ImageNet evaluation view, the reference the shared one must equal bit for bit.
-    Repoint this import if training's data module moves."""
-    from training.data import _imagenet_eval_view
+    """The ImageNet evaluation view training used before it moved to ``keras_preact.preprocessing``,
+    frozen here: the shared one must equal it bit for bit, so accuracies stay comparable."""
+    import math
 
-    return _imagenet_eval_view(encoded, (crop, crop), (train_crop, train_crop))
+    import tensorflow as tf
+
+    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    side = crop if crop > train_crop else math.ceil(crop * 256 / 224)
+    shape = tf.cast(tf.shape(image)[:2], tf.float32)
+    new = tf.cast(tf.round(shape * (tf.cast(side, tf.float32) / tf.reduce_min(shape))), tf.int32)
+    image = tf.image.resize(image, new, antialias=True)
+    return tf.image.resize_with_crop_or_pad(image, crop, crop)
+
+
+def test_training_evaluates_with_the_shared_view(tf):
+    """training.pipelines' ImageNet evaluation view is the shared ``eval_view`` at the run's config."""
+    from training import pipelines
+
+    encoded = tf.constant(encode_image(photo_like(375, 500)))
+    for crop, train_crop in ((224, 224), (320, 224)):
+        ours = pipelines.imagenet_eval_view(encoded, (crop, crop), (train_crop, train_crop))
+        np.testing.assert_array_equal(ours.numpy(), training_eval_view(encoded, crop, train_crop).numpy())
 
 
 @pytest.mark.parametrize("width, height", SIZES)

@@ -9,14 +9,30 @@ from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summar
 
 
 def test_tables_cover_the_paper():
-    assert len(TABLES["1"]) == 16 and len(TABLES["2"]) == 10 and len(TABLES["3"]) == 10
+    assert len(TABLES["1"]) == 16 and len(TABLES["2"]) == 10 and len(TABLES["3"]) == 12
     paper = {r.preset: r.paper_error for t in TABLES.values() for r in t}
     assert paper["t2-resnet164-full-preact"] == 5.46
     assert paper["t1-resnet110-dropout"] == FAIL
     assert paper["t3-cifar100-resnet1001-preact"] == 22.71
+    assert (paper["t3-cifar10-resnet110-1layer-original"], paper["t3-cifar10-resnet110-1layer-preact"]) == (9.90, 8.91)
     from training.configs import PRESETS
 
     assert all(r.preset in PRESETS for t in TABLES.values() for r in t)
+
+
+@pytest.mark.parametrize("label", ["original", "preact"])
+def test_the_one_layer_rows_train_the_registered_one_layer_network(label):
+    """Table 3's "ResNet-110 (1-layer skip)" presets build the registry's network (same parameters)."""
+    from keras_preact.models import create_model
+    from keras_preact.testing import trainable_params
+    from training import model as model_lib
+    from training.configs import PRESETS
+
+    config = PRESETS[f"t3-cifar10-resnet110-1layer-{label}"]
+    ours = model_lib.MODEL_BUILDERS[config.architecture](config, 10)
+    units = [layer for layer in ours.backbone.layers if layer.name.startswith("stage")]
+    assert len(units) == 108 and {unit.block for unit in units} == {"one_layer"}
+    assert trainable_params(ours) == trainable_params(create_model("cifar_resnet110_1layer", num_classes=10))
 
 
 def test_select_rows():
@@ -26,7 +42,8 @@ def test_select_rows():
         "t2-resnet110-relu-only-preact", "t2-resnet110-full-preact",
     ]
     assert [r.preset for r in select_rows("3", "scaled")] == [
-        "t3-cifar10-resnet110-original", "t3-cifar10-resnet110-preact"]
+        "t3-cifar10-resnet110-original", "t3-cifar10-resnet110-preact",
+        "t3-cifar10-resnet110-1layer-original", "t3-cifar10-resnet110-1layer-preact"]
     assert len(select_rows("2", "paper")) == 10
     picked = select_rows("1", "scaled", "dropout, resnet110-original")
     assert [r.preset for r in picked] == ["t1-resnet110-dropout", "t1-resnet110-original"]
@@ -47,6 +64,13 @@ def test_summary_statistics_and_markdown():
     assert "| a | `t1-x` | 6.61 | 12.00 | 14.00 ± 5.29 | 3 |" in text
     assert "| b | `t1-y` | fail (>20%) | — | — | 0 |" in text
     assert "paper (ResNet-110)" in text
+
+
+def test_help_lists_the_budgets_and_the_config_flags(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(["--help"])
+    out = capsys.readouterr().out
+    assert exit_info.value.code == 0 and "50% and 75%" in out and "--batch-size" in out and "--data-dir" in out
 
 
 def test_bad_arguments():

@@ -17,8 +17,8 @@ import keras
 import numpy as np
 import pytest
 
-from training import augment, configs
-from training import data as data_lib
+from training import augment, cli, configs, pipelines, sources
+from training import run_dir as run_files
 from training import train as train_lib
 
 pytestmark = pytest.mark.notf
@@ -35,7 +35,7 @@ def env():
 
 
 def run_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "training.train", *args], cwd=REPO, env=env(),
+    return subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, env=env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -100,7 +100,7 @@ def test_device_model_normalizes_like_the_host():
     from keras_preact.models import cifar_resnet
 
     classifier = cifar_resnet(8, 10, input_shape=(16, 16, 3))
-    mean, std = data_lib.normalization(configs.get_config("synthetic-resnet8"))
+    mean, std = pipelines.pixel_stats(configs.get_config("synthetic-resnet8"))
     model = augment.device_training_model(classifier, augmentation="cifar", mean=mean, std=std, seed=0)
     images = np.random.default_rng(1).integers(0, 256, (4, 16, 16, 3)).astype("uint8")
     host = classifier.predict((images.astype("float32") - mean) / std, verbose=0)
@@ -130,7 +130,7 @@ def test_pipelines_feed_fit_and_are_deterministic(tmp_path, pipeline):
         return
     result, c = run("c", steps_per_execution=3)
     assert result["steps"] == 6
-    assert train_lib.read_backup(tmp_path / "c" / "checkpoints" / "backup")["step"] == 6
+    assert run_files.read_backup(tmp_path / "c" / "checkpoints" / "backup")["step"] == 6
     for x, y in zip(a, c):
         np.testing.assert_allclose(x, y, rtol=1e-4, atol=1e-5)
 
@@ -138,10 +138,10 @@ def test_pipelines_feed_fit_and_are_deterministic(tmp_path, pipeline):
 def test_auto_pipeline_choice():
     config = configs.get_config("synthetic-resnet8")
     expected = "tf_data" if keras.backend.backend() == "tensorflow" and HAS_TF else "device"
-    assert data_lib.resolve_pipeline(config) == expected
+    assert pipelines.resolve_pipeline(config) == expected
     if not HAS_TF:
-        with pytest.raises(data_lib.DataError, match="pipeline='tf_data' needs TensorFlow"):
-            data_lib.pipelines(data_lib.synthetic(16, 16, image_size=(8, 8)), config.replace(pipeline="tf_data"), 8)
+        with pytest.raises(sources.DataError, match="pipeline='tf_data' needs TensorFlow"):
+            pipelines.pipelines(sources.synthetic(16, 16, image_size=(8, 8)), config.replace(pipeline="tf_data"), 8)
 
 
 # --------------------------------------------------------------------------------- CLI end to end
@@ -185,7 +185,7 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
     tfds = run_cli("--dataset", "cifar10", "--run-dir", str(tmp_path / "tfds"), timeout=120)
     assert tfds.returncode == 2 and "Traceback" not in tfds.stderr
     assert "needs TensorFlow" in tfds.stderr and "--dataset folder or synthetic" in tfds.stderr
-    export = subprocess.run([sys.executable, "-m", "keras_preact.export.cli", str(run_dir)], cwd=REPO,
+    export = subprocess.run([sys.executable, "-m", "training.export", str(run_dir)], cwd=REPO,
                             env=env(), capture_output=True, text=True, timeout=120)
     assert export.returncode == 2 and "Traceback" not in export.stderr
     assert export.stderr.strip().endswith("needs TensorFlow: pip install tensorflow")
@@ -197,14 +197,14 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
 
 def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys):
     """A malformed batch makes Keras raise inside fit with pages of array values; we print one line."""
-    real = data_lib.pipelines
+    real = pipelines.pipelines
 
     def malformed(*args, **kwargs):
         train, test = real(*args, **kwargs)
         return (((x, y),) for x, y in train), test
 
-    monkeypatch.setattr(data_lib, "pipelines", malformed)
-    code = train_lib.main(["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--epochs", "1",
+    monkeypatch.setattr(pipelines, "pipelines", malformed)
+    code = cli.main(["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--epochs", "1",
                            "--steps-per-epoch", "2", "--run-dir", str(tmp_path / "run"), "--no-export",
                            "--verbose", "0", "--pipeline", "numpy"])
     err = capsys.readouterr().err

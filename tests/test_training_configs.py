@@ -2,7 +2,6 @@
 
 import math
 
-import keras
 import numpy as np
 import pytest
 
@@ -97,3 +96,45 @@ def test_unknown_preset_and_field():
         configs.get_config("resnet9000")
     with pytest.raises(ValueError, match="Unknown config field.*learning_rat"):
         configs.get_config("synthetic-resnet8", learning_rat=0.1)
+
+
+def test_every_config_field_is_a_flag_of_both_commands():
+    """The flags are generated from Config: a new field is a flag of keras-preact-train and reproduce."""
+    import argparse
+    import dataclasses
+
+    from training import cli, flags, reproduce
+
+    fields = {f.name for f in dataclasses.fields(configs.Config)} - set(flags.NOT_FLAGS)
+    train_dests = {a.dest for a in cli.build_parser()._actions}  # noqa: SLF001 - argparse has no public list
+    reproduce_dests = {a.dest for a in reproduce.build_parser()._actions}  # noqa: SLF001
+    assert fields <= train_dests
+    assert fields - set(reproduce.REPRODUCE_OWNS) <= reproduce_dests
+
+    parser = cli.build_parser()
+    args = parser.parse_args(["--lr", "0.05", "--image-size", "24", "24", "--boundaries", "--no-export",
+                              "--unit-options", '{"ordering": "original"}', "--jit-compile", "false"])
+    config = cli.config_from_args(args, parser)
+    assert (config.base_lr, config.image_size, config.boundaries, config.export) == (0.05, (24, 24), (), False)
+    assert config.unit_options == {"ordering": "original"} and config.jit_compile == "false"
+    assert flags.parse_assignment("batch_size=64") == ("batch_size", 64)
+    assert flags.parse_assignment("image_size=[24, 24]") == ("image_size", (24, 24))
+    with pytest.raises(argparse.ArgumentTypeError, match="unknown config field 'batch'"):
+        flags.parse_assignment("batch=64")
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--schedule", "linear"], "argument --schedule: invalid choice: 'linear'"),
+        (["--unit-options", "[1]"], "argument --unit-options: a JSON object is required"),
+        (["--batch-size", "many"], "argument --batch-size: invalid int value: 'many'"),
+        (["--image-size", "32"], "argument --image-size: expected 2 arguments"),
+    ],
+)
+def test_bad_flags_name_the_flag(capsys, argv, message):
+    from training import cli
+
+    with pytest.raises(SystemExit) as exit_info:
+        cli.build_parser().parse_args(argv)
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err

@@ -8,8 +8,7 @@ import time
 import numpy as np
 import pytest
 
-from training import configs
-from training import data as data_lib
+from training import configs, pipelines, sources
 
 
 def _write_tree(root, sizes, per_class=3, classes=("cat", "dog"), splits=("train", "test")):
@@ -28,9 +27,9 @@ def _write_tree(root, sizes, per_class=3, classes=("cat", "dog"), splits=("train
 
 @pytest.mark.core
 def test_synthetic_is_deterministic_and_class_dependent():
-    a = data_lib.synthetic(256, 64, 4, (16, 16), seed=3)
-    b = data_lib.synthetic(256, 64, 4, (16, 16), seed=3)
-    c = data_lib.synthetic(256, 64, 4, (16, 16), seed=4)
+    a = sources.synthetic(256, 64, 4, (16, 16), seed=3)
+    b = sources.synthetic(256, 64, 4, (16, 16), seed=3)
+    c = sources.synthetic(256, 64, 4, (16, 16), seed=4)
     np.testing.assert_array_equal(a.train_images, b.train_images)
     assert not np.array_equal(a.train_images, c.train_images)
     assert a.train_images.dtype == np.uint8 and a.train_images.shape == (256, 16, 16, 3)
@@ -50,7 +49,7 @@ def test_synthetic_is_deterministic_and_class_dependent():
 def test_folder_decodes_labels_sorted_and_caches(tmp_path):
     root = _write_tree(tmp_path / "tree", lambda s, c, i: (8, 10))
     cache = tmp_path / "cache"
-    d = data_lib.folder(root, cache)
+    d = sources.folder(root, cache)
     assert d.class_names == ["cat", "dog"]
     assert d.train_images.shape == (6, 8, 10, 3) and list(d.train_labels) == [0, 0, 0, 1, 1, 1]
     from PIL import Image
@@ -62,32 +61,32 @@ def test_folder_decodes_labels_sorted_and_caches(tmp_path):
     poisoned = np.load(cached[0])
     poisoned[:] = 7
     np.save(cached[0], poisoned)
-    again = data_lib.folder(root, cache)
+    again = sources.folder(root, cache)
     assert (again.train_images == 7).all() or (again.test_images == 7).all()
 
 
 @pytest.mark.core
 @pytest.mark.notf
 def test_folder_bad_inputs_are_named(tmp_path):
-    with pytest.raises(data_lib.DataError, match="is not a directory"):
-        data_lib.folder(tmp_path / "missing")
+    with pytest.raises(sources.DataError, match="is not a directory"):
+        sources.folder(tmp_path / "missing")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(data_lib.DataError, match="must contain train/ and test/"):
-        data_lib.folder(tmp_path / "empty")
+    with pytest.raises(sources.DataError, match="must contain train/ and test/"):
+        sources.folder(tmp_path / "empty")
     mixed = _write_tree(tmp_path / "mixed", lambda s, c, i: (8, 8) if i else (9, 8))
-    with pytest.raises(data_lib.DataError, match="mixed sizes"):
-        data_lib.folder(mixed, tmp_path / "c1")
+    with pytest.raises(sources.DataError, match="mixed sizes"):
+        sources.folder(mixed, tmp_path / "c1")
     hollow = _write_tree(tmp_path / "hollow", lambda s, c, i: (8, 8))
     (hollow / "train" / "zebra").mkdir()
-    with pytest.raises(data_lib.DataError, match="zebra has no images"):
-        data_lib.folder(hollow, tmp_path / "c2")
+    with pytest.raises(sources.DataError, match="zebra has no images"):
+        sources.folder(hollow, tmp_path / "c2")
 
 
 @pytest.mark.core
 def test_labels_out_of_range_are_rejected():
-    d = data_lib.synthetic(16, 8, 3, (8, 8))
+    d = sources.synthetic(16, 8, 3, (8, 8))
     d.train_labels[0] = 3
-    with pytest.raises(data_lib.DataError, match=r"train labels out of range.*\[0, 2\]"):
+    with pytest.raises(sources.DataError, match=r"train labels out of range.*\[0, 2\]"):
         d.validate()
 
 
@@ -95,9 +94,9 @@ def test_tfds_missing_data_fails_fast_without_network(tmp_path):
     # A subprocess with a hard timeout: TFDS must not probe GCS or download.
     code = (
         "import sys; sys.path.insert(0, '.')\n"
-        "from training import data\n"
-        f"try:\n    data.tfds_builder('cifar10', data_dir={str(tmp_path)!r})\n"
-        "except data.DataError as e:\n    print('DATAERROR', e)\n"
+        "from training import sources\n"
+        f"try:\n    sources.tfds_builder('cifar10', data_dir={str(tmp_path)!r})\n"
+        "except sources.DataError as e:\n    print('DATAERROR', e)\n"
     )
     started = time.time()
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
@@ -108,15 +107,15 @@ def test_tfds_missing_data_fails_fast_without_network(tmp_path):
 
 
 def test_unknown_dataset_is_named():
-    with pytest.raises(data_lib.DataError, match="Unknown dataset='no_such_set'"):
-        data_lib.tfds_builder("no_such_set")
+    with pytest.raises(sources.DataError, match="Unknown dataset='no_such_set'"):
+        sources.tfds_builder("no_such_set")
 
 
 def test_tf_cifar_augmentation_is_a_padded_crop_and_flip():
     import tensorflow as tf
 
     images = np.random.default_rng(0).integers(1, 255, (64, 8, 8, 3), dtype=np.uint8)
-    out = data_lib._tf_cifar_augment(tf.constant(images), tf.constant([1, 2], tf.int64)).numpy()
+    out = pipelines._tf_cifar_augment(tf.constant(images), tf.constant([1, 2], tf.int64)).numpy()
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
     flips = 0
     for i in range(64):
@@ -132,7 +131,7 @@ def test_tf_cifar_augmentation_is_a_padded_crop_and_flip():
 @pytest.mark.notf
 def test_numpy_cifar_augmentation_is_a_padded_crop_and_flip():
     images = np.random.default_rng(0).integers(1, 255, (32, 8, 8, 3), dtype=np.uint8)
-    out = data_lib.numpy_cifar_augment(images, np.random.default_rng(1))
+    out = pipelines.numpy_cifar_augment(images, np.random.default_rng(1))
     padded = np.pad(images, [(0, 0), (4, 4), (4, 4), (0, 0)])
     for i in range(32):
         windows = [padded[i, y:y + 8, x:x + 8] for y in range(9) for x in range(9)]
@@ -145,10 +144,10 @@ def test_stream_resumes_exactly_at_a_step(pipeline):
     if pipeline == "tf_data":
         pytest.importorskip("tensorflow")
     config = configs.get_config("synthetic-resnet8", image_size=(8, 8), pipeline=pipeline, seed=5)
-    d = data_lib.synthetic(40, 8, 3, (8, 8), seed=5)
+    d = sources.synthetic(40, 8, 3, (8, 8), seed=5)
 
     def batches(start, count):
-        train, _ = data_lib.pipelines(d, config, 16, start_step=start)
+        train, _ = pipelines.pipelines(d, config, 16, start_step=start)
         it = iter(train)
         return [tuple(np.asarray(t) for t in next(it)) for _ in range(count)]
 

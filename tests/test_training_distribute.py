@@ -120,7 +120,7 @@ def start_workers(argv, tmp_path, python_code=None):
     """Two TensorFlow workers on loopback (TF_CONFIG), running ``training.train`` (or ``python_code``)."""
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    command = [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "training.train"]
+    command = [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "training.cli"]
     return [
         subprocess.Popen(
             command + argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -210,9 +210,9 @@ def test_tf_multi_worker_resumes_after_a_worker_is_killed(tmp_path):
 
 UNPATCHED = """
 import sys
-from training import compat, train
+from training import cli, compat
 compat.apply_multiworker_fix = lambda: False
-sys.exit(train.main(sys.argv[1:]))
+sys.exit(cli.main(sys.argv[1:]))
 """
 
 

@@ -8,9 +8,8 @@ import numpy as np
 import pytest
 
 from keras_preact.analysis.autodiff import get_autodiff
-from training import configs, schedules
-from training import data as data_lib
-from training import train as train_lib
+from training import cli, configs, pipelines, schedules, sources
+from training import model as model_lib
 from training.optimizers import TorchSGD
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
@@ -58,7 +57,7 @@ def test_three_steps_equal_torch_optim_sgd(scope):
     resolved = schedules.resolve(config, train_size=24)
     assert [lr for _, lr in schedules.lr_table(config, resolved)] == [0.01, 0.1, pytest.approx(0.01)]
     model = tiny_model()
-    train_lib.compile_model(model, config, resolved, num_classes=4)
+    model_lib.compile_model(model, config, resolved, num_classes=4)
     assert isinstance(model.optimizer, TorchSGD) and model.optimizer.nesterov
     rng = np.random.default_rng(0)
     reference = [keras.ops.convert_to_numpy(v).astype(np.float64) for v in model.trainable_variables]
@@ -72,7 +71,7 @@ def test_three_steps_equal_torch_optim_sgd(scope):
             wd = 0.05 if scope == "all" or names[i] == "kernel" else 0.0
             reference[i] = optim_sgd(w, g, states[i], lr=lr, wd=wd, mom=0.9, nesterov=True)
         model.train_on_batch(x, y)
-        for name, v, expected in zip(names, model.trainable_variables, reference):
+        for _name, v, expected in zip(names, model.trainable_variables, reference):
             np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=1e-5, atol=1e-6,
                                        err_msg=f"{v.path} after step {step + 1} ({scope})")
     # The weight decay reached BN gamma/beta and biases only with the official scope "all".
@@ -119,13 +118,13 @@ def test_paper_presets_use_the_official_optimizer_and_the_papers_normalization()
 
 
 def test_pixel_mean_is_the_mean_training_image():
-    data = data_lib.synthetic(64, 16, image_size=(8, 8), seed=3)
+    data = sources.synthetic(64, 16, image_size=(8, 8), seed=3)
     config = configs.get_config("synthetic-resnet8", normalization="pixel_mean", image_size=(8, 8))
-    mean, std = data_lib.normalization(config, data)
+    mean, std = pipelines.pixel_stats(config, data)
     assert mean.shape == (8, 8, 3) and std.tolist() == [1.0, 1.0, 1.0]
     np.testing.assert_allclose(mean, data.train_images.astype(np.float64).mean(axis=0), rtol=1e-6)
-    with pytest.raises(data_lib.DataError, match="pixel_mean"):
-        data_lib.normalization(config)
+    with pytest.raises(sources.DataError, match="pixel_mean"):
+        pipelines.pixel_stats(config)
     # On the device the same mean image is subtracted (then the pad-crop-flip, training only).
     from keras_preact.models import cifar_resnet
     from training import augment
@@ -151,7 +150,7 @@ def test_pixel_mean_is_the_mean_training_image():
     ],
 )
 def test_dry_run_prints_the_papers_schedule(preset, expected, capsys):
-    assert train_lib.main(["--preset", preset, "--dry-run"]) == 0
+    assert cli.main(["--preset", preset, "--dry-run"]) == 0
     out = capsys.readouterr().out
     rows = out.split("from iteration:\n")[1].strip().splitlines()
     parsed = [(int(r.split()[0]), None if "stop" in r else float(r.split()[1])) for r in rows]
@@ -161,16 +160,16 @@ def test_dry_run_prints_the_papers_schedule(preset, expected, capsys):
 
 def test_dry_run_reads_no_data_and_trains_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
-    assert train_lib.main(["--preset", "t5-resnet152-preact", "--dry-run", "--run-dir", str(run_dir)]) == 0
+    assert cli.main(["--preset", "t5-resnet152-preact", "--dry-run", "--run-dir", str(run_dir)]) == 0
     assert not run_dir.exists() and "1281167 training images" in capsys.readouterr().out
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="SavedModel export needs TensorFlow")
 def test_export_carries_the_mean_image(tmp_path):
+    import tensorflow as tf
+
     from keras_preact.export import export_saved_model
     from keras_preact.models import cifar_resnet
-
-    import tensorflow as tf
 
     model = cifar_resnet(8, 10, input_shape=(8, 8, 3))
     mean = np.random.default_rng(2).uniform(100, 150, (8, 8, 3)).astype("float32")

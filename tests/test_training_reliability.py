@@ -14,8 +14,8 @@ import keras
 import numpy as np
 import pytest
 
-from training import configs, run_state
-from training import data as data_lib
+from training import cli, configs, run_state, sources
+from training import run_dir as run_files
 from training import train as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -75,7 +75,7 @@ def test_finished_run_rerun_is_a_noop_and_resumes_a_missing_phase_from_trained_w
 
 
 def _command(run_dir, export_dir):
-    return [sys.executable, "-m", "training.train", "--depth", "8", "--image-size", "16", "16",
+    return [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16",
             "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-every", "2",
             "--run-dir", str(run_dir), "--export", "--export-dir", str(export_dir), "--verbose", "0",
             "--jit-compile", "false", "--seed", "5"]
@@ -113,7 +113,7 @@ def _serve(version_dir, images):
 
 def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
     straight_run, straight_export = tmp_path / "straight", tmp_path / "straight-export"
-    train_lib.train(train_lib.config_from_args(*_parsed(_command(straight_run, straight_export)[3:])))
+    train_lib.train(cli.config_from_args(*_parsed(_command(straight_run, straight_export)[3:])))
 
     run, export = tmp_path / "run", tmp_path / "export"
     backup = run / "checkpoints" / "backup"
@@ -122,7 +122,7 @@ def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
     assert [p.name for p in backup.iterdir()] == [p.name for p in backup.iterdir() if p.name.startswith(".tmp-state")]
     # Killed after the last backup, before evaluation: no metrics, no model.
     assert _run(run, export, kill_at="trained").returncode == -signal.SIGKILL
-    assert train_lib.read_backup(backup)["step"] == 6
+    assert run_files.read_backup(backup)["step"] == 6
     assert not (run / "metrics.json").exists() and not (run / "model.keras").exists()
     # Killed while saving model.keras (written to a temporary name, not yet renamed).
     assert _run(run, export, kill_at="save").returncode == -signal.SIGKILL
@@ -148,13 +148,13 @@ def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
 
     # A finished run re-run is a no-op that says so.
     stamp = (run / "model.keras").stat().st_mtime_ns
-    train_lib.train(train_lib.config_from_args(*_parsed(_command(run, export)[3:])))
+    train_lib.train(cli.config_from_args(*_parsed(_command(run, export)[3:])))
     assert (run / "model.keras").stat().st_mtime_ns == stamp
     assert sorted(p.name for p in (export / "synthetic-resnet8").iterdir()) == ["1"]
 
 
 def _parsed(argv):
-    parser = train_lib.build_parser()
+    parser = cli.build_parser()
     return parser.parse_args(argv), parser
 
 
@@ -181,7 +181,7 @@ def test_enospc_while_writing_a_checkpoint_fails_with_one_line_and_removes_the_t
     monkeypatch.setattr(keras.Model, "save_weights", full)
     config = tiny(tmp_path)
     with pytest.raises(SystemExit) as e:
-        sys.exit(train_lib.main(["--config", _config_file(tmp_path, config)]))
+        sys.exit(cli.main(["--config", _config_file(tmp_path, config)]))
     assert e.value.code == 1
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("keras-preact-train: error: [Errno 28] No space left to write ")
@@ -212,7 +212,7 @@ def test_real_full_tmpfs_fails_in_one_line_without_segfault(tmp_path):
     try:
         env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
         result = subprocess.run(
-            [sys.executable, "-m", "training.train", "--depth", "8", "--image-size", "16", "16",
+            [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16",
              "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "4", "--checkpoint-every", "2",
              "--no-export", "--verbose", "0", "--jit-compile", "false", "--run-dir", str(full / "run")],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
@@ -284,7 +284,7 @@ def test_bad_image_files_are_named_or_skipped_with_a_count(tmp_path, capsys):
     bad = _tree_with_bad_files(root)
     config = tiny(tmp_path, dataset="folder", data_dir=str(root), cache_dir=str(tmp_path / "cache"),
                   normalization="cifar10", steps_per_epoch=2)
-    with pytest.raises(data_lib.DataError) as e:
+    with pytest.raises(sources.DataError) as e:
         train_lib.train(config)
     message = str(e.value)
     assert "2 of 26 image files cannot be decoded" in message
@@ -297,7 +297,7 @@ def test_bad_image_files_are_named_or_skipped_with_a_count(tmp_path, capsys):
     assert "[data] skipped 2 of 26 unreadable image files" in out
     assert "[data] skipped 1 of 25 unreadable image files" in out
     assert result["steps"] == 4
-    data = data_lib.folder(root, tmp_path / "cache", skip_bad_images=True)
+    data = sources.folder(root, tmp_path / "cache", skip_bad_images=True)
     assert data.train_size == 24 and len(data.test_labels) == 24
     assert list(data.train_labels) == [0] * 12 + [1] * 12  # labels follow the kept files
 
@@ -311,7 +311,7 @@ def test_bad_image_files_are_named_or_skipped_with_a_count(tmp_path, capsys):
 ])
 def test_cli_non_finite_and_out_of_range_values_exit_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        train_lib.main(argv)
+        cli.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -325,7 +325,7 @@ def test_every_float_field_must_be_finite():
 
 
 def test_batch_size_beyond_the_training_set_states_the_limit(tmp_path):
-    with pytest.raises(data_lib.DataError, match="batch_size=97: larger than the 96 training images; at most 96"):
+    with pytest.raises(sources.DataError, match="batch_size=97: larger than the 96 training images; at most 96"):
         train_lib.train(tiny(tmp_path, batch_size=97))
 
 
@@ -337,7 +337,7 @@ def test_cli_bad_config_file_is_named(tmp_path, capsys, text, message):
     path = tmp_path / "bad.json"
     path.write_text(text)
     with pytest.raises(SystemExit) as e:
-        train_lib.main(["--config", str(path)])
+        cli.main(["--config", str(path)])
     assert e.value.code == 2
     assert f"Invalid config file {str(path)!r}: {message}" in capsys.readouterr().err
 
@@ -346,7 +346,7 @@ def test_export_dir_that_is_a_file_is_rejected_before_training(tmp_path, capsys)
     target = tmp_path / "file"
     target.write_text("x")
     with pytest.raises(SystemExit) as e:
-        train_lib.main(["--depth", "8", "--export", "--export-dir", str(target), "--run-dir", str(tmp_path / "run")])
+        cli.main(["--depth", "8", "--export", "--export-dir", str(target), "--run-dir", str(tmp_path / "run")])
     assert e.value.code == 2
     assert f"Invalid export_dir={str(target)!r}: {target} is a file, not a directory" in capsys.readouterr().err
     assert not (tmp_path / "run" / "history.csv").exists()
@@ -354,7 +354,7 @@ def test_export_dir_that_is_a_file_is_rejected_before_training(tmp_path, capsys)
 
 
 def test_truncated_model_keras_is_reported_as_corrupt(tmp_path, capsys):
-    from keras_preact.export import cli
+    from training import export as cli
 
     config = tiny(tmp_path)
     train_lib.train(config)
@@ -393,10 +393,10 @@ def test_folder_names_bad_files_with_either_decoder(tmp_path, monkeypatch, decod
         monkeypatch.setitem(sys.modules, "tensorflow", None)  # as on a machine without TensorFlow
     root = tmp_path / "tree"
     bad = _tree_with_bad_files(root)
-    with pytest.raises(data_lib.DataError, match="2 of 26 image files cannot be decoded") as e:
-        data_lib.folder(root, tmp_path / "cache")
+    with pytest.raises(sources.DataError, match="2 of 26 image files cannot be decoded") as e:
+        sources.folder(root, tmp_path / "cache")
     assert str(bad[0]) in str(e.value) and str(bad[1]) in str(e.value)
-    data = data_lib.folder(root, tmp_path / "cache", skip_bad_images=True)
+    data = sources.folder(root, tmp_path / "cache", skip_bad_images=True)
     assert (data.train_size, len(data.test_labels)) == (24, 24)
     assert list(data.train_labels) == [0] * 12 + [1] * 12
     assert not list((tmp_path / "cache").glob("*.npy"))  # only complete decodes are cached (both splits lack files)
@@ -408,7 +408,7 @@ def test_streamed_folder_names_a_non_image_file_or_skips_it(tmp_path):
     root = tmp_path / "tree"
     bad = _tree_with_bad_files(root)
     with pytest.raises(tf.errors.InvalidArgumentError, match="Not an image file") as e:
-        list(data_lib.folder_stream(root).make("train"))
+        list(sources.folder_stream(root).make("train"))
     assert str(bad[0]) in str(e.value) or str(bad[1]) in str(e.value)
-    kept = list(data_lib.folder_stream(root, skip_bad_images=True).make("train"))
+    kept = list(sources.folder_stream(root, skip_bad_images=True).make("train"))
     assert len(kept) == 24  # 26 files, the text and the empty one left out

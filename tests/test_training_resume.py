@@ -17,7 +17,7 @@ STEPS_PER_EPOCH, EPOCHS = 20, 2
 
 
 def command(run_dir):
-    return [sys.executable, "-m", "training.train", "--depth", "8", "--image-size", "16", "16", "--batch-size", "32", "--epochs", str(EPOCHS),
+    return [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16", "--batch-size", "32", "--epochs", str(EPOCHS),
             "--steps-per-epoch", str(STEPS_PER_EPOCH), "--checkpoint-every", "4", "--run-dir", str(run_dir),
             "--verbose", "0", "--no-export", "--jit-compile", "false", "--seed", "3"]
 

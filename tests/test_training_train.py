@@ -1,14 +1,14 @@
 """End-to-end runs of ``training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
 
 import json
-import os
 
 import keras
 import numpy as np
 import pytest
 
-from training import configs, distribute
-from training import data as data_lib
+from training import cli, configs, distribute, manifest, pipelines, schedules, sources
+from training import model as model_lib
+from training import run_dir as run_files
 from training import train as train_lib
 
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
@@ -32,18 +32,20 @@ def test_run_directory_contract(tmp_path):
     cfg = json.loads((run / "config.json").read_text())
     assert cfg["name"] == "synthetic-resnet8"
     assert cfg["class_names"] == [f"class_{k}" for k in range(10)]
-    assert cfg["image_size"] == [16, 16]
-    assert cfg["normalization"] == {"mean": [127.5] * 3, "std": [63.75] * 3}
+    assert cfg["format"] == "keras-preact-run/2" and cfg["num_classes"] == 10
+    assert cfg["input_config"]["input_size"] == [16, 16, 3] and cfg["input_config"]["crop_fraction"] == 1.0
+    assert (cfg["input_config"]["mean"], cfg["input_config"]["std"]) == ([127.5] * 3, [63.75] * 3)
+    assert cfg["config"]["normalization"] == tiny(tmp_path).normalization  # the name; its values are above
     assert json.loads((run / "metrics.json").read_text())["test_accuracy"] == pytest.approx(result["test_accuracy"])
     # The config re-runs: the same Config comes back from config.json.
-    assert train_lib.config_from_run(run) == tiny(tmp_path)
+    assert manifest.config_from_run(run) == tiny(tmp_path)
     model = keras.saving.load_model(run / "model.keras", safe_mode=True)
     assert model.get_layer("predictions").dtype_policy.name == "float32"
     rows = (run / "history.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch")
     assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
     # The kept backup is the final state, at the last step.
-    assert train_lib.read_backup(run / "checkpoints" / "backup")["step"] == 6
+    assert run_files.read_backup(run / "checkpoints" / "backup")["step"] == 6
     # No temporary files are left behind.
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]
 
@@ -69,10 +71,12 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
                   epochs=3, steps_per_epoch=4, checkpoint_every=1)
     with pytest.raises(train_lib.TrainingDiverged, match=r"NaN/inf.*Last good checkpoint: .*model\.weights\.h5 \(step \d+\)"):
         train_lib.train(config)
-    backup = train_lib.read_backup(tmp_path / "run" / "checkpoints" / "backup")
+    backup = run_files.read_backup(tmp_path / "run" / "checkpoints" / "backup")
     assert backup is not None and 1 <= backup["step"] < 12
-    resolved = __import__("training.schedules").schedules.resolve(config, 96)
-    _, model = train_lib.build_model(config, 10, resolved, data_lib.resolve_pipeline(config))
+    resolved = schedules.resolve(config, 96)
+    mean, std = pipelines.pixel_stats(config)
+    _, model = model_lib.build_model(config, 10, resolved, pipeline=pipelines.resolve_pipeline(config), mean=mean,
+                                     std=std)
     model.optimizer.build(model.trainable_variables)
     model.load_weights(backup["weights"])
     assert all(np.isfinite(np.asarray(w)).all() for w in model.get_weights())
@@ -93,11 +97,11 @@ def test_unwritable_run_dir_fails_before_training(tmp_path):
 
 
 def test_image_size_mismatch_and_bad_user_data(tmp_path):
-    with pytest.raises(data_lib.DataError, match=r"image_size=\[16, 16\]"):
-        train_lib.train(tiny(tmp_path), data=data_lib.synthetic(32, 8, 10, (8, 8)))
-    bad = data_lib.synthetic(32, 8, 10, (16, 16))
+    with pytest.raises(sources.DataError, match=r"image_size=\[16, 16\]"):
+        train_lib.train(tiny(tmp_path), data=sources.synthetic(32, 8, 10, (8, 8)))
+    bad = sources.synthetic(32, 8, 10, (16, 16))
     bad.test_labels[:] = 12
-    with pytest.raises(data_lib.DataError, match="test labels out of range"):
+    with pytest.raises(sources.DataError, match="test labels out of range"):
         train_lib.train(tiny(tmp_path), data=bad)
 
 
@@ -109,7 +113,7 @@ def test_distribution_backend_is_checked(tmp_path):
 
 def test_cli_help_lists_presets(capsys):
     with pytest.raises(SystemExit) as e:
-        train_lib.main(["--help"])
+        cli.main(["--help"])
     assert e.value.code == 0
     out = capsys.readouterr().out
     for name in ("synthetic-resnet8", "t2-resnet164-full-preact", "t5-resnet200-preact", "--distribute", "--precision"):
@@ -129,7 +133,7 @@ def test_cli_help_lists_presets(capsys):
 )
 def test_cli_bad_input_exits_2(argv, message, capsys):
     with pytest.raises(SystemExit) as e:
-        train_lib.main(argv)
+        cli.main(argv)
     assert e.value.code == 2
     assert message in capsys.readouterr().err
 
@@ -138,7 +142,7 @@ def test_cli_missing_folder_and_unknown_dataset(tmp_path, capsys):
     for argv, message in ((["--dataset", "folder", "--data-dir", str(tmp_path / "none")], "is not a directory"),
                           (["--dataset", "no_such_set"], "Unknown dataset='no_such_set'")):
         with pytest.raises(SystemExit) as e:
-            train_lib.main(argv + ["--run-dir", str(tmp_path / "run")])
+            cli.main(argv + ["--run-dir", str(tmp_path / "run")])
         assert e.value.code == 2
         assert message in capsys.readouterr().err
 

@@ -1,18 +1,20 @@
 """Training recipes for every experiment of He et al. 2016 ("Identity Mappings in Deep Residual Networks").
 
-Python API::
+Installed as ``keras_preact_training`` (this folder; ``training`` in a checkout). Python API::
 
-    from training.configs import get_config, PRESETS
+    from training.configs import get_config
     from training.train import train
 
-    config = get_config("cifar10-resnet110-preact", epochs=2, steps_per_epoch=10, dataset="synthetic")
-    result = train(config)        # {"run_dir": ..., "test_accuracy": ..., ...}
+    result = train(get_config("t2-resnet110-full-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg", epochs=2))
+    result["test_accuracy"], result["run_dir"]
 
-CLI: ``python -m training.train --help`` (console script ``keras-preact-train``).
+CLI: ``keras-preact-train --help`` (``python -m training.cli``), ``keras-preact-export RUN_DIR``,
+``python -m training.reproduce --table 2``.
 
-Modules: ``configs`` (the ``Config`` dataclass and the ``PRESETS`` table, one entry per paper
-experiment), ``data`` (synthetic / image-folder / TFDS data, tf.data and numpy pipelines),
-``schedules`` (warm-up + step learning rates from ``keras.optimizers.schedules``), ``distribute``
-(strategies and ``keras.distribution``), ``plots`` (training curves PNG), ``train`` (CLI + API).
-Nothing in ``keras_preact`` imports this package.
+Modules, in the order data flows: ``configs`` (the ``Config`` dataclass and ``PRESETS``, one entry per
+experiment of the paper); ``sources`` (synthetic / image-folder / TFDS data) -> ``pipelines`` (tf.data,
+numpy and on-device input) with ``augment``; ``model`` (the network and its compilation) with
+``optimizers`` and ``schedules``; ``distribute``; ``run_dir``, ``run_state`` and ``manifest`` (the run
+directory, its backups and its ``config.json``); ``train`` (the ``model.fit`` loop); ``cli``,
+``export``, ``reproduce``, ``plots``. Nothing in ``keras_preact`` imports this package.
 """

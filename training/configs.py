@@ -22,7 +22,6 @@ source: REPRODUCTION.md, "Recipe choices".
 
 import dataclasses
 import math
-from typing import Optional
 
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
 TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
@@ -35,7 +34,7 @@ NORMALIZATIONS = {
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
-# The paper's "per-pixel mean subtracted": the mean training image, std 1 (training.data.normalization).
+# The paper's "per-pixel mean subtracted": the mean training image, std 1 (training.pipelines.pixel_stats).
 PIXEL_MEAN = "pixel_mean"
 ARCHITECTURES = ("cifar", "imagenet")
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
@@ -61,12 +60,12 @@ class Config:
     drop_path_rate: float = 0.0
     # --- data
     dataset: str = "synthetic"  # a TFDS name, "folder" or "synthetic"
-    data_dir: Optional[str] = None
-    manual_dir: Optional[str] = None
-    cache_dir: Optional[str] = None
+    data_dir: str | None = None
+    manual_dir: str | None = None
+    cache_dir: str | None = None
     image_size: tuple = (32, 32)
-    eval_image_size: Optional[tuple] = None  # ImageNet: test crop (224 or 320); default image_size
-    subset: Optional[int] = None  # use the first N training examples
+    eval_image_size: tuple | None = None  # ImageNet: test crop (224 or 320); default image_size
+    subset: int | None = None  # use the first N training examples
     synthetic_train_size: int = 4096
     synthetic_test_size: int = 1024
     synthetic_num_classes: int = 10
@@ -89,9 +88,9 @@ class Config:
     weight_decay: float = 1e-4  # coupled, as optim.sgd: gradient += wd * x (training.optimizers)
     weight_decay_scope: str = "all"  # "all" (every parameter: the official code's) or "kernels"
     # --- run length overrides (None: from the schedule)
-    steps: Optional[int] = None
-    epochs: Optional[int] = None
-    steps_per_epoch: Optional[int] = None
+    steps: int | None = None
+    epochs: int | None = None
+    steps_per_epoch: int | None = None
     # --- execution
     seed: int = 0
     deterministic: bool = True
@@ -101,7 +100,7 @@ class Config:
     distribute: str = "none"
     checkpoint_every: int = 50  # steps between BackupAndRestore backups
     health_every: int = 0  # steps between TrainingHealthCallback measurements; 0: off
-    run_dir: Optional[str] = None
+    run_dir: str | None = None
     runs_root: str = "runs"
     export: bool = False
     export_dir: str = "saved_models"
@@ -212,6 +211,10 @@ def _build_presets():
                         unit_options={"ordering": ordering},
                     )
                 )
+    # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv (model "cifar_resnet110_1layer").
+    for ordering, label in (("original", "original"), ("full_preact", "preact")):
+        add(_cifar(f"t3-cifar10-resnet110-1layer-{label}", "Table 3 (1-layer skip)", 110,
+                   unit_options={"block": "one_layer", "ordering": ordering}))
     add(
         _cifar(
             "t4-cifar10-resnet1001-preact-batch64",

@@ -22,8 +22,9 @@ import dataclasses
 import os
 
 import keras
+import numpy as np
 
-from training import compat
+from . import compat
 
 
 @dataclasses.dataclass
@@ -129,3 +130,36 @@ def check_batch(batch_size, distribution):
             f"Invalid batch_size={batch_size}: the global batch must be divisible by the "
             f"{distribution.num_replicas} replicas of distribute={distribution.name!r}."
         )
+
+
+# ------------------------------------------------------------------ multi-process data sharding
+def shard_eval(images, labels, batch_size, index, count):
+    """This process's slices of the test set in global batches (multi-process data-parallel)."""
+    per = batch_size // count
+    full = (len(labels) // batch_size) * batch_size
+    pick = np.concatenate([np.arange(k + index * per, k + (index + 1) * per) for k in range(0, full, batch_size)])
+    return images[pick], labels[pick]
+
+
+class ShardedTrain:
+    """Wrap a global-batch stream so this process keeps its slice of every global batch."""
+
+    def __init__(self, index, count):
+        self.index, self.count = index, count
+
+    def numpy(self, stream):
+        for x, y in stream:
+            per = len(y) // self.count
+            sl = slice(self.index * per, (self.index + 1) * per)
+            yield x[sl], y[sl]
+
+    def tf_data(self, ds, global_batch):
+        import tensorflow as tf
+
+        n = global_batch // self.count  # static, so Keras sees the per-process batch size
+
+        def cut(x, y):
+            x, y = x[self.index * n:(self.index + 1) * n], y[self.index * n:(self.index + 1) * n]
+            return tf.ensure_shape(x, [n, *x.shape[1:]]), tf.ensure_shape(y, [n])
+
+        return ds.map(cut)

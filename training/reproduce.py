@@ -24,8 +24,12 @@ import statistics
 import sys
 
 from keras_preact.analysis.plots import save_figure
-from training.train import write_atomic
 
+from . import flags
+from .run_dir import write_text
+
+# Set per row or by the budget (--depth, --epochs, --seeds), not by a config flag.
+REPRODUCE_OWNS = ("depth", "epochs", "seed", "run_dir", "unit_options")
 FAIL = "fail"  # the paper's "fail": test error above 20%
 
 
@@ -74,16 +78,18 @@ def _table2():
 
 
 def _table3():
-    """Table 3: original vs pre-activation unit (the 1-layer-skip row has no preset)."""
+    """Table 3: original vs pre-activation unit, CIFAR-10/100, ResNet-110 (1-layer skip) to 1001."""
     paper = {
         ("cifar10", 110): (6.61, 6.37),
+        ("cifar10", "110-1layer"): (9.90, 8.91),
         ("cifar10", 164): (5.93, 5.46),
         ("cifar10", 1001): (7.61, 4.92),
         ("cifar100", 164): (25.16, 24.33),
         ("cifar100", 1001): (27.82, 22.71),
     }
     return [
-        Row(f"{dataset} ResNet-{depth} {label}", f"t3-{dataset}-resnet{depth}-{label}", errors[i], depth)
+        Row(f"{dataset} ResNet-{str(depth).replace('-1layer', ' (1-layer skip)')} {label}",
+            f"t3-{dataset}-resnet{depth}-{label}", errors[i], int(str(depth).split("-")[0]))
         for (dataset, depth), errors in paper.items()
         for i, label in enumerate(("original", "preact"))
     ]
@@ -248,8 +254,8 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
     ``data_dir``, ``subset``, ``batch_size``...). Every config is built and validated before the
     first run starts. Returns ``{"table": path, "json": path, "curves": path, "results": [...]}``.
     """
-    from training.configs import get_config
-    from training.train import train
+    from .configs import get_config
+    from .train import train
 
     if str(table) not in TABLES:
         raise ValueError(f"Invalid table={table!r}. Allowed values: {', '.join(map(repr, TABLES))}.")
@@ -284,7 +290,7 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
             try:
                 metrics = train(config)
             except Exception as e:  # a diverged run is a result ("fail"), not a crash
-                from training.train import TrainingDiverged
+                from .train import TrainingDiverged
 
                 if not isinstance(e, TrainingDiverged):
                     raise
@@ -299,23 +305,12 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
         f"dataset {first.dataset}, budget {budget}"
     )
     stem = out_dir / f"table{table}"
-    write_atomic(f"{stem}.md", markdown_table(table, ordered, scale))
-    write_atomic(f"{stem}.json", json.dumps({"table": table, "budget": budget, "scale": scale,
+    write_text(f"{stem}.md", markdown_table(table, ordered, scale))
+    write_text(f"{stem}.json", json.dumps({"table": table, "budget": budget, "scale": scale,
                                               "results": ordered}, indent=2, default=str) + "\n")
     plot_curves(ordered, f"{stem}_curves.png", f"{FIGURES[table]}: {scale}")
     return {"table": f"{stem}.md", "json": f"{stem}.json", "curves": f"{stem}_curves.png",
             "results": ordered}
-
-
-def _parse_set(text):
-    if "=" not in text:
-        raise argparse.ArgumentTypeError(f"--set expects FIELD=VALUE, got {text!r}")
-    key, value = text.split("=", 1)
-    try:
-        value = json.loads(value)
-    except json.JSONDecodeError:
-        pass
-    return key, value
 
 
 def build_parser():
@@ -326,17 +321,15 @@ def build_parser():
     )
     p.add_argument("--table", required=True, choices=sorted(TABLES), help="paper table to reproduce")
     p.add_argument("--budget", default="scaled", choices=sorted(BUDGETS),
-                   help="; ".join(f"{k}: {b.note}" for k, b in BUDGETS.items()))
+                   help="; ".join(f"{k}: {b.note}" for k, b in BUDGETS.items()).replace("%", "%%"))
     p.add_argument("--rows", help="comma-separated subset of the table's rows (preset suffixes, e.g. "
                    "'original,dropout' for Table 1)")
     p.add_argument("--seeds", type=int, help="runs per row (default: the budget's)")
     p.add_argument("--depth", type=int, help="network depth for every row (scaled default 20)")
     p.add_argument("--epochs", type=int, help="epochs per run (scaled default 3)")
-    p.add_argument("--dataset", default=None, help="'folder', a TFDS name or 'synthetic' (default: the preset's)")
-    p.add_argument("--data-dir", help="data directory (an extracted CIFAR-10 JPEG folder for 'folder')")
-    p.add_argument("--subset", type=int, help="use only the first N training images")
-    p.add_argument("--set", dest="sets", action="append", type=_parse_set, default=[],
-                   metavar="FIELD=VALUE", help="any other training config field, e.g. batch_size=64")
+    p.add_argument("--set", dest="sets", action="append", type=flags.parse_assignment, default=[],
+                   metavar="FIELD=VALUE", help="a training config field, e.g. batch_size=64 (as its flag)")
+    flags.add_config_flags(p, exclude=REPRODUCE_OWNS)
     p.add_argument("--out", default="reproduction", help="output directory (default ./reproduction)")
     return p
 
@@ -344,10 +337,7 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    overrides = dict(args.sets)
-    for field in ("dataset", "data_dir", "subset"):
-        if getattr(args, field) is not None:
-            overrides[field] = getattr(args, field)
+    overrides = {**dict(args.sets), **flags.overrides_from_args(args, exclude=REPRODUCE_OWNS)}
     if args.seeds is not None and args.seeds < 1:
         parser.error(f"argument --seeds: invalid value {args.seeds}: a positive integer is required")
     overrides.setdefault("verbose", 2)

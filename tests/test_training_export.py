@@ -1,0 +1,92 @@
+"""``keras-preact-export RUN_DIR``: a run directory's manifest drives the SavedModel (class names, pixel
+statistics, the evaluation view), in the current and the first ``config.json`` format."""
+
+import json
+
+import numpy as np
+import pytest
+
+from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model
+from training import export as export_lib
+from training.configs import get_config
+from training.manifest import FORMAT, RunManifest, config_from_run, input_config_for
+
+tf = pytest.importorskip("tensorflow")  # SavedModels; the TensorFlow-free refusal is tested in test_training_backends
+
+
+def reference(model, images):
+    normalized = (images.astype(np.float32) - np.float32(MEAN)) / np.float32(STD)
+    return np.asarray(model.predict(normalized, verbose=0))
+
+
+def write_run(run_dir, model, manifest):
+    run_dir.mkdir(parents=True)
+    model.save(run_dir / "model.keras")
+    (run_dir / "config.json").write_text(json.dumps(manifest))
+
+
+def manifest_for(config):
+    return RunManifest(name="cifar_run", class_names=tuple(CLASS_NAMES), input_config=input_config_for(config, MEAN, STD),
+                       config={"name": config.name, "normalization": config.normalization}).to_dict()
+
+
+LEGACY = {"name": "cifar_run", "class_names": CLASS_NAMES, "image_size": [32, 32],
+          "normalization": {"mean": MEAN, "std": STD}, "normalization_name": "cifar10", "depth": 8}
+
+
+@pytest.mark.parametrize("manifest", [manifest_for(get_config("synthetic-resnet8", image_size=(32, 32))), LEGACY],
+                         ids=[FORMAT, "first-format"])
+def test_export_run_and_cli_use_the_run_manifest(tmp_path, capsys, manifest):
+    model = make_export_model()
+    write_run(tmp_path / "run", model, manifest)
+    path = export_lib.export_run(tmp_path / "run", tmp_path / "exports")
+    assert path == tmp_path / "exports" / "cifar_run" / "1"
+    assert export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--name", "other",
+                            "--version", "4"]) == 0
+    assert capsys.readouterr().out.strip() == str(tmp_path / "exports" / "other" / "4")
+    images = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    np.testing.assert_allclose(out["probabilities"].numpy(), reference(model, images), atol=1e-5)
+    assert (path / "assets" / "class_names.txt").read_text().splitlines() == CLASS_NAMES
+    assert json.loads((path / "assets" / "preprocessing.json").read_text())["crop_fraction"] == 1.0
+
+
+@pytest.mark.parametrize("eval_size, crop_fraction, served", [(None, 0.875, 224), ((320, 320), 1.0, 320)])
+def test_an_imagenet_run_serves_the_view_it_was_evaluated_on(eval_size, crop_fraction, served):
+    config = get_config("t5-resnet200-preact", eval_image_size=eval_size)
+    input_config = RunManifest.from_dict(manifest_for(config)).input_config
+    assert input_config.crop_fraction == crop_fraction and input_config.crop_size == (served, served)
+
+
+def test_manifest_round_trip_and_errors(tmp_path):
+    manifest = RunManifest.from_dict(manifest_for(get_config("synthetic-resnet8")))
+    assert RunManifest.from_json(manifest.to_json()) == manifest
+    assert manifest.num_classes == 10 and manifest.image_size == (32, 32)
+    with pytest.raises(ValueError, match="format 'keras-preact-run/99'"):
+        RunManifest.from_dict({**manifest.to_dict(), "format": "keras-preact-run/99"})
+    with pytest.raises(ValueError, match="missing key.*input_config"):
+        RunManifest.from_dict({k: v for k, v in manifest.to_dict().items() if k != "input_config"})
+    # The first format without the normalization's name cannot be re-run: no silent "cifar10".
+    (tmp_path / "config.json").write_text(json.dumps({k: v for k, v in LEGACY.items() if k != "normalization_name"}))
+    with pytest.raises(ValueError, match="lacks normalization"):
+        config_from_run(tmp_path)
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["{missing}"], "config.json is missing"),
+        (["{run}", "--version", "0"], "invalid version"),
+        (["{bad_config}"], "it needs the keys"),
+    ],
+)
+def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
+    (tmp_path / "bad").mkdir()
+    (tmp_path / "bad" / "config.json").write_text(json.dumps({"name": "x"}))
+    (tmp_path / "bad" / "model.keras").write_bytes(b"")
+    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad"}
+    with pytest.raises(SystemExit) as exit_info:
+        export_lib.main([a.format(**paths) for a in argv] + ["--export-dir", str(tmp_path / "out")])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()

@@ -1,0 +1,120 @@
+"""``keras-preact-train``: the command line of ``train`` (``python -m training.cli``).
+
+Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...) over a preset;
+``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run.
+"""
+
+import argparse
+import os
+import sys
+
+from . import configs, flags, run_state, schedules, sources
+from .manifest import config_from_run
+from .train import TrainingDiverged, TrainingFailed, train
+
+
+def describe_recipe(config):
+    """What ``--dry-run`` prints: the run's iterations, its lr at every change, the optimizer."""
+    if config.dataset == "synthetic":
+        train_size = config.synthetic_train_size
+    elif config.dataset == "folder":
+        train_size = len(sources._list_folder(sources.folder_splits(config.data_dir)[0])[0])
+    elif config.dataset in configs.TRAIN_SIZES:
+        train_size = configs.TRAIN_SIZES[config.dataset]
+    else:
+        raise ValueError(f"--dry-run does not know the size of dataset={config.dataset!r}; pass --steps-per-epoch.")
+    train_size = min(train_size, config.subset or train_size)
+    resolved = schedules.resolve(config, train_size)
+    lines = [
+        f"preset {config.name} ({config.paper})",
+        f"model: {config.architecture} ResNet-{config.depth} {config.unit_options or ''}".rstrip(),
+        f"data: {config.dataset}, {train_size} training images, batch {config.batch_size}, augmentation "
+        f"{config.augmentation}, normalization {config.normalization}",
+        f"iterations: {resolved.total_steps} = {resolved.epochs} epochs x {resolved.steps_per_epoch}",
+        f"optimizer: TorchSGD momentum {config.momentum}, nesterov {config.nesterov}, dampening 0, weight "
+        f"decay {config.weight_decay} (coupled, scope {config.weight_decay_scope})",
+        f"learning rate ({config.schedule}), from iteration:",
+    ]
+    lines += [f"  {step:>9}  {lr:.6g}" for step, lr in schedules.lr_table(config, resolved)]
+    lines.append(f"  {resolved.total_steps:>9}  (stop)")
+    return "\n".join(lines)
+
+
+def _preset_table():
+    width = max(map(len, configs.PRESETS))
+    return "\n".join(f"  {name:<{width}}  {preset.paper}" for name, preset in configs.PRESETS.items())
+
+
+def build_parser():
+    p = argparse.ArgumentParser(
+        prog="keras-preact-train",
+        description="Train a pre-activation ResNet (He et al. 2016) with model.fit. With no arguments: "
+        "ResNet-8 on built-in synthetic data for a few CPU minutes, then export to saved_models/.",
+        epilog="presets (one per experiment of the paper):\n" + _preset_table(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("preset_name", nargs="?", metavar="PRESET", help="same as --preset")
+    p.add_argument("--preset", choices=sorted(configs.PRESETS), metavar="NAME",
+                   help=f"preset (default {configs.DEFAULT_PRESET}; list below)")
+    p.add_argument("--config", metavar="CONFIG_JSON", help="re-run a run's config.json (flags override it)")
+    p.add_argument("--ordering", help="unit ordering (paper Table 2), e.g. full_preact, original "
+                   "(sets unit_options['ordering'])")
+    p.add_argument("--dry-run", action="store_true",
+                   help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
+    flags.add_config_flags(p)
+    return p
+
+
+def config_from_args(args, parser):
+    if args.preset and args.preset_name and args.preset != args.preset_name:
+        parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
+    preset = args.preset or args.preset_name
+    overrides = flags.overrides_from_args(args)
+    try:
+        if args.config:
+            base = config_from_run(args.config)
+            if preset:
+                parser.error("give either a preset or --config, not both")
+            config = configs.validate(base.replace(**overrides))
+        else:
+            if preset and preset not in configs.PRESETS:
+                parser.error(f"argument --preset: invalid choice: {preset!r} (choose from "
+                             f"{', '.join(sorted(configs.PRESETS))})")
+            config = configs.get_config(preset or configs.DEFAULT_PRESET, **overrides)
+        if args.ordering:
+            config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}))
+    except (ValueError, OSError) as e:
+        parser.error(str(e))
+    return config
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    config = config_from_args(args, parser)
+    if args.dry_run:
+        try:
+            print(describe_recipe(config))
+        except ValueError as e:
+            parser.exit(2, f"keras-preact-train: error: {e}\n")
+        return 0
+    try:
+        train(config)
+    except (TrainingDiverged, OSError) as e:
+        if isinstance(e, OSError) and not run_state.is_disk_full(e):
+            raise
+        print(f"keras-preact-train: error: {e}", file=sys.stderr)
+        return 1
+    except TrainingFailed as e:
+        if os.environ.get("KERAS_PREACT_TRACEBACK"):
+            raise
+        print(f"keras-preact-train: error: {e} (set KERAS_PREACT_TRACEBACK=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+    except ValueError as e:
+        parser.exit(2, f"keras-preact-train: error: {e}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""Export a run directory (``config.json`` + ``model.keras``) as a SavedModel in TF Serving layout.
+
+``export_run(run_dir, export_dir)`` reads the run's manifest (class names; input config: size, pixel
+statistics, evaluation view) and calls ``keras_preact.export.export_saved_model``, so the served
+``serving_bytes`` view is the one the run's accuracy was measured on. The CLI::
+
+    keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N]
+"""
+
+import argparse
+import errno
+import importlib.util
+import pathlib
+import zipfile
+
+from .manifest import RunManifest
+
+
+def load_run_model(path):
+    """``keras.saving.load_model`` (safe mode, uncompiled) with a corrupt file named as such."""
+    import keras
+
+    import keras_preact.layers  # noqa: F401  (registers the package's layers for safe_mode)
+    import keras_preact.models  # noqa: F401
+
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise ValueError(
+            f"Invalid run_dir={str(path.parent)!r}: model.keras is missing (a run directory written by "
+            "keras-preact-train holds config.json and model.keras)."
+        )
+    corrupt = ValueError(
+        f"Invalid model file {str(path)!r}: it is corrupt or truncated ({path.stat().st_size} bytes, not a "
+        "complete .keras zip archive). Re-create it: re-run the training command with the same --run-dir."
+    )
+    if not zipfile.is_zipfile(path):
+        raise corrupt
+    try:
+        return keras.saving.load_model(path, safe_mode=True, compile=False)
+    except (zipfile.BadZipFile, EOFError, OSError) as error:
+        raise corrupt from error
+
+
+def export_run(run_dir, export_dir="saved_models", *, name=None, version=None):
+    """Export ``RUN_DIR/model.keras``; returns the version directory ``export_dir/<name>/<version>/``
+    (``name`` defaults to the run's)."""
+    from keras_preact.export import export_saved_model
+
+    run_dir = pathlib.Path(run_dir)
+    manifest = RunManifest.read(run_dir)
+    model = load_run_model(run_dir / "model.keras")
+    return export_saved_model(
+        model,
+        export_dir,
+        name=manifest.name if name is None else name,
+        version=version,
+        class_names=list(manifest.class_names),
+        input_config=manifest.input_config,
+        image_size=manifest.image_size,
+    )
+
+
+def has_tensorflow():
+    return importlib.util.find_spec("tensorflow") is not None
+
+
+def _positive_int(text):
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"invalid version {text!r}: expected a positive integer")
+    return value
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-preact-export",
+        description="Export a training run as a SavedModel in TF Serving layout: EXPORT_DIR/NAME/VERSION/.",
+    )
+    parser.add_argument("run_dir", help="run directory with config.json and model.keras")
+    parser.add_argument("--export-dir", default="saved_models",
+                        help="parent of the model directory (default: saved_models)")
+    parser.add_argument("--name", default=None, help="model name (default: the run's config name)")
+    parser.add_argument("--version", type=_positive_int, default=None, help="version number (default: next free)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not has_tensorflow():
+        parser.exit(2, "keras-preact-export: error: SavedModel export needs TensorFlow: pip install tensorflow\n")
+    try:
+        path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version)
+    except ValueError as error:
+        parser.error(str(error))
+    except OSError as error:
+        if error.errno != errno.ENOSPC:  # disk full: one line, no traceback
+            raise
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
+    print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

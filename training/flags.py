@@ -1,0 +1,124 @@
+"""Command-line flags generated from ``configs.Config``'s fields (flax's ``config_flags``, big_vision's
+``--config.x``): ``--batch-size`` sets ``batch_size``, ``--no-export`` clears ``export``, ``--image-size H W``
+sets a pair. The types, choices and help come from the dataclass and the tables below, so a new
+field is a flag of ``keras-preact-train`` and of ``python -m training.reproduce`` at once.
+"""
+
+import argparse
+import dataclasses
+import json
+import typing
+
+from . import configs
+
+# Choices of the string fields (the validation tables of ``configs``).
+CHOICES = {
+    "architecture": configs.ARCHITECTURES,
+    "augmentation": configs.AUGMENTATIONS,
+    "schedule": configs.SCHEDULES,
+    "lr_scaling": configs.LR_SCALINGS,
+    "precision": configs.PRECISIONS,
+    "distribute": configs.DISTRIBUTIONS,
+    "pipeline": configs.PIPELINES,
+    "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
+    "jit_compile": ("auto", "true", "false"),
+    "verbose": ("auto", "0", "1", "2"),
+}
+ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
+PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
+HELP = {
+    "dataset": "a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'",
+    "data_dir": "TFDS data_dir, or the image-folder root (train/ and test/ or val/)",
+    "manual_dir": "TFDS manual_dir (e.g. the imagenet2012 archives)",
+    "cache_dir": "where decoded image folders are cached as .npy",
+    "skip_bad_images": "folder data: skip unreadable image files (counted) instead of failing",
+    "subset": "use the first N training images",
+    "depth": "network depth (CIFAR 6n+2 / 9n+2, 3n+2 with the one_layer block; ImageNet 18-200)",
+    "epochs": "number of epochs (the schedule shrinks to fit)",
+    "steps": "total iterations (rounded up to whole epochs)",
+    "batch_size": "global batch size",
+    "base_lr": "peak learning rate (default 0.1)",
+    "nesterov": "Nesterov momentum (default on, as the official trainer)",
+    "weight_decay_scope": "all: every parameter (the official code's, default); kernels: conv/dense kernels only",
+    "run_dir": "run directory; re-run the same command to resume after a kill",
+    "runs_root": "parent of default run directories (default runs/)",
+    "jit_compile": "XLA / jit compilation",
+    "pipeline": "input pipeline: tf_data (TensorFlow default), device (uint8 from numpy, augmentation and "
+    "normalization in the compiled step; default without TensorFlow), numpy (all on the host)",
+    "steps_per_execution": "training steps per compiled call (default 1)",
+    "checkpoint_every": "steps between backups (default 50)",
+    "health_every": "log per-stage gradient norms, update ratios, activation stats every N steps",
+    "export": "export a SavedModel at the end (default: on for the default preset)",
+    "unit_options": "residual-unit options as JSON, e.g. '{\"ordering\": \"original\"}'",
+}
+# Not flags: the preset's identity (``name``/``paper``); ``unit_options`` is a JSON flag.
+NOT_FLAGS = ("name", "paper")
+
+
+def _field_type(field):
+    """(base type, nargs) of a Config field: ``Optional[int]`` -> int; a tuple default -> a pair."""
+    hint = field.type
+    args = [a for a in typing.get_args(hint) if a is not type(None)]
+    base = args[0] if args else hint
+    default = field.default if field.default is not dataclasses.MISSING else None
+    if base is tuple or isinstance(default, tuple):
+        return int, PAIRS.get(field.name, "*")
+    if field.name in CHOICES or field.name == "verbose":
+        return str, None
+    return (base if base in (int, float, str, bool, dict) else str), None
+
+
+def _json_object(text):
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise argparse.ArgumentTypeError(f"invalid JSON {text!r}: {error.msg}") from None
+    if not isinstance(value, dict):
+        raise argparse.ArgumentTypeError(f"a JSON object is required, got {text!r}")
+    return value
+
+
+def add_config_flags(parser, exclude=()):
+    """One flag per ``Config`` field (``--field-name``), default None (= the preset's value)."""
+    group = parser.add_argument_group("config fields (override the preset)")
+    for field in dataclasses.fields(configs.Config):
+        if field.name in NOT_FLAGS or field.name in exclude:
+            continue
+        kind, nargs = _field_type(field)
+        names = ["--" + field.name.replace("_", "-"), *ALIASES.get(field.name, ())]
+        help_text = HELP.get(field.name)
+        if kind is bool:
+            group.add_argument(*names, dest=field.name, action=argparse.BooleanOptionalAction, default=None,
+                               help=help_text)
+        elif kind is dict:
+            group.add_argument(*names, dest=field.name, type=_json_object, metavar="JSON", help=help_text)
+        else:
+            metavar = ("H", "W") if nargs == 2 else None if field.name in CHOICES else field.name.upper()
+            group.add_argument(*names, dest=field.name, type=kind, nargs=nargs, choices=CHOICES.get(field.name),
+                               metavar=metavar, help=help_text)
+    return group
+
+
+def overrides_from_args(args, exclude=()):
+    """The Config overrides the flags gave (fields left at None are the preset's)."""
+    fields = {f.name for f in dataclasses.fields(configs.Config)} - set(NOT_FLAGS) - set(exclude)
+    overrides = {k: v for k, v in vars(args).items() if k in fields and v is not None}
+    for key, value in overrides.items():
+        if isinstance(value, list):
+            overrides[key] = tuple(value)
+    return overrides
+
+
+def parse_assignment(text):
+    """``FIELD=VALUE`` (``--set``): the field must exist; the value is JSON where it parses, else text."""
+    if "=" not in text:
+        raise argparse.ArgumentTypeError(f"--set expects FIELD=VALUE, got {text!r}")
+    key, value = text.split("=", 1)
+    fields = {f.name for f in dataclasses.fields(configs.Config)}
+    if key not in fields:
+        raise argparse.ArgumentTypeError(f"--set: unknown config field {key!r}; fields: {', '.join(sorted(fields))}")
+    try:
+        value = json.loads(value)
+    except json.JSONDecodeError:
+        pass
+    return key, tuple(value) if isinstance(value, list) else value

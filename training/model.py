@@ -1,0 +1,53 @@
+"""The network a run trains and how it is compiled: built by ``keras_preact.models``, wrapped for
+``model.fit`` (on-device augmentation and normalization with ``pipeline="device"``), compiled with the
+official trainer's optimizer and schedule."""
+
+import keras
+
+from keras_preact.models import cifar_resnet, imagenet_resnet
+
+from . import augment, optimizers, schedules
+
+
+def _cifar_model(config, num_classes):
+    return cifar_resnet(config.depth, num_classes, input_shape=(*config.image_size, 3),
+                        drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
+                        **config.unit_options)
+
+
+def _imagenet_model(config, num_classes):
+    # Fully convolutional input so the same weights test at 224 and at 320 (Table 5).
+    return imagenet_resnet(config.depth, num_classes, input_shape=(None, None, 3),
+                           drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
+                           **config.unit_options)
+
+
+MODEL_BUILDERS = {"cifar": _cifar_model, "imagenet": _imagenet_model}
+
+
+def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None):
+    """(classifier, fit_model). ``fit_model`` holds the classifier and is the one compiled: with
+    ``pipeline="device"`` behind on-device augmentation and normalization (``augment``, uint8 pixels
+    in, ``mean``/``std`` in 0-255 units). The classifier stays uncompiled, so the saved ``model.keras``
+    loads with plain Keras (no ``TorchSGD`` to import); the backups hold the optimizer."""
+    classifier = MODEL_BUILDERS[config.architecture](config, num_classes)
+    if pipeline == "device":
+        model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
+                                              std=std, seed=config.seed)
+    else:
+        images = keras.Input(classifier.input_shape[1:], name="images")
+        model = keras.Model(images, classifier(images), name=f"{classifier.name}_training")
+    compile_model(model, config, resolved, num_classes)
+    return classifier, model
+
+
+def compile_model(model, config, resolved, num_classes):
+    """Compile for training as the recipe says: ``TorchSGD`` on the schedule, cross-entropy, accuracy."""
+    optimizer = optimizers.from_config(config, schedules.make(config, resolved))
+    metrics = ["accuracy"]
+    if num_classes > 5:
+        metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
+    jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
+    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=metrics,
+                  jit_compile=jit, steps_per_execution=config.steps_per_execution)
+    return model

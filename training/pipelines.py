@@ -1,0 +1,288 @@
+"""Input pipelines for ``model.fit`` (``pipelines(data, config, ...)``, ``config.pipeline``).
+
+``tf_data`` (shuffle, parallel vectorised augmentation on whole batches, prefetch; the TensorFlow
+default), ``device`` (numpy sends uint8 batches, augmentation and normalization run in the compiled
+step: ``augment``; the default without TensorFlow or on the JAX / PyTorch backends), or ``numpy``
+(augmentation and normalization on the host, no TensorFlow). Every stream is a deterministic function
+of (seed, global step): a resumed run continues the exact stream.
+Augmentation: CIFAR pad 4 + random crop + horizontal flip (paper "Training recipe"); ImageNet scale
+augmentation (shorter side in [256, 480]) + 224 crop + flip. Evaluation: the single original view
+(CIFAR) or ``keras_preact.preprocessing.eval_view`` (ImageNet), the view every export serves.
+"""
+
+import math
+
+import keras
+import numpy as np
+
+from keras_preact.preprocessing import InputConfig, decode_image, eval_view, resize_shorter_side
+
+from .configs import NORMALIZATIONS, PIXEL_MEAN
+from .sources import ArrayData, DataError, StreamData, has_tensorflow, require_tensorflow
+
+# Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
+# with zeros, i.e. with the mean: every pipeline here pads after normalization too.
+CIFAR_PAD = 4
+IMAGENET_SCALE = (256, 480)
+
+
+def pixel_stats(config, data=None):
+    """(mean, std) in 0-255 units: the model consumes ``(pixels - mean) / std``.
+
+    Per channel (``[3]`` each) for the named statistics, or for ``"pixel_mean"`` the paper's per-pixel
+    mean subtraction: the mean training image (``[H, W, 3]``, from ``data``) and std 1.
+    """
+    if config.normalization == PIXEL_MEAN:
+        if not isinstance(data, ArrayData):
+            raise DataError("normalization='pixel_mean' needs in-memory array data (the CIFAR recipe) to "
+                            "compute the mean training image.")
+        return data.mean_image, np.ones(3, np.float32)
+    mean, std = NORMALIZATIONS[config.normalization]
+    return np.asarray(mean, np.float32), np.asarray(std, np.float32)
+
+
+# ------------------------------------------------------------------------------ tf.data pipelines
+def _tf_cifar_augment(images, seed):
+    """Pad 4 (zeros), random crop to the original size, random horizontal flip; a whole batch at once."""
+    import tensorflow as tf
+
+    b, h, w = tf.shape(images)[0], images.shape[1], images.shape[2]
+    padded = tf.pad(images, [[0, 0], [CIFAR_PAD, CIFAR_PAD], [CIFAR_PAD, CIFAR_PAD], [0, 0]])
+    offsets = tf.random.stateless_uniform([2, b], seed, 0, 2 * CIFAR_PAD + 1, dtype=tf.int32)
+    rows = offsets[0][:, None] + tf.range(h)[None]
+    cols = offsets[1][:, None] + tf.range(w)[None]
+    out = tf.gather(tf.gather(padded, rows, axis=1, batch_dims=1), cols, axis=2, batch_dims=1)
+    flip = tf.random.stateless_uniform([b], seed + [0, 1]) < 0.5
+    return tf.where(flip[:, None, None, None], tf.reverse(out, axis=[2]), out)
+
+
+def _tf_normalize(images, mean, std):
+    import tensorflow as tf
+
+    return (tf.cast(images, tf.float32) - mean) / std
+
+
+def tf_array_train(data, batch_size, *, augmentation, mean, std, seed, start_step=0):
+    """Infinite tf.data stream of augmented, normalised batches; batch k depends only on (seed, k)."""
+    import tensorflow as tf
+
+    images = tf.constant(data.train_images)
+    labels = tf.constant(data.train_labels)
+    n = data.train_size
+
+    def make_batch(step, index):
+        x = _tf_normalize(tf.gather(images, index), mean, std)
+        if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
+            x = _tf_cifar_augment(x, tf.stack([tf.cast(seed, tf.int64), step]))
+        return x, tf.gather(labels, index)
+
+    ds = (
+        tf.data.Dataset.range(n)
+        .shuffle(n, seed=seed, reshuffle_each_iteration=True)
+        .repeat()
+        .batch(batch_size, drop_remainder=True)
+        .enumerate()
+        .skip(start_step)
+        .map(make_batch, num_parallel_calls=tf.data.AUTOTUNE)
+        .prefetch(tf.data.AUTOTUNE)
+    )
+    return _deterministic(ds)
+
+
+def tf_array_eval(images, labels, batch_size, *, mean, std):
+    import tensorflow as tf
+
+    # A static batch size when it divides the set (multi-process JAX needs one).
+    ds = tf.data.Dataset.from_tensor_slices((images, labels)).batch(
+        batch_size, drop_remainder=len(labels) % batch_size == 0
+    )
+    return _deterministic(
+        ds.map(lambda x, y: (_tf_normalize(x, mean, std), y), num_parallel_calls=tf.data.AUTOTUNE)
+        .cache()
+        .prefetch(tf.data.AUTOTUNE)
+    )
+
+
+def _deterministic(ds):
+    import tensorflow as tf
+
+    options = tf.data.Options()
+    options.deterministic = True
+    return ds.with_options(options)
+
+
+
+
+def _imagenet_train_view(encoded, seed, crop, aspect):
+    """Scale augmentation (shorter side uniform in [256, 480]), random crop, flip (paper Sec. 5 / [1])."""
+    import tensorflow as tf
+
+    image = decode_image(encoded)
+    size = tf.random.stateless_uniform([], seed, IMAGENET_SCALE[0], IMAGENET_SCALE[1] + 1, tf.int32)
+    if aspect:  # aspect-ratio augmentation (Table 5 last row): stretch one side by up to 4/3.
+        ratio = tf.exp(tf.random.stateless_uniform([], seed + [0, 1], -math.log(4 / 3), math.log(4 / 3)))
+        shape = tf.cast(tf.shape(image)[:2], tf.float32)
+        image = tf.image.resize(image, tf.cast(shape * tf.stack([ratio, 1.0 / ratio]), tf.int32))
+    image = resize_shorter_side(image, size)
+    image = tf.image.stateless_random_crop(image, [crop[0], crop[1], 3], seed + [0, 2])
+    return tf.image.stateless_random_flip_left_right(image, seed + [0, 3])
+
+
+def imagenet_eval_view(encoded, crop, train_crop):
+    """keras_preact.preprocessing's evaluation view: shorter side to crop / 0.875 (the standard 224 test)
+    or, for a crop larger than the training crop, to the crop itself (the 320 test)."""
+    return eval_view(encoded, InputConfig(input_size=(*train_crop, 3)).at_test_size(tuple(crop)))
+
+
+def tf_stream_train(data, batch_size, *, image_size, augmentation, mean, std, seed, start_step=0):
+    import tensorflow as tf
+
+    aspect = augmentation == "imagenet_aspect"
+    ds = data.make("train").take(data.train_size).shuffle(16 * batch_size, seed=seed).repeat()
+    ds = ds.enumerate().skip(start_step * batch_size)
+    ds = ds.map(
+        lambda i, item: (
+            _imagenet_train_view(item[0], tf.stack([tf.cast(seed, tf.int64), i]), image_size, aspect),
+            item[1],
+        ),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    ds = ds.batch(batch_size, drop_remainder=True)
+    return ds.map(lambda x, y: (_tf_normalize(x, mean, std), y)).prefetch(tf.data.AUTOTUNE)
+
+
+def tf_stream_eval(data, batch_size, *, image_size, train_image_size, mean, std):
+    import tensorflow as tf
+
+    ds = data.make("test").map(
+        lambda e, y: (imagenet_eval_view(e, image_size, train_image_size), y),
+        num_parallel_calls=tf.data.AUTOTUNE,
+    )
+    return ds.batch(batch_size).map(lambda x, y: (_tf_normalize(x, mean, std), y)).prefetch(
+        tf.data.AUTOTUNE
+    )
+
+
+# -------------------------------------------------------------------------- numpy (no TensorFlow)
+def numpy_cifar_augment(images, rng):
+    """The CIFAR augmentation of ``_tf_cifar_augment`` in numpy, for TensorFlow-free backends."""
+    b, h, w = images.shape[:3]
+    padded = np.pad(images, [(0, 0), (CIFAR_PAD, CIFAR_PAD), (CIFAR_PAD, CIFAR_PAD), (0, 0)])
+    oy, ox = rng.integers(0, 2 * CIFAR_PAD + 1, (2, b))
+    rows = (oy[:, None] + np.arange(h))[:, :, None]
+    cols = (ox[:, None] + np.arange(w))[:, None, :]
+    out = padded[np.arange(b)[:, None, None], rows, cols]
+    flip = rng.random(b) < 0.5
+    out[flip] = out[flip, :, ::-1]
+    return out
+
+
+def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_step=0, raw=False):
+    """Infinite generator of (images, labels) numpy batches; batch k depends only on (seed, k).
+
+    ``raw=True`` (``pipeline="device"``): uint8 batches, neither augmented nor normalised here (the
+    training model does both on the device, ``training.augment``).
+    """
+    n = data.train_size
+    step = start_step
+    while True:
+        positions = np.arange(step * batch_size, (step + 1) * batch_size)
+        epochs, offsets = np.divmod(positions, n)
+        index = np.empty(batch_size, np.int64)
+        for epoch in np.unique(epochs):
+            order = np.random.default_rng([seed, int(epoch)]).permutation(n)
+            index[epochs == epoch] = order[offsets[epochs == epoch]]
+        x = data.train_images[index]
+        if raw:
+            yield x, data.train_labels[index]
+        else:
+            x = (x.astype(np.float32) - mean) / std
+            if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
+                x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
+            yield x, data.train_labels[index]
+        step += 1
+
+
+class ArrayBatches(keras.utils.PyDataset):
+    """The test set in batches, re-readable every epoch (Keras takes neither a list of batches nor a
+    spent generator as ``validation_data``). Normalised when ``mean``/``std`` are given, else uint8."""
+
+    def __init__(self, images, labels, batch_size, *, mean=None, std=None):
+        super().__init__()
+        self.images, self.labels, self.batch_size = images, labels, batch_size
+        self.mean, self.std = mean, std
+
+    def __len__(self):
+        return math.ceil(len(self.labels) / self.batch_size)
+
+    def __getitem__(self, index):
+        window = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        x = self.images[window]
+        if self.mean is not None:
+            x = (x.astype(np.float32) - self.mean) / self.std
+        return x, self.labels[window]
+
+
+def numpy_array_eval(images, labels, batch_size, *, mean, std, raw=False):
+    """Normalised test batches (uint8 ones with ``raw=True``), re-readable every epoch."""
+    return ArrayBatches(images, labels, batch_size, mean=None if raw else mean, std=std)
+
+
+def resolve_pipeline(config):
+    """``auto``: tf.data on the TensorFlow backend (the fastest CPU path measured), else ``device``
+    (uint8 batches from numpy, augmentation and normalization in the compiled step)."""
+    import keras
+
+    if config.pipeline != "auto":
+        return config.pipeline
+    if keras.backend.backend() == "tensorflow" and has_tensorflow():
+        return "tf_data"
+    return "device" if config.augmentation in ("cifar", "none") else "tf_data"
+
+
+
+
+def pipelines(data, config, batch_size, *, start_step=0):
+    """(train stream, eval data) for ``model.fit``; the train stream is infinite."""
+    mean, std = pixel_stats(config, data)
+    kind = resolve_pipeline(config)
+    if kind == "tf_data":
+        require_tensorflow("pipeline='tf_data'", "; use --pipeline device or numpy")
+    train_size = tuple(config.image_size)
+    eval_size = tuple(config.eval_image_size or config.image_size)
+    if isinstance(data, StreamData):
+        if kind != "tf_data":
+            raise DataError("Streaming data sets (ImageNet recipe) need pipeline='tf_data' (TensorFlow).")
+        train = tf_stream_train(data, batch_size, image_size=train_size, augmentation=config.augmentation,
+                                mean=mean, std=std, seed=config.seed, start_step=start_step)
+        test = tf_stream_eval(data, batch_size, image_size=eval_size, train_image_size=train_size,
+                              mean=mean, std=std)
+        return train, test
+    if kind == "tf_data":
+        make_train, make_eval, raw = tf_array_train, tf_array_eval, {}
+    else:
+        make_train, make_eval, raw = numpy_array_train, numpy_array_eval, {"raw": kind == "device"}
+    train = make_train(data, batch_size, augmentation=config.augmentation, mean=mean, std=std,
+                       seed=config.seed, start_step=start_step, **raw)
+    test = make_eval(data.test_images, data.test_labels, batch_size, mean=mean, std=std, **raw)
+    return train, test
+
+
+def check_batch_size(data, config):
+    """The global batch must fit in the training set (one batch is drawn without replacement)."""
+    if config.batch_size > data.train_size:
+        raise DataError(
+            f"Invalid batch_size={config.batch_size}: larger than the {data.train_size} training images; "
+            f"at most {data.train_size}."
+        )
+
+
+def check_image_size(data, config):
+    """Array data must match the config's image size (the model's input)."""
+    if isinstance(data, ArrayData) and data.image_size != tuple(config.image_size):
+        raise DataError(
+            f"Images are {data.image_size[0]}x{data.image_size[1]} but image_size="
+            f"{list(config.image_size)}; pass --image-size {data.image_size[0]} {data.image_size[1]}."
+        )
+
+

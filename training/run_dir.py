@@ -1,0 +1,151 @@
+"""The run directory: every file in it is written here, each to a temporary name and renamed.
+
+``prepare_run_dir`` creates it; ``atomic_path`` is the one atomic writer (``write_text``,
+``write_json``, ``save_model``, the ``.npy`` cache, the backups use it); ``AtomicBackup`` keeps the
+last complete backup for an exact resume; ``read_history`` reads ``history.csv`` one row per epoch.
+"""
+
+import contextlib
+import datetime
+import json
+import math
+import os
+import pathlib
+import shutil
+import tempfile
+
+import keras
+
+from keras_preact import scratch
+
+from . import plots, run_state
+
+BACKUP_POINTER = "latest.json"
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """A temporary path next to ``path`` (``.tmp-<name>-pid<PID>``), renamed onto ``path`` when the
+    block succeeds and removed when it fails: ``path`` is complete or absent, never half-written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(scratch.tag(path.name) + "".join(path.suffixes[-1:]))
+    try:
+        yield tmp
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)
+
+
+def write_text(path, text):
+    with atomic_path(path) as tmp:
+        tmp.write_text(text)
+
+
+def write_json(path, obj):
+    write_text(path, json.dumps(obj, indent=2) + "\n")
+
+
+def save_model(model, path):
+    """``model.save(path)`` atomically, after checking the free space."""
+    with atomic_path(path) as tmp:
+        run_state.guard_write(path, run_state.weight_bytes(model), lambda: model.save(tmp), cleanup=tmp)
+        run_state.kill_point("save")
+
+
+def prepare_run_dir(config):
+    """The run directory, created and checked writable before any work."""
+    if config.run_dir:
+        run_dir = pathlib.Path(config.run_dir)
+    else:
+        stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
+        run_dir = pathlib.Path(config.runs_root) / f"{config.name}-{stamp}"
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "checkpoints").mkdir(exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=run_dir, prefix=".write-probe-"):
+            pass
+    except OSError as e:
+        raise ValueError(f"Invalid run_dir={str(run_dir)!r}: not writable ({e.strerror}).") from None
+    return run_dir
+
+
+class AtomicBackup(keras.callbacks.Callback):
+    """Backups that survive SIGKILL at any moment, for a resume at the exact step.
+
+    Each backup (model + optimizer weights, epoch, global step) goes to a fresh ``state-<step>/``
+    directory, then ``latest.json`` is replaced atomically to point at it; older states are removed
+    afterwards. Backups happen every ``save_freq`` steps and at every epoch end, never with a
+    non-finite loss (so the last good state survives a divergence). ``train`` restores the backup
+    (``read_backup``, ``run_state.restore``) before anything else and resumes the data stream and the
+    epoch where they stopped; ``last_good`` is that backup, the one a divergence falls back to.
+    """
+
+    def __init__(self, backup_dir, save_freq, start_step, last_good=None):
+        super().__init__()
+        self.backup_dir, self.save_freq = backup_dir, save_freq
+        self.step = start_step
+        self.last_saved_step = start_step
+        self.last_good = last_good
+        self.finite = True
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self._current_epoch = epoch
+        self._epoch_start_step = self.step
+
+    def on_train_batch_end(self, batch, logs=None):
+        # ``batch`` is the epoch's last step of the call (several with steps_per_execution > 1).
+        self.step = self._epoch_start_step + batch + 1
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.finite = False
+        if self.finite and self.step - self.last_saved_step >= self.save_freq:
+            self._save_model()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self._current_epoch = epoch + 1
+        if self.finite and self.step != self.last_saved_step:
+            self._save_model()
+
+    def _save_model(self):
+        backup_dir = pathlib.Path(self.backup_dir)
+        backup_dir.mkdir(parents=True, exist_ok=True)
+        state = backup_dir / f"state-{self.step:010d}"
+        with atomic_path(state) as tmp:
+            tmp.mkdir()
+            needed = run_state.tree_bytes(self.last_good["weights"]) if self.last_good else 0
+            run_state.guard_write(tmp / "model.weights.h5", needed or run_state.weight_bytes(self.model),
+                                  lambda: self.model.save_weights(tmp / "model.weights.h5"), cleanup=tmp)
+            run_state.kill_point("checkpoint")
+            shutil.rmtree(state, ignore_errors=True)
+        pointer = {"state": state.name, "step": self.step, "epoch": self._current_epoch,
+                   "weights": str(state / "model.weights.h5")}
+        write_json(backup_dir / BACKUP_POINTER, pointer)
+        for old in backup_dir.iterdir():
+            if old.name.startswith("state-") and old.name != state.name:
+                shutil.rmtree(old, ignore_errors=True)
+        self.last_saved_step = self.step
+        self.last_good = pointer
+
+
+
+def read_backup(backup_dir):
+    """The last complete backup {"step", "epoch", "weights"} or None."""
+    pointer = pathlib.Path(backup_dir) / BACKUP_POINTER
+    if not pointer.exists():
+        return None
+    state = json.loads(pointer.read_text())
+    state["weights"] = str(pathlib.Path(backup_dir) / state["state"] / "model.weights.h5")
+    return state
+
+
+def read_history(csv_path):
+    """CSVLogger rows, one per epoch (a kill between the log and the backup can repeat an epoch)."""
+    if not pathlib.Path(csv_path).exists():
+        return []
+    rows = {int(r["epoch"]): r for r in plots.read_history(csv_path)}
+    return [rows[k] for k in sorted(rows)]
