@@ -23,6 +23,8 @@ source: REPRODUCTION.md, "Recipe choices".
 import dataclasses
 import math
 
+from keras_preact.layers.options import check_choice
+
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
 TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
 NORMALIZATIONS = {
@@ -260,13 +262,6 @@ PRESETS = _build_presets()
 DEFAULT_PRESET = "synthetic-resnet8"
 
 
-def _check_choice(argument, value, allowed):
-    if value not in allowed:
-        raise ValueError(
-            f"Invalid {argument}={value!r}. Allowed values: {', '.join(repr(a) for a in allowed)}."
-        )
-
-
 def _check_positive(argument, value, allow_none=True):
     if value is None and allow_none:
         return
@@ -276,17 +271,17 @@ def _check_positive(argument, value, allow_none=True):
 
 def validate(config):
     """Raise ValueError naming the field and its allowed values; returns the config."""
-    _check_choice("architecture", config.architecture, ARCHITECTURES)
-    _check_choice("augmentation", config.augmentation, AUGMENTATIONS)
-    _check_choice("schedule", config.schedule, SCHEDULES)
-    _check_choice("lr_scaling", config.lr_scaling, LR_SCALINGS)
-    _check_choice("precision", config.precision, PRECISIONS)
-    _check_choice("distribute", config.distribute, DISTRIBUTIONS)
-    _check_choice("pipeline", config.pipeline, PIPELINES)
-    _check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
-    _check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
-    _check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN))
-    _check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
+    check_choice("architecture", config.architecture, ARCHITECTURES)
+    check_choice("augmentation", config.augmentation, AUGMENTATIONS)
+    check_choice("schedule", config.schedule, SCHEDULES)
+    check_choice("lr_scaling", config.lr_scaling, LR_SCALINGS)
+    check_choice("precision", config.precision, PRECISIONS)
+    check_choice("distribute", config.distribute, DISTRIBUTIONS)
+    check_choice("pipeline", config.pipeline, PIPELINES)
+    check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
+    check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
+    check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN))
+    check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
                   "steps_per_execution",
                   "synthetic_train_size", "synthetic_test_size"):
@@ -336,7 +331,7 @@ def validate(config):
                          "(pass --no-nesterov).")
     from keras_preact.layers import options as unit_tables
 
-    _check_choice("ordering", config.unit_options.get("ordering", "full_preact"), unit_tables.ORDERINGS)
+    check_choice("ordering", config.unit_options.get("ordering", "full_preact"), unit_tables.ORDERINGS)
     if config.dataset == "folder" and not config.data_dir:
         raise ValueError(
             "dataset='folder' needs data_dir (--data-dir): a directory with train/ and test/ (or "
