@@ -19,7 +19,9 @@ def to_numpy(x):
 
 def zero_branch(unit):
     """Set every convolution kernel of a unit's residual branch to zero."""
-    for i in range(1, len(unit._convs) + 1):
+    from keras_preact.layers.options import BLOCKS
+
+    for i in range(1, len(BLOCKS[unit.block][0]) + 1):
         conv = unit.get_sublayer(f"conv{i}")
         conv.kernel.assign(np.zeros(conv.kernel.shape, "float32"))
 
