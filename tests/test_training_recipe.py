@@ -180,3 +180,20 @@ def test_export_carries_the_mean_image(tmp_path):
     np.testing.assert_allclose(served["probabilities"].numpy(), expected, rtol=1e-5, atol=1e-6)
     with pytest.raises(ValueError, match=r"mean=.*\[8, 8, 3\] image"):
         export_saved_model(model, tmp_path, name="bad", mean=np.zeros((4, 4, 3)))
+
+
+def test_compat_variable_index():
+    """``training.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
+    against Keras ``compat.CHECKED_AGAINST``): every variable, Keras or backend, maps to its position."""
+    from training import compat
+
+    model = tiny_model()
+    optimizer = TorchSGD(0.1, momentum=0.9, coupled_weight_decay=1e-4)
+    optimizer.build(model.trainable_variables)
+    assert hasattr(keras.optimizers.Optimizer, "_get_variable_index"), (
+        f"Keras {keras.version()} has no Optimizer._get_variable_index (checked against "
+        f"{compat.CHECKED_AGAINST}): update training/compat.py's variable_index.")
+    for i, variable in enumerate(model.trainable_variables):
+        assert compat.variable_index(optimizer, variable) == i
+        if keras.backend.backend() == "tensorflow":  # update_step may get the backend's variable there
+            assert compat.variable_index(optimizer, variable.value) == i

@@ -1,4 +1,12 @@
-"""Keras compatibility fix: ``model.fit`` under ``tf.distribute.MultiWorkerMirroredStrategy``.
+"""Where ``training`` relies on Keras internals: each use is here, with the Keras version it was checked
+against (``CHECKED_AGAINST``) and a test that fails when Keras changes it.
+
+1. ``variable_index(optimizer, variable)``: the position of a variable among an optimizer's variables,
+   for per-variable state in ``TorchSGD.update_step`` (Keras' own optimizers call the private
+   ``Optimizer._get_variable_index``, which also maps a backend variable to its Keras variable; there is
+   no public equivalent). Tested by ``tests/test_training_recipe.py::test_compat_variable_index``.
+
+2. ``model.fit`` under ``tf.distribute.MultiWorkerMirroredStrategy``:
 
 Keras 3's TensorFlow trainer fails under MultiWorkerMirroredStrategy (keras-team/keras#20585) in two
 functions of ``keras/src/backend/tensorflow/trainer.py``; ``apply_multiworker_fix()`` replaces them:
@@ -21,11 +29,17 @@ import functools
 
 import keras
 
+CHECKED_AGAINST = "3.15.1"
 UPSTREAM_ISSUE = "keras-team/keras#20585"
 BROKEN_SINCE = (3, 0)
 FIXED_IN = None
 PATCHED_FUNCTIONS = ("TensorFlowTrainer._maybe_symbolic_build", "reduce_per_replica")
 _applied = False
+
+
+def variable_index(optimizer, variable):
+    """The index of ``variable`` (a Keras or backend variable) among ``optimizer``'s built variables."""
+    return optimizer._get_variable_index(variable)
 
 
 def keras_version():

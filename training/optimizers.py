@@ -18,6 +18,8 @@ the two part ways whenever the learning rate changes (the warm-up's end, every d
 import keras
 from keras import ops
 
+from . import compat
+
 WEIGHT_DECAY_SCOPES = ("all", "kernels")
 
 
@@ -56,7 +58,7 @@ class TorchSGD(keras.optimizers.Optimizer):
             return
         super().build(variables)
         # Decided on the Keras variables here: update_step may get the backend's variable.
-        self._decayed = [self.decays(v) for v in variables]
+        self.decay_mask = [self.decays(v) for v in variables]
         self.momentum_buffers = []
         if self.momentum:
             self.momentum_buffers = [self.add_variable_from_reference(v, "momentum_buffer") for v in variables]
@@ -70,8 +72,8 @@ class TorchSGD(keras.optimizers.Optimizer):
     def update_step(self, gradient, variable, learning_rate):
         learning_rate = ops.cast(learning_rate, variable.dtype)
         gradient = ops.cast(gradient, variable.dtype)
-        index = self._get_variable_index(variable)
-        if self._decayed[index]:
+        index = compat.variable_index(self, variable)
+        if self.decay_mask[index]:
             gradient = ops.add(gradient, ops.multiply(self.coupled_weight_decay, variable))
         if self.momentum:
             buffer = self.momentum_buffers[index]
