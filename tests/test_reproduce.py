@@ -14,10 +14,23 @@ def test_tables_cover_the_paper():
     assert paper["t2-resnet164-full-preact"] == 5.46
     assert paper["t1-resnet110-dropout"] == FAIL
     assert paper["t3-cifar100-resnet1001-preact"] == 22.71
-    assert (paper["t3-cifar10-resnet110-1layer-original"], paper["t3-cifar10-resnet110-1layer-preact"]) == (9.90, 8.91)
-    from training.configs import PRESETS
+    # Table 3's "ResNet-110 (1-layer skip)" rows, original and full pre-activation units.
+    assert paper["t3-cifar10-resnet110-1layer-original"] == 9.90
+    assert paper["t3-cifar10-resnet110-1layer-preact"] == 8.91
+    one_layer = [r for r in TABLES["3"] if r.block == "one_layer"]
+    assert [r.label for r in one_layer] == ["cifar10 ResNet-110 (1-layer skip) original",
+                                           "cifar10 ResNet-110 (1-layer skip) preact"]
+    assert {r.paper_depth for r in one_layer} == {110}
+    from training.configs import EXPERIMENTS, PRESETS
 
     assert all(r.preset in PRESETS for t in TABLES.values() for r in t)
+    # One table: every row is an experiment of configs.EXPERIMENTS, with its label and paper number.
+    experiments = {e.config.name: e for e in EXPERIMENTS}
+    for table, rows in TABLES.items():
+        for r in rows:
+            e = experiments[r.preset]
+            assert (e.table, e.label, e.paper_error, e.config.depth) == (table, r.label, r.paper_error, r.paper_depth)
+    assert len(TABLES["3"]) == len([e for e in EXPERIMENTS if e.table == "3"])
 
 
 @pytest.mark.parametrize("label", ["original", "preact"])
@@ -42,9 +55,11 @@ def test_select_rows():
         "t2-resnet110-relu-only-preact", "t2-resnet110-full-preact",
     ]
     assert [r.preset for r in select_rows("3", "scaled")] == [
-        "t3-cifar10-resnet110-original", "t3-cifar10-resnet110-preact",
-        "t3-cifar10-resnet110-1layer-original", "t3-cifar10-resnet110-1layer-preact"]
+        "t3-cifar10-resnet110-original", "t3-cifar10-resnet110-preact"]
     assert len(select_rows("2", "paper")) == 10
+    assert len(select_rows("3", "paper")) == 12
+    assert [r.preset for r in select_rows("3", "scaled", "resnet110-1layer-preact")] == [
+        "t3-cifar10-resnet110-1layer-preact"]
     picked = select_rows("1", "scaled", "dropout, resnet110-original")
     assert [r.preset for r in picked] == ["t1-resnet110-dropout", "t1-resnet110-original"]
     with pytest.raises(ValueError, match="rows=.*'original'"):

@@ -28,6 +28,13 @@ def test_presets_cover_every_table_of_the_paper():
     for name in ("t3-cifar10-resnet1001-preact", "t3-cifar100-resnet164-original", "t5-resnet200-preact",
                  "t5-resnet152-original-test224"):
         assert name in names
+    for label, ordering in (("original", "original"), ("preact", "full_preact")):
+        one_layer = configs.PRESETS[f"t3-cifar10-resnet110-1layer-{label}"]
+        assert (one_layer.depth, one_layer.dataset, one_layer.unit_options) == (
+            110, "cifar10", {"ordering": ordering, "block": "one_layer"})
+        # The same recipe as Table 3's other ResNet-110 rows.
+        usual = configs.PRESETS[f"t3-cifar10-resnet110-{label}"]
+        assert one_layer.replace(name=usual.name, unit_options=usual.unit_options) == usual
     t4 = configs.PRESETS["t4-cifar10-resnet1001-preact-batch64"]
     assert (t4.batch_size, t4.depth, t4.dataset) == (64, 1001, "cifar10")
     t5 = configs.PRESETS["t5-resnet200-preact"]

@@ -141,124 +141,151 @@ def _imagenet(name, paper, depth, **fields):
     return Config(name=name, paper=paper, depth=depth, **defaults)
 
 
-def _build_presets():
-    presets = {}
+FAIL = "fail"  # the paper's "fail": test error above 20%
 
-    def add(config):
-        presets[config.name] = config
 
-    # The default run: a ResNet-8 (6n+2, n=1) on the built-in synthetic set, a few minutes on CPU.
-    add(
-        Config(
-            name="synthetic-resnet8",
-            paper="demo (no paper experiment): the whole product on an offline CPU",
-            depth=8,
-            dataset="synthetic",
-            normalization="centered",
-            batch_size=64,
-            reference_batch_size=64,
-            total_steps=320,
-            warmup_steps=10,
-            boundaries=(200, 280),
-            epochs=5,
-            export=True,
-        )
-    )
+@dataclasses.dataclass(frozen=True)
+class Experiment:
+    """One run of the paper: its table and row label there, the paper's test error % (a number,
+    ``FAIL`` or None where the table has none) and the ``Config`` that reproduces it (a preset)."""
 
-    # Table 1: shortcut variants on the original ResNet-110 (f = ReLU after the addition).
-    t1 = "Table 1, Fig. 2"
-    table1 = {
-        "original": {},
-        "constant-scaling-0-1": dict(shortcut="constant_scaling", shortcut_scale=0.0, residual_scale=1.0),
-        "constant-scaling-0.5-1": dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=1.0),
-        "constant-scaling-0.5-0.5": dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=0.5),
-        **{
-            f"exclusive-gating-bg{b}": dict(shortcut="exclusive_gating", gate_bias_init=float(b))
-            for b in (0, -1, -2, -3, -4, -5, -6, -7)
-        },
-        **{
-            f"shortcut-only-gating-bg{b}": dict(shortcut="shortcut_only_gating", gate_bias_init=float(b))
-            for b in (0, -6)
-        },
-        "conv1x1": dict(shortcut="conv1x1"),
-        "dropout": dict(shortcut="dropout", shortcut_dropout_rate=0.5),
+    table: str
+    label: str
+    paper_error: object
+    config: Config
+
+
+def _table1():
+    """Table 1 (Fig. 2): shortcut variants on the original ResNet-110 unit (f = ReLU after the addition)."""
+    gating = {0: FAIL, -1: FAIL, -2: FAIL, -3: FAIL, -4: FAIL, -5: FAIL, -6: 8.70, -7: 9.81}
+    rows = [
+        ("original", "original", {}, 6.61),
+        ("constant scaling 0 / 1", "constant-scaling-0-1",
+         dict(shortcut="constant_scaling", shortcut_scale=0.0, residual_scale=1.0), FAIL),
+        ("constant scaling 0.5 / 1", "constant-scaling-0.5-1",
+         dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=1.0), FAIL),
+        ("constant scaling 0.5 / 0.5", "constant-scaling-0.5-0.5",
+         dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=0.5), 12.35),
+        *[(f"exclusive gating b_g={b}", f"exclusive-gating-bg{b}",
+           dict(shortcut="exclusive_gating", gate_bias_init=float(b)), error) for b, error in gating.items()],
+        ("shortcut-only gating b_g=0", "shortcut-only-gating-bg0",
+         dict(shortcut="shortcut_only_gating", gate_bias_init=0.0), 12.86),
+        ("shortcut-only gating b_g=-6", "shortcut-only-gating-bg-6",
+         dict(shortcut="shortcut_only_gating", gate_bias_init=-6.0), 6.91),
+        ("1x1 conv shortcut", "conv1x1", dict(shortcut="conv1x1"), 12.22),
+        ("dropout shortcut 0.5", "dropout", dict(shortcut="dropout", shortcut_dropout_rate=0.5), FAIL),
+    ]
+    return [
+        Experiment("1", label, error, _cifar(f"t1-resnet110-{key}", "Table 1, Fig. 2", 110,
+                                             unit_options={"ordering": "original", **options}))
+        for label, key, options, error in rows
+    ]
+
+
+def _table2():
+    """Table 2 (Fig. 4): five activation placements x ResNet-110 / ResNet-164 on CIFAR-10."""
+    paper = {
+        "original": (6.61, 5.93),
+        "bn_after_addition": (8.17, 6.50),
+        "relu_before_addition": (7.84, 6.14),
+        "relu_only_preact": (6.71, 5.91),
+        "full_preact": (6.37, 5.46),
     }
-    for variant, options in table1.items():
-        add(_cifar(f"t1-resnet110-{variant}", t1, 110, unit_options={"ordering": "original", **options}))
+    return [
+        Experiment("2", f"{ordering} (ResNet-{depth})", errors[i],
+                   _cifar(f"t2-resnet{depth}-{ordering.replace('_', '-')}", "Table 2, Fig. 4", depth,
+                          unit_options={"ordering": ordering}))
+        for i, depth in enumerate((110, 164))
+        for ordering, errors in paper.items()
+    ]
 
-    # Table 2: five activation placements x ResNet-110 / ResNet-164 on CIFAR-10.
-    for ordering in ("original", "bn_after_addition", "relu_before_addition", "relu_only_preact", "full_preact"):
-        for depth in (110, 164):
-            add(
-                _cifar(
-                    f"t2-resnet{depth}-{ordering.replace('_', '-')}",
-                    "Table 2, Fig. 4",
-                    depth,
-                    unit_options={"ordering": ordering},
-                )
-            )
 
-    # Tables 3 and 4: original vs pre-activation, CIFAR-10/100, ResNet-110/164/1001, batch 128 and 64.
-    for dataset in ("cifar10", "cifar100"):
-        for depth in (110, 164, 1001):
-            if dataset == "cifar100" and depth == 110:
-                continue
-            for ordering, label in (("original", "original"), ("full_preact", "preact")):
-                add(
-                    _cifar(
-                        f"t3-{dataset}-resnet{depth}-{label}",
-                        "Table 3",
-                        depth,
-                        dataset,
-                        unit_options={"ordering": ordering},
-                    )
-                )
-    # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv (model "cifar_resnet110_1layer").
-    for ordering, label in (("original", "original"), ("full_preact", "preact")):
-        add(_cifar(f"t3-cifar10-resnet110-1layer-{label}", "Table 3 (1-layer skip)", 110,
-                   unit_options={"block": "one_layer", "ordering": ordering}))
-    add(
-        _cifar(
-            "t4-cifar10-resnet1001-preact-batch64",
-            "Table 4 (mini-batch 64)",
-            1001,
-            batch_size=64,
-            unit_options={"ordering": "full_preact"},
-        )
-    )
+def _table3():
+    """Table 3 (Fig. 6): original vs pre-activation unit, CIFAR-10/100. The 1-layer-skip ResNet-110 is
+    108 units of one 3x3 conv (``block="one_layer"``), shortcut as the CIFAR builder's default."""
+    paper = {
+        ("cifar10", 110, "one_layer"): (9.90, 8.91),
+        ("cifar10", 110, None): (6.61, 6.37),
+        ("cifar10", 164, None): (5.93, 5.46),
+        ("cifar10", 1001, None): (7.61, 4.92),
+        ("cifar100", 164, None): (25.16, 24.33),
+        ("cifar100", 1001, None): (27.82, 22.71),
+    }
+    experiments = []
+    for (dataset, depth, block), errors in paper.items():
+        network, key, options = f"ResNet-{depth}", f"resnet{depth}", {}
+        if block == "one_layer":
+            network, key, options = f"ResNet-{depth} (1-layer skip)", f"resnet{depth}-1layer", {"block": block}
+        for error, (ordering, label) in zip(errors, (("original", "original"), ("full_preact", "preact"))):
+            experiments.append(Experiment(
+                "3", f"{dataset} {network} {label}", error,
+                _cifar(f"t3-{dataset}-{key}-{label}", "Table 3", depth, dataset,
+                       unit_options={"ordering": ordering, **options})))
+    return experiments
 
-    # Table 5: ImageNet, train crop 224, test crop 320 (and 224 for the first row).
-    add(_imagenet("t5-resnet152-original-test224", "Table 5", 152, eval_image_size=(224, 224),
-                  unit_options={"ordering": "original"}))
+
+def _experiments():
+    """Every experiment of the paper, in table order."""
+    experiments = [*_table1(), *_table2(), *_table3()]
+    # Table 4: ResNet-1001 pre-activation at mini-batch 64.
+    experiments.append(Experiment("4", "ResNet-1001 pre-activation, mini-batch 64", None, _cifar(
+        "t4-cifar10-resnet1001-preact-batch64", "Table 4 (mini-batch 64)", 1001, batch_size=64,
+        unit_options={"ordering": "full_preact"})))
+    # Table 5: ImageNet, train crop 224, test crop 320 (and 224 for the first row); single-crop top-1.
+    experiments.append(Experiment("5", "ResNet-152 original, test 224", None, _imagenet(
+        "t5-resnet152-original-test224", "Table 5", 152, eval_image_size=(224, 224),
+        unit_options={"ordering": "original"})))
     for depth in (152, 200):
         for ordering, label in (("original", "original"), ("full_preact", "preact")):
-            add(_imagenet(f"t5-resnet{depth}-{label}", "Table 5", depth, unit_options={"ordering": ordering}))
-    add(_imagenet("t5-resnet200-preact-aspect-aug", "Table 5 (scale + aspect-ratio augmentation)", 200,
-                  augmentation="imagenet_aspect", unit_options={"ordering": "full_preact"}))
-    add(_imagenet("sec4.1-resnet101-bn-after-addition", "Sec. 4.1 (ImageNet, BN after addition)", 101,
-                  eval_image_size=(224, 224), unit_options={"ordering": "bn_after_addition"}))
-    add(_imagenet("sec4.1-resnet101-original", "Sec. 4.1 (ImageNet, original)", 101,
-                  eval_image_size=(224, 224), unit_options={"ordering": "original"}))
-
-    # Section 7 benchmark: pre-activation ResNet-20 on the CIFAR-10 JPEG folder, short cosine schedule.
-    add(
-        _cifar(
-            "cifar10-folder-resnet20-short",
-            "benchmark: short schedule (15 epochs, cosine) on the CIFAR-10 JPEG folder",
-            20,
-            dataset="folder",
-            epochs=15,
-            schedule="cosine",
-            warmup_steps=400,
-            total_steps=64000,
-            unit_options={"ordering": "full_preact"},
-            normalization="cifar10",
-        )
-    )
-    return presets
+            experiments.append(Experiment("5", f"ResNet-{depth} {label}", None, _imagenet(
+                f"t5-resnet{depth}-{label}", "Table 5", depth, unit_options={"ordering": ordering})))
+    experiments.append(Experiment("5", "ResNet-200 pre-activation, scale + aspect-ratio augmentation", None,
+                                  _imagenet("t5-resnet200-preact-aspect-aug",
+                                            "Table 5 (scale + aspect-ratio augmentation)", 200,
+                                            augmentation="imagenet_aspect", unit_options={"ordering": "full_preact"})))
+    experiments.append(Experiment("4.1", "ResNet-101, BN after addition", None, _imagenet(
+        "sec4.1-resnet101-bn-after-addition", "Sec. 4.1 (ImageNet, BN after addition)", 101,
+        eval_image_size=(224, 224), unit_options={"ordering": "bn_after_addition"})))
+    experiments.append(Experiment("4.1", "ResNet-101, original", None, _imagenet(
+        "sec4.1-resnet101-original", "Sec. 4.1 (ImageNet, original)", 101, eval_image_size=(224, 224),
+        unit_options={"ordering": "original"})))
+    return experiments
 
 
-PRESETS = _build_presets()
+EXPERIMENTS = _experiments()
+
+# Runs that are no experiment of the paper.
+EXTRA_PRESETS = [
+    # The default run: a ResNet-8 (6n+2, n=1) on the built-in synthetic set, a few minutes on CPU.
+    Config(
+        name="synthetic-resnet8",
+        paper="demo (no paper experiment): the whole product on an offline CPU",
+        depth=8,
+        dataset="synthetic",
+        normalization="centered",
+        batch_size=64,
+        reference_batch_size=64,
+        total_steps=320,
+        warmup_steps=10,
+        boundaries=(200, 280),
+        epochs=5,
+        export=True,
+    ),
+    # Pre-activation ResNet-20 on the CIFAR-10 JPEG folder, short cosine schedule (BENCHMARKS.md).
+    _cifar(
+        "cifar10-folder-resnet20-short",
+        "benchmark: short schedule (15 epochs, cosine) on the CIFAR-10 JPEG folder",
+        20,
+        dataset="folder",
+        epochs=15,
+        schedule="cosine",
+        warmup_steps=400,
+        total_steps=64000,
+        unit_options={"ordering": "full_preact"},
+        normalization="cifar10",
+    ),
+]
+PRESETS = {c.name: c for c in (EXTRA_PRESETS[0], *(e.config for e in EXPERIMENTS), *EXTRA_PRESETS[1:])}
 DEFAULT_PRESET = "synthetic-resnet8"
 
 

@@ -25,77 +25,33 @@ import sys
 
 from keras_preact.analysis.plots import save_figure
 
-from . import flags
+from . import configs, flags
+from .configs import FAIL
 from .run_dir import write_text
 
 # Set per row or by the budget (--depth, --epochs, --seeds), not by a config flag.
 REPRODUCE_OWNS = ("depth", "epochs", "seed", "run_dir", "unit_options")
-FAIL = "fail"  # the paper's "fail": test error above 20%
 
 
 @dataclasses.dataclass(frozen=True)
 class Row:
     """One row of a paper table: the label, the training preset that runs it, the paper's error %
-    (a number, or ``FAIL``), and the paper network's depth."""
+    (a number, or ``FAIL``), the paper network's depth and its unit block (None: the depth's default)."""
 
     label: str
     preset: str
     paper_error: object
     paper_depth: int
+    block: object = None
 
 
-def _table1():
-    """Table 1 (Fig. 2): shortcut variants on the original ResNet-110 unit."""
-    gating = {0: FAIL, -1: FAIL, -2: FAIL, -3: FAIL, -4: FAIL, -5: FAIL, -6: 8.70, -7: 9.81}
-    rows = [
-        ("original", "original", 6.61),
-        ("constant scaling 0 / 1", "constant-scaling-0-1", FAIL),
-        ("constant scaling 0.5 / 1", "constant-scaling-0.5-1", FAIL),
-        ("constant scaling 0.5 / 0.5", "constant-scaling-0.5-0.5", 12.35),
-        *[(f"exclusive gating b_g={b}", f"exclusive-gating-bg{b}", e) for b, e in gating.items()],
-        ("shortcut-only gating b_g=0", "shortcut-only-gating-bg0", 12.86),
-        ("shortcut-only gating b_g=-6", "shortcut-only-gating-bg-6", 6.91),
-        ("1x1 conv shortcut", "conv1x1", 12.22),
-        ("dropout shortcut 0.5", "dropout", FAIL),
-    ]
-    return [Row(label, f"t1-resnet110-{key}", error, 110) for label, key, error in rows]
+def _rows(table):
+    """The rows of a table, from ``configs.EXPERIMENTS`` (the presets and the paper's numbers)."""
+    return [Row(e.label, e.config.name, e.paper_error, e.config.depth, e.config.unit_options.get("block"))
+            for e in configs.EXPERIMENTS if e.table == table]
 
 
-def _table2():
-    """Table 2 (Fig. 4): activation placements, ResNet-110 and ResNet-164 on CIFAR-10."""
-    paper = {
-        "original": (6.61, 5.93),
-        "bn_after_addition": (8.17, 6.50),
-        "relu_before_addition": (7.84, 6.14),
-        "relu_only_preact": (6.71, 5.91),
-        "full_preact": (6.37, 5.46),
-    }
-    return [
-        Row(f"{ordering} (ResNet-{depth})", f"t2-resnet{depth}-{ordering.replace('_', '-')}", errors[i], depth)
-        for i, depth in enumerate((110, 164))
-        for ordering, errors in paper.items()
-    ]
-
-
-def _table3():
-    """Table 3: original vs pre-activation unit, CIFAR-10/100, ResNet-110 (1-layer skip) to 1001."""
-    paper = {
-        ("cifar10", 110): (6.61, 6.37),
-        ("cifar10", "110-1layer"): (9.90, 8.91),
-        ("cifar10", 164): (5.93, 5.46),
-        ("cifar10", 1001): (7.61, 4.92),
-        ("cifar100", 164): (25.16, 24.33),
-        ("cifar100", 1001): (27.82, 22.71),
-    }
-    return [
-        Row(f"{dataset} ResNet-{str(depth).replace('-1layer', ' (1-layer skip)')} {label}",
-            f"t3-{dataset}-resnet{depth}-{label}", errors[i], int(str(depth).split("-")[0]))
-        for (dataset, depth), errors in paper.items()
-        for i, label in enumerate(("original", "preact"))
-    ]
-
-
-TABLES = {"1": _table1(), "2": _table2(), "3": _table3()}
+TABLES = {table: _rows(table) for table in ("1", "2", "3")}
 FIGURES = {"1": "Fig. 1 / Table 1", "2": "Fig. 4 / Table 2", "3": "Fig. 6 / Table 3"}
 
 
@@ -146,12 +102,13 @@ def select_rows(table, budget, rows=None):
                 + ", ".join(repr(r.preset.split("-", 1)[-1]) for r in all_rows)
             )
         return list(dict.fromkeys(by_key[w] for w in wanted))
-    if BUDGETS[budget].smallest_network_only:
+    if BUDGETS[budget].smallest_network_only:  # the smallest network of the usual unit block
         smallest = min(r.paper_depth for r in all_rows)
         first_dataset = all_rows[0].preset.split("-")[1] if table == "3" else None
         return [
             r for r in all_rows
-            if r.paper_depth == smallest and (first_dataset is None or first_dataset in r.preset)
+            if r.paper_depth == smallest and r.block is None
+            and (first_dataset is None or first_dataset in r.preset)
         ]
     return all_rows
 
