@@ -11,8 +11,14 @@ from keras_preact.analysis.plots import save_figure  # noqa: E402
 
 
 def read_history(csv_path):
-    with open(csv_path, newline="") as f:
-        return list(csv.DictReader(f))
+    """CSVLogger rows, one per epoch (a kill between the log and the backup can repeat an epoch; the
+    later row wins); [] when there is no file yet."""
+    try:
+        with open(csv_path, newline="") as f:
+            rows = {int(r["epoch"]): r for r in csv.DictReader(f)}
+    except FileNotFoundError:
+        return []
+    return [rows[k] for k in sorted(rows)]
 
 
 def plot_curves(csv_path, png_path, steps_per_epoch, title=""):

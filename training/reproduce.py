@@ -27,6 +27,7 @@ from keras_preact.analysis.plots import save_figure
 
 from . import configs, flags
 from .configs import FAIL
+from .plots import read_history
 from .run_dir import write_text
 
 # Set per row or by the budget (--depth, --epochs, --seeds), not by a config flag.
@@ -160,17 +161,6 @@ def markdown_table(table, results, header_note=""):
     return "\n".join(lines) + "\n"
 
 
-def _read_history(run_dir):
-    import csv
-
-    path = pathlib.Path(run_dir) / "history.csv"
-    if not path.exists():
-        return []
-    with open(path, newline="") as f:
-        rows = {int(r["epoch"]): r for r in csv.DictReader(f)}
-    return [rows[k] for k in sorted(rows)]
-
-
 def plot_curves(results, png_path, title):
     """Test error (solid) and training error (dashed) against iterations, one colour per row
     (first seed), as the paper's Fig. 1 / 4 / 6."""
@@ -184,7 +174,7 @@ def plot_curves(results, png_path, title):
         if not entry["runs"]:
             continue
         run = entry["runs"][0]
-        history = _read_history(run["run_dir"])
+        history = read_history(pathlib.Path(run["run_dir"]) / "history.csv")
         if not history:
             continue
         per_epoch = run["steps"] / max(len(history), 1)

@@ -2,7 +2,7 @@
 
 ``prepare_run_dir`` creates it; ``atomic_path`` is the one atomic writer (``write_text``,
 ``write_json``, ``save_model``, the ``.npy`` cache, the backups use it); ``AtomicBackup`` keeps the
-last complete backup for an exact resume; ``read_history`` reads ``history.csv`` one row per epoch.
+last complete backup for an exact resume.
 """
 
 import contextlib
@@ -18,7 +18,7 @@ import keras
 
 from keras_preact import scratch
 
-from . import plots, run_state
+from . import run_state
 
 BACKUP_POINTER = "latest.json"
 
@@ -141,11 +141,3 @@ def read_backup(backup_dir):
     state = json.loads(pointer.read_text())
     state["weights"] = str(pathlib.Path(backup_dir) / state["state"] / "model.weights.h5")
     return state
-
-
-def read_history(csv_path):
-    """CSVLogger rows, one per epoch (a kill between the log and the backup can repeat an epoch)."""
-    if not pathlib.Path(csv_path).exists():
-        return []
-    rows = {int(r["epoch"]): r for r in plots.read_history(csv_path)}
-    return [rows[k] for k in sorted(rows)]

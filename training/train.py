@@ -38,7 +38,8 @@ from . import configs, distribute, pipelines, plots, run_state, schedules, sourc
 from . import export as export_lib
 from .manifest import RunManifest, input_config_for
 from .model import build_model
-from .run_dir import AtomicBackup, prepare_run_dir, read_backup, read_history, save_model, write_json
+from .plots import read_history
+from .run_dir import AtomicBackup, prepare_run_dir, read_backup, save_model, write_json
 
 
 class TrainingDiverged(RuntimeError):
