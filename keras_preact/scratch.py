@@ -4,9 +4,12 @@ Every file or folder the package writes goes to ``.tmp-<what>-pid<PID>...`` next
 renamed into place. A process killed before the rename leaves the temporary behind;
 ``remove_stale(directory)`` deletes such names whose process no longer runs (on this machine), and
 never touches a temporary of a live process (a concurrent writer) or a name it did not make.
+``atomic_path(target)`` is the one writer of single files and folders built on it.
 """
 
+import contextlib
 import os
+import pathlib
 import re
 import shutil
 
@@ -51,3 +54,21 @@ def remove_stale(directory):
                 pass
         removed.append(entry.name)
     return removed
+
+
+@contextlib.contextmanager
+def atomic_path(path):
+    """A temporary path next to ``path`` (``.tmp-<name>-pid<PID>``), renamed onto ``path`` when the
+    block succeeds and removed when it fails: ``path`` is complete or absent, never half-written."""
+    path = pathlib.Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(tag(path.name) + "".join(path.suffixes[-1:]))
+    try:
+        yield tmp
+    except BaseException:
+        if tmp.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+        else:
+            tmp.unlink(missing_ok=True)
+        raise
+    os.replace(tmp, path)

@@ -1,44 +1,24 @@
 """The run directory: every file in it is written here, each to a temporary name and renamed.
 
-``prepare_run_dir`` creates it; ``atomic_path`` is the one atomic writer (``write_text``,
-``write_json``, ``save_model``, the ``.npy`` cache, the backups use it); ``AtomicBackup`` keeps the
+``prepare_run_dir`` creates it; ``keras_preact.scratch.atomic_path`` is the one atomic writer
+(``write_text``, ``write_json``, ``save_model``, the ``.npy`` cache, the backups use it); ``AtomicBackup`` keeps the
 last complete backup for an exact resume.
 """
 
-import contextlib
 import datetime
 import json
 import math
-import os
 import pathlib
 import shutil
 import tempfile
 
 import keras
 
-from keras_preact import scratch
+from keras_preact.scratch import atomic_path
 
 from . import run_state
 
 BACKUP_POINTER = "latest.json"
-
-
-@contextlib.contextmanager
-def atomic_path(path):
-    """A temporary path next to ``path`` (``.tmp-<name>-pid<PID>``), renamed onto ``path`` when the
-    block succeeds and removed when it fails: ``path`` is complete or absent, never half-written."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(scratch.tag(path.name) + "".join(path.suffixes[-1:]))
-    try:
-        yield tmp
-    except BaseException:
-        if tmp.is_dir():
-            shutil.rmtree(tmp, ignore_errors=True)
-        else:
-            tmp.unlink(missing_ok=True)
-        raise
-    os.replace(tmp, path)
 
 
 def write_text(path, text):

@@ -23,8 +23,7 @@ import pathlib
 import numpy as np
 
 from keras_preact.preprocessing import decode_image, is_encoded_image
-
-from .run_dir import atomic_path
+from keras_preact.scratch import atomic_path
 
 logger = logging.getLogger(__name__)
 

@@ -1,7 +1,6 @@
 """PNG figures (matplotlib, Agg): norms against depth for several variants, Jacobian spectra."""
 
 import os
-import tempfile
 
 import numpy as np
 
@@ -20,14 +19,12 @@ def _pyplot():
 def save_figure(fig, path, dpi=110):
     """Write the figure to a temporary file next to ``path``, then rename (nothing half-written)."""
     plt = _pyplot()
-    path = os.fspath(path)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(os.path.abspath(path)),
-                               prefix=scratch.tag(os.path.basename(path)) + "-", suffix=".png")
-    os.close(fd)
-    fig.savefig(tmp, format="png", dpi=dpi)
-    plt.close(fig)
-    os.replace(tmp, path)
-    return path
+    try:
+        with scratch.atomic_path(path) as tmp:
+            fig.savefig(tmp, format="png", dpi=dpi)
+    finally:
+        plt.close(fig)
+    return os.fspath(path)
 
 
 def _check_results(argument, results):
