@@ -320,14 +320,8 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
     return server
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
-    )
-    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+def add_request_limit_arguments(parser):
+    """The flags bounding what one request may use (body, batch, encoded images); shared by every front end."""
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (413 above)")
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE, help="examples per request (413 above)")
     parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
@@ -336,6 +330,17 @@ def build_parser():
                         help="longer/shorter side of an encoded image (413 above)")
     parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_MAX_REQUEST_PIXELS,
                         help="pixels of all encoded images of one request (413 above)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
+    )
+    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
+    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+    add_request_limit_arguments(parser)
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
                         help="seconds a client may take to send a request or keep an idle connection")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
