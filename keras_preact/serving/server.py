@@ -44,6 +44,7 @@ DEFAULT_MAX_REQUEST_PIXELS = 64 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds to send a request, and to keep an idle connection
 DEFAULT_MAX_CONNECTIONS = 64
 LISTEN_BACKLOG = 128
+REAL_LIMITS = ("max_aspect_ratio", "request_timeout")  # positive numbers; the other limits are integers
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
 
 
@@ -103,6 +104,72 @@ class ServedModel:
         return {k: v.numpy() for k, v in outputs.items()}
 
 
+def route(model, method, path):
+    """The reply body of a status or metadata request, or None for a predict request, to ``model``;
+    a ``RequestError`` (404 for an unknown path, model or version) otherwise."""
+    match = _PATH.match(path.split("?", 1)[0])
+    if not match:
+        raise RequestError(f"Unknown path {path!r}: expected /v1/models/<name>[/versions/<v>][/metadata|:predict].", 404)
+    if match["name"] != model.name:
+        raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
+    if match["version"] is not None and match["version"] != str(model.version):
+        raise RequestError(
+            f"Servable not found for request: Specific({match['name']}, {match['version']}); "
+            f"loaded version is {model.version}.",
+            404,
+        )
+    verb = match["rest"]
+    if method == "GET" and verb is None:
+        return json.dumps(model.status()).encode()
+    if method == "GET" and verb == "/metadata":
+        return json.dumps(model.metadata).encode()
+    if method == "POST" and verb == ":predict":
+        return None
+    if method == "POST" and verb in (":classify", ":regress"):
+        raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
+    raise RequestError(f"{method} {path} is not a TF Serving REST route.", 404)
+
+
+def decode_predict(model, body, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
+    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits."""
+    request, signature_name, mode = rest.parse_body(body)
+    if signature_name not in model.signatures:
+        raise RequestError(
+            f"Serving signature name: '{signature_name}' not found in signature def; "
+            f"available: {sorted(model.signatures)}."
+        )
+    inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
+    batch = next(iter(inputs.values())).shape[0]
+    if batch > max_batch_size:
+        raise RequestError(f"Batch size {batch} exceeds the limit of {max_batch_size}.", 413)
+    encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
+    if encoded:
+        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
+                                  max_request_pixels=max_request_pixels)
+    return signature_name, inputs, mode
+
+
+def check_limits(**limits):
+    """Raise ``ValueError`` naming the first bad limit: each is a positive integer, but those in
+    ``REAL_LIMITS`` (positive numbers; ``max_aspect_ratio`` >= 1)."""
+    for argument, value in limits.items():
+        if argument in REAL_LIMITS:
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+                raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
+        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
+    if limits.get("max_aspect_ratio", 1) < 1:
+        raise ValueError(f"Invalid max_aspect_ratio={limits['max_aspect_ratio']!r}: expected a number >= 1.")
+
+
+def model_name_or_default(model_base, model_name=None):
+    """``model_name``, or the base directory's name: the name in the URL (no '/', ':' or whitespace)."""
+    model_name = model_name or pathlib.Path(model_base).resolve().name
+    if not re.match(r"^[^/:\s]+$", model_name):
+        raise ValueError(f"Invalid model_name={model_name!r}: no '/', ':' or whitespace.")
+    return model_name
+
+
 class Handler(http.server.BaseHTTPRequestHandler):
     """TF Serving REST routes for ``self.server.model``; limits from the server's attributes."""
 
@@ -127,22 +194,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.end_headers()
         self.wfile.write(body)
 
-    def _route(self):
-        """(version-checked model, verb or "/metadata" or None) for the request path."""
-        match = _PATH.match(self.path.split("?", 1)[0])
-        if not match:
-            raise RequestError(f"Unknown path {self.path!r}: expected /v1/models/<name>[/versions/<v>][/metadata|:predict].", 404)
-        model = self.server.model
-        if match["name"] != model.name:
-            raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
-        if match["version"] is not None and match["version"] != str(model.version):
-            raise RequestError(
-                f"Servable not found for request: Specific({match['name']}, {match['version']}); "
-                f"loaded version is {model.version}.",
-                404,
-            )
-        return model, match["rest"]
-
     def _handle(self, method):
         try:
             # The body is read first, on every path: a reply to an unread body would leave it to be
@@ -155,16 +206,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
             return self._reply(408, rest.error_body(
                 f"The request body did not arrive within {self.server.request_timeout} s."))
         try:
-            model, verb = self._route()
-            if method == "GET" and verb is None:
-                return self._reply(200, json.dumps(model.status()).encode())
-            if method == "GET" and verb == "/metadata":
-                return self._reply(200, json.dumps(model.metadata).encode())
-            if method == "POST" and verb == ":predict":
-                return self._reply(200, self._predict(model, body))
-            if method == "POST" and verb in (":classify", ":regress"):
-                raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
-            raise RequestError(f"{method} {self.path} is not a TF Serving REST route.", 404)
+            reply = route(self.server.model, method, self.path)
+            return self._reply(200, self._predict(self.server.model, body) if reply is None else reply)
         except RequestError as error:
             return self._reply(error.status, rest.error_body(str(error)))
         except RecursionError:
@@ -192,26 +235,14 @@ class Handler(http.server.BaseHTTPRequestHandler):
         return body
 
     def _predict(self, model, body):
-        request, signature_name, mode = rest.parse_body(body)
-        if signature_name not in model.signatures:
-            raise RequestError(
-                f"Serving signature name: '{signature_name}' not found in signature def; "
-                f"available: {sorted(model.signatures)}."
-            )
-        inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
-        batch = next(iter(inputs.values())).shape[0]
-        if batch > self.server.max_batch_size:
-            raise RequestError(f"Batch size {batch} exceeds the limit of {self.server.max_batch_size}.", 413)
-        encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
-        if encoded:
-            rest.check_encoded_images(encoded, max_image_pixels=self.server.max_image_pixels,
-                                      max_aspect_ratio=self.server.max_aspect_ratio,
-                                      max_request_pixels=self.server.max_request_pixels)
+        signature_name, inputs, mode = decode_predict(
+            model, body, max_batch_size=self.server.max_batch_size, max_image_pixels=self.server.max_image_pixels,
+            max_aspect_ratio=self.server.max_aspect_ratio, max_request_pixels=self.server.max_request_pixels)
         try:
             outputs = model.predict(signature_name, inputs)
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
             # E.g. bytes that are not a decodable image.
-            raise RequestError(f"Invalid input: {_op_error_message(error)}") from None
+            raise RequestError(f"Invalid input: {op_error_message(error)}") from None
         return rest.encode_outputs(outputs, mode)
 
     def do_GET(self):  # noqa: N802
@@ -221,7 +252,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._handle("POST")
 
 
-def _op_error_message(error):
+def op_error_message(error):
     """The op's own message out of a TensorFlow runtime error (without the graph-trace lines)."""
     lines = [line.strip() for line in error.message.splitlines()]
     noise = ("Graph execution error", "Detected at node", "<stack traces", "[[")
@@ -273,20 +304,10 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
     """A server for the latest version under ``model_base`` (not yet started); limits as the module
     docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``.
     """
-    for argument, value in (("max_body_bytes", max_body_bytes), ("max_batch_size", max_batch_size),
-                            ("max_image_pixels", max_image_pixels), ("max_request_pixels", max_request_pixels),
-                            ("max_connections", max_connections)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
-    for argument, value in (("max_aspect_ratio", max_aspect_ratio), ("request_timeout", request_timeout)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
-    if max_aspect_ratio < 1:
-        raise ValueError(f"Invalid max_aspect_ratio={max_aspect_ratio!r}: expected a number >= 1.")
-    model_name = model_name or pathlib.Path(model_base).resolve().name
-    if not re.match(r"^[^/:\s]+$", model_name):
-        raise ValueError(f"Invalid model_name={model_name!r}: no '/', ':' or whitespace.")
-    model = ServedModel(model_name, model_base)
+    check_limits(max_body_bytes=max_body_bytes, max_batch_size=max_batch_size, max_image_pixels=max_image_pixels,
+                 max_request_pixels=max_request_pixels, max_connections=max_connections,
+                 max_aspect_ratio=max_aspect_ratio, request_timeout=request_timeout)
+    model = ServedModel(model_name_or_default(model_base, model_name), model_base)
     server = BoundedThreadingHTTPServer((host, port), Handler, max_connections)
     server.model = model
     server.max_body_bytes = max_body_bytes
@@ -299,14 +320,8 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
     return server
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
-    )
-    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+def add_request_limit_arguments(parser):
+    """The flags bounding what one request may use (body, batch, encoded images); shared by every front end."""
     parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (413 above)")
     parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE, help="examples per request (413 above)")
     parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
@@ -315,6 +330,17 @@ def build_parser():
                         help="longer/shorter side of an encoded image (413 above)")
     parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_MAX_REQUEST_PIXELS,
                         help="pixels of all encoded images of one request (413 above)")
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
+    )
+    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
+    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
+    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+    add_request_limit_arguments(parser)
     parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
                         help="seconds a client may take to send a request or keep an idle connection")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,

@@ -1,0 +1,270 @@
+"""keras-preact-serve-ray: TF Serving's REST API from 2 Ray Serve replicas on loopback, requests merged.
+
+One Ray instance for the module, started by the console script's function as a user starts it
+(2 CPUs, a 200 MiB object store, no dashboard, the HTTP proxy on 127.0.0.1) and stopped by SIGTERM.
+"""
+
+import base64
+import collections
+import json
+import os
+import pathlib
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
+
+from test_serving import BAD_REQUESTS, MAX_BATCH, MAX_BODY, images, request
+
+import keras_preact
+from keras_preact.export import export_saved_model
+from keras_preact.serving import main_ray, ray_serve
+from keras_preact.serving.rest import RequestError
+from keras_preact.serving.server import ServedModel, make_server
+from keras_preact.testing import CLASS_NAMES, MEAN, STD
+from keras_preact.testing import make_export_model as make_model
+
+ENTRY_POINT = "import sys; from keras_preact.serving import main_ray; sys.exit(main_ray())"
+REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
+
+
+def run_entry_point(*args, env=None, **kwargs):
+    return [sys.executable, "-c", ENTRY_POINT, *args], {
+        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO, **(env or {})}, **kwargs}
+
+
+def free_port():
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def tcp_listeners(port):
+    """The addresses listening on ``port`` ("127.0.0.1", "0.0.0.0", ...), from /proc/net/tcp."""
+    found = []
+    for line in pathlib.Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        local, state = line.split()[1], line.split()[3]
+        address, hex_port = local.split(":")
+        if state == "0A" and int(hex_port, 16) == port:
+            found.append(socket.inet_ntoa(bytes.fromhex(address)[::-1]))
+    return found
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    base = tmp_path_factory.mktemp("saved_models")
+    model = make_model()
+    export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+    return export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+
+
+@pytest.fixture(scope="module")
+def local(exported):
+    """The single-process server on the same SavedModel, with the same limits: the reference."""
+    server = make_server(exported.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module")
+def served(exported, tmp_path_factory):
+    """(port, signatures): keras-preact-serve-ray with 2 replicas; on teardown, SIGTERM must stop every
+    process it started (Ray's included) and exit 0."""
+    port = free_port()
+    log = tmp_path_factory.mktemp("ray") / "serve.log"
+    command, options = run_entry_point(
+        str(exported.parent), "--replicas", "2", "--port", str(port), "--num-cpus", "2",
+        "--object-store-memory", str(200 * 2**20), "--merge-batch-size", "8", "--merge-wait-s", "0.05",
+        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY))
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+                                   **options)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 300)
+        line = process.stdout.readline() if ready else ""
+        assert f"Serving model 'cifar' version 2 ({exported}) on 2 Ray Serve replica(s) at http://127.0.0.1:{port}" in line, \
+            log.read_text()[-4000:]
+        yield port, tf.saved_model.load(str(exported)).signatures
+    finally:
+        process.send_signal(signal.SIGTERM)
+        try:
+            returncode = process.wait(timeout=120)
+        except subprocess.TimeoutExpired:
+            returncode = None
+        # Everything Ray started runs in the command's session: nothing of it may be left.
+        leftover = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(process.pid)], capture_output=True,
+                                  text=True).stdout.strip()
+        for pid in [int(row.split()[0]) for row in leftover.splitlines()]:
+            os.kill(pid, signal.SIGKILL)
+        assert returncode == 0 and leftover == "", (returncode, leftover, log.read_text()[-4000:])
+
+
+def predict(port, body, connection):
+    """(status, reply, headers) of one predict request on a kept-alive connection."""
+    connection.request("POST", "/v1/models/cifar:predict", body=json.dumps(body).encode(),
+                       headers={"Content-Type": "application/json"})
+    response = connection.getresponse()
+    return response.status, json.loads(response.read()), dict(response.getheaders())
+
+
+def test_loopback_only_and_same_status_and_metadata_as_the_local_server(served, local):
+    port, _ = served
+    assert tcp_listeners(port) == ["127.0.0.1"]
+    assert tcp_listeners(8265) == []  # no dashboard
+    for path in ("/v1/models/cifar", "/v1/models/cifar/versions/2", "/v1/models/cifar/metadata"):
+        code, reply = request(port, "GET", path)
+        assert (code, reply) == request(local, "GET", path) and code == 200
+
+
+@pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS,
+                         ids=[f"{status}-{message}" for _, _, _, status, message in BAD_REQUESTS])
+def test_bad_requests_get_the_local_servers_reply(served, local, method, path, body, status, message):
+    port, _ = served
+    code, reply = request(port, method, path, body)
+    assert (code, reply) == request(local, method, path, body)
+    assert code == status and list(reply) == ["error"] and message in reply["error"], reply
+
+
+def test_body_over_the_limit_is_refused_from_its_header(served):
+    import http.client
+
+    port, _ = served
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.putrequest("POST", "/v1/models/cifar:predict")
+    conn.putheader("Content-Length", str(MAX_BODY + 1))
+    conn.endheaders()  # no body sent: the reply must come from the header alone
+    response = conn.getresponse()
+    assert response.status == 413
+    assert json.loads(response.read()) == {"error": f"Request body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} bytes."}
+    conn.close()
+
+
+def test_concurrent_single_image_requests_are_merged_on_both_replicas(served):
+    """16 clients x 5 single-image requests: every reply equals the SavedModel's own output for its
+    image; both replicas answer; the replies naming one (replica, SavedModel call) are exactly as many
+    as the examples that call ran, and some calls ran several requests."""
+    import http.client
+
+    port, signatures = served
+    pool = images(16, seed=5)
+    reference = {k: v.numpy() for k, v in signatures["serving_default"](images=tf.constant(pool)).items()}
+    replies, lock = [], threading.Lock()
+
+    def client(index):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        for k in range(5):
+            i = (index + k) % len(pool)
+            code, reply, headers = predict(port, {"instances": pool[i:i + 1].tolist()}, conn)
+            with lock:
+                replies.append((i, code, reply, headers))
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(16)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    assert len(replies) == 80
+    for i, code, reply, _ in replies:
+        assert code == 200, reply
+        row = reply["predictions"][0]
+        np.testing.assert_allclose(row["probabilities"], reference["probabilities"][i], atol=1e-6)
+        assert row["classes"] == reference["classes"][i].tolist()
+        assert row["class_names"] == [CLASS_NAMES[c] for c in row["classes"]]
+    calls = collections.Counter((h["x-replica-id"], h["x-batch-id"], int(h["x-batch-size"])) for *_, h in replies)
+    assert len({replica for replica, _, _ in calls}) == 2
+    assert all(count == size for (_, _, size), count in calls.items()), calls
+    assert max(size for _, _, size in calls) > 1, calls
+
+
+def test_mixed_signatures_merge_and_an_undecodable_image_fails_alone(served):
+    """Requests of three signatures at once, one of them an image whose header is fine but whose data is
+    cut short: that one gets a 400, every other reply is the SavedModel's own output."""
+    import http.client
+
+    port, signatures = served
+    pool = images(6, seed=7)
+    png = [tf.io.encode_png(image).numpy() for image in pool]
+    b64 = [{"b64": base64.b64encode(data).decode()} for data in png]
+    bodies = [{"instances": pool[i:i + 1].tolist()} for i in range(2)]
+    bodies += [{"signature_name": "serving_float", "instances": pool[2:3].astype(float).tolist()}]
+    bodies += [{"signature_name": "serving_bytes", "instances": b64[i:i + 1]} for i in range(3, 6)]
+    truncated = {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(png[0][:80]).decode()}]}
+    reference = {k: v.numpy() for k, v in signatures["serving_default"](images=tf.constant(pool)).items()}
+    results = {}
+
+    def client(index, body):
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        results[index] = predict(port, body, conn)
+        conn.close()
+
+    threads = [threading.Thread(target=client, args=(i, b)) for i, b in enumerate([*bodies, truncated])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=300)
+    code, reply, _ = results[len(bodies)]
+    assert code == 400 and reply["error"].startswith("Invalid input: "), reply
+    for i in range(len(bodies)):
+        code, reply, _ = results[i]
+        assert code == 200, reply
+        np.testing.assert_allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
+
+
+def test_predict_merged_splits_one_call_and_retries_alone_on_a_bad_input(exported):
+    """The merging itself, without Ray: one SavedModel call for requests of 1 and 2 examples; a batch with an
+    undecodable image runs each request alone, so only that one fails."""
+    model = ServedModel("cifar", exported.parent)
+    pool = images(3, seed=11)
+    direct = model.predict("serving_default", {"images": pool})
+    results = ray_serve.predict_merged(model, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}],
+                                       iter(range(1, 100)))
+    assert [(call, total) for _, call, total in results] == [(1, 3), (1, 3)]
+    for outputs, rows in zip([r[0] for r in results], (slice(0, 1), slice(1, 3))):
+        assert sorted(outputs) == sorted(direct)
+        for name, value in outputs.items():
+            np.testing.assert_array_equal(value, direct[name][rows])
+
+    png = [tf.io.encode_png(image).numpy() for image in pool]
+    inputs = [{"image_bytes": np.array([png[0]], dtype=object)}, {"image_bytes": np.array([png[1][:80]], dtype=object)},
+              {"image_bytes": np.array([png[2]], dtype=object)}]
+    results = ray_serve.predict_merged(model, "serving_bytes", inputs, iter(range(1, 100)))
+    assert [(call, total) for _, call, total in results] == [(2, 1), (3, 1), (4, 1)]
+    assert isinstance(results[1][0], RequestError) and results[1][0].status == 400
+    for k in (0, 2):
+        np.testing.assert_allclose(results[k][0]["probabilities"], direct["probabilities"][k:k + 1], atol=1e-6)
+
+
+def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):
+    import ray
+
+    for args, message in (([str(tmp_path)], "no numeric version folder"),
+                          ([str(tmp_path), "--replicas", "0"], "Invalid replicas=0: expected a positive integer"),
+                          ([str(tmp_path), "--merge-wait-s", "-1"], "Invalid merge_wait_s=-1.0: expected a number >= 0"),
+                          ([str(tmp_path), "--port", "0"], "invalid port 0: expected 1-65535"),
+                          ([str(tmp_path), "--address", "auto", "--num-cpus", "2"], "not with --address")):
+        with pytest.raises(SystemExit) as exit_info:
+            main_ray(args)
+        assert exit_info.value.code == 2
+        assert message in capsys.readouterr().err.splitlines()[-1]
+        assert not ray.is_initialized()
+
+
+def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, capsys):
+    import keras_preact.serving
+
+    monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
+    monkeypatch.delitem(sys.modules, "keras_preact.serving.ray_serve")
+    monkeypatch.delattr(keras_preact.serving, "ray_serve")
+    assert main_ray(["saved_models/x"]) == 2
+    assert capsys.readouterr().err == (
+        'keras-preact-serve-ray: error: serving on Ray needs Ray Serve: pip install "keras-preact[ray]"\n')
