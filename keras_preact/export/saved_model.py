@@ -22,25 +22,16 @@ failed export leaves nothing behind.
 """
 
 import dataclasses
-import errno
-import json
 import os
-import pathlib
-import re
 import shutil
-import tempfile
 
 import keras
-import numpy as np
 import tensorflow as tf
 
-from keras_preact import scratch as scratch_names
-from keras_preact.preprocessing import IMAGE_FORMATS, InputConfig, eval_view, normalize
+from keras_preact.export.version_dir import CLASS_NAMES_ASSET, PREPROCESSING_ASSET, write_class_names, write_input_config
+from keras_preact.preprocessing import IMAGE_FORMATS, eval_view, normalize
 
-CLASS_NAMES_ASSET = "class_names.txt"
-PREPROCESSING_ASSET = "preprocessing.json"
 OUTPUTS = ("probabilities", "classes", "scores", "class_names")
-_NAME_PATTERN = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 def _cast_pixels(images, input_config):
@@ -85,75 +76,6 @@ SIGNATURES = {
 }
 
 
-def _check_name(argument, value):
-    if not isinstance(value, str) or not _NAME_PATTERN.match(value):
-        raise ValueError(
-            f"Invalid {argument}={value!r}: use letters, digits, '.', '_' and '-' (a directory name)."
-        )
-
-
-def _check_class_names(class_names, num_classes):
-    if class_names is None:
-        return [str(i) for i in range(num_classes)]
-    names = list(class_names) if isinstance(class_names, (list, tuple)) else None
-    if names is None or len(names) != num_classes:
-        raise ValueError(
-            f"Invalid class_names: expected a list of {num_classes} strings (one per model output), "
-            f"got {class_names!r:.200}."
-        )
-    for n in names:
-        if not isinstance(n, str) or not n or "\n" in n or "\r" in n:
-            raise ValueError(f"Invalid class_names entry {n!r}: class names are non-empty one-line strings.")
-    return names
-
-
-def _model_geometry(model, image_size):
-    """(height, width) and num_classes of a single-input image classifier, validated."""
-    if not isinstance(model, keras.Model) or len(model.inputs) != 1 or len(model.outputs) != 1:
-        raise ValueError(f"Invalid model={model!r}: expected a built keras.Model with one input and one output.")
-    in_shape = tuple(model.inputs[0].shape)
-    out_shape = tuple(model.outputs[0].shape)
-    if len(in_shape) != 4 or in_shape[-1] != 3:
-        raise ValueError(f"Invalid model: its input shape {in_shape} is not [N, H, W, 3] (channels_last RGB).")
-    if len(out_shape) != 2 or not out_shape[-1]:
-        raise ValueError(f"Invalid model: its output shape {out_shape} is not [N, num_classes].")
-    size = tuple(in_shape[1:3])
-    if image_size is not None:
-        size_arg = tuple(image_size)
-        if len(size_arg) != 2 or not all(isinstance(s, int) and s > 0 for s in size_arg) or any(
-            m is not None and m != s for m, s in zip(size, size_arg)
-        ):
-            raise ValueError(
-                f"Invalid image_size={image_size!r}: expected [height, width] positive integers "
-                f"matching the model input {size}."
-            )
-        size = size_arg
-    if None in size:
-        raise ValueError(
-            f"Invalid model: its input has a dynamic size {in_shape}; pass image_size=(height, width)."
-        )
-    return size, int(out_shape[-1])
-
-
-def _check_free_space(model_dir, model):
-    """OSError(ENOSPC), one line, when the export (about the weights plus 2 MB of graph) cannot fit."""
-    needed = int(1.25 * sum(np.prod(v.shape) * np.dtype(v.dtype).itemsize for v in model.weights)) + 2**21
-    free = shutil.disk_usage(model_dir).free
-    if free < needed:
-        raise OSError(
-            errno.ENOSPC,
-            f"No space left to export to {model_dir}: it needs about {needed / 2**20:.1f} MB free, "
-            f"{free / 2**20:.1f} MB is available there",
-        )
-
-
-def next_version(model_dir):
-    """The next TF Serving version number under ``model_dir`` (1 when there is none)."""
-    model_dir = pathlib.Path(model_dir)
-    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
-    return max(versions, default=0) + 1
-
-
 def _inference_module(model, image_size, scratch):
     """The model's inference as a plain TensorFlow object: ``module.infer(normalized_images)``.
 
@@ -196,12 +118,9 @@ def _write_archive(path, model, input_config, class_names, top_k, scratch):
     """The SavedModel: the inference object, the class-name table, the preprocessing config asset and
     one signature per ``SIGNATURES`` entry (nothing else is published)."""
     labels_file = os.path.join(scratch, CLASS_NAMES_ASSET)
-    with open(labels_file, "w", encoding="utf-8") as f:
-        f.write("".join(name + "\n" for name in class_names))
+    write_class_names(labels_file, class_names)
     config_file = os.path.join(scratch, PREPROCESSING_ASSET)
-    with open(config_file, "w", encoding="utf-8") as f:
-        json.dump(input_config.to_dict(), f)
-        f.write("\n")
+    write_input_config(config_file, input_config)
     root = tf.Module()
     root.inference = _inference_module(model, input_config.crop_size, scratch)
     root.class_names = tf.lookup.StaticHashTable(
@@ -224,38 +143,6 @@ def _write_archive(path, model, input_config, class_names, top_k, scratch):
     # gradient, so none is saved.
     options = tf.saved_model.SaveOptions(experimental_custom_gradients=False)
     tf.saved_model.save(root, str(path), signatures=signatures, options=options)
-
-
-def _resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation):
-    """The InputConfig the export uses: ``input_config`` (an InputConfig or its dict) with the explicit
-    arguments applied over it; without one, ``crop_fraction`` 1.0, bilinear, mean 0 and std 1.
-    Every problem raises ValueError naming the argument."""
-    if input_config is None:
-        base = InputConfig(input_size=(*image_size, 3), mean=(0.0, 0.0, 0.0), std=(1.0, 1.0, 1.0), crop_fraction=1.0)
-    else:
-        if isinstance(input_config, dict):
-            try:
-                input_config = InputConfig.from_dict(input_config)
-            except (TypeError, ValueError) as error:
-                message = str(error).removeprefix("Invalid input config: ")
-                raise ValueError(f"Invalid input_config: {message}") from None
-        if not isinstance(input_config, InputConfig):
-            raise ValueError(f"Invalid input_config={input_config!r:.200}: expected a "
-                             "keras_preact.preprocessing.InputConfig (or its to_dict()).")
-        if input_config.input_size != (*image_size, 3):
-            raise ValueError(f"Invalid input_config: its input_size {input_config.input_size} does not match the "
-                             f"model input {(*image_size, 3)}.")
-        base = input_config
-    changes = {}
-    if mean is not None:
-        changes["mean"] = mean
-    if std is not None:
-        changes["std"] = std
-    if crop_fraction is not None:
-        changes["crop_fraction"] = crop_fraction
-    if interpolation is not None:
-        changes["interpolation"] = interpolation
-    return base.replace(**changes)  # InputConfig checks each field, naming it
 
 
 def export_saved_model(
@@ -304,34 +191,16 @@ def export_saved_model(
     Returns:
         The version directory written, a ``pathlib.Path``.
     """
-    image_size, num_classes = _model_geometry(model, image_size)
-    name = model.name if name is None else name
-    _check_name("name", name)
-    if version is not None and (isinstance(version, bool) or not isinstance(version, int) or version < 1):
-        raise ValueError(f"Invalid version={version!r}: expected a positive integer (TF Serving version).")
-    if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
-        raise ValueError(f"Invalid top_k={top_k!r}: expected an integer in [1, {num_classes}] (num_classes).")
-    class_names = _check_class_names(class_names, num_classes)
-    input_config = _resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
+    from keras_preact.export.formats import export_model
 
-    model_dir = pathlib.Path(export_dir) / name
-    for path in (pathlib.Path(export_dir), model_dir):
-        if path.exists() and not path.is_dir():
-            raise ValueError(f"Invalid export_dir={str(export_dir)!r}: {path} is a file, not a directory.")
-    scratch_names.remove_stale(model_dir)  # left by killed exports
-    version = next_version(model_dir) if version is None else version
-    target = model_dir / str(version)
-    if target.exists():
-        raise ValueError(f"Invalid version={version}: {target} already exists; exports are never overwritten.")
-    model_dir.mkdir(parents=True, exist_ok=True)
-    _check_free_space(model_dir, model)
-    # The temporary directory sits next to the target (same file system, so the rename is atomic);
-    # its name is not a number, so TF Serving never loads it.
-    scratch = tempfile.mkdtemp(prefix=scratch_names.tag(str(version)) + "-", dir=model_dir)
-    try:
-        staged = os.path.join(scratch, "saved_model")
-        _write_archive(staged, model, input_config, class_names, top_k, scratch)
-        os.rename(staged, target)
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
-    return target
+    return export_model(
+        model, export_dir, formats=("saved_model",), name=name, version=version, class_names=class_names,
+        mean=mean, std=std, top_k=top_k, image_size=image_size, input_config=input_config,
+        crop_fraction=crop_fraction, interpolation=interpolation,
+    )
+
+
+def write_saved_model(path, model, input_config, class_names, top_k, scratch):
+    """The ``saved_model`` entry of ``keras_preact.export.formats.FORMATS``: the SavedModel into the
+    (not yet existing) version directory ``path``."""
+    _write_archive(path, model, input_config, class_names, top_k, scratch)
