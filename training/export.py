@@ -1,10 +1,14 @@
-"""Export a run directory (``config.json`` + ``model.keras``) as a SavedModel in TF Serving layout.
+"""Export a run directory (``config.json`` + ``model.keras``): SavedModel in TF Serving layout, ONNX,
+LiteRT, OpenVINO, side by side in one version directory.
 
-``export_run(run_dir, export_dir)`` reads the run's manifest (class names; input config: size, pixel
-statistics, evaluation view) and calls ``keras_preact.export.export_saved_model``, so the served
-``serving_bytes`` view is the one the run's accuracy was measured on. The CLI::
+``export_run(run_dir, export_dir, formats=...)`` reads the run's manifest (class names; input config:
+size, pixel statistics, evaluation view) and calls ``keras_preact.export.export_model``, so every format
+normalizes as the run did and the SavedModel's ``serving_bytes`` view is the one the run's accuracy was
+measured on. The CLI::
 
-    keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N]
+    keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N] [--format saved_model,onnx,...]
+
+The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
 """
 
 import argparse
@@ -41,17 +45,19 @@ def load_run_model(path):
         raise corrupt from error
 
 
-def export_run(run_dir, export_dir="saved_models", *, name=None, version=None):
-    """Export ``RUN_DIR/model.keras``; returns the version directory ``export_dir/<name>/<version>/``
-    (``name`` defaults to the run's)."""
-    from keras_preact.export import export_saved_model
+def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",)):
+    """Export ``RUN_DIR/model.keras`` in ``formats``; returns the version directory
+    ``export_dir/<name>/<version>/`` (``name`` defaults to the run's)."""
+    from keras_preact.export import check_formats, export_model
 
+    check_formats(formats)
     run_dir = pathlib.Path(run_dir)
     manifest = RunManifest.read(run_dir)
     model = load_run_model(run_dir / "model.keras")
-    return export_saved_model(
+    return export_model(
         model,
         export_dir,
+        formats=formats,
         name=manifest.name if name is None else name,
         version=version,
         class_names=list(manifest.class_names),
@@ -74,28 +80,40 @@ def _positive_int(text):
     return value
 
 
+def _format_list(text):
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"invalid format list {text!r}: expected comma-separated format names, "
+                                         "e.g. saved_model,onnx")
+    return names
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-export",
-        description="Export a training run as a SavedModel in TF Serving layout: EXPORT_DIR/NAME/VERSION/.",
+        description="Export a training run to EXPORT_DIR/NAME/VERSION/: a SavedModel in TF Serving layout and/or "
+                    "ONNX, LiteRT, OpenVINO side by side.",
     )
     parser.add_argument("run_dir", help="run directory with config.json and model.keras")
     parser.add_argument("--export-dir", default="saved_models",
                         help="parent of the model directory (default: saved_models)")
     parser.add_argument("--name", default=None, help="model name (default: the run's config name)")
     parser.add_argument("--version", type=_positive_int, default=None, help="version number (default: next free)")
+    parser.add_argument("--format", type=_format_list, default=["saved_model"], dest="formats",
+                        help="comma-separated formats: saved_model (default), onnx (model.onnx), litert (model.tflite), "
+                             "openvino (openvino/model.xml)")
     return parser
 
 
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not has_tensorflow():
-        parser.exit(2, "keras-preact-export: error: SavedModel export needs TensorFlow: pip install tensorflow\n")
-    try:
-        path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version)
+    try:  # export_run checks the formats before anything is read or loaded
+        path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version, formats=args.formats)
     except ValueError as error:
         parser.error(str(error))
+    except ImportError as error:  # a format's exporter or runtime, or Keras' backend, is not installed
+        parser.exit(2, f"{parser.prog}: error: {str(error).splitlines()[0] if str(error) else error!r}\n")
     except OSError as error:
         if error.errno != errno.ENOSPC:  # disk full: one line, no traceback
             raise

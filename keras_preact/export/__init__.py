@@ -1,20 +1,28 @@
-"""SavedModel export in TF Serving layout (``saved_models/<name>/<version>/``), preprocessing inside.
+"""Export a classifier: SavedModel (TF Serving layout), ONNX, LiteRT and OpenVINO, in one version directory.
 
-``export_saved_model(model, ...)`` exports a Keras classifier (a training run directory is exported by
-the training app: ``keras-preact-export RUN_DIR``). SavedModels need TensorFlow: without it, importing
-this package works and using it raises one ImportError saying so.
+``export_model(model, "saved_models", formats=("saved_model", "onnx"))`` writes
+``saved_models/<name>/<version>/`` (``keras_preact.export.formats``); ``load(version_dir, "onnx")`` runs
+an export in its own runtime (``keras_preact.export.runtimes``). ``export_saved_model`` is
+``export_model`` with the SavedModel alone. Importing this package needs no TensorFlow; the SavedModel
+names raise one ImportError saying so when TensorFlow is missing, and each format says what it needs.
 """
 
 import importlib.util
 
-__all__ = ["OUTPUTS", "SIGNATURES", "export_saved_model", "next_version"]
+from keras_preact.export.formats import FORMATS, OUTPUT_NAMES, check_formats, export_model, serving_model
+from keras_preact.export.runtimes import RUNTIMES, load
+from keras_preact.export.version_dir import next_version
+
+_SAVED_MODEL = ["OUTPUTS", "SIGNATURES", "export_saved_model"]
+__all__ = ["FORMATS", "OUTPUT_NAMES", "RUNTIMES", "check_formats", "export_model", "load", "next_version",
+           "serving_model", "OUTPUTS", "SIGNATURES", "export_saved_model"]
 MISSING_TENSORFLOW = "keras_preact.export writes TensorFlow SavedModels and needs TensorFlow: pip install tensorflow"
 
 if importlib.util.find_spec("tensorflow") is not None:
-    from keras_preact.export.saved_model import OUTPUTS, SIGNATURES, export_saved_model, next_version
+    from keras_preact.export.saved_model import OUTPUTS, SIGNATURES, export_saved_model
 else:
 
     def __getattr__(name):
-        if name in __all__:
+        if name in _SAVED_MODEL:
             raise ImportError(MISSING_TENSORFLOW)
         raise AttributeError(f"module 'keras_preact.export' has no attribute {name!r}")

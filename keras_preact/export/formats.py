@@ -1,0 +1,241 @@
+"""Export a classifier to several formats side by side in one version directory.
+
+``export_model(model, "saved_models", formats=("saved_model", "onnx"))`` writes
+``saved_models/<name>/<version>/`` (staged in a temporary directory and renamed, never overwritten)::
+
+    saved_model.pb, variables/     saved_model  TF Serving's SavedModel (keras_preact.export.saved_model)
+    model.onnx                     onnx         ONNX, checked with onnxruntime
+    model.tflite                   litert       LiteRT (TFLite), checked with ai_edge_litert
+    openvino/model.xml, .bin       openvino     OpenVINO IR, checked with the OpenVINO runtime
+    assets/class_names.txt         always: one class name per line, line number = label
+    assets/preprocessing.json      always: the InputConfig (input size, mean/std, evaluation crop)
+
+ONNX, LiteRT and OpenVINO hold one function, the SavedModel's ``serving_default``: input ``images``
+uint8 ``[N, H, W, 3]`` (N dynamic), the normalization ``(pixels - mean) / std`` inside, outputs
+``probabilities`` float32 ``[N, C]``, top-k ``scores`` float32 ``[N, k]`` and ``classes`` int32
+``[N, k]``. It is a small Keras functional model around the classifier (``serving_model``) written by
+Keras' own ``model.export(path, format=...)``. Which backend can write which format, and what each needs
+installed, is the table ``FORMATS``; ``check_formats`` refuses the rest before any work.
+"""
+
+import dataclasses
+import importlib.util
+import os
+import shutil
+
+import keras
+import numpy as np
+
+from keras_preact.export import version_dir
+
+OUTPUT_NAMES = ("probabilities", "scores", "classes")
+INPUT_NAME = "images"
+TENSORFLOW = "pip install tensorflow"
+_DISPLAY = {"tensorflow": "TensorFlow"}
+
+
+def serving_model(model, input_config, top_k, structure="dict"):
+    """The serving function as a Keras model: uint8 ``images`` -> float32 -> ``(x - mean) / std`` ->
+    ``model`` -> ``{"probabilities", "scores", "classes"}`` (``structure="tuple"``: in ``OUTPUT_NAMES``
+    order, for exporters that cannot return a dict)."""
+    images = keras.Input((*input_config.crop_size, 3), dtype="uint8", name=INPUT_NAME)
+    mean = np.asarray(input_config.mean, "float32")
+    std = np.asarray(input_config.std, "float32")
+    normalized = (keras.ops.cast(images, "float32") - mean) / std
+    probabilities = keras.ops.cast(model(normalized), "float32")
+    scores, classes = keras.ops.top_k(probabilities, top_k)
+    outputs = {"probabilities": probabilities, "scores": scores, "classes": keras.ops.cast(classes, "int32")}
+    if structure == "tuple":
+        outputs = tuple(outputs[name] for name in OUTPUT_NAMES)
+    return keras.Model(images, outputs, name=f"{model.name}_serving")
+
+
+# ------------------------------------------------------------------------------------- writers
+def _write_saved_model(staging, model, input_config, class_names, top_k, scratch, entry):
+    from keras_preact.export import saved_model
+
+    saved_model.write_saved_model(staging, model, input_config, class_names, top_k, scratch)
+
+
+def _write_keras_export(staging, model, input_config, class_names, top_k, scratch, entry):
+    """``model.export(..., format=entry.keras_format)`` of the serving model into ``scratch``, then
+    ``entry.finish`` puts it at ``staging/entry.files[0]`` with the contract's names."""
+    wrapper = serving_model(model, input_config, top_k, entry.structure)
+    spec = keras.InputSpec(shape=(None, *input_config.crop_size, 3), dtype="uint8", name=INPUT_NAME)
+    exported = os.path.join(scratch, entry.keras_format, os.path.basename(entry.files[0]))
+    os.makedirs(os.path.dirname(exported))
+    wrapper.export(exported, format=entry.keras_format, input_signature=[spec], verbose=False)
+    target = os.path.join(staging, entry.files[0])
+    os.makedirs(os.path.dirname(target), exist_ok=True)
+    entry.finish(exported, target, input_config.crop_size)
+
+
+def _finish_onnx(exported, target, image_size):
+    """Name the graph's outputs ``OUTPUT_NAMES`` (tf2onnx and torch.onnx number them) with Identity nodes."""
+    import onnx
+
+    proto = onnx.load(exported)
+    graph = proto.graph
+    if [i.name for i in graph.input] != [INPUT_NAME] or len(graph.output) != len(OUTPUT_NAMES):
+        raise RuntimeError(f"Unexpected ONNX signature from Keras' exporter: inputs {[i.name for i in graph.input]}, "
+                           f"{len(graph.output)} outputs; expected [{INPUT_NAME!r}] and {len(OUTPUT_NAMES)}.")
+    for output, name in zip(graph.output, OUTPUT_NAMES):
+        if output.name != name:
+            graph.node.append(onnx.helper.make_node("Identity", [output.name], [name]))
+            output.name = name
+    onnx.checker.check_model(proto)
+    onnx.save(proto, target)
+
+
+def _finish_openvino(exported, target, image_size):
+    """Name the input ``images`` ``[?, H, W, 3]`` and the outputs ``OUTPUT_NAMES`` (the torch tracer
+    leaves them unnamed and the input fully dynamic); saved uncompressed (float32 weights)."""
+    import openvino as ov
+
+    model = ov.Core().read_model(exported)
+    if len(model.inputs) != 1 or len(model.outputs) != len(OUTPUT_NAMES):
+        raise RuntimeError(f"Unexpected OpenVINO signature from Keras' exporter: {len(model.inputs)} inputs, "
+                           f"{len(model.outputs)} outputs; expected 1 and {len(OUTPUT_NAMES)}.")
+    model.inputs[0].get_tensor().set_names({INPUT_NAME})
+    model.inputs[0].get_node().set_friendly_name(INPUT_NAME)
+    model.reshape({model.inputs[0]: ov.PartialShape([-1, *image_size, 3])})
+    for output, name in zip(model.outputs, OUTPUT_NAMES):
+        output.get_tensor().set_names({name})
+    ov.save_model(model, target, compress_to_fp16=False)
+
+
+def _finish_litert(exported, target, image_size):
+    shutil.move(exported, target)  # its signature already names the input and the outputs (a dict)
+
+
+@dataclasses.dataclass(frozen=True)
+class Format:
+    """One export format: what it writes and how, from which backends, and what checks it."""
+
+    files: tuple  # what it adds to the version directory (the first is the path model.export writes)
+    keras_format: str  # model.export(format=...); "" where keras-preact writes its own archive
+    exporters: dict  # backend -> modules the export needs there (a backend absent here is refused)
+    refused: dict  # backend -> why that backend cannot write it
+    runtime: str  # what loads it (keras_preact.export.runtimes)
+    runtime_modules: tuple
+    install: str  # the pip command that installs everything it needs
+    top_k: str  # where the top-k outputs are
+    write: callable
+    structure: str = "dict"  # the serving model's outputs given to model.export
+    finish: callable = None  # (exported, target, image_size): the artifact in place, named
+
+
+_NO_JAX_ONNX = ("jax2onnx (Keras' JAX exporter) turns max pooling (MaxPooling2D: the option-A shortcut of the "
+                "CIFAR networks, the ImageNet stem) into an ONNX MaxPool over four axes, which onnxruntime cannot run; "
+                "export ONNX with KERAS_BACKEND=tensorflow or torch")
+FORMATS = {
+    "saved_model": Format(
+        files=("saved_model.pb", "variables/"), keras_format="",
+        exporters={"tensorflow": ("tensorflow",), "jax": ("tensorflow",)},
+        refused={"torch": "a SavedModel is written from the tensorflow or jax backend (Keras' torch SavedModel "
+                          f"export needs torch_xla) and needs TensorFlow: {TENSORFLOW}"},
+        runtime="tf.saved_model.load (TF Serving)", runtime_modules=("tensorflow",), install=TENSORFLOW,
+        top_k="yes (and class_names)", write=_write_saved_model,
+    ),
+    "onnx": Format(
+        files=("model.onnx",), keras_format="onnx",
+        exporters={"tensorflow": ("tf2onnx", "onnx"), "torch": ("onnx", "onnxscript")},
+        refused={"jax": _NO_JAX_ONNX},
+        runtime="onnxruntime.InferenceSession", runtime_modules=("onnxruntime",),
+        install='pip install "keras-preact[onnx]"', top_k="yes", write=_write_keras_export,
+        structure="tuple", finish=_finish_onnx,
+    ),
+    "litert": Format(
+        files=("model.tflite",), keras_format="litert",
+        exporters={"tensorflow": ("tensorflow",)},
+        refused={"jax": "Keras writes LiteRT from the tensorflow and torch backends only; use KERAS_BACKEND=tensorflow",
+                 "torch": "Keras' torch LiteRT export (litert-torch) has a fixed batch size, not the dynamic N of the "
+                          "contract; use KERAS_BACKEND=tensorflow"},
+        runtime="ai_edge_litert Interpreter (else tf.lite.Interpreter)", runtime_modules=("ai_edge_litert",),
+        install='pip install "keras-preact[litert]"', top_k="yes", write=_write_keras_export,
+        finish=_finish_litert,
+    ),
+    "openvino": Format(
+        files=("openvino/model.xml", "openvino/model.bin"), keras_format="openvino",
+        exporters={"tensorflow": ("openvino",), "torch": ("openvino",)},
+        refused={"jax": "Keras converts JAX through jax2tf, whose XlaCallModule op OpenVINO cannot read; "
+                        "export OpenVINO with KERAS_BACKEND=tensorflow or torch"},
+        runtime="openvino Core().compile_model (CPU, f32)", runtime_modules=("openvino",),
+        install='pip install "keras-preact[openvino]"', top_k="yes", write=_write_keras_export,
+        structure="tuple", finish=_finish_openvino,
+    ),
+}
+
+
+def _installed(module):
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package missing, or a module set to None in sys.modules
+        return False
+
+
+def check_formats(formats, backend=None):
+    """The requested format names in ``FORMATS`` order, after checking each is known, writable from
+    ``backend`` (default: Keras' backend) and installed. ValueError or ImportError, one line, otherwise."""
+    names = [formats] if isinstance(formats, str) else formats
+    allowed = ", ".join(FORMATS)
+    if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
+        raise ValueError(f"Invalid formats={formats!r}: expected a list of format names out of {allowed}.")
+    unknown = [n for n in names if n not in FORMATS]
+    if unknown or len(set(names)) != len(names):
+        what = f"unknown {', '.join(map(repr, unknown))}" if unknown else "a format listed twice"
+        raise ValueError(f"Invalid formats={list(names)!r}: {what}; the formats are {allowed}.")
+    backend = keras.backend.backend() if backend is None else backend
+    for name in names:
+        entry = FORMATS[name]
+        if backend not in entry.exporters:
+            reason = entry.refused.get(backend, f"it is written from the {' or '.join(entry.exporters)} backend")
+            raise ValueError(f"Invalid formats: {name} cannot be written from the {backend} backend: {reason}.")
+        missing = [m for m in (*entry.exporters[backend], *entry.runtime_modules) if not _installed(m)]
+        if missing:
+            modules = " and ".join(dict.fromkeys(_DISPLAY.get(m, m) for m in missing))
+            raise ImportError(f"{name} export from the {backend} backend needs {modules}: {entry.install}")
+    return tuple(n for n in FORMATS if n in names)
+
+
+def export_model(
+    model,
+    export_dir="saved_models",
+    *,
+    formats=("saved_model",),
+    name=None,
+    version=None,
+    class_names=None,
+    input_config=None,
+    mean=None,
+    std=None,
+    top_k=5,
+    image_size=None,
+    crop_fraction=None,
+    interpolation=None,
+):
+    """Write ``model`` in each of ``formats`` to one version directory ``export_dir/<name>/<version>/``.
+
+    Args:
+        model: a single-input image classifier ``[N, H, W, 3] -> [N, num_classes]`` ending in a softmax.
+        formats: names out of ``FORMATS`` (``saved_model``, ``onnx``, ``litert``, ``openvino``), or one name.
+        The other arguments are ``export_saved_model``'s: ``name`` (default ``model.name``), ``version``
+        (default: the next free one; never overwritten), ``class_names``, ``input_config`` and the
+        ``mean``/``std``/``crop_fraction``/``interpolation`` that override it, ``top_k``, ``image_size``.
+
+    Returns:
+        The version directory written, a ``pathlib.Path``.
+    """
+    formats = check_formats(formats)
+    image_size, num_classes = version_dir.model_geometry(model, image_size)
+    name = model.name if name is None else name
+    version_dir.check_name("name", name)
+    version_dir.check_version(version)
+    version_dir.check_top_k(top_k, num_classes)
+    class_names = version_dir.check_class_names(class_names, num_classes)
+    input_config = version_dir.resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
+    with version_dir.staged_version(export_dir, name, version, model, copies=len(formats)) as (staging, scratch, target):
+        for fmt in formats:  # the SavedModel first: it creates the (new) staging directory
+            FORMATS[fmt].write(staging, model, input_config, class_names, top_k, scratch, FORMATS[fmt])
+        version_dir.write_assets(staging, class_names, input_config)
+    return target
