@@ -190,7 +190,7 @@ def check_formats(formats, backend=None):
         entry = FORMATS[name]
         if backend not in entry.exporters:
             reason = entry.refused.get(backend, f"it is written from the {' or '.join(entry.exporters)} backend")
-            raise ValueError(f"Invalid formats: {name} cannot be written from the {backend} backend: {reason}.")
+            raise ValueError(f"Invalid formats: {name} cannot be written from the {backend} backend: {reason}")
         missing = [m for m in (*entry.exporters[backend], *entry.runtime_modules) if not _installed(m)]
         if missing:
             modules = " and ".join(dict.fromkeys(_DISPLAY.get(m, m) for m in missing))
