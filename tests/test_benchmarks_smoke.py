@@ -138,3 +138,19 @@ def test_tiny_benchmark_prints_the_table(capsys):
     assert "| cifar8 | 75,290 / 75,290 | 0.0e+00 |" in out
     assert "| imagenet18 | 11,687,720 / 11,687,720 | 0.0e+00 |" in out
     assert "goal ours >= 0.97x plain:" in out
+
+
+def test_export_runtimes_times_every_installed_format_on_equal_outputs(capsys):
+    """benchmarks/export_runtimes.py: one row per runtime and batch, each runtime's probabilities equal
+    to the SavedModel's (the first format, the ratio's base)."""
+    pytest.importorskip("tensorflow")
+    from benchmarks import export_runtimes
+
+    formats = export_runtimes.installed_formats()
+    assert formats[0] == "saved_model"
+    export_runtimes.main(["--models", "cifar_resnet20:16", "--batches", "1", "2", "--rounds", "1",
+                          "--min-seconds", "0", "--min-calls", "1"])
+    rows = [line.split("|")[1:-1] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert [(r[1].strip(), r[2].strip()) for r in rows] == [(b, f) for b in ("1", "2") for f in formats]
+    assert all(float(r[-1]) <= 1e-5 and float(r[3].replace(",", "")) > 0 for r in rows)
+    assert [r[6].strip() for r in rows if r[2].strip() == "saved_model"] == ["1.00x", "1.00x"]
