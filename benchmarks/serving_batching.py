@@ -128,15 +128,25 @@ def measure(base, name, signature, flags, args):
     return len(timed) / args.duration, p50, p99, errors
 
 
+def positive(kind):
+    def parse(text):
+        value = kind(text)
+        if not 0 < value < float("inf"):
+            raise argparse.ArgumentTypeError(f"{text} is not a positive {kind.__name__}")
+        return value
+
+    return parse
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--models", nargs="+", default=["cifar_resnet20"], choices=sorted(MODELS))
     parser.add_argument("--signatures", nargs="+", default=["default", "bytes"], choices=["default", "bytes"])
     parser.add_argument("--variants", nargs="+", default=["off", "on"], choices=sorted(VARIANTS))
-    parser.add_argument("--clients", type=int, default=16, help="client processes, one request in flight each")
-    parser.add_argument("--duration", type=float, default=15.0, help="seconds timed per cell")
-    parser.add_argument("--warmup", type=float, default=3.0, help="seconds of load before the timed window")
-    parser.add_argument("--rounds", type=int, default=2, help="the variants in turn, this many times")
+    parser.add_argument("--clients", type=positive(int), default=16, help="client processes, one request in flight each")
+    parser.add_argument("--duration", type=positive(float), default=15.0, help="seconds timed per cell")
+    parser.add_argument("--warmup", type=positive(float), default=3.0, help="seconds of load before the timed window")
+    parser.add_argument("--rounds", type=positive(int), default=2, help="the variants in turn, this many times")
     args = parser.parse_args(argv)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:

@@ -5,6 +5,7 @@ import base64
 import http.client
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -504,3 +505,16 @@ def test_a_full_batching_queue_is_answered_503(exported):
     finally:
         server.shutdown()
         server.server_close()
+
+
+@pytest.mark.slow
+def test_batching_benchmark_runs_end_to_end(capsys):
+    """benchmarks/serving_batching.py, tiny: both variants answer every request."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+    from benchmarks import serving_batching
+
+    serving_batching.main(["--signatures", "bytes", "--clients", "2", "--duration", "1", "--warmup", "0.5",
+                           "--rounds", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| cifar_resnet20")]
+    assert [(r[1], r[2]) for r in rows] == [("serving_bytes", "off"), ("serving_bytes", "on")]
+    assert all(float(r[4]) > 0 and r[7] == "0 |" for r in rows), rows
