@@ -76,7 +76,7 @@ class Batcher:
 
     def __init__(self, predict, *, max_batch_size=DEFAULT_MAX_BATCH_SIZE, timeout=DEFAULT_TIMEOUT,
                  max_queue=DEFAULT_MAX_QUEUE, num_threads=DEFAULT_NUM_THREADS):
-        validate(max_batch_size=max_batch_size, timeout=timeout, max_queue=max_queue, num_threads=num_threads)
+        _validate(max_batch_size=max_batch_size, timeout=timeout, max_queue=max_queue, num_threads=num_threads)
         self._predict = predict
         self.max_batch_size = max_batch_size
         self.timeout = float(timeout)
@@ -220,7 +220,7 @@ class Batcher:
             pending.done.set()
 
 
-def validate(*, max_batch_size, timeout, max_queue, num_threads):
+def _validate(*, max_batch_size, timeout, max_queue, num_threads):
     """Raise ValueError naming the first argument out of range."""
     for argument, value in (("max_batch_size", max_batch_size), ("max_queue", max_queue), ("num_threads", num_threads)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
