@@ -1,9 +1,11 @@
-"""The TF-Serving-compatible REST server: routes, formats, b64, bad requests, concurrent load."""
+"""The TF-Serving-compatible REST server: routes, formats, b64, bad requests, concurrent load; every
+server test runs with dynamic batching off and on, and the batching tests are at the end."""
 
 import base64
 import http.client
 import json
 import os
+import pathlib
 import subprocess
 import sys
 import threading
@@ -15,6 +17,7 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_saved_model
+from keras_preact.serving.server import main as server_main
 from keras_preact.serving.server import make_server
 from keras_preact.testing import CLASS_NAMES, MEAN, STD
 from keras_preact.testing import make_export_model as make_model
@@ -33,10 +36,18 @@ def exported(tmp_path_factory):
     return path
 
 
+@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
+def batching(request):
+    """enable_batching for make_server: every server test runs both ways."""
+    return request.param
+
+
 @pytest.fixture(scope="module")
-def served(exported):
+def served(exported, batching):
     path = exported
-    server = make_server(path.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+    server = make_server(path.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
+                         enable_batching=batching)
+    assert (server.batcher is not None) == batching
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     signatures = tf.saved_model.load(str(path)).signatures
@@ -221,8 +232,9 @@ def test_concurrent_load_loses_nothing(served):
           f"p50 {p50:.1f} ms, p99 {p99:.1f} ms")
 
 
-def test_console_entry_point_serves_and_rejects_a_bad_directory(served, tmp_path):
-    _, signatures = served
+def test_console_entry_point_serves_and_rejects_a_bad_directory(served, batching, tmp_path):
+    flags = ["--enable-batching", "--batching-max-size", "8", "--batching-timeout-ms", "1.5",
+             "--batching-max-queue", "10", "--batching-threads", "2"] if batching else ["--no-enable-batching"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     bad = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(tmp_path), "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=env)
@@ -231,7 +243,7 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(served, tmp_path
     export_saved_model(model, tmp_path / "models", name="m", class_names=CLASS_NAMES, mean=MEAN, std=STD)
     process = subprocess.Popen(
         [sys.executable, "-m", "keras_preact.serving.server", str(tmp_path / "models" / "m"), "--port", "0",
-         "--model-name", "resnet"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+         "--model-name", "resnet", *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
         assert "Serving model 'resnet' version 1" in line, line
@@ -319,10 +331,10 @@ def test_decompression_bombs_are_refused_from_their_header(served):
     assert code == 200
 
 
-def test_slow_idle_and_surplus_connections_are_bounded(exported):
+def test_slow_idle_and_surplus_connections_are_bounded(exported, batching):
     import socket
 
-    server = make_server(exported.parent, port=0, request_timeout=0.5, max_connections=2)
+    server = make_server(exported.parent, port=0, request_timeout=0.5, max_connections=2, enable_batching=batching)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.server_address[1]
@@ -351,8 +363,158 @@ def test_slow_idle_and_surplus_connections_are_bounded(exported):
         server.server_close()
 
 
-def test_server_limits_are_validated(exported):
+def test_server_limits_are_validated(exported, capsys):
     for argument, value in (("request_timeout", 0), ("max_connections", 0), ("max_image_pixels", -1),
-                            ("max_aspect_ratio", 0.5), ("request_timeout", float("nan"))):
+                            ("max_aspect_ratio", 0.5), ("request_timeout", float("nan")), ("batching_max_size", 0),
+                            ("batching_timeout_ms", -1), ("batching_timeout_ms", float("inf")), ("batching_max_queue", 1.5),
+                            ("batching_threads", 0), ("enable_batching", "yes")):
         with pytest.raises(ValueError, match=f"Invalid {argument}="):
-            make_server(exported.parent, port=0, **{argument: value})
+            make_server(exported.parent, port=0, **{"enable_batching": True, argument: value})
+    # The flags go through the same checks, before the model is loaded.
+    with pytest.raises(SystemExit) as exit_:
+        server_main([str(exported.parent), "--port", "0", "--enable-batching", "--batching-timeout-ms", "-1"])
+    assert exit_.value.code == 2
+    assert "Invalid batching_timeout_ms=-1.0: expected a number >= 0." in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ dynamic batching
+MERGE = 8  # batching_max_size of the batched_server: every burst below sends a multiple of it
+
+
+@pytest.fixture(scope="module")
+def batched_server(exported):
+    """Batches close only when full (a 60 s timeout), so each burst of MERGE requests is exactly one call."""
+    before = set(threading.enumerate())
+    server = make_server(exported.parent, port=0, enable_batching=True, batching_max_size=MERGE,
+                         batching_timeout_ms=60_000)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    assert sum(t.name.startswith("keras-preact-batcher") for t in set(threading.enumerate()) - before) == 1
+    yield server
+    server.shutdown()
+    server.server_close()  # joins the batcher's thread
+    thread.join(30)
+    assert not [t for t in set(threading.enumerate()) - before if t.name.startswith("keras-preact-batcher")]
+
+
+def burst(port, bodies):
+    """POST each body from its own client thread, all released together: [(status, reply)] in order."""
+    replies = [None] * len(bodies)
+    barrier = threading.Barrier(len(bodies))
+
+    def client(i):
+        barrier.wait()
+        replies[i] = request(port, "POST", "/v1/models/cifar:predict", bodies[i])
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    return replies
+
+
+def png_b64(image):
+    return {"b64": base64.b64encode(tf.io.encode_png(image).numpy()).decode()}
+
+
+def test_batched_replies_equal_direct_calls_under_16_concurrent_clients(batched_server, exported):
+    """16 clients, single images: 16 requests -> 2 model calls of 8; then 8 + 8 on two signatures -> one
+    call each (never merged across signatures); then 8 encoded PNGs -> one call. Every reply equals the
+    SavedModel called directly on that request's image alone."""
+    port = batched_server.server_address[1]
+    signatures = tf.saved_model.load(str(exported)).signatures
+    pool = images(16, seed=11)
+    bursts = [
+        ([{"instances": pool[i:i + 1].tolist()} for i in range(16)], {"serving_default": 2}),
+        ([{"signature_name": "serving_default", "instances": pool[i:i + 1].tolist()} for i in range(8)]
+         + [{"signature_name": "serving_float", "instances": pool[i:i + 1].astype(float).tolist()} for i in range(8, 16)],
+         {"serving_default": 1, "serving_float": 1}),
+        ([{"signature_name": "serving_bytes", "instances": [png_b64(pool[i])]} for i in range(8)], {"serving_bytes": 1}),
+    ]
+    worst = 0.0
+    for bodies, calls in bursts:
+        before = batched_server.batcher.stats()
+        replies = burst(port, bodies)
+        after = batched_server.batcher.stats()
+        assert after.calls_by_signature - before.calls_by_signature == calls
+        assert after.batch_sizes - before.batch_sizes == {MERGE: sum(calls.values())} and after.reruns == 0
+        for i, (code, reply) in enumerate(replies):
+            assert code == 200, reply
+            name = bodies[i].get("signature_name", "serving_default")
+            direct = signatures[name](**{"image_bytes" if name == "serving_bytes" else "images":
+                                         tf.constant(rest_value(bodies[i], name))})
+            row = reply["predictions"][0]
+            assert row["classes"] == direct["classes"].numpy()[0].tolist()
+            np.testing.assert_allclose(row["probabilities"], direct["probabilities"].numpy()[0], rtol=0, atol=1e-6)
+            worst = max(worst, float(np.abs(np.array(row["probabilities"]) - direct["probabilities"].numpy()[0]).max()))
+    print(f"\nlargest |batched - alone| probability difference: {worst:.2e}")
+
+
+def rest_value(body, name):
+    """The input array a request body carries (one image), as the signature takes it."""
+    value = body["instances"]
+    if name == "serving_bytes":
+        return [base64.b64decode(v["b64"]) for v in value]
+    return np.array(value, dtype=np.float32 if name == "serving_float" else np.uint8)
+
+
+def test_an_undecodable_image_in_a_batch_fails_alone(batched_server):
+    """A PNG whose header passes the header check but whose data is cut: the merged call fails, each
+    request reruns alone, the bad one gets its own 400 and the 7 others their results."""
+    port = batched_server.server_address[1]
+    pool = images(MERGE, seed=12)
+    truncated = tf.io.encode_png(pool[3]).numpy()
+    bodies = [{"signature_name": "serving_bytes", "instances": [png_b64(image)]} for image in pool]
+    bodies[3] = {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(truncated[:len(truncated) // 2]).decode()}]}
+    before = batched_server.batcher.stats()
+    replies = burst(port, bodies)
+    after = batched_server.batcher.stats()
+    assert replies[3][0] == 400 and replies[3][1]["error"].startswith("Invalid input: Invalid PNG data"), replies[3]
+    reference = expected(tf.saved_model.load(str(batched_server.model.path)).signatures, pool)
+    for i in set(range(MERGE)) - {3}:
+        code, reply = replies[i]
+        assert code == 200 and reply["predictions"][0]["classes"] == reference["classes"][i].tolist()
+        np.testing.assert_allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
+    assert after.reruns - before.reruns == 1
+    assert after.batch_sizes - before.batch_sizes == {MERGE: 1, 1: MERGE}  # the merged call, then each alone
+
+
+def test_a_full_batching_queue_is_answered_503(exported):
+    server = make_server(exported.parent, port=0, enable_batching=True, batching_max_size=64,
+                         batching_timeout_ms=2000, batching_max_queue=2)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.server_address[1]
+    try:
+        body = {"instances": images(1).tolist()}
+        waiting = [threading.Thread(target=lambda: replies.append(request(port, "POST", "/v1/models/cifar:predict", body)))
+                   for _ in range(2)]
+        replies = []
+        for t in waiting:
+            t.start()
+        deadline = time.monotonic() + 60
+        while server.batcher.queued() < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        code, reply = request(port, "POST", "/v1/models/cifar:predict", body)
+        assert code == 503 and "batching queue is full (2 requests waiting, the limit is 2)" in reply["error"]
+        for t in waiting:
+            t.join(60)
+        assert [code for code, _ in replies] == [200, 200]  # after the 2 s timeout, as one call
+        assert server.batcher.stats().batch_sizes == {2: 1} and server.batcher.stats().rejected == 1
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
+def test_batching_benchmark_runs_end_to_end(capsys):
+    """benchmarks/serving_batching.py, tiny: both variants answer every request."""
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+    from benchmarks import serving_batching
+
+    serving_batching.main(["--signatures", "bytes", "--clients", "2", "--duration", "1", "--warmup", "0.5",
+                           "--rounds", "1"])
+    rows = [line.split(" | ") for line in capsys.readouterr().out.splitlines() if line.startswith("| cifar_resnet20")]
+    assert [(r[1], r[2]) for r in rows] == [("serving_bytes", "off"), ("serving_bytes", "on")]
+    assert all(float(r[4]) > 0 and r[7] == "0 |" for r in rows), rows

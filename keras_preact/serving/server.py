@@ -15,6 +15,9 @@ Every resource a request can make it use is bounded: the body (``--max-body-byte
 header before anything is decoded: ``--max-image-pixels``, ``--max-aspect-ratio``,
 ``--max-request-pixels``), the time a client may take to send a request or keep an idle connection
 (``--request-timeout``), and the number of open connections (``--max-connections``; beyond it, 503).
+With ``--enable-batching``, concurrent predict requests are merged into batched model calls
+(``keras_preact.serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
+``--batching-max-queue`` (503 beyond), ``--batching-threads``).
 Every request's body is read before the reply, so a kept-alive connection never desynchronises. Every
 bad request gets a 4xx with ``{"error": message}`` and never stops the server. Predictions run the
 SavedModel with TensorFlow alone (Pillow reads image headers; the accepted formats are
@@ -33,7 +36,7 @@ import tensorflow as tf
 from google.protobuf import json_format
 from tensorflow.core.protobuf import saved_model_pb2
 
-from keras_preact.serving import rest
+from keras_preact.serving import batching, rest
 from keras_preact.serving.rest import RequestError
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
@@ -43,6 +46,7 @@ DEFAULT_MAX_ASPECT_RATIO = 8  # the in-graph resize of the shorter side grows wi
 DEFAULT_MAX_REQUEST_PIXELS = 64 * 1024 * 1024
 DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds to send a request, and to keep an idle connection
 DEFAULT_MAX_CONNECTIONS = 64
+DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 128
 REAL_LIMITS = ("max_aspect_ratio", "request_timeout")  # positive numbers; the other limits are integers
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
@@ -239,7 +243,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
             model, body, max_batch_size=self.server.max_batch_size, max_image_pixels=self.server.max_image_pixels,
             max_aspect_ratio=self.server.max_aspect_ratio, max_request_pixels=self.server.max_request_pixels)
         try:
-            outputs = model.predict(signature_name, inputs)
+            outputs = self.server.predict(signature_name, inputs)
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
             # E.g. bytes that are not a decodable image.
             raise RequestError(f"Invalid input: {op_error_message(error)}") from None
@@ -266,6 +270,7 @@ class BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
 
     request_queue_size = LISTEN_BACKLOG
     daemon_threads = True
+    batcher = None  # a batching.Batcher when batching is enabled; closed with the server
 
     def __init__(self, address, handler, max_connections):
         super().__init__(address, handler)
@@ -295,18 +300,35 @@ class BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
         finally:
             self._slots.release()
 
+    def server_close(self):
+        """Close the socket, then answer what the batcher holds and join its threads."""
+        super().server_close()
+        if self.batcher is not None:
+            self.batcher.close()
+
 
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
                 max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch_size=DEFAULT_MAX_BATCH_SIZE,
                 max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS, max_aspect_ratio=DEFAULT_MAX_ASPECT_RATIO,
                 max_request_pixels=DEFAULT_MAX_REQUEST_PIXELS, request_timeout=DEFAULT_REQUEST_TIMEOUT,
-                max_connections=DEFAULT_MAX_CONNECTIONS, verbose=False):
+                max_connections=DEFAULT_MAX_CONNECTIONS, enable_batching=DEFAULT_ENABLE_BATCHING,
+                batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
+                batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
+                batching_threads=batching.DEFAULT_NUM_THREADS, verbose=False):
     """A server for the latest version under ``model_base`` (not yet started); limits as the module
-    docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``.
+    docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``. With
+    ``enable_batching``, ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``).
     """
     check_limits(max_body_bytes=max_body_bytes, max_batch_size=max_batch_size, max_image_pixels=max_image_pixels,
                  max_request_pixels=max_request_pixels, max_connections=max_connections,
-                 max_aspect_ratio=max_aspect_ratio, request_timeout=request_timeout)
+                 max_aspect_ratio=max_aspect_ratio, request_timeout=request_timeout,
+                 batching_max_size=batching_max_size, batching_max_queue=batching_max_queue,
+                 batching_threads=batching_threads)
+    if (isinstance(batching_timeout_ms, bool) or not isinstance(batching_timeout_ms, (int, float))
+            or not 0 <= batching_timeout_ms < float("inf")):
+        raise ValueError(f"Invalid batching_timeout_ms={batching_timeout_ms!r}: expected a number >= 0.")
+    if not isinstance(enable_batching, bool):
+        raise ValueError(f"Invalid enable_batching={enable_batching!r}: expected True or False.")
     model = ServedModel(model_name_or_default(model_base, model_name), model_base)
     server = BoundedThreadingHTTPServer((host, port), Handler, max_connections)
     server.model = model
@@ -317,6 +339,12 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
     server.max_request_pixels = max_request_pixels
     server.request_timeout = float(request_timeout)
     server.verbose = verbose
+    server.predict = model.predict
+    if enable_batching:
+        server.batcher = batching.Batcher(model.predict, max_batch_size=batching_max_size,
+                                          timeout=batching_timeout_ms / 1000, max_queue=batching_max_queue,
+                                          num_threads=batching_threads)
+        server.predict = server.batcher.predict
     return server
 
 
@@ -345,6 +373,19 @@ def build_parser():
                         help="seconds a client may take to send a request or keep an idle connection")
     parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
                         help="open connections at once (503 beyond)")
+    batching_flags = parser.add_argument_group(
+        "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
+    batching_flags.add_argument("--enable-batching", action=argparse.BooleanOptionalAction, default=DEFAULT_ENABLE_BATCHING,
+                                help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})")
+    batching_flags.add_argument("--batching-max-size", type=int, default=batching.DEFAULT_MAX_BATCH_SIZE,
+                                help="examples in one model call; a larger request runs alone (default %(default)s)")
+    batching_flags.add_argument("--batching-timeout-ms", type=float, default=batching.DEFAULT_TIMEOUT * 1000,
+                                help="the longest the oldest request of a batch waits for more (default %(default)s: "
+                                     "batch what is queued when the model is free)")
+    batching_flags.add_argument("--batching-max-queue", type=int, default=batching.DEFAULT_MAX_QUEUE,
+                                help="requests waiting for a batch (503 beyond; default %(default)s)")
+    batching_flags.add_argument("--batching-threads", type=int, default=batching.DEFAULT_NUM_THREADS,
+                                help="batches run at once (default %(default)s)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -360,7 +401,9 @@ def main(argv=None):
             max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
             max_image_pixels=args.max_image_pixels, max_aspect_ratio=args.max_aspect_ratio,
             max_request_pixels=args.max_request_pixels, request_timeout=args.request_timeout,
-            max_connections=args.max_connections, verbose=args.verbose,
+            max_connections=args.max_connections, enable_batching=args.enable_batching,
+            batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
+            batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads, verbose=args.verbose,
         )
     except ValueError as error:
         parser.error(str(error))

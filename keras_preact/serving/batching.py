@@ -1,0 +1,229 @@
+"""Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching``.
+
+``Batcher(predict)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
+(``ServedModel.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
+``batcher.predict`` as they would in ``predict``; meanwhile their requests wait in a queue, are merged
+with others along the batch axis and run as one call, and each caller gets its own slice of the outputs.
+
+- Only requests with the same signature and the same input names, dtypes and per-example shapes are
+  merged (encoded-image string inputs included); others wait in their own queue.
+- A batch is closed when it holds ``max_batch_size`` examples, or when its oldest request has waited
+  ``timeout`` seconds (0: take what is queued when a batch thread is free; requests arriving while the
+  model runs are then batched together), and runs on the next free one of ``num_threads`` threads. A
+  request larger than ``max_batch_size`` is not split: it runs alone, as one call.
+- At most ``max_queue`` requests wait for a batch; beyond it ``predict`` raises a 503 ``RequestError``
+  at once, naming the limit.
+- When a merged call raises, or returns an output that is not batched along axis 0, each of its
+  requests runs again alone: every caller gets its own result or its own error, never another's.
+- ``close()`` runs what is queued, then joins every thread; later calls get a 503.
+"""
+
+import collections
+import dataclasses
+import threading
+import time
+
+import numpy as np
+
+from keras_preact.serving.rest import RequestError
+
+DEFAULT_MAX_BATCH_SIZE = 32
+DEFAULT_TIMEOUT = 0.0
+DEFAULT_MAX_QUEUE = 64
+DEFAULT_NUM_THREADS = 1
+
+
+@dataclasses.dataclass
+class BatchingStats:
+    """Counters since the batcher started. ``batch_sizes``: examples per model call -> calls."""
+
+    requests: int = 0  # accepted by predict
+    examples: int = 0
+    model_calls: int = 0  # calls of the wrapped predict, reruns included
+    merged_calls: int = 0  # calls holding more than one request
+    reruns: int = 0  # merged calls that failed and were rerun request by request
+    rejected: int = 0  # refused because the queue was full
+    batch_sizes: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    calls_by_signature: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+
+
+@dataclasses.dataclass(eq=False)
+class _Pending:
+    signature_name: str
+    inputs: dict
+    size: int
+    arrival: float
+    done: threading.Event = dataclasses.field(default_factory=threading.Event)
+    outputs: dict = None
+    error: BaseException = None
+
+
+def _batch_size(inputs):
+    sizes = {np.shape(a)[0] if np.ndim(a) else None for a in inputs.values()}
+    if not inputs or len(sizes) != 1 or None in sizes:
+        raise ValueError(f"Batcher.predict needs arrays batched along axis 0 with one batch size; got shapes "
+                         f"{ {name: np.shape(a) for name, a in inputs.items()} }.")
+    return sizes.pop()
+
+
+def _merge_key(signature_name, inputs):
+    """Requests with equal keys can be concatenated along axis 0."""
+    return signature_name, tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
+
+
+class Batcher:
+    """Merges concurrent ``predict`` calls into batched calls of the wrapped ``predict`` (module docstring)."""
+
+    def __init__(self, predict, *, max_batch_size=DEFAULT_MAX_BATCH_SIZE, timeout=DEFAULT_TIMEOUT,
+                 max_queue=DEFAULT_MAX_QUEUE, num_threads=DEFAULT_NUM_THREADS):
+        _validate(max_batch_size=max_batch_size, timeout=timeout, max_queue=max_queue, num_threads=num_threads)
+        self._predict = predict
+        self.max_batch_size = max_batch_size
+        self.timeout = float(timeout)
+        self.max_queue = max_queue
+        self._queues = {}  # merge key -> deque of _Pending, oldest first
+        self._queued = 0
+        self._closed = False
+        self._stats = BatchingStats()
+        self._condition = threading.Condition()
+        self._threads = [threading.Thread(target=self._work, name=f"keras-preact-batcher-{i}", daemon=True)
+                         for i in range(num_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def predict(self, signature_name, inputs):
+        """The wrapped ``predict``'s outputs for these inputs alone, computed in a batch."""
+        inputs = {name: np.asarray(a) for name, a in inputs.items()}
+        pending = _Pending(signature_name, inputs, _batch_size(inputs), time.monotonic())
+        key = _merge_key(signature_name, inputs)
+        with self._condition:
+            if self._closed:
+                raise RequestError("The server is shutting down; retry later.", 503)
+            if self._queued >= self.max_queue:
+                self._stats.rejected += 1
+                raise RequestError(f"The batching queue is full ({self._queued} requests waiting, the limit is "
+                                   f"{self.max_queue}); retry later.", 503)
+            self._queues.setdefault(key, collections.deque()).append(pending)
+            self._queued += 1
+            self._stats.requests += 1
+            self._stats.examples += pending.size
+            self._condition.notify_all()
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.outputs
+
+    def stats(self):
+        """A snapshot of the counters (``BatchingStats``)."""
+        with self._condition:
+            return dataclasses.replace(self._stats, batch_sizes=collections.Counter(self._stats.batch_sizes),
+                                       calls_by_signature=collections.Counter(self._stats.calls_by_signature))
+
+    def queued(self):
+        """Requests waiting for a batch now."""
+        with self._condition:
+            return self._queued
+
+    def close(self):
+        """Run what is queued, then stop and join every batch thread (idempotent)."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    # ------------------------------------------------------------------------------- batch threads
+    def _work(self):
+        while True:
+            with self._condition:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run(batch)
+            except Exception as error:  # noqa: BLE001 - e.g. MemoryError concatenating: fail this batch only
+                for pending in batch:
+                    if not pending.done.is_set():
+                        pending.error = error
+                        pending.done.set()
+
+    def _next_batch(self):
+        """The next batch to run, waiting until one is full or due; None once closed and drained."""
+        while True:
+            if not self._queues:
+                if self._closed:
+                    return None
+                self._condition.wait()
+                continue
+            now = time.monotonic()
+            ready = [key for key, queue in self._queues.items()
+                     if self._closed or now >= queue[0].arrival + self.timeout
+                     or sum(p.size for p in queue) >= self.max_batch_size]
+            if ready:
+                return self._take(min(ready, key=lambda key: self._queues[key][0].arrival))
+            self._condition.wait(min(q[0].arrival for q in self._queues.values()) + self.timeout - now)
+
+    def _take(self, key):
+        queue = self._queues[key]
+        batch = [queue.popleft()]  # the oldest, even when larger than max_batch_size: it runs alone
+        total = batch[0].size
+        while queue and total + queue[0].size <= self.max_batch_size:
+            total += queue[0].size
+            batch.append(queue.popleft())
+        if not queue:
+            del self._queues[key]
+        self._queued -= len(batch)
+        return batch
+
+    def _call(self, signature_name, inputs, size):
+        with self._condition:
+            self._stats.model_calls += 1
+            self._stats.batch_sizes[size] += 1
+            self._stats.calls_by_signature[signature_name] += 1
+        return self._predict(signature_name, inputs)
+
+    def _run_alone(self, pending):
+        try:
+            pending.outputs = self._call(pending.signature_name, pending.inputs, pending.size)
+        except Exception as error:  # noqa: BLE001 - the caller's own error, raised in its thread
+            pending.error = error
+        pending.done.set()
+
+    def _run(self, batch):
+        if len(batch) == 1:
+            return self._run_alone(batch[0])
+        total = sum(p.size for p in batch)
+        try:
+            merged = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
+            with self._condition:
+                self._stats.merged_calls += 1
+            outputs = {name: np.asarray(v) for name, v in self._call(batch[0].signature_name, merged, total).items()}
+            unbatched = [name for name, v in outputs.items() if v.ndim == 0 or v.shape[0] != total]
+            if unbatched:
+                raise ValueError(f"Outputs {unbatched} are not batched along axis 0.")
+        except Exception:  # noqa: BLE001 - rerun each request alone: each gets its own result or error
+            with self._condition:
+                self._stats.reruns += 1
+            for pending in batch:
+                self._run_alone(pending)
+            return
+        start = 0
+        for pending in batch:
+            pending.outputs = {name: v[start:start + pending.size].copy() for name, v in outputs.items()}
+            start += pending.size
+            pending.done.set()
+
+
+def _validate(*, max_batch_size, timeout, max_queue, num_threads):
+    """Raise ValueError naming the first argument out of range."""
+    for argument, value in (("max_batch_size", max_batch_size), ("max_queue", max_queue), ("num_threads", num_threads)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
+        raise ValueError(f"Invalid timeout={timeout!r}: expected a number of seconds >= 0.")

@@ -1,0 +1,214 @@
+"""keras_preact.serving.batching.Batcher on a numpy predict: merging, splitting, bounds, errors, shutdown.
+
+Runtime-agnostic, so these run without TensorFlow; the server with batching is tested in test_serving.py.
+"""
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from keras_preact.serving.batching import Batcher
+from keras_preact.serving.rest import RequestError
+
+pytestmark = pytest.mark.notf
+
+WEIGHTS = np.random.default_rng(0).normal(size=(12, 5))
+
+
+class Model:
+    """A numpy predict with two signatures that records every call; ``gate`` (an Event) holds calls."""
+
+    def __init__(self, gate=None):
+        self.calls = []  # (signature_name, batch size)
+        self.gate = gate
+        self.lock = threading.Lock()
+
+    def predict(self, signature_name, inputs):
+        with self.lock:
+            self.calls.append((signature_name, len(next(iter(inputs.values())))))
+        if self.gate is not None:
+            assert self.gate.wait(30)
+        if signature_name == "pixels":
+            x = inputs["x"].reshape(len(inputs["x"]), -1)
+            if np.any(x < 0):
+                raise ValueError(f"negative pixels in {len(x)} examples")
+            return {"logits": x @ WEIGHTS, "total": x.sum(axis=1)}
+        if signature_name == "bytes":  # encoded strings: the length of each
+            return {"lengths": np.array([len(b) for b in inputs["data"]])}
+        raise KeyError(signature_name)
+
+
+def pixels(n, seed):
+    return np.random.default_rng(seed).random((n, 2, 2, 3))
+
+
+def concurrently(fn, args):
+    """fn(*a) for each a in args, each in its own thread started together: results (or errors) in order."""
+    results = [None] * len(args)
+    barrier = threading.Barrier(len(args))
+
+    def run(i):
+        barrier.wait()
+        try:
+            results[i] = fn(*args[i])
+        except Exception as error:  # noqa: BLE001 - returned to the test
+            results[i] = error
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(len(args))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+        assert not t.is_alive()
+    return results
+
+
+def test_concurrent_requests_are_merged_and_each_gets_its_own_slice():
+    model = Model()
+    requests = [("pixels", {"x": pixels((1, 2, 3, 2)[i % 4], seed=i)}) for i in range(16)]  # 32 examples
+    with Batcher(model.predict, max_batch_size=8, timeout=2) as batcher:
+        results = concurrently(batcher.predict, requests)
+        stats = batcher.stats()
+    for (name, inputs), result in zip(requests, results):
+        direct = model.predict(name, inputs)
+        assert sorted(result) == ["logits", "total"]
+        np.testing.assert_allclose(result["logits"], direct["logits"], rtol=1e-12)
+        np.testing.assert_allclose(result["total"], direct["total"], rtol=1e-12)
+    # 32 examples in requests of 1-3: every call but the last holds 6-8 (a request that would overflow
+    # waits for the next batch); the last may be partial, after the timeout.
+    assert stats.requests == 16 and stats.examples == 32 and stats.reruns == 0
+    assert sum(size * n for size, n in stats.batch_sizes.items()) == 32
+    sizes = sorted(stats.batch_sizes.elements())
+    assert sizes[-1] == 8 and all(6 <= size <= 8 for size in sizes[1:]) and stats.model_calls == len(sizes) <= 6
+
+
+def test_a_full_batch_runs_at_once_and_the_first_request_waits_at_most_the_timeout():
+    model = Model()
+    with Batcher(model.predict, max_batch_size=4, timeout=60) as batcher:
+        start = time.monotonic()
+        concurrently(batcher.predict, [("pixels", {"x": pixels(1, i)}) for i in range(4)])
+        assert time.monotonic() - start < 30  # full: did not wait for the 60 s timeout
+    assert model.calls == [("pixels", 4)]
+    model = Model()
+    with Batcher(model.predict, max_batch_size=4, timeout=0.3) as batcher:
+        start = time.monotonic()
+        batcher.predict("pixels", {"x": pixels(1, 0)})
+        waited = time.monotonic() - start
+    assert 0.3 <= waited < 0.3 + 5  # alone: waits out the timeout, then runs
+    assert model.calls == [("pixels", 1)]
+
+
+def test_signatures_and_shapes_are_never_merged():
+    model = Model()
+    requests = ([("pixels", {"x": pixels(1, i)}) for i in range(4)]
+                + [("pixels", {"x": np.random.default_rng(i).random((1, 4, 1, 3))}) for i in range(4)]  # same size, other shape
+                + [("bytes", {"data": np.array([b"ab" * (i + 1)], dtype=object)}) for i in range(4)])
+    with Batcher(model.predict, max_batch_size=4, timeout=30) as batcher:
+        results = concurrently(batcher.predict, requests)
+    assert sorted(model.calls) == [("bytes", 4), ("pixels", 4), ("pixels", 4)]
+    for (name, inputs), result in zip(requests, results):
+        expected = model.predict(name, inputs)
+        assert result.keys() == expected.keys()
+        for key in result:
+            np.testing.assert_allclose(result[key], expected[key], rtol=1e-12)
+    assert [r["lengths"].tolist() for r in results[8:]] == [[2], [4], [6], [8]]
+
+
+def test_a_request_larger_than_the_batch_runs_alone_unsplit():
+    model = Model()
+    with Batcher(model.predict, max_batch_size=4, timeout=0) as batcher:
+        result = batcher.predict("pixels", {"x": pixels(10, 0)})
+    assert model.calls == [("pixels", 10)]
+    np.testing.assert_array_equal(result["total"], pixels(10, 0).reshape(10, -1).sum(axis=1))
+
+
+def test_a_failing_request_in_a_merged_batch_gets_its_own_error_and_the_others_their_results():
+    model = Model()
+    requests = [("pixels", {"x": pixels(1, i) * (-1 if i == 2 else 1)}) for i in range(4)]
+    with Batcher(model.predict, max_batch_size=4, timeout=30) as batcher:
+        results = concurrently(batcher.predict, requests)
+        stats = batcher.stats()
+    assert isinstance(results[2], ValueError) and str(results[2]) == "negative pixels in 1 examples"
+    for i in (0, 1, 3):
+        np.testing.assert_allclose(results[i]["logits"], requests[i][1]["x"].reshape(1, -1) @ WEIGHTS, rtol=1e-12)
+    assert model.calls == [("pixels", 4)] + [("pixels", 1)] * 4  # the merged call, then each alone
+    assert stats.reruns == 1 and stats.model_calls == 5 and stats.merged_calls == 1
+
+
+def test_outputs_not_batched_along_axis_0_are_rerun_alone():
+    calls = []
+
+    def predict(signature_name, inputs):
+        calls.append(len(inputs["x"]))
+        return {"mean": inputs["x"].mean()}  # a scalar: cannot be split
+
+    with Batcher(predict, max_batch_size=3, timeout=30) as batcher:
+        results = concurrently(batcher.predict, [("s", {"x": np.full((1, 2), float(i))}) for i in range(3)])
+    assert calls == [3, 1, 1, 1] and [float(r["mean"]) for r in results] == [0.0, 1.0, 2.0]
+
+
+def test_a_full_queue_is_refused_with_503_naming_the_limit():
+    gate = threading.Event()
+    model = Model(gate)
+    batcher = Batcher(model.predict, max_batch_size=1, timeout=0, max_queue=2)
+    threads = [threading.Thread(target=batcher.predict, args=("pixels", {"x": pixels(1, i)})) for i in range(3)]
+    try:
+        threads[0].start()
+        while not model.calls:  # the first runs (held by the gate) ...
+            time.sleep(0.01)
+        for t in threads[1:]:  # ... two more wait in the queue
+            t.start()
+        while batcher.queued() < 2:
+            time.sleep(0.01)
+        with pytest.raises(RequestError, match=r"queue is full \(2 requests waiting, the limit is 2\)") as error:
+            batcher.predict("pixels", {"x": pixels(1, 9)})
+        assert error.value.status == 503 and batcher.stats().rejected == 1
+    finally:
+        gate.set()
+        for t in threads:
+            t.join(30)
+        batcher.close()
+    assert len(model.calls) == 3
+
+
+def test_close_answers_what_is_queued_and_leaves_no_thread():
+    model = Model()
+    batcher = Batcher(model.predict, max_batch_size=64, timeout=60, num_threads=3)
+    assert sum(t.name.startswith("keras-preact-batcher") for t in threading.enumerate()) == 3
+    results = []
+    waiting = [threading.Thread(target=lambda i=i: results.append(batcher.predict("pixels", {"x": pixels(1, i)})))
+               for i in range(5)]
+    for t in waiting:
+        t.start()
+    while batcher.queued() < 5:
+        time.sleep(0.01)
+    start = time.monotonic()
+    batcher.close()  # the 60 s timeout is cut short: queued requests run now
+    assert time.monotonic() - start < 30
+    for t in waiting:
+        t.join(30)
+    assert len(results) == 5 and model.calls == [("pixels", 5)]
+    assert not [t for t in threading.enumerate() if t.name.startswith("keras-preact-batcher")]
+    with pytest.raises(RequestError, match="shutting down") as error:
+        batcher.predict("pixels", {"x": pixels(1, 0)})
+    assert error.value.status == 503
+    batcher.close()  # idempotent
+
+
+@pytest.mark.parametrize("argument, value", [("max_batch_size", 0), ("max_queue", -1), ("num_threads", 1.5),
+                                             ("max_batch_size", True), ("timeout", -0.1), ("timeout", float("inf"))])
+def test_arguments_are_validated_before_any_thread_starts(argument, value):
+    before = threading.active_count()
+    with pytest.raises(ValueError, match=f"Invalid {argument}={value!r}"):
+        Batcher(Model().predict, **{argument: value})
+    assert threading.active_count() == before
+
+
+def test_inputs_must_be_batched_along_axis_0():
+    with Batcher(Model().predict) as batcher:
+        with pytest.raises(ValueError, match="batched along axis 0"):
+            batcher.predict("pixels", {"x": np.zeros((2, 3)), "y": np.zeros((3, 3))})
+        with pytest.raises(ValueError, match="batched along axis 0"):
+            batcher.predict("pixels", {"x": np.float32(1)})
