@@ -71,10 +71,16 @@ def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
     assert "VALUEERROR Invalid batch_size=15: the global batch must be divisible by the 2 replicas" in odd.stdout
 
 
+def only_in_the_jax_pass():
+    """The JAX distribution tests start JAX subprocesses whatever the pass's backend: CI runs them once,
+    in the JAX pass of the TensorFlow-free environment (where the borrowed GPU machine's runs happen)."""
+    if os.environ.get("KERAS_BACKEND") != "jax":
+        pytest.skip("JAX subprocesses: run in the JAX pass only")
+
+
 @pytest.mark.notf
 def test_jax_data_parallel_on_two_host_devices(tmp_path):
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        pytest.skip("JAX subprocesses: run in the JAX pass, not again in the PyTorch one")
+    only_in_the_jax_pass()
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
     out = run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
     result = result_of(out)
@@ -84,8 +90,7 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
 
 @pytest.mark.notf
 def test_jax_multi_process_data_parallel(tmp_path):
-    if os.environ.get("KERAS_BACKEND") == "torch":
-        pytest.skip("JAX subprocesses: run in the JAX pass, not again in the PyTorch one")
+    only_in_the_jax_pass()
     port = free_port()
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
     procs = [
