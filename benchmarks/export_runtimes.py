@@ -19,6 +19,7 @@ import numpy as np
 
 from keras_preact.export import FORMATS, check_formats, export_model, load
 from keras_preact.models import create_model, get_input_config
+from keras_preact.testing import decline_usage_telemetry
 
 
 def parse_model(text):
@@ -86,6 +87,7 @@ def main(argv=None):
     parser.add_argument("--min-seconds", type=float, default=2.0, help="time at least this long per measurement")
     parser.add_argument("--min-calls", type=int, default=3, help="and at least this many calls")
     args = parser.parse_args(argv)
+    decline_usage_telemetry()
     formats = args.formats or installed_formats()
     check_formats(formats)
     print("| model | batch | runtime | img/s (median) | min | max | vs SavedModel | max abs diff |")

@@ -16,6 +16,7 @@ deploys onto a running Ray cluster and deletes its application on exit.
 import argparse
 import asyncio
 import itertools
+import os
 import pathlib
 import signal
 import sys
@@ -205,6 +206,9 @@ def main(argv=None):
     version, path = server.latest_version_dir(model_base)
     local = args.address is None
     if local:
+        # A Ray instance started here reports no usage statistics to Ray's servers unless asked to
+        # (RAY_USAGE_STATS_ENABLED=1); a cluster joined with --address keeps its own setting.
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
         ray.init(num_cpus=args.num_cpus, object_store_memory=args.object_store_memory, include_dashboard=False)
     else:
         ray.init(address=args.address)
