@@ -189,10 +189,52 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
                             env=env(), capture_output=True, text=True, timeout=120)
     assert export.returncode == 2 and "Traceback" not in export.stderr
     assert export.stderr.strip().endswith("needs TensorFlow: pip install tensorflow")
-    serve = subprocess.run([sys.executable, "-c", "import sys, keras_preact.serving as s; sys.exit(s.main(['x']))"],
-                           cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
+    saved_model_only = tmp_path / "saved_models" / "m" / "1"
+    saved_model_only.mkdir(parents=True)
+    (saved_model_only / "saved_model.pb").write_bytes(b"")
+    serve = subprocess.run([sys.executable, "-c", "import sys, keras_preact.serving as s; sys.exit(s.main(sys.argv[1:]))",
+                            str(saved_model_only.parent)], cwd=REPO, env=env(), capture_output=True, text=True,
+                           timeout=120)
     assert serve.returncode == 2 and serve.stderr.strip().splitlines() == [
-        "keras-preact-serve: error: serving SavedModels needs TensorFlow: pip install tensorflow"]
+        "keras-preact-serve: error: serving this version (saved_model) needs a runtime that is not installed: "
+        "pip install tensorflow (saved_model)"]
+    if keras.backend.backend() == "torch":
+        serve_onnx_without_tensorflow(run_dir, tmp_path)
+
+
+def serve_onnx_without_tensorflow(run_dir, tmp_path):
+    """PyTorch writes ONNX without TensorFlow, and keras-preact-serve serves it (serving_default on
+    ONNX Runtime), as the exported model answers in its runtime."""
+    import http.client
+
+    from keras_preact.export import load
+
+    export = subprocess.run([sys.executable, "-m", "training.export", str(run_dir), "--format", "onnx",
+                             "--export-dir", str(tmp_path / "onnx")], cwd=REPO, env=env(), capture_output=True,
+                            text=True, timeout=600)
+    assert export.returncode == 0, export.stderr[-3000:]
+    version_dir = pathlib.Path(export.stdout.strip().splitlines()[-1])
+    assert sorted(p.name for p in version_dir.iterdir()) == ["assets", "model.onnx"]
+    process = subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(version_dir.parent),
+                                "--port", "0", "--model-name", "m"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
+                               stderr=subprocess.DEVNULL, text=True)
+    try:
+        line = process.stdout.readline()
+        assert line.rstrip().endswith("[serving_default on onnx]"), line
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
+        batch = np.random.default_rng(0).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("POST", "/v1/models/m:predict", body=json.dumps({"instances": batch.tolist()}).encode())
+        response = conn.getresponse()
+        reply = json.loads(response.read())
+        conn.close()
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    want = load(version_dir, "onnx").predict(batch)
+    assert response.status == 200, reply
+    assert [row["classes"] for row in reply["predictions"]] == want["classes"].tolist()
+    np.testing.assert_allclose([row["probabilities"] for row in reply["predictions"]], want["probabilities"], atol=1e-6)
 
 
 def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys):

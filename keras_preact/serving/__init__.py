@@ -1,25 +1,20 @@
-"""A local server with TF Serving's REST API for exported SavedModels (``keras-preact-serve``), and the
+"""A local server with TF Serving's REST API for exported models (``keras-preact-serve``), and the
 same API from Ray Serve replicas (``keras-preact-serve-ray``)."""
 
 import sys
 
-# What each serving command says, in one line, when a package it needs is missing.
+# What keras-preact-serve-ray says, in one line, when a package it needs is missing.
 _INSTALL_HINTS = {
-    "tensorflow": "serving SavedModels needs TensorFlow: pip install tensorflow",
     "ray": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
     "starlette": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
 }
 
 
 def main(argv=None):
-    """The ``keras-preact-serve`` console script: without TensorFlow, one line says what to install."""
-    try:
-        from keras_preact.serving import server
-    except ImportError as error:
-        if "tensorflow" not in str(error).lower():
-            raise
-        print(f"keras-preact-serve: error: {_INSTALL_HINTS['tensorflow']}", file=sys.stderr)
-        return 2
+    """The ``keras-preact-serve`` console script. It needs no TensorFlow to start: a version whose
+    exports have no runtime installed is refused in one line naming what to install."""
+    from keras_preact.serving import server
+
     return server.main(argv)
 
 

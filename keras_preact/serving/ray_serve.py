@@ -2,7 +2,7 @@
 
     keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--host 127.0.0.1] [--address auto]
 
-Every replica loads the latest version under the base directory (``server.ServedModel``) and answers the
+Every replica loads the latest version under the base directory (``servable.Servable``) and answers the
 paths, formats, errors and request limits of ``keras-preact-serve`` (``server.route``,
 ``server.decode_predict``): ``GET /v1/models/<name>[/metadata]``, ``POST /v1/models/<name>:predict``.
 Predict requests a replica receives within ``merge_wait_s`` of each other are merged by ``@serve.batch``
@@ -24,12 +24,12 @@ import threading
 
 import numpy as np
 import ray
-import tensorflow as tf
 from ray import serve
 from starlette.responses import Response
 
 from keras_preact.serving import rest, server
 from keras_preact.serving.rest import RequestError
+from keras_preact.serving.servable import Servable, choose_runtimes, formats_in
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
@@ -51,10 +51,10 @@ def predict_merged(model, signature_name, inputs_list, call_ids):
     call = next(call_ids)
     try:
         outputs = model.predict(signature_name, merged)
-    except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
+    except RequestError as error:  # e.g. an image that does not decode
         if len(inputs_list) > 1:
             return [predict_merged(model, signature_name, [inputs], call_ids)[0] for inputs in inputs_list]
-        return [(RequestError(f"Invalid input: {server.op_error_message(error)}"), call, total)]
+        return [(error, call, total)]
     offsets = np.cumsum([len(next(iter(inputs.values()))) for inputs in inputs_list])[:-1]
     parts = {name: np.split(value, offsets) for name, value in outputs.items()}
     return [({name: part[i] for name, part in parts.items()}, call, total) for i in range(len(inputs_list))]
@@ -64,7 +64,7 @@ class TFServingReplica:
     """One Ray Serve replica: the SavedModel, TF Serving's REST routes, predict requests merged."""
 
     def __init__(self, model_name, model_base, limits, merge_batch_size, merge_wait_s):
-        self.model = server.ServedModel(model_name, model_base)
+        self.model = Servable(model_name, model_base)
         self.max_body_bytes = limits["max_body_bytes"]
         self.limits = {k: v for k, v in limits.items() if k != "max_body_bytes"}
         self.merge_batch_size = merge_batch_size
@@ -145,7 +145,8 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise ValueError(f"Invalid {argument}={value!r}: expected a number >= 0.")
     model_base = pathlib.Path(model_base).resolve()
-    server.latest_version_dir(model_base)
+    _, path = server.latest_version_dir(model_base)
+    choose_runtimes(formats_in(path))  # a runtime is installed here for what the version holds (ImportError)
     model_name = server.model_name_or_default(model_base, model_name)
     deployment = serve.deployment(
         TFServingReplica, name=model_name, num_replicas=replicas, ray_actor_options={"num_cpus": replica_cpus},
@@ -201,6 +202,8 @@ def main(argv=None):
         )
     except ValueError as error:
         parser.error(str(error))
+    except ImportError as error:
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     model_base = pathlib.Path(args.model_base_path).resolve()
     model_name = server.model_name_or_default(model_base, args.model_name)
     version, path = server.latest_version_dir(model_base)

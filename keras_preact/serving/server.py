@@ -1,10 +1,12 @@
-"""A local server for a SavedModel base directory that speaks TF Serving's REST API.
+"""A local server for an exported model's base directory that speaks TF Serving's REST API.
 
     keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
     python -m keras_preact.serving.server saved_models/<name> ...
 
-It loads the latest numeric version folder (as TF Serving's default version policy does) and
-answers, on the paths TF Serving uses:
+It loads the latest numeric version folder (as TF Serving's default version policy does), with the
+SavedModel's signatures on TensorFlow and ``serving_default`` on the fastest runtime installed for the
+formats the version holds (``--runtime``; ``keras_preact.serving.servable``), and answers, on the paths
+TF Serving uses:
 
 - ``GET /v1/models/<name>[/versions/<v>]``: model status,
 - ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
@@ -20,7 +22,7 @@ With ``--enable-batching``, concurrent predict requests are merged into batched 
 ``--batching-max-queue`` (503 beyond), ``--batching-threads``).
 Every request's body is read before the reply, so a kept-alive connection never desynchronises. Every
 bad request gets a 4xx with ``{"error": message}`` and never stops the server. Predictions run the
-SavedModel with TensorFlow alone (Pillow reads image headers; the accepted formats are
+exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
 ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
@@ -32,12 +34,9 @@ import re
 import sys
 import threading
 
-import tensorflow as tf
-from google.protobuf import json_format
-from tensorflow.core.protobuf import saved_model_pb2
-
 from keras_preact.serving import batching, rest
 from keras_preact.serving.rest import RequestError
+from keras_preact.serving.servable import RUNTIMES, Servable, latest_version_dir  # noqa: F401 (re-exported)
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 256
@@ -50,62 +49,6 @@ DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching
 LISTEN_BACKLOG = 128
 REAL_LIMITS = ("max_aspect_ratio", "request_timeout")  # positive numbers; the other limits are integers
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
-
-
-def latest_version_dir(model_base):
-    """The highest numeric version folder holding a SavedModel under ``model_base``."""
-    base = pathlib.Path(model_base)
-    if not base.is_dir():
-        raise ValueError(f"Invalid model_base_path={str(base)!r}: not a directory.")
-    versions = sorted(
-        (int(p.name), p) for p in base.iterdir() if p.name.isdigit() and (p / "saved_model.pb").is_file()
-    )
-    if not versions:
-        hint = " It is itself a version folder: pass its parent." if (base / "saved_model.pb").is_file() else ""
-        raise ValueError(
-            f"Invalid model_base_path={str(base)!r}: no numeric version folder with a saved_model.pb "
-            f"(TF Serving layout <model_base_path>/<version>/saved_model.pb).{hint}"
-        )
-    return versions[-1]
-
-
-class ServedModel:
-    """One loaded SavedModel version: its signatures, their input specs, metadata, and predict."""
-
-    def __init__(self, name, model_base):
-        self.name = name
-        self.version, self.path = latest_version_dir(model_base)
-        self._loaded = tf.saved_model.load(str(self.path))
-        self.signatures = dict(self._loaded.signatures)
-        self.input_specs = {
-            key: {
-                arg: rest.TensorSpec(arg, spec.dtype.name, tuple(spec.shape.as_list()))
-                for arg, spec in fn.structured_input_signature[1].items()
-            }
-            for key, fn in self.signatures.items()
-        }
-        saved_model = saved_model_pb2.SavedModel()
-        saved_model.ParseFromString((self.path / "saved_model.pb").read_bytes())
-        signature_defs = {
-            key: json_format.MessageToDict(value, preserving_proto_field_name=True)
-            for key, value in saved_model.meta_graphs[0].signature_def.items()
-            if not key.startswith("__")
-        }
-        self.metadata = {
-            "model_spec": {"name": name, "signature_name": "", "version": str(self.version)},
-            "metadata": {"signature_def": {"signature_def": signature_defs}},
-        }
-
-    def status(self):
-        return {
-            "model_version_status": [
-                {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-            ]
-        }
-
-    def predict(self, signature_name, inputs):
-        outputs = self.signatures[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
-        return {k: v.numpy() for k, v in outputs.items()}
 
 
 def route(model, method, path):
@@ -242,26 +185,13 @@ class Handler(http.server.BaseHTTPRequestHandler):
         signature_name, inputs, mode = decode_predict(
             model, body, max_batch_size=self.server.max_batch_size, max_image_pixels=self.server.max_image_pixels,
             max_aspect_ratio=self.server.max_aspect_ratio, max_request_pixels=self.server.max_request_pixels)
-        try:
-            outputs = self.server.predict(signature_name, inputs)
-        except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
-            # E.g. bytes that are not a decodable image.
-            raise RequestError(f"Invalid input: {op_error_message(error)}") from None
-        return rest.encode_outputs(outputs, mode)
+        return rest.encode_outputs(self.server.predict(signature_name, inputs), mode)
 
     def do_GET(self):  # noqa: N802
         self._handle("GET")
 
     def do_POST(self):  # noqa: N802
         self._handle("POST")
-
-
-def op_error_message(error):
-    """The op's own message out of a TensorFlow runtime error (without the graph-trace lines)."""
-    lines = [line.strip() for line in error.message.splitlines()]
-    noise = ("Graph execution error", "Detected at node", "<stack traces", "[[")
-    useful = [line for line in lines if line and not line.startswith(noise)]
-    return useful[0] if useful else error.message
 
 
 class BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
@@ -314,7 +244,7 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
                 max_connections=DEFAULT_MAX_CONNECTIONS, enable_batching=DEFAULT_ENABLE_BATCHING,
                 batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
                 batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
-                batching_threads=batching.DEFAULT_NUM_THREADS, verbose=False):
+                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False):
     """A server for the latest version under ``model_base`` (not yet started); limits as the module
     docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``. With
     ``enable_batching``, ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``).
@@ -329,7 +259,7 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
         raise ValueError(f"Invalid batching_timeout_ms={batching_timeout_ms!r}: expected a number >= 0.")
     if not isinstance(enable_batching, bool):
         raise ValueError(f"Invalid enable_batching={enable_batching!r}: expected True or False.")
-    model = ServedModel(model_name_or_default(model_base, model_name), model_base)
+    model = Servable(model_name_or_default(model_base, model_name), model_base, runtime=runtime)
     server = BoundedThreadingHTTPServer((host, port), Handler, max_connections)
     server.model = model
     server.max_body_bytes = max_body_bytes
@@ -362,7 +292,7 @@ def add_request_limit_arguments(parser):
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="keras-preact-serve", description="Serve the latest version of a SavedModel with TF Serving's REST API."
+        prog="keras-preact-serve", description="Serve the latest version of an exported model with TF Serving's REST API."
     )
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
@@ -386,6 +316,10 @@ def build_parser():
                                 help="requests waiting for a batch (503 beyond; default %(default)s)")
     batching_flags.add_argument("--batching-threads", type=int, default=batching.DEFAULT_NUM_THREADS,
                                 help="batches run at once (default %(default)s)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
+                        help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
+                             "the fastest installed for a format the version holds; the SavedModel's other "
+                             "signatures run on TensorFlow")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
@@ -403,13 +337,17 @@ def main(argv=None):
             max_request_pixels=args.max_request_pixels, request_timeout=args.request_timeout,
             max_connections=args.max_connections, enable_batching=args.enable_batching,
             batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
-            batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads, verbose=args.verbose,
+            batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads,
+            runtime=args.runtime, verbose=args.verbose,
         )
     except ValueError as error:
         parser.error(str(error))
+    except ImportError as error:  # no runtime installed for what the version holds
+        parser.exit(2, f"{parser.prog}: error: {error}\n")
     host, port = server.server_address[:2]
     model = server.model
-    print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}", flush=True)
+    print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"
+          f" [{model.describe()}]", flush=True)
     try:
         server.serve_forever()
     except KeyboardInterrupt:

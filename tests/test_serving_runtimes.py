@@ -1,0 +1,148 @@
+"""keras-preact-serve on every export format: ``serving_default`` on the runtime chosen (``--runtime``,
+by default the fastest installed), the SavedModel's other signatures on TensorFlow, the same replies."""
+
+import base64
+import http.client
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
+
+from keras_preact.export import export_model, load  # noqa: E402
+from keras_preact.serving import servable  # noqa: E402
+from keras_preact.serving.server import make_server  # noqa: E402
+from keras_preact.testing import CLASS_NAMES, MEAN, STD  # noqa: E402
+from keras_preact.testing import make_export_model as make_model  # noqa: E402
+
+ARTIFACTS = ("onnx", "litert", "openvino")
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    """Version 1: every format side by side; version 2 of another model: ONNX alone."""
+    base = tmp_path_factory.mktemp("saved_models")
+    model = make_model()
+    every = export_model(model, base, name="every", formats=("saved_model", *ARTIFACTS), class_names=CLASS_NAMES,
+                         mean=MEAN, std=STD, top_k=3)
+    export_model(model, base, name="onnx_only", formats=("onnx",), class_names=CLASS_NAMES, mean=MEAN, std=STD,
+                 top_k=3)
+    onnx_only = export_model(model, base, name="onnx_only", formats=("onnx",), class_names=CLASS_NAMES, mean=MEAN,
+                             std=STD, top_k=3)
+    return every, onnx_only
+
+
+def serve(model_base, **kwargs):
+    server = make_server(model_base, port=0, **kwargs)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server
+
+
+def post(port, name, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", f"/v1/models/{name}:predict", body=json.dumps(body).encode())
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    return response.status, reply
+
+
+def images(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+
+def test_formats_and_the_fastest_installed_runtime_are_found(exported):
+    every, onnx_only = exported
+    assert servable.formats_in(every) == servable.RUNTIME_SPEED_ORDER  # onnx, litert, openvino, saved_model
+    assert servable.formats_in(onnx_only) == ("onnx",)
+    assert servable.latest_version_dir(onnx_only.parent) == (2, onnx_only)
+    assert servable.choose_runtimes(servable.formats_in(every)) == {"pixels": "onnx", "saved_model": True}
+    assert servable.choose_runtimes(("openvino", "saved_model")) == {"pixels": "openvino", "saved_model": True}
+    assert servable.choose_runtimes(("onnx",), "onnx") == {"pixels": "onnx", "saved_model": False}
+    with pytest.raises(ValueError, match=r"Invalid runtime='litert': the version holds no litert export \(it holds onnx\)"):
+        servable.choose_runtimes(("onnx",), "litert")
+    with pytest.raises(ValueError, match="Invalid runtime='tensorrt': expected one of auto, onnx, litert"):
+        servable.choose_runtimes(("onnx",), "tensorrt")
+
+
+@pytest.mark.parametrize("runtime", ["auto", *ARTIFACTS, "saved_model"])
+def test_every_runtime_answers_as_the_saved_model_does(exported, runtime):
+    """serving_default on each runtime gives the SavedModel's classes and class names and its
+    probabilities within 1e-5; serving_bytes and serving_float stay on TensorFlow."""
+    every, _ = exported
+    server = serve(every.parent, runtime=runtime)
+    try:
+        model = server.model
+        pixels = "onnx" if runtime == "auto" else runtime
+        assert model.signatures == {"serving_default": pixels, "serving_float": "saved_model",
+                                    "serving_bytes": "saved_model"}
+        port = server.server_address[1]
+        batch = images(4)
+        code, reply = post(port, "every", {"instances": batch.tolist()})
+        assert code == 200, reply
+        direct = tf.saved_model.load(str(every)).signatures["serving_default"](images=tf.constant(batch))
+        probabilities = np.array([row["probabilities"] for row in reply["predictions"]])
+        np.testing.assert_allclose(probabilities, direct["probabilities"].numpy(), atol=1e-5)
+        assert [row["classes"] for row in reply["predictions"]] == direct["classes"].numpy().tolist()
+        assert [row["class_names"] for row in reply["predictions"]] == [
+            [name.decode() for name in row] for row in direct["class_names"].numpy()]
+        png = io.BytesIO()
+        from PIL import Image
+
+        Image.fromarray(batch[0]).save(png, format="PNG")
+        code, reply = post(port, "every", {"signature_name": "serving_bytes",
+                                           "instances": [{"b64": base64.b64encode(png.getvalue()).decode()}]})
+        assert code == 200 and reply["predictions"][0]["classes"] == direct["classes"].numpy()[0].tolist()
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_an_onnx_only_version_serves_serving_default_alone(exported):
+    _, onnx_only = exported
+    server = serve(onnx_only.parent, enable_batching=True)
+    try:
+        port = server.server_address[1]
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/v1/models/onnx_only/metadata")
+        metadata = json.loads(conn.getresponse().read())
+        conn.close()
+        signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
+        assert metadata["model_spec"]["version"] == "2" and list(metadata["metadata"]["signature_def"]["signature_def"]) == [
+            "serving_default"]
+        assert [d["size"] for d in signature["inputs"]["images"]["tensor_shape"]["dim"]] == ["-1", "32", "32", "3"]
+        assert [d["size"] for d in signature["outputs"]["classes"]["tensor_shape"]["dim"]] == ["-1", "3"]
+        batch = images(3, seed=1)
+        code, reply = post(port, "onnx_only", {"inputs": batch.tolist()})
+        want = load(onnx_only, "onnx").predict(batch)
+        assert code == 200 and reply["outputs"]["classes"] == want["classes"].tolist()
+        assert reply["outputs"]["class_names"] == [[CLASS_NAMES[c] for c in row] for row in want["classes"]]
+        np.testing.assert_allclose(reply["outputs"]["probabilities"], want["probabilities"], atol=1e-6)
+        code, reply = post(port, "onnx_only", {"signature_name": "serving_bytes", "instances": [{"b64": "AAAA"}]})
+        assert code == 400 and "available: ['serving_default']" in reply["error"]
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(exported, tmp_path):
+    every, onnx_only = exported
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    process = subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(every.parent), "--port", "0"],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+    try:
+        line = process.stdout.readline()
+        assert line.rstrip().endswith("[serving_default on onnx; serving_bytes, serving_float on saved_model]"), line
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+    refused = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(onnx_only.parent),
+                              "--runtime", "saved_model"], capture_output=True, text=True, timeout=120, env=env)
+    assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
+        "Invalid runtime='saved_model': the version holds no saved_model export (it holds onnx).")
