@@ -113,7 +113,8 @@ def main(argv=None):
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:  # a format's exporter or runtime, or Keras' backend, is not installed
-        parser.exit(2, f"{parser.prog}: error: {str(error).splitlines()[0] if str(error) else error!r}\n")
+        message = str(error).splitlines()[0] if str(error) else repr(error)
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
     except OSError as error:
         if error.errno != errno.ENOSPC:  # disk full: one line, no traceback
             raise
