@@ -59,15 +59,16 @@ def images(n, seed=0):
 
 def test_formats_and_the_fastest_installed_runtime_are_found(exported):
     every, onnx_only = exported
-    assert servable.formats_in(every) == servable.RUNTIME_SPEED_ORDER  # onnx, litert, openvino, saved_model
+    assert servable.formats_in(every) == servable.RUNTIME_SPEED_ORDER  # openvino, onnx, saved_model, litert
     assert servable.formats_in(onnx_only) == ("onnx",)
     assert servable.latest_version_dir(onnx_only.parent) == (2, onnx_only)
-    assert servable.choose_runtimes(servable.formats_in(every)) == {"pixels": "onnx", "saved_model": True}
-    assert servable.choose_runtimes(("openvino", "saved_model")) == {"pixels": "openvino", "saved_model": True}
+    assert servable.choose_runtimes(servable.formats_in(every)) == {"pixels": "openvino", "saved_model": True}
+    assert servable.choose_runtimes(("onnx", "saved_model", "litert")) == {"pixels": "onnx", "saved_model": True}
+    assert servable.choose_runtimes(("saved_model", "litert")) == {"pixels": "saved_model", "saved_model": True}
     assert servable.choose_runtimes(("onnx",), "onnx") == {"pixels": "onnx", "saved_model": False}
     with pytest.raises(ValueError, match=r"Invalid runtime='litert': the version holds no litert export \(it holds onnx\)"):
         servable.choose_runtimes(("onnx",), "litert")
-    with pytest.raises(ValueError, match="Invalid runtime='tensorrt': expected one of auto, onnx, litert"):
+    with pytest.raises(ValueError, match="Invalid runtime='tensorrt': expected one of auto, openvino, onnx"):
         servable.choose_runtimes(("onnx",), "tensorrt")
 
 
@@ -79,7 +80,7 @@ def test_every_runtime_answers_as_the_saved_model_does(exported, runtime):
     server = serve(every.parent, runtime=runtime)
     try:
         model = server.model
-        pixels = "onnx" if runtime == "auto" else runtime
+        pixels = "openvino" if runtime == "auto" else runtime
         assert model.signatures == {"serving_default": pixels, "serving_float": "saved_model",
                                     "serving_bytes": "saved_model"}
         port = server.server_address[1]
@@ -138,7 +139,7 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
-        assert line.rstrip().endswith("[serving_default on onnx; serving_bytes, serving_float on saved_model]"), line
+        assert line.rstrip().endswith("[serving_default on openvino; serving_bytes, serving_float on saved_model]"), line
     finally:
         process.terminate()
         process.wait(timeout=30)

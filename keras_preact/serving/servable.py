@@ -20,8 +20,10 @@ import numpy as np
 from keras_preact.serving import rest
 from keras_preact.serving.rest import RequestError
 
-# Fastest first, on CPU, for the package's networks: BENCHMARKS.md, "Export runtimes".
-RUNTIME_SPEED_ORDER = ("onnx", "litert", "openvino", "saved_model")
+# Fastest first on CPU (BENCHMARKS.md, "Export runtimes": CIFAR ResNet-20 and ResNet-50, batch 1 and 64):
+# OpenVINO f32 fastest in 3 of 4 cells, ONNX Runtime in the 4th; LiteRT beat the SavedModel only on the
+# small network, and ran at 0.65-0.94x of it on ResNet-50.
+RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
 RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
 ARTIFACTS = {  # the file that marks a format in a version folder (keras_preact.export.formats.FORMATS)
