@@ -27,7 +27,8 @@ import keras_preact
 from keras_preact.export import export_saved_model
 from keras_preact.serving import main_ray, ray_serve
 from keras_preact.serving.rest import RequestError
-from keras_preact.serving.server import ServedModel, make_server
+from keras_preact.serving.servable import Servable
+from keras_preact.serving.server import make_server
 from keras_preact.testing import CLASS_NAMES, MEAN, STD
 from keras_preact.testing import make_export_model as make_model
 
@@ -223,7 +224,7 @@ def test_mixed_signatures_merge_and_an_undecodable_image_fails_alone(served):
 def test_predict_merged_splits_one_call_and_retries_alone_on_a_bad_input(exported):
     """The merging itself, without Ray: one SavedModel call for requests of 1 and 2 examples; a batch with an
     undecodable image runs each request alone, so only that one fails."""
-    model = ServedModel("cifar", exported.parent)
+    model = Servable("cifar", exported.parent)
     pool = images(3, seed=11)
     direct = model.predict("serving_default", {"images": pool})
     results = ray_serve.predict_merged(model, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}],
