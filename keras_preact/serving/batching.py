@@ -1,7 +1,7 @@
 """Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching``.
 
 ``Batcher(predict)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
-(``ServedModel.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
+(``servable.Servable.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
 ``batcher.predict`` as they would in ``predict``; meanwhile their requests wait in a queue, are merged
 with others along the batch axis and run as one call, and each caller gets its own slice of the outputs.
 

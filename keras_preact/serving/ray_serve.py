@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from keras_preact.serving import rest, server
 from keras_preact.serving.rest import RequestError
-from keras_preact.serving.servable import Servable, choose_runtimes, formats_in
+from keras_preact.serving.servable import Servable, choose_runtimes, formats_in, latest_version_dir
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
@@ -145,7 +145,7 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise ValueError(f"Invalid {argument}={value!r}: expected a number >= 0.")
     model_base = pathlib.Path(model_base).resolve()
-    _, path = server.latest_version_dir(model_base)
+    _, path = latest_version_dir(model_base)
     choose_runtimes(formats_in(path))  # a runtime is installed here for what the version holds (ImportError)
     model_name = server.model_name_or_default(model_base, model_name)
     deployment = serve.deployment(
@@ -206,7 +206,7 @@ def main(argv=None):
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     model_base = pathlib.Path(args.model_base_path).resolve()
     model_name = server.model_name_or_default(model_base, args.model_name)
-    version, path = server.latest_version_dir(model_base)
+    version, path = latest_version_dir(model_base)
     local = args.address is None
     if local:
         # A Ray instance started here reports no usage statistics to Ray's servers unless asked to

@@ -36,7 +36,7 @@ import threading
 
 from keras_preact.serving import batching, rest
 from keras_preact.serving.rest import RequestError
-from keras_preact.serving.servable import RUNTIMES, Servable, latest_version_dir  # noqa: F401 (re-exported)
+from keras_preact.serving.servable import RUNTIMES, Servable
 
 DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
 DEFAULT_MAX_BATCH_SIZE = 256
