@@ -260,6 +260,16 @@ def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):
         assert not ray.is_initialized()
 
 
+def test_entry_point_refuses_a_runtime_the_version_cannot_use(exported, capsys):
+    import ray
+
+    with pytest.raises(SystemExit) as exit_info:
+        main_ray([str(exported.parent), "--runtime", "onnx"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        "Invalid runtime='onnx': the version holds no onnx export (it holds saved_model).")
+    assert not ray.is_initialized()
+
+
 def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, capsys):
     import keras_preact.serving
 

@@ -29,7 +29,7 @@ from starlette.responses import Response
 
 from keras_preact.serving import rest, server
 from keras_preact.serving.rest import RequestError
-from keras_preact.serving.servable import Servable, choose_runtimes, formats_in, latest_version_dir
+from keras_preact.serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
@@ -61,10 +61,11 @@ def predict_merged(model, signature_name, inputs_list, call_ids):
 
 
 class TFServingReplica:
-    """One Ray Serve replica: the SavedModel, TF Serving's REST routes, predict requests merged."""
+    """One Ray Serve replica: the exported model (``servable.Servable``), TF Serving's REST routes,
+    predict requests merged."""
 
-    def __init__(self, model_name, model_base, limits, merge_batch_size, merge_wait_s):
-        self.model = Servable(model_name, model_base)
+    def __init__(self, model_name, model_base, limits, merge_batch_size, merge_wait_s, runtime="auto"):
+        self.model = Servable(model_name, model_base, runtime=runtime)
         self.max_body_bytes = limits["max_body_bytes"]
         self.limits = {k: v for k, v in limits.items() if k != "max_body_bytes"}
         self.merge_batch_size = merge_batch_size
@@ -134,7 +135,8 @@ class TFServingReplica:
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
               merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, max_body_bytes=server.DEFAULT_MAX_BODY_BYTES,
               max_batch_size=server.DEFAULT_MAX_BATCH_SIZE, max_image_pixels=server.DEFAULT_MAX_IMAGE_PIXELS,
-              max_aspect_ratio=server.DEFAULT_MAX_ASPECT_RATIO, max_request_pixels=server.DEFAULT_MAX_REQUEST_PIXELS):
+              max_aspect_ratio=server.DEFAULT_MAX_ASPECT_RATIO, max_request_pixels=server.DEFAULT_MAX_REQUEST_PIXELS,
+              runtime="auto"):
     """The Ray Serve application for the latest version under ``model_base`` (for ``serve.run``); every
     argument is checked, and the version folder found, before anything starts. Each replica reads
     ``model_base`` by its absolute path: on a cluster, a file system every node sees."""
@@ -146,20 +148,20 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
             raise ValueError(f"Invalid {argument}={value!r}: expected a number >= 0.")
     model_base = pathlib.Path(model_base).resolve()
     _, path = latest_version_dir(model_base)
-    choose_runtimes(formats_in(path))  # a runtime is installed here for what the version holds (ImportError)
+    choose_runtimes(formats_in(path), runtime)  # the runtime is valid and installed here (else Value/ImportError)
     model_name = server.model_name_or_default(model_base, model_name)
     deployment = serve.deployment(
         TFServingReplica, name=model_name, num_replicas=replicas, ray_actor_options={"num_cpus": replica_cpus},
         # One merged call running and the next one filling, per replica.
         max_ongoing_requests=2 * merge_batch_size,
     )
-    return deployment.bind(model_name, str(model_base), limits, merge_batch_size, merge_wait_s)
+    return deployment.bind(model_name, str(model_base), limits, merge_batch_size, merge_wait_s, runtime)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve-ray",
-        description="Serve the latest version of a SavedModel with TF Serving's REST API from Ray Serve replicas.",
+        description="Serve the latest version of an exported model with TF Serving's REST API from Ray Serve replicas.",
     )
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")
@@ -177,6 +179,9 @@ def build_parser():
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance started here (default: all)")
     parser.add_argument("--object-store-memory", type=int, default=None,
                         help="bytes of the object store of the Ray instance started here (default: Ray's)")
+    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
+                        help="what runs serving_default, as keras-preact-serve's --runtime (default auto: the fastest "
+                             "installed for a format the version holds)")
     server.add_request_limit_arguments(parser)
     return parser
 
@@ -198,7 +203,7 @@ def main(argv=None):
             merge_batch_size=args.merge_batch_size, merge_wait_s=args.merge_wait_s, replica_cpus=args.replica_cpus,
             max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
             max_image_pixels=args.max_image_pixels, max_aspect_ratio=args.max_aspect_ratio,
-            max_request_pixels=args.max_request_pixels,
+            max_request_pixels=args.max_request_pixels, runtime=args.runtime,
         )
     except ValueError as error:
         parser.error(str(error))
