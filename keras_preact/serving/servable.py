@@ -17,6 +17,7 @@ import pathlib
 
 import numpy as np
 
+from keras_preact.export.formats import FORMATS
 from keras_preact.serving import rest
 from keras_preact.serving.rest import RequestError
 
@@ -26,19 +27,13 @@ from keras_preact.serving.rest import RequestError
 RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
 RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
-ARTIFACTS = {  # the file that marks a format in a version folder (keras_preact.export.formats.FORMATS)
-    "saved_model": "saved_model.pb",
-    "onnx": "model.onnx",
-    "litert": "model.tflite",
-    "openvino": "openvino/model.xml",
-}
-RUNTIME_MODULES = {"saved_model": "tensorflow", "onnx": "onnxruntime", "litert": "ai_edge_litert",
-                   "openvino": "openvino"}
-TENSORFLOW = "pip install tensorflow"
+# The file that marks each format in a version folder, and the modules that run it: the export's table.
+ARTIFACTS = {name: FORMATS[name].files[0] for name in RUNTIME_SPEED_ORDER}
+RUNTIME_MODULES = {name: FORMATS[name].runtime_modules for name in RUNTIME_SPEED_ORDER}
 
 
 def _installed(fmt):
-    modules = [RUNTIME_MODULES[fmt]] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
+    modules = [*RUNTIME_MODULES[fmt]] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
     return any(importlib.util.find_spec(m) is not None for m in modules)
 
 
@@ -71,17 +66,14 @@ def choose_runtimes(present, runtime="auto"):
     if runtime == "auto":
         usable = [f for f in present if _installed(f)]
         if not usable:
-            installs = {"saved_model": TENSORFLOW, "onnx": 'pip install "keras-preact[onnx]"',
-                        "litert": 'pip install "keras-preact[litert]"', "openvino": 'pip install "keras-preact[openvino]"'}
-            needs = " or ".join(f"{installs[f]} ({f})" for f in present)
+            needs = " or ".join(f"{FORMATS[f].install} ({f})" for f in present)
             raise ImportError(f"serving this version ({', '.join(present)}) needs a runtime that is not installed: {needs}")
         return {"pixels": usable[0], "saved_model": has_tf}
     if runtime not in present:
         raise ValueError(f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds "
                          f"{', '.join(present)}).")
     if not _installed(runtime):
-        raise ImportError(f"runtime {runtime} is not installed: "
-                          + (TENSORFLOW if runtime == "saved_model" else f'pip install "keras-preact[{runtime}]"'))
+        raise ImportError(f"runtime {runtime} is not installed: {FORMATS[runtime].install}")
     return {"pixels": runtime, "saved_model": has_tf}
 
 
