@@ -34,7 +34,7 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, pipelines, plots, run_state, schedules, sources
+from . import configs, distribute, pipelines, plots, run_state, schedules, sources, timing
 from . import export as export_lib
 from .manifest import RunManifest, input_config_for
 from .model import build_model
@@ -158,6 +158,7 @@ def train(config, data=None):
     backup_cb = AtomicBackup(backup_dir, config.checkpoint_every, start_step, backup)
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
+        timing.EpochTimer(),  # before CSVLogger: train_seconds / eval_seconds land in history.csv
         keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
         backup_cb,
     ]
