@@ -1,20 +1,22 @@
 """``keras-preact-train``: the command line of ``train`` (``python -m training.cli``).
 
 Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...) over a preset;
-``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run.
+``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. ``--backend`` picks the
+Keras backend (``training/backends.py``), so this module imports Keras only once that is decided: the
+modules that load Keras are imported inside the functions.
 """
 
 import argparse
 import os
 import sys
 
-from . import configs, flags, run_state, schedules, sources
-from .manifest import config_from_run
-from .train import TrainingDiverged, TrainingFailed, train
+from . import backends
 
 
 def describe_recipe(config):
     """What ``--dry-run`` prints: the run's iterations, its lr at every change, the optimizer."""
+    from . import configs, schedules, sources
+
     if config.dataset == "synthetic":
         train_size = config.synthetic_train_size
     elif config.dataset == "folder":
@@ -41,11 +43,15 @@ def describe_recipe(config):
 
 
 def _preset_table():
+    from . import configs
+
     width = max(map(len, configs.PRESETS))
     return "\n".join(f"  {name:<{width}}  {preset.paper}" for name, preset in configs.PRESETS.items())
 
 
 def build_parser():
+    from . import configs, flags
+
     p = argparse.ArgumentParser(
         prog="keras-preact-train",
         description="Train a pre-activation ResNet (He et al. 2016) with model.fit. With no arguments: "
@@ -61,11 +67,17 @@ def build_parser():
                    "(sets unit_options['ordering'])")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
+    p.add_argument("--backend", choices=("auto", *backends.BACKENDS), default="auto",
+                   help="Keras backend (default auto: KERAS_BACKEND if set, else the fastest installed for "
+                   "this machine, printed at start; see BENCHMARKS.md, Training speed)")
     flags.add_config_flags(p)
     return p
 
 
 def config_from_args(args, parser):
+    from . import configs, flags
+    from .manifest import config_from_run
+
     if args.preset and args.preset_name and args.preset != args.preset_name:
         parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
     preset = args.preset or args.preset_name
@@ -89,6 +101,16 @@ def config_from_args(args, parser):
 
 
 def main(argv=None):
+    early = argparse.ArgumentParser(add_help=False)
+    early.add_argument("--backend", default="auto")
+    try:
+        backends.select(early.parse_known_args(argv)[0].backend)
+    except ValueError as e:
+        print(f"keras-preact-train: error: {e}", file=sys.stderr)
+        return 2
+    from . import run_state
+    from .train import TrainingDiverged, TrainingFailed, train
+
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from_args(args, parser)
