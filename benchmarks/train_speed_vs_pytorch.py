@@ -1,0 +1,250 @@
+"""The whole training loop, side by side: ``keras-preact-train`` on each backend against plain PyTorch.
+
+Every candidate is one process running the real entry point on the same real data (the CIFAR-10 JPEG
+folder), the same network (pre-act ResNet-20, option A), the same recipe (preset
+``cifar10-folder-resnet20-short``: batch 128, TorchSGD / torch.optim.SGD, cosine with warm-up, pad-4
+crop + flip) and the same run length (``--epochs`` x ``--steps-per-epoch``, then the full 10,000-image
+test set after every epoch):
+
+- ``keras-preact-train`` with ``--backend`` tensorflow, jax, torch (and ``auto``, the CLI's default), and
+  each of its ``--pipeline``s;
+- ``benchmarks/reference_torch_cifar.py`` (plain PyTorch, eager; ``--compile`` adds torch.compile).
+
+Rounds run the candidates in rotating order, so drift of a shared machine cancels in the per-round ratios.
+From each run's ``history.csv`` (``train_seconds`` and ``eval_seconds`` per epoch) it takes the steady
+state: epoch 1 is excluded (compilation, tracing, the first step's set-up); the decoded images are
+cached before the first round (the first decoding of the JPEGs is excluded). It prints training and
+evaluation images/s per candidate (median, min-max over rounds) and the median of per-round ratios to
+the PyTorch reference.
+
+``--to-accuracy 0.85``: full epochs instead (``--epochs`` of the whole training set), one run each, and
+the seconds from the first step to the end of the first epoch whose test accuracy reaches the target
+(evaluation included, process start-up excluded).
+
+Two environments: ``--python`` runs the TensorFlow candidates, ``--notf-python`` (a TensorFlow-free
+virtual environment, e.g. ``.venv-notf/bin/python``) the JAX, PyTorch and reference ones; with one
+interpreter, candidates whose backend is missing are skipped with a note.
+
+    python benchmarks/train_speed_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python
+"""
+
+import argparse
+import csv
+import json
+import os
+import pathlib
+import platform
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+PRESET = "cifar10-folder-resnet20-short"
+REFERENCE = "reference-torch"
+
+
+def candidates(args):
+    """{name: (interpreter key, argv after the interpreter, extra environment)}."""
+    found = {}
+    for backend in args.backends:
+        pipelines = args.pipelines if backend != "auto" else ["auto"]
+        for pipeline in pipelines:
+            if backend == "tensorflow" and pipeline != "auto" and pipeline not in ("tf_data", "device", "numpy"):
+                continue
+            if backend in ("jax", "torch") and pipeline == "tf_data":
+                continue  # tf.data needs TensorFlow: not in the TensorFlow-free environment
+            name = f"keras-preact-train/{backend}/{pipeline}"
+            argv = ["-m", "training.cli", "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
+                    "--pipeline", pipeline, "--backend", backend, *args.train_args]
+            found[name] = ("tf" if backend in ("tensorflow", "auto") else "notf", argv, {})
+    reference = [str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir]
+    found[REFERENCE] = ("notf", reference, {})
+    if args.torch_compile:
+        found[REFERENCE + "-compile"] = ("notf", [*reference, "--compile"], {})
+    return found
+
+
+def interpreter(args, key):
+    return args.python if key == "tf" or not args.notf_python else args.notf_python
+
+
+def available(python, module):
+    probe = f"import importlib.util, sys; sys.exit(0 if importlib.util.find_spec({module!r}) else 1)"
+    return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
+
+
+def run_one(args, name, spec, out_dir, length):
+    key, argv, env_extra = spec
+    python = interpreter(args, key)
+    out = out_dir / name.replace("/", "_")
+    shutil.rmtree(out, ignore_errors=True)
+    where = ["--run-dir", str(out)] if name.startswith("keras-preact-train") else ["--out", str(out)]
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **env_extra}
+    env.pop("KERAS_BACKEND", None)  # each candidate names its backend (--backend)
+    started = time.perf_counter()
+    done = subprocess.run([python, *argv, *where, *length], cwd=REPO, env=env, capture_output=True, text=True)
+    wall = time.perf_counter() - started
+    if done.returncode != 0:
+        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
+        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{tail}")
+    with open(out / "history.csv") as f:
+        rows = list(csv.DictReader(f))
+    chosen = [line for line in done.stdout.splitlines() if line.startswith("[backend]")]
+    return {"rows": rows, "wall": wall, "backend_line": chosen[0] if chosen else ""}
+
+
+def count_images(split_dir):
+    return sum(1 for f in pathlib.Path(split_dir).rglob("*") if f.suffix.lower() in (".jpg", ".jpeg", ".png"))
+
+
+def steady(result, steps, batch, test_images):
+    """Training and evaluation images/s over every epoch but the first."""
+    rows = result["rows"][1:] or result["rows"]
+    train = sum(float(r["train_seconds"]) for r in rows)
+    evaluation = sum(float(r["eval_seconds"]) for r in rows)
+    return {"train": len(rows) * steps * batch / train, "eval": len(rows) * test_images / evaluation}
+
+
+def seconds_to_accuracy(result, target):
+    elapsed = 0.0
+    for row in result["rows"]:
+        elapsed += float(row["train_seconds"]) + float(row["eval_seconds"])
+        if float(row["val_accuracy"]) >= target:
+            return elapsed, int(row["epoch"]) + 1, float(row["val_accuracy"])
+    return None, len(result["rows"]), max(float(r["val_accuracy"]) for r in result["rows"])
+
+
+def prepare(args, names):
+    """Decode and cache the JPEGs once for both trainers, outside the timed runs."""
+    code = f"from training import sources; sources.folder({args.data_dir!r})"
+    subprocess.run([interpreter(args, "notf"), "-c", code], cwd=REPO, check=True,
+                   env={**os.environ, "PYTHONPATH": str(REPO), "KERAS_BACKEND": "torch"
+                        if args.notf_python else os.environ.get("KERAS_BACKEND", "tensorflow")})
+    if any(n.startswith("keras-preact-train/tensorflow") for n in names) and args.notf_python:
+        subprocess.run([args.python, "-c", code], cwd=REPO, check=True,
+                       env={**os.environ, "PYTHONPATH": str(REPO), "KERAS_BACKEND": "tensorflow"})
+    ref = REPO / "benchmarks" / "reference_torch_cifar.py"
+    subprocess.run([interpreter(args, "notf"), str(ref), "--data-dir", args.data_dir, "--prepare-only"], check=True)
+
+
+def describe_machine(args):
+    load = os.getloadavg()
+    return (f"{platform.processor() or platform.machine()}, {len(os.sched_getaffinity(0))} cores visible, "
+            f"load average {load[0]:.2f} at start; python {platform.python_version()}; "
+            f"interpreters: {args.python}" + (f", {args.notf_python}" if args.notf_python else ""))
+
+
+def versions(python):
+    code = ("import importlib.metadata as m\n"
+            "for p in ('keras', 'tensorflow', 'jax', 'torch'):\n"
+            "    try: print(p, m.version(p))\n"
+            "    except m.PackageNotFoundError: pass")
+    return subprocess.run([python, "-c", code], capture_output=True, text=True).stdout.split("\n")
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--data-dir", required=True, help="the CIFAR-10 image folder (train/, test/)")
+    p.add_argument("--python", default=sys.executable, help="interpreter with TensorFlow (default: this one)")
+    p.add_argument("--notf-python", default=None, help="interpreter of a TensorFlow-free environment")
+    p.add_argument("--backends", nargs="+", default=["auto", "tensorflow", "jax", "torch"],
+                   choices=["auto", "tensorflow", "jax", "torch"])
+    p.add_argument("--pipelines", nargs="+", default=["tf_data", "device", "numpy"],
+                   choices=["tf_data", "device", "numpy"])
+    p.add_argument("--torch-compile", action="store_true", help="also the reference under torch.compile")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is not counted)")
+    p.add_argument("--steps-per-epoch", type=int, default=60)
+    p.add_argument("--to-accuracy", type=float, default=None, metavar="ACC",
+                   help="time to this test accuracy with full epochs (one run each, --epochs of them)")
+    p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
+                   help="extra keras-preact-train flags, last on the line (e.g. --train-args --seed 1)")
+    p.add_argument("--json", default=None, help="also write every figure here")
+    args = p.parse_args(argv)
+    if args.rounds < 1 or args.epochs < 1 or args.steps_per_epoch < 1:
+        p.error("--rounds, --epochs and --steps-per-epoch must be >= 1")
+    if args.to_accuracy is not None and not 0 < args.to_accuracy < 1:
+        p.error(f"--to-accuracy must be in (0, 1), got {args.to_accuracy}")
+    if not (pathlib.Path(args.data_dir) / "train").is_dir():
+        p.error(f"--data-dir {args.data_dir} has no train/ folder")
+    return args
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    names = candidates(args)
+    for name in list(names):
+        key, _, _ = names[name]
+        backend = name.split("/")[1] if name.startswith("keras-preact") else "torch"
+        module = {"auto": "keras", "tensorflow": "tensorflow"}.get(backend, backend)
+        if not available(interpreter(args, key), module):
+            print(f"[skip] {name}: {module} is not installed in {interpreter(args, key)}")
+            del names[name]
+    if REFERENCE not in names:
+        raise SystemExit("the PyTorch reference needs torch: pass --notf-python with a torch environment")
+    print("machine:", describe_machine(args))
+    for python in {args.python, args.notf_python} - {None}:
+        print(f"versions ({python}):", ", ".join(v for v in versions(python) if v))
+    prepare(args, names)
+    if args.to_accuracy is not None:
+        return time_to_accuracy(args, names)
+    length = ["--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps_per_epoch)]
+    figures = {name: [] for name in names}
+    test_images = count_images(pathlib.Path(args.data_dir) / "test")
+    order = list(names)
+    with tempfile.TemporaryDirectory(prefix="train-speed-") as tmp:
+        for r in range(args.rounds):
+            rotated = order[r % len(order):] + order[: r % len(order)]
+            for name in rotated:
+                result = run_one(args, name, names[name], pathlib.Path(tmp), length)
+                figure = steady(result, args.steps_per_epoch, 128, test_images)
+                figure["backend_line"] = result["backend_line"]
+                figures[name].append(figure)
+                print(f"round {r + 1} {name}: train {figure['train']:.1f} img/s, eval {figure['eval']:.1f} img/s "
+                      f"{figure['backend_line']}", flush=True)
+    report(args, figures)
+
+
+def report(args, figures):
+    ref = figures[REFERENCE]
+    print(f"\nSteady state over epochs 2-{args.epochs} ({args.steps_per_epoch} steps of 128 each, then the "
+          f"whole test split); {args.rounds} rounds, rotating order.\n")
+    print("| candidate | train img/s, median (min-max) | vs reference, median of per-round ratios (min-max) "
+          "| eval img/s, median | eval vs reference |")
+    print("|---|---|---|---|---|")
+    summary = {}
+    for name, rounds in figures.items():
+        train = [f["train"] for f in rounds]
+        ratios = [f["train"] / g["train"] for f, g in zip(rounds, ref)]
+        eval_ratios = [f["eval"] / g["eval"] for f, g in zip(rounds, ref)]
+        summary[name] = {"train": train, "eval": [f["eval"] for f in rounds], "ratio": ratios,
+                         "eval_ratio": eval_ratios}
+        print(f"| {name} | {statistics.median(train):.1f} ({min(train):.1f}-{max(train):.1f}) | "
+              f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}) | "
+              f"{statistics.median(summary[name]['eval']):.1f} | {statistics.median(eval_ratios):.2f}x |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(summary, indent=2))
+
+
+def time_to_accuracy(args, names):
+    keep = [n for n in names if n in (REFERENCE, "keras-preact-train/auto/auto")]
+    length = ["--epochs", str(args.epochs)]
+    results = {}
+    with tempfile.TemporaryDirectory(prefix="train-to-accuracy-") as tmp:
+        for name in keep:
+            result = run_one(args, name, names[name], pathlib.Path(tmp), length)
+            seconds, epochs, accuracy = seconds_to_accuracy(result, args.to_accuracy)
+            results[name] = {"seconds": seconds, "epochs": epochs, "accuracy": accuracy,
+                             "backend_line": result["backend_line"]}
+            reached = f"{seconds:.0f} s (epoch {epochs}, {accuracy:.4f})" if seconds else \
+                f"not reached in {epochs} epochs (best {accuracy:.4f})"
+            print(f"{name}: {args.to_accuracy:.0%} test accuracy {reached} {result['backend_line']}", flush=True)
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

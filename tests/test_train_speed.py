@@ -1,0 +1,178 @@
+"""The training-speed levers and their judge: the plain PyTorch reference is the same network as ours,
+``TorchSGD``'s multi-tensor PyTorch update is the per-variable one, the CLI chooses and prints its
+backend, and every run's ``history.csv`` times training and evaluation apart; the side-by-side
+benchmark runs end to end on a tiny image folder."""
+
+import csv
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import keras
+import numpy as np
+import pytest
+
+from keras_preact.models import create_model
+from training import backends, cli
+from training.optimizers import TorchSGD
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+pytestmark = pytest.mark.notf
+needs_torch = pytest.mark.skipif(not HAS_TORCH, reason="the PyTorch reference needs torch")
+
+
+def write_folder(root, per_class=4, classes=3, size=32, seed=0):
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    for split, n in (("train", per_class), ("test", 2)):
+        for c in range(classes):
+            folder = root / split / f"class{c}"
+            folder.mkdir(parents=True)
+            for i in range(n):
+                pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
+                Image.fromarray(pixels).save(folder / f"{i:04d}.png")
+    return root
+
+
+# ----------------------------------------------------------------------------- the PyTorch reference
+@needs_torch
+@pytest.mark.parametrize("depth", [20, 32])
+def test_reference_network_is_ours(depth, rng):
+    """Our weights copied into the reference (by creation order): equal logits, BN in both modes."""
+    import torch
+
+    from benchmarks import reference_torch_cifar as ref
+
+    ours = create_model(f"cifar_resnet{depth}")
+    theirs = ref.PreActResNet(depth, 10)
+    state = [(k, v) for k, v in theirs.state_dict().items() if not k.endswith("num_batches_tracked")]
+    assert len(state) == len(ours.weights)
+    assert sum(p.numel() for p in theirs.parameters()) == sum(int(np.prod(w.shape)) for w in ours.trainable_weights)
+    for (key, tensor), weight in zip(state, ours.weights):
+        value = keras.ops.convert_to_numpy(weight)
+        value = value.transpose(3, 2, 0, 1) if value.ndim == 4 else value.T if value.ndim == 2 else value
+        assert tuple(tensor.shape) == value.shape, (key, weight.path)
+        tensor.copy_(torch.from_numpy(np.ascontiguousarray(value)))
+    images = rng.normal(size=(4, 32, 32, 3)).astype("float32")
+    logits = keras.Model(ours.input, ours.get_layer("logits").output)
+    for training in (False, True):
+        theirs.train(training)
+        with torch.no_grad():
+            got = theirs(torch.from_numpy(images).permute(0, 3, 1, 2)).numpy()
+        expected = keras.ops.convert_to_numpy(logits(images, training=training))
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4, err_msg=f"training={training}")
+
+
+@needs_torch
+def test_reference_trains_and_writes_the_history_columns_of_ours(tmp_path):
+    from benchmarks import reference_torch_cifar as ref
+
+    data = write_folder(tmp_path / "data", per_class=8)
+    metrics = ref.main(["--data-dir", str(data), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"),
+                        "--epochs", "2", "--steps-per-epoch", "2", "--batch-size", "8", "--depth", "8"])
+    rows = list(csv.DictReader(open(tmp_path / "out" / "history.csv")))
+    assert [int(r["epoch"]) for r in rows] == [0, 1]
+    assert {"loss", "accuracy", "val_loss", "val_accuracy", "train_seconds", "eval_seconds"} <= set(rows[0])
+    assert all(float(r["train_seconds"]) > 0 and float(r["eval_seconds"]) > 0 for r in rows)
+    assert json.loads((tmp_path / "out" / "metrics.json").read_text())["steps"] == metrics["steps"] == 4
+
+
+@needs_torch
+def test_reference_learning_rate_is_keras_cosine_decay_with_warmup():
+    from benchmarks import reference_torch_cifar as ref
+
+    schedule = keras.optimizers.schedules.CosineDecay(0.01, 90, warmup_target=0.1, warmup_steps=10)
+    for step in (0, 5, 10, 50, 99, 100):
+        assert ref.learning_rate(step, 100, 10) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
+
+
+# ------------------------------------------------------------------------------- TorchSGD on PyTorch
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="the multi-tensor update is PyTorch's")
+def test_torch_sgd_multi_tensor_update_equals_the_per_variable_update(monkeypatch, rng):
+    variables = [keras.Variable(rng.normal(size=s).astype("float32"), name=n)
+                 for s, n in (((3, 3, 2, 4), "kernel"), ((4,), "gamma"), ((5,), "bias"))]
+    copies = [keras.Variable(keras.ops.convert_to_numpy(v), name=v.name) for v in variables]
+    fused, plain = (TorchSGD(learning_rate=0.05, coupled_weight_decay=0.01, weight_decay_scope="kernels")
+                    for _ in range(2))
+    fused.build(variables)
+    plain.build(copies)
+    monkeypatch.setattr(plain, "_backend_update_step", lambda g, v, lr: keras.optimizers.Optimizer.
+                        _backend_update_step(plain, g, v, lr))
+    for _ in range(3):
+        grads = [rng.normal(size=v.shape).astype("float32") for v in variables]
+        fused.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+        plain.apply([keras.ops.convert_to_tensor(g) for g in grads], copies)
+    for a, b in zip(variables, copies):
+        np.testing.assert_allclose(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), rtol=1e-6, atol=1e-7)
+    monkeypatch.setattr(TorchSGD, "update_step", lambda *a: pytest.fail("per-variable update_step was called"))
+    fused.apply([keras.ops.convert_to_tensor(g) for g in grads], variables)
+
+
+# ------------------------------------------------------------------------------- --backend
+def test_backend_auto_keeps_the_users_choice_and_otherwise_takes_the_fastest_installed(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "keras")  # as in a fresh process
+    assert backends.choose("auto", {"KERAS_BACKEND": "jax"}) == ("jax", "set by KERAS_BACKEND")
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    (home / "keras.json").write_text(json.dumps({"backend": "jax"}))
+    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == "jax"
+    (home / "keras.json").write_text(json.dumps({"backend": "tensorflow"}))  # Keras' own default: not a choice
+    monkeypatch.setattr(backends, "has_accelerator", lambda: False)
+    monkeypatch.setattr(backends, "installed", lambda b: b in ("tensorflow", "jax"))
+    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == "tensorflow"
+    monkeypatch.setattr(backends, "installed", lambda b: True)
+    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == backends.CPU_FASTEST_FIRST[0]
+    monkeypatch.setattr(backends, "installed", lambda b: b == "jax")
+    with pytest.raises(ValueError, match=r"--backend torch: torch is not installed"):
+        backends.choose("torch", {})
+    with pytest.raises(ValueError, match=r"Invalid --backend 'mxnet': allowed auto, tensorflow, jax, torch"):
+        backends.choose("mxnet", {})
+
+
+def test_backend_flag_in_process_must_match_the_imported_keras(capsys):
+    other = next(b for b in backends.BACKENDS if b != keras.backend.backend())
+    assert cli.main(["--backend", other, "--dry-run"]) == 2
+    assert f"Keras is already imported with backend {keras.backend.backend()}" in capsys.readouterr().err
+    assert cli.main(["--backend", keras.backend.backend(), "--dry-run"]) == 0
+    assert f"[backend] {keras.backend.backend()} (Keras already imported" in capsys.readouterr().out
+
+
+def test_cli_in_a_fresh_process_runs_on_the_backend_it_prints(tmp_path):
+    backend = keras.backend.backend()
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    run_dir = tmp_path / "run"
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "--backend", backend, "--depth", "8", "--image-size", "16", "16",
+         "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "2", "--synthetic-train-size", "64",
+         "--synthetic-test-size", "32", "--verbose", "0", "--run-dir", str(run_dir)],
+        cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert f"[backend] {backend} (--backend;" in done.stdout
+    assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == backend
+    rows = list(csv.DictReader(open(run_dir / "history.csv")))
+    assert len(rows) == 2 and all(float(r["train_seconds"]) > 0 and float(r["eval_seconds"]) > 0 for r in rows)
+
+
+# ------------------------------------------------------------------------------- the benchmark
+@needs_torch
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="one backend is enough (CI's PyTorch pass)")
+def test_side_by_side_benchmark_runs_end_to_end(tmp_path, capsys, monkeypatch):
+    from benchmarks import train_speed_vs_pytorch as bench
+
+    monkeypatch.setenv("HOME", str(tmp_path))  # the decoded-image caches of both trainers
+
+    data = write_folder(tmp_path / "data", per_class=48, classes=3)  # 144 images: one batch of 128
+    out = tmp_path / "figures.json"
+    bench.main(["--data-dir", str(data), "--backends", "torch", "--pipelines", "device", "--rounds", "1",
+                "--epochs", "2", "--steps-per-epoch", "1", "--json", str(out)])
+    printed = capsys.readouterr().out
+    figures = json.loads(out.read_text())
+    assert set(figures) == {"keras-preact-train/torch/device", "reference-torch"}
+    assert figures["reference-torch"]["ratio"] == [1.0]
+    assert all(v["train"][0] > 0 and v["eval"][0] > 0 for v in figures.values())
+    assert "| keras-preact-train/torch/device |" in printed
