@@ -1,6 +1,8 @@
 """Trained weights through the registry (sha256-checked package data) and the input config and class
 names a model carries through ``.keras`` files. The weights are files the tests write: none ship yet."""
 
+import pathlib
+
 import keras
 import numpy as np
 import pytest
@@ -15,7 +17,7 @@ from keras_preact.models import (
     register_model,
 )
 from keras_preact.models.registry import unregister_model
-from keras_preact.models.weights import WeightsSpec, sha256_of
+from keras_preact.models.weights import SUFFIX, WEIGHTS_DIR, WeightsSpec, sha256_of
 from keras_preact.testing import randomize_statistics, run_saving_test, to_numpy
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
@@ -134,3 +136,10 @@ def test_carried_metadata_is_checked():
         model.input_config = INPUT
     with pytest.raises(ValueError, match="Invalid input_config"):
         model.input_config = "cifar"
+
+
+def test_the_weights_folder_is_package_data():
+    tomllib = pytest.importorskip("tomllib", reason="Python 3.11+")
+    project = tomllib.loads((pathlib.Path(__file__).resolve().parents[1] / "pyproject.toml").read_text())
+    globs = project["tool"]["setuptools"]["package-data"]["keras_preact"]
+    assert f"{WEIGHTS_DIR.name}/*{SUFFIX}" in globs and WEIGHTS_DIR.is_dir()
