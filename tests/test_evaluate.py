@@ -114,6 +114,7 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
     plain.save(run / "model.keras")
     manifest = RunManifest(name="tiny", class_names=tuple(CLASSES), input_config=CIFAR16, config={})
     (run / "config.json").write_text(manifest.to_json())
+    assert "top-1 50.00%" in _run(capsys, run / "model.keras", "--data-dir", data_dir)  # beside its config.json
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "training.evaluate", str(run), "--data-dir", str(data_dir),
                            "--json", str(tmp_path / "run.json")], capture_output=True, text=True, env=env, timeout=300)

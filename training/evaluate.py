@@ -105,13 +105,13 @@ def _keras_target(path):
     input_config, class_names = config.get("input_config"), config.get("class_names")
     if input_config is None and (path.parent / "config.json").is_file():
         manifest = RunManifest.read(path.parent)
-        input_config, class_names = manifest.input_config, manifest.class_names
+        input_config, class_names = manifest.input_config.to_dict(), manifest.class_names
     if input_config is None:
         raise ValueError(f"Invalid model={str(path)!r}: it carries no input config (mean/std, evaluation crop) "
                          "and has no run config.json beside it; evaluate its run directory, or save a model "
                          "built by keras_preact.models.create_model (or set model.input_config).")
-    return Target(f"{path}", lambda: load_run_model(path), InputConfig.from_dict(input_config)
-                  if isinstance(input_config, dict) else input_config, class_names and tuple(class_names))
+    names = None if class_names is None else tuple(class_names)
+    return Target(str(path), lambda: load_run_model(path), InputConfig.from_dict(input_config), names)
 
 
 def _saved_config(path):
