@@ -122,6 +122,22 @@ def test_cells_keras_cannot_write_are_refused(tmp_path, backend, fmt):
 
 
 @pytest.mark.notf
+def test_every_format_defaults_to_the_models_own_input_config_and_class_names():
+    """export_model and export_saved_model take what a create_model classifier carries when no
+    input_config/class_names is given (tests/test_export_preprocessing.py serves it end to end)."""
+    from keras_preact.export.version_dir import carried
+    from keras_preact.models import create_model, get_input_config
+
+    model = create_model("imagenet_resnet18", num_classes=3, input_shape=(None, None, 3))
+    model.class_names = ["a", "b", "c"]
+    own = get_input_config("imagenet_resnet18")
+    assert carried(model, None, None, None) == (own, ("a", "b", "c"), (224, 224))
+    given = own.replace(crop_fraction=1.0)
+    assert carried(model, given, ["x", "y", "z"], None) == (given, ["x", "y", "z"], None)
+    assert carried(make_export_model(), None, None, None) == (None, None, None)
+
+
+@pytest.mark.notf
 @pytest.mark.parametrize("formats, message", [
     (["bogus"], r"Invalid formats=\['bogus'\]: unknown 'bogus'; the formats are saved_model, onnx, litert, openvino"),
     (["onnx", "onnx"], "a format listed twice"),

@@ -14,12 +14,13 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_saved_model
-from keras_preact.models import get_input_config
+from keras_preact.models import create_model, get_input_config
 from keras_preact.preprocessing import InputConfig, eval_view, normalize
 from keras_preact.testing import (
     encode_image,
     make_position_sensitive_classifier,
     photo_like,
+    randomize_statistics,
 )
 
 IMAGENET = get_input_config("imagenet_resnet18")  # 224, crop_fraction 0.875
@@ -90,6 +91,26 @@ def test_explicit_arguments_override_the_input_config_and_default_to_the_whole_i
     jpeg = encode_image(photo_like(90, 150), quality=95)
     served = tf.saved_model.load(str(path)).signatures["serving_bytes"](image_bytes=tf.constant([jpeg]))
     np.testing.assert_allclose(served["probabilities"].numpy()[0], evaluated(model, jpeg, written), atol=1e-5)
+
+
+def test_a_registry_model_exports_with_its_own_input_config_and_class_names(tmp_path):
+    """No input_config/class_names arguments: an ImageNet registry model serves ``serving_bytes``
+    through its own 0.875 evaluation view and names its classes; explicit arguments still override."""
+    model = randomize_statistics(create_model("imagenet_resnet18", num_classes=3, input_shape=(64, 64, 3)))
+    model.class_names = ["ant", "bee", "cat"]
+    config = IMAGENET.replace(input_size=(64, 64, 3))
+    path = export_saved_model(model, tmp_path, name="own", top_k=2)
+    written = InputConfig.from_dict(json.loads((path / "assets" / "preprocessing.json").read_text()))
+    assert written == config and written.crop_fraction == 0.875
+    assert (path / "assets" / "class_names.txt").read_text().split() == ["ant", "bee", "cat"]
+    served = tf.saved_model.load(str(path)).signatures["serving_bytes"](image_bytes=tf.constant(JPEGS))
+    expected = np.stack([evaluated(model, jpeg, config) for jpeg in JPEGS])
+    np.testing.assert_allclose(served["probabilities"].numpy(), expected, atol=1e-5, rtol=0)
+    path = export_saved_model(model, tmp_path, name="given", top_k=1, crop_fraction=1.0, class_names=["x", "y", "z"],
+                              input_config=config.replace(interpolation="bicubic"))
+    written = InputConfig.from_dict(json.loads((path / "assets" / "preprocessing.json").read_text()))
+    assert written == config.replace(interpolation="bicubic", crop_fraction=1.0)
+    assert (path / "assets" / "class_names.txt").read_text().split() == ["x", "y", "z"]
 
 
 @pytest.mark.parametrize("kwargs, argument", [

@@ -9,12 +9,12 @@ Installed as ``keras_preact_training`` (this folder; ``training`` in a checkout)
     result["test_accuracy"], result["run_dir"]
 
 CLI: ``keras-preact-train --help`` (``python -m training.cli``), ``keras-preact-export RUN_DIR``,
-``python -m training.reproduce --table 2``.
+``keras-preact-evaluate MODEL --data-dir DIR``, ``python -m training.reproduce --table 2``.
 
 Modules, in the order data flows: ``configs`` (the ``Config`` dataclass and ``PRESETS``, one entry per
 experiment of the paper); ``sources`` (synthetic / image-folder / TFDS data) -> ``pipelines`` (tf.data,
 numpy and on-device input) with ``augment``; ``model`` (the network and its compilation) with
 ``optimizers`` and ``schedules``; ``distribute``; ``run_dir``, ``run_state`` and ``manifest`` (the run
 directory, its backups and its ``config.json``); ``train`` (the ``model.fit`` loop); ``cli``,
-``export``, ``reproduce``, ``plots``. Nothing in ``keras_preact`` imports this package.
+``export``, ``evaluate``, ``reproduce``, ``plots``. Nothing in ``keras_preact`` imports this package.
 """

@@ -220,13 +220,15 @@ def export_model(
         model: a single-input image classifier ``[N, H, W, 3] -> [N, num_classes]`` ending in a softmax.
         formats: names out of ``FORMATS`` (``saved_model``, ``onnx``, ``litert``, ``openvino``), or one name.
         The other arguments are ``export_saved_model``'s: ``name`` (default ``model.name``), ``version``
-        (default: the next free one; never overwritten), ``class_names``, ``input_config`` and the
+        (default: the next free one; never overwritten), ``class_names`` and ``input_config`` (default: the
+        model's own, ``PreActResNetClassifier.class_names``/``.input_config``), the
         ``mean``/``std``/``crop_fraction``/``interpolation`` that override it, ``top_k``, ``image_size``.
 
     Returns:
         The version directory written, a ``pathlib.Path``.
     """
     formats = check_formats(formats)
+    input_config, class_names, image_size = version_dir.carried(model, input_config, class_names, image_size)
     image_size, num_classes = version_dir.model_geometry(model, image_size)
     name = model.name if name is None else name
     version_dir.check_name("name", name)

@@ -170,7 +170,8 @@ def export_saved_model(
         name: the model name (a directory name); default ``model.name``.
         version: a positive integer; default: one more than the highest existing version. An existing
             version is never overwritten.
-        class_names: one string per class (index = label); default ``"0"``, ``"1"``, ...
+        class_names: one string per class (index = label); default the model's own ``class_names`` (a
+            ``PreActResNetClassifier`` with trained weights), else ``"0"``, ``"1"``, ...
         mean, std: per-channel (R, G, B) normalization in 0-255 pixel units, applied in the graph as
             ``(pixels - mean) / std``; default 0 and 1 (the model consumes raw pixels). ``mean`` may
             also be an ``[H, W, 3]`` mean image (the paper's per-pixel mean subtraction).
@@ -179,12 +180,15 @@ def export_saved_model(
         image_size: ``(height, width)``, needed only when the model's input size is dynamic.
         input_config: the model's ``keras_preact.preprocessing.InputConfig`` (or its ``to_dict()``),
             e.g. ``keras_preact.models.get_input_config(name)``: its ``input_size`` must match the model
-            input; ``mean``/``std``/``crop_fraction``/``interpolation`` default to its values.
+            input; ``mean``/``std``/``crop_fraction``/``interpolation`` default to its values. Default:
+            the model's own ``input_config`` (every classifier ``create_model`` builds carries its
+            registry's), else none.
         crop_fraction: the ``serving_bytes`` evaluation view keeps the centre ``crop`` of the image
             whose shorter side is resized to ``ceil(crop / crop_fraction)``; in (0, 1]. Default: the
             input config's, else 1.0 (shorter side to the crop: CIFAR-style evaluation of the whole
-            image). An ImageNet model evaluated at 224 of 256 needs 0.875 (or its input config), or its
-            served view differs from the one its accuracy was measured on.
+            image). An ImageNet model evaluated at 224 of 256 needs 0.875 (its input config, carried by
+            a ``create_model`` classifier), or its served view differs from the one its accuracy was
+            measured on.
         interpolation: the resize method of that view (``keras_preact.preprocessing.INTERPOLATIONS``);
             default the input config's, else "bilinear".
 

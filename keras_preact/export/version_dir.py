@@ -88,6 +88,21 @@ def model_geometry(model, image_size):
     return size, int(out_shape[-1])
 
 
+def carried(model, input_config, class_names, image_size):
+    """``(input_config, class_names, image_size)`` with the model's own (``PreActResNetClassifier``'s
+    ``input_config``/``class_names``) where an argument is None; a dynamic-size model takes its input
+    config's size."""
+    own = getattr(model, "input_config", None)
+    if input_config is None and isinstance(own, InputConfig):
+        input_config = own
+        shape = tuple(model.inputs[0].shape) if isinstance(model, keras.Model) and model.inputs else ()
+        if image_size is None and None in shape[1:3]:
+            image_size = own.crop_size
+    if class_names is None:
+        class_names = getattr(model, "class_names", None)
+    return input_config, class_names, image_size
+
+
 def resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation):
     """The InputConfig the export uses: ``input_config`` (an InputConfig or its dict) with the explicit
     arguments applied over it; without one, ``crop_fraction`` 1.0, bilinear, mean 0 and std 1.

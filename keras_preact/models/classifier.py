@@ -3,6 +3,7 @@
 import keras
 
 from keras_preact.layers import options as opt
+from keras_preact.preprocessing import InputConfig
 
 POOLINGS = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
 
@@ -18,10 +19,14 @@ class PreActResNetClassifier(keras.Model):
         pooling: ``"avg"`` (the paper's) or ``"max"``.
         dropout: rate before the dense layer (0: none, the paper's).
         activation: of the output, ``"softmax"`` (default) or ``None``/``"linear"`` for logits.
+        input_config: what the model expects (``keras_preact.preprocessing.InputConfig`` or its
+            ``to_dict()``): size, pixel mean/std, evaluation crop. ``create_model`` sets the registry's;
+            export and ``keras-preact-evaluate`` use it. Kept in ``get_config`` (``.keras`` files).
+        class_names: one name per class (index = label), e.g. the trained weights'; kept likewise.
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
-                 name=None, **kwargs):
+                 input_config=None, class_names=None, name=None, **kwargs):
         if not isinstance(backbone, keras.Model) or not hasattr(backbone, "pyramid_outputs"):
             raise ValueError(f"Invalid backbone={backbone!r}: a keras_preact PreActResNetBackbone is required.")
         if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
@@ -43,6 +48,41 @@ class PreActResNetClassifier(keras.Model):
         self.backbone = backbone
         self.head_layers = head
         self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
+        self.input_config, self.class_names = input_config, class_names
+
+    @property
+    def input_config(self):
+        """The model's ``InputConfig`` (None when not set): size, pixel mean/std, evaluation crop."""
+        return self._input_config
+
+    @input_config.setter
+    def input_config(self, value):
+        if isinstance(value, dict):
+            value = InputConfig.from_dict(value)
+        if value is not None and not isinstance(value, InputConfig):
+            raise ValueError(f"Invalid input_config={value!r:.200}: a keras_preact.preprocessing.InputConfig "
+                             "(or its to_dict()) or None is required.")
+        shape = channels_last_shape(self.backbone)
+        if value is not None and None not in shape and value.input_size != shape:
+            raise ValueError(f"Invalid input_config: its input_size {value.input_size} is not the model "
+                             f"input {shape}.")
+        self._input_config = value
+
+    @property
+    def class_names(self):
+        """One name per class, a tuple (None when not set)."""
+        return self._class_names
+
+    @class_names.setter
+    def class_names(self, value):
+        if value is not None:
+            value = tuple(value) if isinstance(value, (list, tuple)) else value
+            if not isinstance(value, tuple) or len(value) != self.num_classes or not all(
+                isinstance(n, str) and n and "\n" not in n for n in value
+            ):
+                raise ValueError(f"Invalid class_names={value!r:.200}: {self.num_classes} one-line strings "
+                                 "(one per class) or None are required.")
+        self._class_names = value
 
     def head(self, features, training=None):
         """The head on backbone features (for analysis that cuts the network at its units)."""
@@ -60,6 +100,8 @@ class PreActResNetClassifier(keras.Model):
             "pooling": self.pooling,
             "dropout": self.dropout,
             "activation": self.activation,
+            "input_config": None if self.input_config is None else self.input_config.to_dict(),
+            "class_names": None if self.class_names is None else list(self.class_names),
         }
 
     @classmethod
@@ -67,6 +109,12 @@ class PreActResNetClassifier(keras.Model):
         config = dict(config)
         config["backbone"] = keras.layers.deserialize(config["backbone"])
         return cls(**config)
+
+
+def channels_last_shape(backbone):
+    """The backbone's image shape as ``(height, width, channels)`` (an InputConfig's ``input_size``)."""
+    shape = tuple(backbone.image_shape)
+    return (*shape[1:], shape[0]) if backbone.data_format == "channels_first" else shape
 
 
 def check_head(include_top, pooling, num_classes, argument="num_classes"):

@@ -1,7 +1,13 @@
-"""The package's named networks as data: builder arguments, input config and paper reference.
+"""The package's named networks as data: builder arguments, input config, paper reference, trained weights.
 
 One entry per network (timm's ``default_cfgs``, keras-hub's presets); ``registry`` registers them,
 and the ``cifar_resnet20``-style helpers and the ``PreActResNet50``-style applications come from it.
+
+Trained weights are an entry's ``weights`` mapping, added in the same change as their file in
+``keras_preact/weights/`` (none ship yet), e.g.::
+
+    weights={"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", sha256="<64 hex digits>",
+                             class_names=[...10 names...], dataset="cifar10", top1=0.0, source="<preset, run>")}
 """
 
 from keras_preact.preprocessing import InputConfig

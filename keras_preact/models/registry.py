@@ -1,7 +1,8 @@
 """One registry of named networks (timm's ``@register_model`` with its ``pretrained_cfg``).
 
 ``register_model`` adds a named network; ``list_models``/``create_model``/``model_spec`` read them.
-The package's own networks are declared as data in ``presets.MODEL_PRESETS``.
+The package's own networks are declared as data in ``presets.MODEL_PRESETS``. A classifier built by
+``create_model`` carries its ``input_config`` (and, with trained ``weights``, its ``class_names``).
 """
 
 import dataclasses
@@ -9,7 +10,9 @@ import fnmatch
 import functools
 from collections.abc import Callable
 
+from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
+from keras_preact.models.classifier import PreActResNetClassifier, channels_last_shape
 from keras_preact.models.imagenet import imagenet_resnet
 from keras_preact.models.presets import MODEL_PRESETS
 from keras_preact.preprocessing import InputConfig
@@ -20,7 +23,8 @@ FAMILIES = {"cifar": cifar_resnet, "imagenet": imagenet_resnet}
 @dataclasses.dataclass(frozen=True)
 class ModelSpec:
     """A registered network: ``builder(**arguments, **overrides)`` builds it; ``input_config`` is what it
-    expects (size, pixel statistics, evaluation crop); ``paper`` where the paper uses it."""
+    expects (size, pixel statistics, evaluation crop); ``paper`` where the paper uses it; ``weights``
+    its trained weights, ``{name: weights.WeightsSpec}``."""
 
     name: str
     family: str
@@ -28,17 +32,61 @@ class ModelSpec:
     arguments: dict
     input_config: InputConfig
     paper: str = ""
+    weights: dict = dataclasses.field(default_factory=dict)
 
-    def build(self, **overrides):
-        """The network; its input shape defaults to ``input_config.input_size``."""
-        return self.builder(**{"input_shape": tuple(self.input_config.input_size), **self.arguments, **overrides})
+    def build(self, weights=None, **overrides):
+        """The network, carrying its input config; its input shape defaults to ``input_config.input_size``.
+        ``weights``: a name of ``self.weights`` (checked before anything is built) or None."""
+        spec = weights_lib.choose(self.name, self.weights, weights)
+        path = None if spec is None else spec.checked_path(self.name)
+        if spec is not None:
+            overrides = self._weights_overrides(spec, overrides)
+        model = self.builder(**{"input_shape": tuple(self.input_config.input_size), **self.arguments, **overrides})
+        if isinstance(model, PreActResNetClassifier):
+            model.input_config = self._carried_input_config(model)
+        if spec is not None:
+            _load(model, path, spec, self.name)
+        return model
+
+    def _weights_overrides(self, spec, overrides):
+        """``num_classes`` from the weights' class names; overrides that cannot hold them are refused."""
+        classes = len(spec.class_names)
+        if overrides.get("num_classes", classes) != classes:
+            raise ValueError(f"Invalid num_classes={overrides['num_classes']!r} with weights={spec.name!r}: "
+                             f"{self.name}'s weights have {classes} classes.")
+        if not overrides.get("include_top", True) or "input_tensor" in overrides:
+            raise ValueError(f"Invalid include_top/input_tensor with weights={spec.name!r}: the weights are a whole "
+                             "classifier's; build it with its head and use model.backbone.")
+        return {**overrides, "num_classes": classes}
+
+    def _carried_input_config(self, model):
+        """The registry's input config at the model's input size (another ``input_shape`` override)."""
+        shape = channels_last_shape(model.backbone)
+        if None in shape or shape == self.input_config.input_size:
+            return self.input_config
+        return self.input_config.replace(input_size=shape)
+
+
+def _load(model, path, spec, model_name):
+    """``model.load_weights(path)``, with the class names; a file that does not fit, in one line."""
+    try:
+        model.load_weights(path)
+    except ValueError as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise ValueError(f"Invalid weights={spec.name!r} of {model_name}: {path} does not fit the model "
+                         f"built (were its architecture arguments overridden?): {first}") from None
+    model.class_names = spec.class_names
 
 
 _REGISTRY = {}
 
 
-def register_model(name, *, family, arguments, input_config, paper=""):
-    """Register a network built by ``family``'s builder (``"cifar"``/``"imagenet"``) with ``arguments``."""
+def register_model(name, *, family, arguments, input_config, paper="", weights=None):
+    """Register a network built by ``family``'s builder (``"cifar"``/``"imagenet"``) with ``arguments``.
+
+    ``weights``: its trained weights, ``{name: {"file", "sha256", "class_names", "dataset", "top1", ...}}``
+    (``weights.WeightsSpec``'s fields; ``file`` relative to ``keras_preact/weights/`` or absolute).
+    """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"Invalid name={name!r}: a Python identifier is required (it names a function).")
     if name in _REGISTRY:
@@ -49,7 +97,8 @@ def register_model(name, *, family, arguments, input_config, paper=""):
         raise ValueError(
             f"Invalid input_config={input_config!r}: a keras_preact.preprocessing.InputConfig is required."
         )
-    spec = ModelSpec(name, family, FAMILIES[family], dict(arguments), input_config, paper)
+    trained = weights_lib.parse_weights(name, weights)
+    spec = ModelSpec(name, family, FAMILIES[family], dict(arguments), input_config, paper, trained)
     _REGISTRY[name] = spec
     return spec
 
@@ -71,9 +120,10 @@ def model_spec(name):
     return _REGISTRY[name]
 
 
-def create_model(name, **kwargs):
-    """Build a named network, e.g. ``create_model("cifar_resnet164", num_classes=100)``."""
-    return model_spec(name).build(**kwargs)
+def create_model(name, weights=None, **kwargs):
+    """Build a named network, e.g. ``create_model("cifar_resnet164", num_classes=100)``; ``weights``:
+    the name of its registered trained weights (``model_spec(name).weights``), checked by sha256."""
+    return model_spec(name).build(weights=weights, **kwargs)
 
 
 def get_input_config(name):
@@ -86,7 +136,9 @@ def model_function(name):
     spec = model_spec(name)
     builder = functools.partial(create_model, name)
     builder.__name__ = builder.__qualname__ = name
-    builder.__doc__ = f"{name}: {spec.family} network {spec.arguments} ({spec.paper}); see ``{spec.builder.__name__}``."
+    trained = f"; weights: {', '.join(map(repr, spec.weights))}" if spec.weights else ""
+    builder.__doc__ = (f"{name}: {spec.family} network {spec.arguments} ({spec.paper}{trained}); "
+                       f"see ``{spec.builder.__name__}``.")
     return builder
 
 

@@ -1,0 +1,112 @@
+"""Trained weights of registered networks: ``.weights.h5`` files checked against a sha256 before loading.
+
+A registry entry's ``weights`` maps a name (``"cifar10"``) to a ``WeightsSpec``: the file (relative to
+``keras_preact/weights/``, the package data, or an absolute path), its sha256, the class names, and what
+it scored. ``create_model(name, weights="cifar10")`` checks the file, builds the network and loads it.
+"""
+
+import dataclasses
+import hashlib
+import pathlib
+import re
+
+WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "weights"
+SUFFIX = ".weights.h5"  # what keras.Model.load_weights reads
+_SHA256 = re.compile(r"^[0-9a-f]{64}$")
+
+
+@dataclasses.dataclass(frozen=True)
+class WeightsSpec:
+    """One set of trained weights of a registered network.
+
+    Attributes:
+        name: the ``weights=`` name, e.g. ``"cifar10"``.
+        file: a ``.weights.h5`` file, relative to ``WEIGHTS_DIR`` (package data) or absolute.
+        sha256: the file's sha256 (64 lowercase hex digits), checked on every load.
+        class_names: one name per output class (index = label); their number is ``num_classes``.
+        dataset, top1, top5, source: what they were trained on, their test accuracy (fractions), and
+            how they were made (a preset, a run); for documentation and ``keras-preact-evaluate``.
+    """
+
+    name: str
+    file: str
+    sha256: str
+    class_names: tuple
+    dataset: str = ""
+    top1: float = None
+    top5: float = None
+    source: str = ""
+
+    @property
+    def path(self):
+        path = pathlib.Path(self.file)
+        return path if path.is_absolute() else WEIGHTS_DIR / path
+
+    def checked_path(self, model_name):
+        """The file, after checking it exists and has the registered sha256; one ValueError otherwise."""
+        path, what = self.path, f"weights={self.name!r} of {model_name}"
+        todo = ("reinstall keras-preact (the weights are package data), or, for a model you registered, point "
+                "its weights entry at the right file and sha256")
+        if not path.is_file():
+            raise ValueError(f"Invalid {what}: {path} is missing (expected sha256 {self.sha256}, actual: no file); "
+                             f"{todo}.")
+        actual = sha256_of(path)
+        if actual != self.sha256:
+            raise ValueError(f"Invalid {what}: {path} has sha256 {actual}, the registry expects {self.sha256} "
+                             f"(a truncated or different file); {todo}.")
+        return path
+
+
+def sha256_of(path, chunk=1 << 20):
+    """The sha256 of a file, in lowercase hex."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def parse_weights(model_name, weights):
+    """``{name: WeightsSpec}`` from a registry entry's ``weights`` mapping (name -> dict of fields)."""
+    if weights is None:
+        return {}
+    if not isinstance(weights, dict):
+        raise ValueError(f"Invalid weights={weights!r:.200} for {model_name}: expected a dict of name -> "
+                         "{'file', 'sha256', 'class_names', ...}.")
+    return {name: _parse_entry(model_name, name, entry) for name, entry in weights.items()}
+
+
+def _parse_entry(model_name, name, entry):
+    fields = [f.name for f in dataclasses.fields(WeightsSpec) if f.name != "name"]
+    where = f"weights[{name!r}] of {model_name}"
+    if not isinstance(name, str) or not name.isidentifier():
+        raise ValueError(f"Invalid {where}: the name must be a Python identifier.")
+    if isinstance(entry, WeightsSpec):
+        entry = {f: getattr(entry, f) for f in fields}
+    if not isinstance(entry, dict) or set(entry) - set(fields):
+        unknown = sorted(set(entry) - set(fields)) if isinstance(entry, dict) else entry
+        raise ValueError(f"Invalid {where}: unknown {unknown!r:.200}; the fields are {', '.join(fields)}.")
+    missing = [f for f in ("file", "sha256", "class_names") if f not in entry]
+    if missing:
+        raise ValueError(f"Invalid {where}: {', '.join(missing)} missing.")
+    if not isinstance(entry["file"], str) or not entry["file"].endswith(SUFFIX):
+        raise ValueError(f"Invalid {where}: file={entry['file']!r} must be a {SUFFIX} file name or path.")
+    if not isinstance(entry["sha256"], str) or not _SHA256.match(entry["sha256"]):
+        raise ValueError(f"Invalid {where}: sha256={entry['sha256']!r} must be 64 lowercase hex digits.")
+    names = entry["class_names"]
+    if not isinstance(names, (list, tuple)) or not names or not all(
+        isinstance(n, str) and n and "\n" not in n for n in names
+    ):
+        raise ValueError(f"Invalid {where}: class_names must be a non-empty list of one-line strings.")
+    return WeightsSpec(name=name, **{**entry, "class_names": tuple(names)})
+
+
+def choose(model_name, available, weights):
+    """The ``WeightsSpec`` named ``weights`` (None: none), or a ValueError listing the allowed names."""
+    if weights is None:
+        return None
+    if not isinstance(weights, str) or weights not in available:
+        allowed = ", ".join(["None", *map(repr, available)])
+        note = "" if available else " (no trained weights are registered for it)"
+        raise ValueError(f"Invalid weights={weights!r} for {model_name}. Allowed values: {allowed}{note}.")
+    return available[weights]

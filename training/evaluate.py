@@ -1,0 +1,293 @@
+"""``keras-preact-evaluate``: top-1 (and top-5) of a trained model on a data set's test split.
+
+::
+
+    keras-preact-evaluate cifar_resnet20 --weights cifar10 --data-dir /tmp/cifar10-jpeg   # registry weights
+    keras-preact-evaluate runs/<run> --data-dir /tmp/cifar10-jpeg                         # a run directory
+    keras-preact-evaluate model.keras --dataset cifar10 --data-dir ~/tensorflow_datasets --json metrics.json
+
+MODEL is a registry name with ``--weights`` (``create_model(name, weights=...)``, sha256-checked), a run
+directory (``config.json`` + ``model.keras``) or a ``.keras`` file (a classifier carrying its input config,
+or one beside its run's ``config.json``). The data is an image folder (``train/`` and ``test/`` class
+folders, as ``sources`` reads them) or a prepared TFDS data set's test split. Evaluation is training's:
+images at the model's input size (crop fraction 1.0: CIFAR) are normalized arrays
+(``pipelines.numpy_array_eval``), others go through ``keras_preact.preprocessing.eval_view`` (resize,
+centre crop; needs TensorFlow), both with the model's own mean/std, measured by ``model.evaluate`` with
+training's metrics. Every argument is checked before anything is loaded.
+"""
+
+import argparse
+import dataclasses
+import json
+import pathlib
+import sys
+import zipfile
+
+import numpy as np
+
+from keras_preact.preprocessing import InputConfig
+from keras_preact.scratch import atomic_path
+
+from . import pipelines, sources
+from .manifest import RunManifest
+
+
+@dataclasses.dataclass
+class Target:
+    """A model to evaluate, resolved without loading it."""
+
+    label: str
+    load: object  # () -> keras.Model
+    input_config: InputConfig
+    class_names: tuple = None
+    registered: dict = dataclasses.field(default_factory=dict)  # the weights' recorded top1/top5
+
+
+@dataclasses.dataclass
+class TestData:
+    """A test split, listed but not read: ``arrays()`` or ``stream()`` reads it."""
+
+    label: str
+    class_names: list
+    size: int
+    image_size: tuple  # (height, width), or None when the images differ in size
+    arrays: object  # () -> (uint8 images, labels)
+    stream: object  # () -> tf.data of (encoded image, label)
+
+
+# ---------------------------------------------------------------------------------------- model
+def resolve_model(model, weights):
+    """A ``Target`` for MODEL: a run directory, a ``.keras`` file or a registry name."""
+    path = pathlib.Path(model)
+    if path.is_dir() or model.endswith(".keras"):
+        if weights is not None:
+            raise ValueError(f"Invalid --weights={weights!r}: only a registry model name takes --weights; "
+                             f"{model!r} is a {'run directory' if path.is_dir() else '.keras file'}.")
+        return _run_target(path) if path.is_dir() else _keras_target(path)
+    return _registry_target(model, weights)
+
+
+def _registry_target(name, weights):
+    from keras_preact.models import create_model, list_models, model_spec
+    from keras_preact.models import weights as weights_lib
+
+    if name not in list_models():
+        raise ValueError(f"Invalid model={name!r}: not a run directory, a .keras file or a registry name "
+                         f"({', '.join(list_models())}).")
+    spec = model_spec(name)
+    if weights is None:
+        allowed = ", ".join(map(repr, spec.weights)) or "none are registered for it yet"
+        raise ValueError(f"Invalid --weights: a registry model is evaluated with its trained weights, "
+                         f"--weights NAME; for {name}: {allowed}.")
+    trained = weights_lib.choose(name, spec.weights, weights)
+    trained.checked_path(name)  # the sha256, before anything is built
+    return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=weights),
+                  spec.input_config, trained.class_names, {"top1": trained.top1, "top5": trained.top5})
+
+
+def _run_target(path):
+    from .export import load_run_model
+
+    manifest = RunManifest.read(path)
+    if not (path / "model.keras").is_file():
+        raise ValueError(f"Invalid model={str(path)!r}: the run directory has no model.keras (the run did not "
+                         "finish; re-run its training command with the same --run-dir).")
+    return Target(f"run {path}", lambda: load_run_model(path / "model.keras"), manifest.input_config,
+                  manifest.class_names)
+
+
+def _keras_target(path):
+    from .export import load_run_model
+
+    if not path.is_file():
+        raise ValueError(f"Invalid model={str(path)!r}: no such .keras file.")
+    config = _saved_config(path)
+    input_config, class_names = config.get("input_config"), config.get("class_names")
+    if input_config is None and (path.parent / "config.json").is_file():
+        manifest = RunManifest.read(path.parent)
+        input_config, class_names = manifest.input_config.to_dict(), manifest.class_names
+    if input_config is None:
+        raise ValueError(f"Invalid model={str(path)!r}: it carries no input config (mean/std, evaluation crop) "
+                         "and has no run config.json beside it; evaluate its run directory, or save a model "
+                         "built by keras_preact.models.create_model (or set model.input_config).")
+    names = None if class_names is None else tuple(class_names)
+    return Target(str(path), lambda: load_run_model(path), InputConfig.from_dict(input_config), names)
+
+
+def _saved_config(path):
+    """The top-level model's constructor config inside a ``.keras`` archive, read without building it."""
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return json.loads(archive.read("config.json")).get("config") or {}
+    except (zipfile.BadZipFile, KeyError, ValueError, OSError):
+        raise ValueError(f"Invalid model={str(path)!r}: not a readable .keras archive.") from None
+
+
+# ----------------------------------------------------------------------------------------- data
+def resolve_data(dataset, data_dir, cache_dir=None):
+    """The test split of an image folder (``dataset="folder"``) or of a prepared TFDS data set."""
+    if dataset == "folder":
+        _, test_dir = sources.folder_splits(data_dir)
+        files, labels, classes = sources._list_folder(test_dir)
+        size = _image_size(files[0])
+
+        def arrays():
+            return sources._decode_cached(files, labels, cache_dir)
+
+        def stream():
+            return sources.folder_stream(data_dir).make("test")
+
+        return TestData(f"{test_dir} ({len(files)} images)", classes, len(files), size, arrays, stream)
+    sources.require_tensorflow(f"dataset={dataset!r} (a TFDS data set)",
+                               "; without TensorFlow use --dataset folder")
+    builder = sources.tfds_builder(dataset, data_dir)
+    split = sources._test_split(builder)
+    shape = builder.info.features["image"].shape
+    return TestData(f"TFDS {dataset} {split} ({builder.info.splits[split].num_examples} images)",
+                    list(builder.info.features["label"].names), builder.info.splits[split].num_examples,
+                    tuple(shape[:2]) if None not in shape[:2] else None,
+                    lambda: _tfds_arrays(builder, split), lambda: sources.tfds_stream(builder).make("test"))
+
+
+def _image_size(file):
+    from PIL import Image
+
+    try:
+        with Image.open(file) as image:
+            return image.size[1], image.size[0]
+    except (OSError, ValueError, SyntaxError):
+        raise sources.DataError(f"Invalid --data-dir: {file} is not an image (corrupt or empty).") from None
+
+
+def _tfds_arrays(builder, split):
+    import tensorflow_datasets as tfds
+
+    images, labels = tfds.as_numpy(builder.as_dataset(split=split, batch_size=-1, as_supervised=True))
+    return images.astype(np.uint8), labels.astype(np.int32)
+
+
+def as_arrays(target, data):
+    """Whether training evaluates this data as arrays (images at the input size, whole-image view)."""
+    config = target.input_config
+    return config.crop_fraction == 1.0 and data.image_size == tuple(config.crop_size)
+
+
+def check_match(target, data):
+    """The data's classes are the model's, and images of another size can be viewed (TensorFlow)."""
+    if target.class_names is not None and list(target.class_names) != list(data.class_names):
+        raise ValueError(f"Invalid --data-dir: its classes {list(data.class_names)[:10]} are not the model's "
+                         f"class_names {list(target.class_names)[:10]} (same names, same order).")
+    if not as_arrays(target, data):
+        config, size = target.input_config, data.image_size
+        sources.require_tensorflow(
+            f"Evaluating images of {'mixed sizes' if size is None else f'size {size[0]}x{size[1]}'} "
+            f"through the evaluation view (resize the shorter side to {config.resize_size}, centre crop "
+            f"{config.crop_size[0]}x{config.crop_size[1]}: keras_preact.preprocessing.eval_view)")
+
+
+def evaluation_data(target, data, batch_size):
+    """Training's evaluation input: normalized arrays, or the evaluation view in tf.data."""
+    config = target.input_config
+    mean, std = np.asarray(config.mean, np.float32), np.asarray(config.std, np.float32)
+    if as_arrays(target, data):
+        images, labels = data.arrays()
+        return pipelines.numpy_array_eval(images, labels, batch_size, mean=mean, std=std)
+    import tensorflow as tf
+
+    from keras_preact.preprocessing import eval_view
+
+    views = data.stream().map(lambda e, y: (eval_view(e, config), y), num_parallel_calls=tf.data.AUTOTUNE)
+    return views.batch(batch_size).map(lambda x, y: (pipelines._tf_normalize(x, mean, std), y)).prefetch(
+        tf.data.AUTOTUNE)
+
+
+# ------------------------------------------------------------------------------------- evaluate
+def evaluate(target, data, batch_size=128, verbose=1):
+    """``{"top1", "top5" (more than 5 classes), "loss", "images"}`` by ``model.evaluate`` (Keras' progress bar)."""
+    import keras
+
+    model = target.load()
+    num_classes = int(model.outputs[0].shape[-1])
+    if num_classes != len(data.class_names):
+        raise ValueError(f"Invalid --data-dir: {len(data.class_names)} classes, the model has {num_classes}.")
+    metrics = ["accuracy"]
+    if num_classes > 5:
+        metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
+    model.compile(loss="sparse_categorical_crossentropy", metrics=metrics)
+    result = model.evaluate(evaluation_data(target, data, batch_size), verbose=verbose, return_dict=True)
+    metrics = {"top1": float(result["accuracy"]), "loss": float(result["loss"]), "images": data.size}
+    if "top5_accuracy" in result:
+        metrics["top5"] = float(result["top5_accuracy"])
+    return metrics
+
+
+def summary(target, data, metrics):
+    line = f"{target.label} on {data.label}: top-1 {metrics['top1']:.2%}"
+    if "top5" in metrics:
+        line += f", top-5 {metrics['top5']:.2%}"
+    recorded = {k: v for k, v in target.registered.items() if v is not None}
+    if recorded:
+        line += " (registered: " + ", ".join(f"{k} {v:.2%}" for k, v in recorded.items()) + ")"
+    return line
+
+
+def write_json(path, target, data, metrics):
+    import keras
+
+    report = {**metrics, "model": target.label, "data": data.label, "backend": keras.backend.backend(),
+              "input_config": target.input_config.to_dict()}
+    with atomic_path(path) as tmp:
+        tmp.write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------------------ CLI
+def _positive_int(text):
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a positive integer")
+    return int(text)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="keras-preact-evaluate",
+        description="Top-1 (and top-5) of a model on a test split, with training's evaluation preprocessing.",
+    )
+    parser.add_argument("model", help="a registry name (with --weights), a run directory or a .keras file")
+    parser.add_argument("--weights", default=None, help="the registry model's trained weights, e.g. cifar10")
+    parser.add_argument("--dataset", default="folder",
+                        help="folder (default: DATA_DIR/train, DATA_DIR/test class folders) or a prepared TFDS name")
+    parser.add_argument("--data-dir", default=None, help="the image folder, or the TFDS data directory")
+    parser.add_argument("--batch-size", type=_positive_int, default=128, help="default 128")
+    parser.add_argument("--cache-dir", default=None, help="where decoded folder images are cached (as training)")
+    parser.add_argument("--json", default=None, metavar="PATH", help="also write the metrics to PATH (JSON)")
+    return parser
+
+
+def main(argv=None):
+    parser = build_parser()
+    args = parser.parse_args(argv)
+
+    def fail(message):
+        parser.exit(2, f"{parser.prog}: error: {str(message).splitlines()[0]}\n")
+
+    if args.json is not None and pathlib.Path(args.json).is_dir():
+        fail(f"Invalid --json={args.json!r}: a directory; give a file path.")
+    try:  # every argument, before anything is loaded or read
+        target = resolve_model(args.model, args.weights)
+        data = resolve_data(args.dataset, args.data_dir, args.cache_dir)
+        check_match(target, data)
+    except ValueError as error:
+        fail(error)
+    print(f"[evaluate] {target.label} on {data.label}", flush=True)
+    try:
+        metrics = evaluate(target, data, args.batch_size)
+    except ValueError as error:
+        fail(error)
+    print(summary(target, data, metrics), flush=True)
+    if args.json is not None:
+        write_json(args.json, target, data, metrics)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
