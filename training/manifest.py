@@ -57,13 +57,14 @@ class RunManifest:
     def image_size(self):
         return tuple(self.input_config.input_size[:2])
 
-    def training_config(self):
-        """The run's ``training.configs.Config`` (validated), to re-run it."""
+    def training_config(self, source=None):
+        """The run's ``training.configs.Config`` (checked and validated), to re-run it; ``source`` names
+        the file in messages."""
         missing = [k for k in ("name", "normalization") if k not in self.config]
         if missing:
             raise ValueError(f"Invalid run manifest of {self.name!r}: its config lacks {', '.join(missing)}; "
                              "it cannot be re-run (pass a preset instead).")
-        return configs.from_dict(self.config)
+        return configs.from_dict(self.config, f"config in {source}" if source else f"config of run {self.name!r}")
 
     # ------------------------------------------------------------------------------ serialization
     def to_dict(self):
@@ -169,5 +170,5 @@ def config_from_run(path):
     file = path / FILENAME if path.is_dir() else path
     values = run_state.read_config_json(file)
     if "format" in values or "class_names" in values:
-        return RunManifest.from_dict(values, repr(str(file))).training_config()
-    return configs.from_dict(values)
+        return RunManifest.from_dict(values, repr(str(file))).training_config(repr(str(file)))
+    return configs.from_dict(values, f"config file {str(file)!r}")

@@ -1,0 +1,110 @@
+"""What belongs together stays together (issue 24): one owner per run directory, a resume that refuses
+another design, strict config files, exports that refuse a model of another run, one-line errors."""
+
+import dataclasses
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+
+import pytest
+
+from training import cli, configs, run_state
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
+         "--synthetic-test-size", "32", "--steps-per-epoch", "3", "--checkpoint-every", "2", "--verbose", "0",
+         "--no-export", "--jit-compile", "false", "--seed", "5"]
+
+
+def command(run_dir, *extra, epochs=2):
+    return [*FLAGS, "--epochs", str(epochs), "--run-dir", str(run_dir), *extra]
+
+
+def env(kill_at=None):
+    values = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    if kill_at:
+        values[run_state.TEST_KILL_ENV] = kill_at
+    return values
+
+
+def spawn(argv, kill_at=None, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "training.cli", *argv], cwd=REPO, env=env(kill_at), text=True,
+                            **kwargs)
+
+
+def run_cli(argv, kill_at=None, timeout=600):
+    proc = spawn(argv, kill_at, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    return proc.returncode, out, err
+
+
+def cli_error(argv, capsys, code=2):
+    """The one error line of ``keras-preact-train argv`` run in this process."""
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        sys.exit(cli.main(argv))
+    assert e.value.code == code
+    lines = [line for line in capsys.readouterr().err.splitlines() if not line.startswith(("usage:", " "))]
+    assert len(lines) == 1, lines  # after argparse's usage, one line
+    return lines[0]
+
+
+def trained_run(tmp_path, *extra):
+    """A run killed after its last backup (before evaluation), as a SIGKILL leaves it."""
+    run = tmp_path / "run"
+    code, _, err = run_cli(command(run, *extra), kill_at="trained")
+    assert code == -signal.SIGKILL, err[-3000:]
+    return run
+
+
+# ------------------------------------------------------------------------------ config files
+@pytest.mark.notf
+@pytest.mark.parametrize("values, message", [
+    ({"image_size": 32}, "image_size=32: a list [height, width] of integers is required."),
+    ({"eval_image_size": "big"}, 'eval_image_size="big": a list [height, width] of integers or null is required.'),
+    ({"boundaries": 5}, "boundaries=5: a list of integers is required."),
+    ({"unit_options": "x"}, 'unit_options="x": a JSON object is required.'),
+    ({"seed": "x"}, 'seed="x": an integer is required.'),
+    ({"depth": 8.0}, "depth=8.0: an integer is required."),
+    ({"base_lr": "0.1"}, 'base_lr="0.1": a number is required.'),
+    ({"export": "false"}, 'export="false": true or false (a JSON boolean, not a string) is required.'),
+    ({"nesterov": "no"}, 'nesterov="no": true or false (a JSON boolean, not a string) is required.'),
+    ({"deterministic": 1}, "deterministic=1: true or false (a JSON boolean, not a string) is required."),
+    ({"dpeth": 20}, "unknown key 'dpeth' (value 20); did you mean 'depth'?"),
+    ({"zzz": 1}, "unknown key 'zzz' (value 1); the fields are name, paper, architecture, depth,"),
+])
+def test_config_file_values_are_checked_against_the_config_types_with_dry_run_too(tmp_path, capsys, values, message):
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps({"name": "x", **values}))
+    for extra in (["--dry-run"], ["--run-dir", str(tmp_path / "run")]):
+        line = cli_error(["--config", str(path), *extra], capsys)
+        assert line == f"keras-preact-train: error: Invalid config file {str(path)!r}: {message}" or (
+            message.endswith(",") and line.startswith(f"keras-preact-train: error: Invalid config file "
+                                                      f"{str(path)!r}: {message}")), line
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.notf
+def test_a_run_manifest_with_a_wrong_type_is_named_before_any_work(tmp_path, capsys):
+    from keras_preact.preprocessing import InputConfig
+    from training.manifest import RunManifest
+
+    config = dataclasses.asdict(configs.get_config(depth=8))
+    manifest = RunManifest(name="x", class_names=("a", "b"), config={**config, "seed": "x"},
+                           input_config=InputConfig(input_size=(32, 32, 3), mean=(0, 0, 0), std=(1, 1, 1)))
+    path = tmp_path / "config.json"
+    path.write_text(manifest.to_json())
+    line = cli_error(["--config", str(path), "--dry-run"], capsys)
+    assert line == f"keras-preact-train: error: Invalid config in {str(path)!r}: seed=\"x\": an integer is required."
+    # Files written by training (dataclasses.asdict) are accepted, as are the older int verbosity and bool jit.
+    path.write_text(json.dumps({**config, "verbose": 2, "jit_compile": False}))
+    assert cli.main(["--config", str(path), "--dry-run"]) == 0
+    with pytest.raises(ValueError, match="Invalid seed='x': an integer is required"):
+        configs.get_config(seed="x")
