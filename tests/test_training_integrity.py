@@ -8,6 +8,7 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -64,6 +65,33 @@ def trained_run(tmp_path, *extra):
     return run
 
 
+# ------------------------------------------------------------------------------ one owner per run
+@pytest.mark.notf
+def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path):
+    run = tmp_path / "run"
+    first = spawn(command(run, epochs=100000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        deadline = time.time() + 300
+        while not (run / "checkpoints" / "backup" / "latest.json").exists() and first.poll() is None:
+            assert time.time() < deadline
+            time.sleep(0.05)
+        for extra in ([], ["--seed", "6"]):  # the same command twice, or with another seed
+            code, _, err = run_cli(command(run, *extra, epochs=100000), timeout=120)  # refused in seconds
+            assert code == 2, err[-3000:]
+            last = err.strip().splitlines()[-1]
+            assert last.startswith(f"keras-preact-train: error: Invalid run_dir={str(run)!r}: it is in use by "
+                                   f"PID {first.pid} (")
+            assert "-m training.cli" in last and "--epochs 100000" in last
+        assert first.poll() is None  # the owner goes on
+        assert (run / "history.csv").read_text().count("epoch,") <= 1
+    finally:
+        first.kill()
+        first.wait()
+    # SIGKILL left no stale lock: the same command resumes (and is killed at its next backup).
+    code, _, err = run_cli(command(run, epochs=100000), kill_at="checkpoint")
+    assert code == -signal.SIGKILL, err[-3000:]
+
+
 # ------------------------------------------------------------------------------ config files
 @pytest.mark.notf
 @pytest.mark.parametrize("values, message", [
@@ -108,3 +136,14 @@ def test_a_run_manifest_with_a_wrong_type_is_named_before_any_work(tmp_path, cap
     assert cli.main(["--config", str(path), "--dry-run"]) == 0
     with pytest.raises(ValueError, match="Invalid seed='x': an integer is required"):
         configs.get_config(seed="x")
+
+
+# ------------------------------------------------------------------------------ messages
+@pytest.mark.notf
+def test_run_dir_that_is_a_file_says_so(tmp_path, capsys):
+    target = tmp_path / "file"
+    target.write_text("x")
+    for run_dir in (target, target / "run"):
+        line = cli_error(["--run-dir", str(run_dir), "--depth", "8"], capsys)
+        assert line == (f"keras-preact-train: error: Invalid run_dir={str(run_dir)!r}: {target} is a file, not a "
+                        "directory; pass --run-dir DIR (a directory, created when missing).")

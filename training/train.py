@@ -34,7 +34,7 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, pipelines, plots, run_state, schedules, sources
+from . import configs, distribute, pipelines, plots, run_lock, run_state, schedules, sources
 from . import export as export_lib
 from .manifest import RunManifest, input_config_for
 from .model import build_model
@@ -98,12 +98,19 @@ def train(config, data=None):
     run_dir = prepare_run_dir(config)
     keras.config.set_dtype_policy(config.precision)
     dist = distribute.make(config)
+    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
+    files_dir.mkdir(exist_ok=True)
+    # One owner per worker file set, before anything is written; the kernel frees it when we die.
+    with run_lock.owned(files_dir / run_lock.RUN_LOCK, f"run_dir={str(run_dir)!r}"):
+        return _train(config, data, run_dir, dist, files_dir)
+
+
+def _train(config, data, run_dir, dist, files_dir):
+    """``train`` once this process owns its files in ``run_dir``."""
     data = data.validate() if data is not None else sources.load(config)
     pipelines.check_image_size(data, config)
     pipelines.check_batch_size(data, config)
     resolved = schedules.resolve(config, data.train_size)
-    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
-    files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
     for directory in (files_dir, backup_dir):  # this process's own folders (the chief's: run_dir)
         scratch.remove_stale(directory)
