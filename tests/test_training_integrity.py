@@ -92,6 +92,51 @@ def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path)
     assert code == -signal.SIGKILL, err[-3000:]
 
 
+# ------------------------------------------------------------------------------ resume
+MISMATCHES = [
+    (["--unit-options", '{"shortcut": "constant_scaling"}'], ["unit_options: {} in the run, {'shortcut': "
+                                                              "'constant_scaling'} now"]),
+    (["--unit-options", '{"shortcut": "conv1x1"}'], ["unit_options: {} in the run, {'shortcut': 'conv1x1'} now"]),
+    (["--ordering", "original"], ["unit_options: {} in the run, {'ordering': 'original'} now"]),
+    (["--depth", "14"], ["depth: 8 in the run, 14 now"]),
+    (["--dataset", "cifar10"], ["dataset: 'synthetic' in the run, 'cifar10' now"]),
+    (["--normalization", "cifar10"], ["normalization: 'centered' in the run, 'cifar10' now"]),
+    (["--batch-size", "8"], ["batch_size: 16 in the run, 8 now"]),
+    (["--seed", "6"], ["seed: 5 in the run, 6 now"]),
+    (["--epochs", "3"], ["epochs: 2 in the run, 3 now"]),
+    (["--schedule", "cosine", "--base-lr", "0.2"], ["schedule: 'piecewise' in the run, 'cosine' now",
+                                                    "base_lr: 0.1 in the run, 0.2 now"]),
+]
+
+
+@pytest.mark.notf
+def test_a_resume_with_another_design_is_refused_and_allowed_changes_are_recorded(tmp_path, capsys):
+    run = trained_run(tmp_path)
+    manifest = (run / "config.json").read_bytes()
+    for extra, differences in MISMATCHES:
+        line = cli_error(command(run) + extra, capsys)
+        assert line.startswith(f"keras-preact-train: error: Invalid resume of run_dir={str(run)!r} (trained to "
+                               "step 6): this command changes what the run trains ("), line
+        for difference in differences:
+            assert difference in line, line
+        assert f"keras-preact-train --config {run / 'config.json'}) or start a new run with another --run-dir" in line
+        assert (run / "config.json").read_bytes() == manifest  # never rewritten
+    assert not (run / "model.keras").exists()
+
+    # Verbosity, checkpoint frequency, --health-every and export options may change: resumed and recorded.
+    capsys.readouterr()
+    allowed = ["--verbose", "2", "--checkpoint-every", "5", "--health-every", "3", "--export-dir",
+               str(tmp_path / "exports")]
+    assert cli.main(command(run) + allowed) == 0
+    out = capsys.readouterr().out
+    assert "[train] resuming with checkpoint_every: 2 in the run, 5 now; health_every: 0 in the run, 3 now; " in out
+    assert "resuming at step 6" in out
+    recorded = json.loads((run / "config.json").read_text())["config"]
+    assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"]) == ("2", 5, 3)
+    assert recorded["export_dir"] == str(tmp_path / "exports")
+    assert json.loads((run / "metrics.json").read_text())["steps"] == 6
+
+
 # ------------------------------------------------------------------------------ config files
 @pytest.mark.notf
 @pytest.mark.parametrize("values, message", [

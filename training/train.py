@@ -34,7 +34,7 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, pipelines, plots, run_lock, run_state, schedules, sources
+from . import configs, distribute, pipelines, plots, resume, run_lock, run_state, schedules, sources
 from . import export as export_lib
 from .manifest import RunManifest, input_config_for
 from .model import build_model
@@ -102,6 +102,7 @@ def train(config, data=None):
     files_dir.mkdir(exist_ok=True)
     # One owner per worker file set, before anything is written; the kernel frees it when we die.
     with run_lock.owned(files_dir / run_lock.RUN_LOCK, f"run_dir={str(run_dir)!r}"):
+        resume.check(run_dir, config)
         return _train(config, data, run_dir, dist, files_dir)
 
 
