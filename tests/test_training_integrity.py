@@ -2,6 +2,7 @@
 another design, strict config files, exports that refuse a model of another run, one-line errors."""
 
 import dataclasses
+import io
 import json
 import os
 import pathlib
@@ -9,10 +10,12 @@ import signal
 import subprocess
 import sys
 import time
+import zipfile
 
 import pytest
 
-from training import cli, configs, run_state
+from training import cli, configs, run_lock, run_state
+from training import export as export_cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
@@ -192,3 +195,100 @@ def test_run_dir_that_is_a_file_says_so(tmp_path, capsys):
         line = cli_error(["--run-dir", str(run_dir), "--depth", "8"], capsys)
         assert line == (f"keras-preact-train: error: Invalid run_dir={str(run_dir)!r}: {target} is a file, not a "
                         "directory; pass --run-dir DIR (a directory, created when missing).")
+
+
+# ------------------------------------------------------------------------------ exports
+def finished_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    assert cli.main(command(run)) == 0
+    capsys.readouterr()
+    return run
+
+
+def export_error(run, tmp_path, capsys, code=2):
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        export_cli.main([str(run), "--export-dir", str(tmp_path / "exp")])
+    assert e.value.code == code
+    lines = capsys.readouterr().err.strip().splitlines()
+    assert not (tmp_path / "exp" / "synthetic-resnet8" / "1").exists()
+    return lines[-1]
+
+
+def test_export_refuses_a_model_that_is_not_the_runs(tmp_path, capsys):
+    import keras
+
+    run = finished_run(tmp_path, capsys)
+    # A plain Keras model of the same input and output shapes, and a run's model of another design.
+    inputs = keras.Input((16, 16, 3))
+    plain = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
+    from keras_preact.models import cifar_resnet
+
+    other = cifar_resnet(8, 10, input_shape=(16, 16, 3), shortcut="constant_scaling")
+    for model, kind in ((plain, "Functional"), (other, "PreActResNetClassifier")):
+        model.save(run / "model.keras")
+        line = export_error(run, tmp_path, capsys)
+        assert line.startswith(f"keras-preact-export: error: Invalid model file {str(run / 'model.keras')!r}: it is "
+                               "not the model this run trained (config.json records a PreActResNetClassifier of "
+                               f"75,770 parameters, fingerprint "), line
+        assert f"the file holds a {kind} of " in line
+
+
+def test_export_names_a_corrupt_weights_file_inside_a_valid_keras_zip(tmp_path, capsys):
+    import h5py
+
+    run = finished_run(tmp_path, capsys)
+    model = run / "model.keras"
+    with zipfile.ZipFile(model) as z:
+        members = {n: z.read(n) for n in z.namelist()}
+    foreign = io.BytesIO()
+    with h5py.File(foreign, "w") as h5:
+        h5.create_group("layers")
+    for weights in (foreign.getvalue(), members["model.weights.h5"][:4000]):
+        with zipfile.ZipFile(model, "w") as z:
+            for name, data in members.items():
+                z.writestr(name, weights if name == "model.weights.h5" else data)
+        line = export_error(run, tmp_path, capsys)
+        assert line.startswith(f"keras-preact-export: error: Invalid model file {str(model)!r}: "), line
+        assert "re-run the training command with the same --run-dir" in line
+
+
+def test_disk_filling_during_the_savedmodel_write_is_one_line(tmp_path, capsys, monkeypatch):
+    import tensorflow as tf
+
+    from keras_preact.export import saved_model
+
+    run = finished_run(tmp_path, capsys)
+
+    def full(path, *args, **kwargs):  # the SavedModel write, cut short by a full disk
+        pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+        (pathlib.Path(path) / "saved_model.pb").write_bytes(b"\0" * 1000)
+        raise tf.errors.ResourceExhaustedError(None, None, f"{path}/variables; No space left on device")
+
+    monkeypatch.setattr(saved_model, "_write_archive", full)
+    line = export_error(run, tmp_path, capsys, code=1)
+    model_dir = tmp_path / "exp" / "synthetic-resnet8"
+    assert line.startswith(f"keras-preact-export: error: [Errno 28] No space left to write {model_dir}: it needs "
+                           "about "), line
+    assert "Free some space (or choose another --export-dir)" in line
+    assert list(model_dir.iterdir()) == []  # nothing partial
+
+
+def test_a_second_export_of_a_run_waits_for_the_first(tmp_path, capsys):
+    run = finished_run(tmp_path, capsys)
+    exp = tmp_path / "exp"
+    with run_lock.owned(run / run_lock.EXPORT_LOCK, "an export"):  # an export of this run is under way
+        proc = subprocess.Popen([sys.executable, "-m", "training.export", str(run), "--export-dir", str(exp)],
+                                cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        waiting = ""
+        while "waiting" not in waiting and proc.poll() is None:
+            waiting = proc.stderr.readline()
+        assert waiting.startswith(f"[export] waiting for PID {os.getpid()} ("), waiting
+        assert waiting.rstrip().endswith(f"to finish exporting {run}")
+        time.sleep(1)
+        assert proc.poll() is None and not exp.exists()
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    assert out.strip() == str(exp / "synthetic-resnet8" / "1")
+    assert export_cli.main([str(run), "--export-dir", str(exp)]) == 0  # the next export takes the next version
+    assert sorted(p.name for p in (exp / "synthetic-resnet8").iterdir()) == ["1", "2"]

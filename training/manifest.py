@@ -9,6 +9,7 @@ still read.
 """
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 
@@ -39,6 +40,33 @@ def input_config_for(config, mean, std):
     return train
 
 
+def _without_names(value):
+    if isinstance(value, dict):
+        return {k: _without_names(v) for k, v in value.items() if k != "name"}
+    if isinstance(value, list):
+        return [_without_names(v) for v in value]
+    return value
+
+
+def _digest(value):
+    text = json.dumps(value, sort_keys=True, default=lambda o: type(o).__name__)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model):
+    """What the run's model is: its class, parameter count, a digest of its variables' paths and shapes
+    and one of its configuration (layer names left out); the same for the trained model and its
+    ``model.keras``. The export checks the model it is given against it."""
+    import keras
+
+    return {
+        "class_name": type(model).__name__,
+        "params": int(model.count_params()),
+        "variables": _digest([[v.path, list(v.shape)] for v in model.weights]),
+        "config": _digest(_without_names(keras.saving.serialize_keras_object(model).get("config"))),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class RunManifest:
     name: str
@@ -48,6 +76,7 @@ class RunManifest:
     resolved_schedule: dict = dataclasses.field(default_factory=dict)
     keras_backend: str = ""
     keras_version: str = ""
+    model: dict = dataclasses.field(default_factory=dict)  # model_fingerprint of the trained model
 
     @property
     def num_classes(self):
@@ -78,6 +107,7 @@ class RunManifest:
             "resolved_schedule": self.resolved_schedule,
             "keras_backend": self.keras_backend,
             "keras_version": self.keras_version,
+            "model": self.model,
         }
 
     def to_json(self):
@@ -106,6 +136,7 @@ class RunManifest:
             resolved_schedule=dict(values.get("resolved_schedule") or {}),
             keras_backend=values.get("keras_backend", ""),
             keras_version=values.get("keras_version", ""),
+            model=dict(values.get("model") or {}),
         )
 
     @classmethod

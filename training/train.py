@@ -36,7 +36,7 @@ from keras_preact import scratch
 
 from . import configs, distribute, pipelines, plots, resume, run_lock, run_state, schedules, sources
 from . import export as export_lib
-from .manifest import RunManifest, input_config_for
+from .manifest import RunManifest, input_config_for, model_fingerprint
 from .model import build_model
 from .plots import read_history
 from .run_dir import AtomicBackup, prepare_run_dir, read_backup, save_model, write_json
@@ -125,15 +125,6 @@ def _train(config, data, run_dir, dist, files_dir):
         return done
     if config.export and dist.is_chief:
         run_state.check_export_target(config.export_dir, config.name)
-    if dist.is_chief:
-        mean, std = (a.tolist() for a in pipelines.pixel_stats(config, data))
-        manifest = RunManifest(
-            name=config.name, class_names=tuple(data.class_names), input_config=input_config_for(config, mean, std),
-            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(resolved),
-            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
-        )
-        write_json(run_dir / "config.json", manifest.to_dict())
-
     set_determinism(config)
     pipeline = pipelines.resolve_pipeline(config)
     distribute.check_pipeline(pipeline, dist)
@@ -142,6 +133,15 @@ def _train(config, data, run_dir, dist, files_dir):
         classifier, model = build_model(config, data.num_classes, resolved, pipeline=pipeline, mean=mean, std=std)
         if backup:  # before anything is decided: with nothing left to fit, fit never restores
             run_state.restore(model, backup)
+    if dist.is_chief:
+        stats = (a.tolist() for a in pipelines.pixel_stats(config, data))
+        manifest = RunManifest(
+            name=config.name, class_names=tuple(data.class_names), input_config=input_config_for(config, *stats),
+            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(resolved),
+            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
+            model=model_fingerprint(classifier),
+        )
+        write_json(run_dir / "config.json", manifest.to_dict())
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
