@@ -132,7 +132,7 @@ def test_a_resume_with_another_design_is_refused_and_allowed_changes_are_recorde
                str(tmp_path / "exports")]
     assert cli.main(command(run) + allowed) == 0
     out = capsys.readouterr().out
-    assert "[train] resuming with checkpoint_every: 2 in the run, 5 now; health_every: 0 in the run, 3 now; " in out
+    assert "[train] changed on resume, as allowed: checkpoint_every: 2 in the run, 5 now; health_every: 0 in the run, 3 now; " in out
     assert "resuming at step 6" in out
     recorded = json.loads((run / "config.json").read_text())["config"]
     assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"]) == ("2", 5, 3)

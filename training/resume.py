@@ -52,4 +52,4 @@ def check(run_dir, config):
             f"(keras-preact-train --config {run_dir / FILENAME}) or start a new run with another --run-dir."
         )
     if changes:
-        print(f"[train] resuming with {_listed(changes)} (recorded in {FILENAME})", flush=True)
+        print(f"[train] changed on resume, as allowed: {_listed(changes)}", flush=True)
