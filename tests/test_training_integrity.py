@@ -180,6 +180,10 @@ def test_a_run_manifest_with_a_wrong_type_is_named_before_any_work(tmp_path, cap
     path.write_text(manifest.to_json())
     line = cli_error(["--config", str(path), "--dry-run"], capsys)
     assert line == f"keras-preact-train: error: Invalid config in {str(path)!r}: seed=\"x\": an integer is required."
+    path.write_text(json.dumps({**manifest.to_dict(), "config": "x"}))
+    line = cli_error(["--config", str(path), "--dry-run"], capsys)
+    assert line == (f"keras-preact-train: error: Invalid run manifest {str(path)!r}: config=\"x\": a JSON object of "
+                    "Config fields is required.")
     # Files written by training (dataclasses.asdict) are accepted, as are the older int verbosity and bool jit.
     path.write_text(json.dumps({**config, "verbose": 2, "jit_compile": False}))
     assert cli.main(["--config", str(path), "--dry-run"]) == 0

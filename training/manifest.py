@@ -124,6 +124,8 @@ class RunManifest:
         missing = [k for k in ("name", "class_names", "input_config", "config") if k not in values]
         if missing:
             raise _invalid(source, f"missing key(s) {', '.join(missing)}.")
+        if not isinstance(values["config"], dict):
+            raise _invalid(source, f"config={json.dumps(values['config'])}: a JSON object of Config fields is required.")
         try:
             input_config = InputConfig.from_dict(values["input_config"])
         except (TypeError, ValueError) as error:
