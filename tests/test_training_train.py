@@ -92,7 +92,7 @@ def test_batch_not_divisible_by_replicas():
 def test_unwritable_run_dir_fails_before_training(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")
-    with pytest.raises(ValueError, match="Invalid run_dir=.*not writable"):
+    with pytest.raises(ValueError, match="Invalid run_dir=.*file is a file, not a directory"):
         train_lib.train(tiny(tmp_path, run_dir=str(blocker / "run")))
 
 

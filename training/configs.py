@@ -21,7 +21,10 @@ source: REPRODUCTION.md, "Recipe choices".
 """
 
 import dataclasses
+import difflib
+import json
 import math
+import typing
 
 from keras_preact.layers.options import check_choice
 
@@ -315,6 +318,8 @@ def validate(config):
         _check_positive(field, getattr(config, field), allow_none=False)
     for field in ("steps", "epochs", "steps_per_epoch", "subset"):
         _check_positive(field, getattr(config, field))
+    if not isinstance(config.seed, int) or isinstance(config.seed, bool):
+        raise ValueError(f"Invalid seed={config.seed!r}: an integer is required.")
     if not isinstance(config.health_every, int) or config.health_every < 0:
         raise ValueError(f"Invalid health_every={config.health_every!r}: a whole number >= 0 (0: off).")
     if not isinstance(config.synthetic_num_classes, int) or config.synthetic_num_classes < 2:
@@ -383,10 +388,54 @@ def get_config(preset_name=DEFAULT_PRESET, **overrides):
     return validate(PRESETS[preset_name].replace(**overrides))
 
 
-def from_dict(values):
-    """A ``Config`` from ``dataclasses.asdict`` output (config.json), validated."""
-    fields = {f.name for f in dataclasses.fields(Config)}
-    values = {k: v for k, v in values.items() if k in fields}
+# What a config file may hold besides the field's own type (``validate`` reads them with ``str``).
+FILE_EXTRA_TYPES = {"verbose": (int,), "jit_compile": (bool,)}
+_KINDS = {  # a field's base type: (accepted JSON types, what the message says is allowed)
+    bool: ((bool,), "true or false (a JSON boolean, not a string)"),
+    int: ((int,), "an integer"),
+    float: ((int, float), "a number"),
+    str: ((str,), "a string"),
+    dict: ((dict,), "a JSON object"),
+    tuple: ((list, tuple), "a list of integers"),
+}
+
+
+def _file_type_problem(field, value):
+    """What ``field`` allows, when ``value`` is not of its type; else None."""
+    options = typing.get_args(field.type) or (field.type,)
+    if value is None and type(None) in options:
+        return None
+    base = next(t for t in options if t is not type(None))
+    accepted, allowed = _KINDS[base]
+    allowed = "a list [height, width] of integers" if field.name.endswith("image_size") else allowed
+    accepted += FILE_EXTRA_TYPES.get(field.name, ())
+    ok = isinstance(value, accepted) and (base is bool or bool in accepted or not isinstance(value, bool))
+    if ok and base is tuple:
+        ok = all(isinstance(v, int) and not isinstance(v, bool) for v in value)
+    if ok:
+        return None
+    return allowed + (" or null" if type(None) in options else "")
+
+
+def check_file_values(values, source="config"):
+    """ValueError, one line naming the key, its value and what is allowed, for an unknown key (with the
+    nearest field) or a value of the wrong type."""
+    fields = {f.name: f for f in dataclasses.fields(Config)}
+    for key, value in values.items():
+        if key not in fields:
+            near = difflib.get_close_matches(key, fields, n=1)
+            hint = f"did you mean {near[0]!r}?" if near else f"the fields are {', '.join(fields)}"
+            raise ValueError(f"Invalid {source}: unknown key {key!r} (value {value!r}); {hint}")
+        problem = _file_type_problem(fields[key], value)
+        if problem:
+            raise ValueError(f"Invalid {source}: {key}={json.dumps(value)}: {problem} is required.")
+
+
+def from_dict(values, source="config"):
+    """A ``Config`` from ``dataclasses.asdict`` output (config.json), checked key by key and validated;
+    ``source`` names the file in messages."""
+    check_file_values(values, source)
+    values = dict(values)
     for key in ("image_size", "eval_image_size", "boundaries"):
         if values.get(key) is not None:
             values[key] = tuple(values[key])

@@ -15,9 +15,11 @@ import argparse
 import errno
 import importlib.util
 import pathlib
+import sys
 import zipfile
 
-from .manifest import RunManifest
+from . import run_lock, run_state
+from .manifest import RunManifest, model_fingerprint
 
 
 def load_run_model(path):
@@ -43,6 +45,44 @@ def load_run_model(path):
         return keras.saving.load_model(path, safe_mode=True, compile=False)
     except (zipfile.BadZipFile, EOFError, OSError) as error:
         raise corrupt from error
+    except (KeyError, ValueError) as error:  # a zip holding a damaged or foreign model.weights.h5
+        first = (str(error).strip().splitlines() or [""])[0][:200]
+        raise ValueError(
+            f"Invalid model file {str(path)!r}: its model cannot be loaded ({type(error).__name__}: {first}); the "
+            "file is damaged. Re-create it: re-run the training command with the same --run-dir."
+        ) from None
+
+
+def check_model(manifest, model, path):
+    """ValueError when ``model`` (loaded from ``path``) is not the model the run's manifest records. The
+    configuration digest is compared under the Keras that trained it (another may add config keys)."""
+    import keras
+
+    expected, found = manifest.model, model_fingerprint(model)
+    keys = ("class_name", "params", "variables") + (("config",) if manifest.keras_version == keras.__version__ else ())
+    if not expected or all(found[k] == expected.get(k) for k in keys):  # older runs record none
+        return
+    raise ValueError(
+        f"Invalid model file {str(path)!r}: it is not the model this run trained (config.json records a "
+        f"{expected.get('class_name')} of {expected.get('params', 0):,} parameters, fingerprint "
+        f"{_fingerprint(expected)}; the file holds a {found['class_name']} of {found['params']:,}, fingerprint "
+        f"{_fingerprint(found)}). Remove it and re-run the training command with the same --run-dir: it is "
+        "written again from the last backup."
+    )
+
+
+def _fingerprint(values):
+    return f"{values.get('variables')}/{values.get('config')}"
+
+
+def _disk_full(error):
+    return getattr(error, "errno", None) == errno.ENOSPC or "No space left on device" in str(error)
+
+
+def _no_space(model_dir, model, copies):
+    """DiskFullError (one line) for an export that filled the disk while writing."""
+    needed = copies * (run_state.weight_bytes(model) + 2**21)
+    return run_state.DiskFullError(errno.ENOSPC, run_state.no_space_message(model_dir, needed, "--export-dir"))
 
 
 def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",)):
@@ -53,17 +93,23 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
     check_formats(formats)
     run_dir = pathlib.Path(run_dir)
     manifest = RunManifest.read(run_dir)
-    model = load_run_model(run_dir / "model.keras")
-    return export_model(
-        model,
-        export_dir,
-        formats=formats,
-        name=manifest.name if name is None else name,
-        version=version,
-        class_names=list(manifest.class_names),
-        input_config=manifest.input_config,
-        image_size=manifest.image_size,
-    )
+    name = manifest.name if name is None else name
+    # One export of a run at a time: a second one waits, then takes the next version.
+    with run_lock.waited(run_dir / run_lock.EXPORT_LOCK, f"exporting {run_dir}", _say):
+        model = load_run_model(run_dir / "model.keras")
+        check_model(manifest, model, run_dir / "model.keras")
+        try:
+            return export_model(model, export_dir, formats=formats, name=name, version=version,
+                                class_names=list(manifest.class_names), input_config=manifest.input_config,
+                                image_size=manifest.image_size)
+        except Exception as error:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError is no OSError
+            if not _disk_full(error):
+                raise
+            raise _no_space(pathlib.Path(export_dir) / name, model, len(formats)) from None
+
+
+def _say(line):
+    print(f"[export] {line}", file=sys.stderr, flush=True)
 
 
 def has_tensorflow():

@@ -9,6 +9,7 @@ still read.
 """
 
 import dataclasses
+import hashlib
 import json
 import pathlib
 
@@ -39,6 +40,33 @@ def input_config_for(config, mean, std):
     return train
 
 
+def _without_names(value):
+    if isinstance(value, dict):
+        return {k: _without_names(v) for k, v in value.items() if k != "name"}
+    if isinstance(value, list):
+        return [_without_names(v) for v in value]
+    return value
+
+
+def _digest(value):
+    text = json.dumps(value, sort_keys=True, default=lambda o: type(o).__name__)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def model_fingerprint(model):
+    """What the run's model is: its class, parameter count, a digest of its variables' paths and shapes
+    and one of its configuration (layer names left out); the same for the trained model and its
+    ``model.keras``. The export checks the model it is given against it."""
+    import keras
+
+    return {
+        "class_name": type(model).__name__,
+        "params": int(model.count_params()),
+        "variables": _digest([[v.path, list(v.shape)] for v in model.weights]),
+        "config": _digest(_without_names(keras.saving.serialize_keras_object(model).get("config"))),
+    }
+
+
 @dataclasses.dataclass(frozen=True)
 class RunManifest:
     name: str
@@ -48,6 +76,7 @@ class RunManifest:
     resolved_schedule: dict = dataclasses.field(default_factory=dict)
     keras_backend: str = ""
     keras_version: str = ""
+    model: dict = dataclasses.field(default_factory=dict)  # model_fingerprint of the trained model
 
     @property
     def num_classes(self):
@@ -57,13 +86,14 @@ class RunManifest:
     def image_size(self):
         return tuple(self.input_config.input_size[:2])
 
-    def training_config(self):
-        """The run's ``training.configs.Config`` (validated), to re-run it."""
+    def training_config(self, source=None):
+        """The run's ``training.configs.Config`` (checked and validated), to re-run it; ``source`` names
+        the file in messages."""
         missing = [k for k in ("name", "normalization") if k not in self.config]
         if missing:
             raise ValueError(f"Invalid run manifest of {self.name!r}: its config lacks {', '.join(missing)}; "
                              "it cannot be re-run (pass a preset instead).")
-        return configs.from_dict(self.config)
+        return configs.from_dict(self.config, f"config in {source}" if source else f"config of run {self.name!r}")
 
     # ------------------------------------------------------------------------------ serialization
     def to_dict(self):
@@ -77,6 +107,7 @@ class RunManifest:
             "resolved_schedule": self.resolved_schedule,
             "keras_backend": self.keras_backend,
             "keras_version": self.keras_version,
+            "model": self.model,
         }
 
     def to_json(self):
@@ -93,6 +124,8 @@ class RunManifest:
         missing = [k for k in ("name", "class_names", "input_config", "config") if k not in values]
         if missing:
             raise _invalid(source, f"missing key(s) {', '.join(missing)}.")
+        if not isinstance(values["config"], dict):
+            raise _invalid(source, f"config={json.dumps(values['config'])}: a JSON object of Config fields is required.")
         try:
             input_config = InputConfig.from_dict(values["input_config"])
         except (TypeError, ValueError) as error:
@@ -105,6 +138,7 @@ class RunManifest:
             resolved_schedule=dict(values.get("resolved_schedule") or {}),
             keras_backend=values.get("keras_backend", ""),
             keras_version=values.get("keras_version", ""),
+            model=dict(values.get("model") or {}),
         )
 
     @classmethod
@@ -169,5 +203,5 @@ def config_from_run(path):
     file = path / FILENAME if path.is_dir() else path
     values = run_state.read_config_json(file)
     if "format" in values or "class_names" in values:
-        return RunManifest.from_dict(values, repr(str(file))).training_config()
-    return configs.from_dict(values)
+        return RunManifest.from_dict(values, repr(str(file))).training_config(repr(str(file)))
+    return configs.from_dict(values, f"config file {str(file)!r}")

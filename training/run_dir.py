@@ -44,6 +44,10 @@ def prepare_run_dir(config):
     else:
         stamp = datetime.datetime.now().strftime("%Y%m%d-%H%M%S")
         run_dir = pathlib.Path(config.runs_root) / f"{config.name}-{stamp}"
+    for path in (run_dir, *run_dir.parents):
+        if path.exists() and not path.is_dir():
+            raise ValueError(f"Invalid run_dir={str(run_dir)!r}: {path} is a file, not a directory; pass "
+                             "--run-dir DIR (a directory, created when missing).")
     try:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "checkpoints").mkdir(exist_ok=True)

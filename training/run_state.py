@@ -110,6 +110,16 @@ def _full(path, needed, free):
     )
 
 
+def no_space_message(path, needed, flag):
+    """The one line of a write to ``path`` that ran out of space (``needed`` bytes, ``flag``: where to)."""
+    parent = pathlib.Path(path)
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    return (f"No space left to write {path}: it needs about {_mb(needed * MARGIN)} free, "
+            f"{_mb(shutil.disk_usage(parent).free)} is available there. Free some space (or choose another "
+            f"{flag}) and re-run the same command; nothing partial is left.")
+
+
 def is_disk_full(error):
     return isinstance(error, OSError) and (
         error.errno in (errno.ENOSPC, errno.EDQUOT) or "No space left" in str(error)

@@ -34,9 +34,9 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, pipelines, plots, run_state, schedules, sources, timing
+from . import configs, distribute, pipelines, plots, resume, run_lock, run_state, schedules, sources, timing
 from . import export as export_lib
-from .manifest import RunManifest, input_config_for
+from .manifest import RunManifest, input_config_for, model_fingerprint
 from .model import build_model
 from .plots import read_history
 from .run_dir import AtomicBackup, prepare_run_dir, read_backup, save_model, write_json
@@ -98,12 +98,20 @@ def train(config, data=None):
     run_dir = prepare_run_dir(config)
     keras.config.set_dtype_policy(config.precision)
     dist = distribute.make(config)
+    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
+    files_dir.mkdir(exist_ok=True)
+    # One owner per worker file set, before anything is written; the kernel frees it when we die.
+    with run_lock.owned(files_dir / run_lock.RUN_LOCK, f"run_dir={str(run_dir)!r}"):
+        resume.check(run_dir, config)
+        return _train(config, data, run_dir, dist, files_dir)
+
+
+def _train(config, data, run_dir, dist, files_dir):
+    """``train`` once this process owns its files in ``run_dir``."""
     data = data.validate() if data is not None else sources.load(config)
     pipelines.check_image_size(data, config)
     pipelines.check_batch_size(data, config)
     resolved = schedules.resolve(config, data.train_size)
-    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
-    files_dir.mkdir(exist_ok=True)
     backup_dir = files_dir / "checkpoints" / "backup"
     for directory in (files_dir, backup_dir):  # this process's own folders (the chief's: run_dir)
         scratch.remove_stale(directory)
@@ -117,15 +125,6 @@ def train(config, data=None):
         return done
     if config.export and dist.is_chief:
         run_state.check_export_target(config.export_dir, config.name)
-    if dist.is_chief:
-        mean, std = (a.tolist() for a in pipelines.pixel_stats(config, data))
-        manifest = RunManifest(
-            name=config.name, class_names=tuple(data.class_names), input_config=input_config_for(config, mean, std),
-            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(resolved),
-            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
-        )
-        write_json(run_dir / "config.json", manifest.to_dict())
-
     set_determinism(config)
     pipeline = pipelines.resolve_pipeline(config)
     distribute.check_pipeline(pipeline, dist)
@@ -134,6 +133,15 @@ def train(config, data=None):
         classifier, model = build_model(config, data.num_classes, resolved, pipeline=pipeline, mean=mean, std=std)
         if backup:  # before anything is decided: with nothing left to fit, fit never restores
             run_state.restore(model, backup)
+    if dist.is_chief:
+        stats = (a.tolist() for a in pipelines.pixel_stats(config, data))
+        manifest = RunManifest(
+            name=config.name, class_names=tuple(data.class_names), input_config=input_config_for(config, *stats),
+            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(resolved),
+            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
+            model=model_fingerprint(classifier),
+        )
+        write_json(run_dir / "config.json", manifest.to_dict())
 
     sharded = dist.process_count > 1 and config.distribute == "data-parallel"
     per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
