@@ -119,13 +119,10 @@ def seconds_to_accuracy(result, target):
 
 def prepare(args, names):
     """Decode and cache the JPEGs once for both trainers, outside the timed runs."""
-    code = f"from training import sources; sources.folder({args.data_dir!r})"
-    subprocess.run([interpreter(args, "notf"), "-c", code], cwd=REPO, check=True,
-                   env={**os.environ, "PYTHONPATH": str(REPO), "KERAS_BACKEND": "torch"
-                        if args.notf_python else os.environ.get("KERAS_BACKEND", "tensorflow")})
-    if any(n.startswith("keras-preact-train/tensorflow") for n in names) and args.notf_python:
-        subprocess.run([args.python, "-c", code], cwd=REPO, check=True,
-                       env={**os.environ, "PYTHONPATH": str(REPO), "KERAS_BACKEND": "tensorflow"})
+    # Any installed backend decodes (the CLI's own choice); the cache is shared by both environments.
+    code = f"from training import backends; backends.select(); from training import sources; sources.folder({args.data_dir!r})"
+    subprocess.run([interpreter(args, "notf"), "-c", code], cwd=REPO, check=True, stdout=subprocess.DEVNULL,
+                   env={**os.environ, "PYTHONPATH": str(REPO)})
     ref = REPO / "benchmarks" / "reference_torch_cifar.py"
     subprocess.run([interpreter(args, "notf"), str(ref), "--data-dir", args.data_dir, "--prepare-only"], check=True)
 
