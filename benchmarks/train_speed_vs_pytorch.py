@@ -19,7 +19,7 @@ the PyTorch reference.
 
 ``--to-accuracy 0.85``: full epochs instead (``--epochs`` of the whole training set), one run each, and
 the seconds from the first step to the end of the first epoch whose test accuracy reaches the target
-(evaluation included, process start-up excluded).
+(evaluation included, process start-up excluded); each run is stopped once its history has that epoch.
 
 Two environments: ``--python`` runs the TensorFlow candidates, ``--notf-python`` (a TensorFlow-free
 virtual environment, e.g. ``.venv-notf/bin/python``) the JAX, PyTorch and reference ones; with one
@@ -76,7 +76,17 @@ def available(python, module):
     return subprocess.run([python, "-c", probe], capture_output=True).returncode == 0
 
 
-def run_one(args, name, spec, out_dir, length):
+def reached(history, target):
+    """Whether a run's history.csv (as written so far) has an epoch at ``target`` test accuracy."""
+    try:
+        with open(history) as f:
+            return any(float(r["val_accuracy"]) >= target for r in csv.DictReader(f) if r.get("val_accuracy"))
+    except (OSError, ValueError, KeyError):
+        return False
+
+
+def run_one(args, name, spec, out_dir, length, stop_at=None):
+    """One candidate as a process; with ``stop_at``, it is stopped once an epoch reaches that accuracy."""
     key, argv, env_extra = spec
     python = interpreter(args, key)
     out = out_dir / name.replace("/", "_")
@@ -85,8 +95,20 @@ def run_one(args, name, spec, out_dir, length):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **env_extra}
     env.pop("KERAS_BACKEND", None)  # each candidate names its backend (--backend)
     started = time.perf_counter()
-    done = subprocess.run([python, *argv, *where, *length], cwd=REPO, env=env, capture_output=True, text=True)
-    wall = time.perf_counter() - started
+    with tempfile.TemporaryFile("w+") as log:
+        proc = subprocess.Popen([python, *argv, *where, *length], cwd=REPO, env=env, stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        stopped = False
+        while proc.poll() is None:
+            time.sleep(5)
+            if stop_at is not None and reached(out / "history.csv", stop_at):
+                proc.terminate()  # the target is in the history: the remaining epochs would not count
+                proc.wait()
+                stopped = True
+        wall = time.perf_counter() - started
+        log.seek(0)
+        output = log.read()
+    done = subprocess.CompletedProcess(proc.args, 0 if stopped else proc.returncode, output, "")
     if done.returncode != 0:
         tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{tail}")
@@ -232,7 +254,7 @@ def time_to_accuracy(args, names):
     results = {}
     with tempfile.TemporaryDirectory(prefix="train-to-accuracy-") as tmp:
         for name in keep:
-            result = run_one(args, name, names[name], pathlib.Path(tmp), length)
+            result = run_one(args, name, names[name], pathlib.Path(tmp), length, stop_at=args.to_accuracy)
             seconds, epochs, accuracy = seconds_to_accuracy(result, args.to_accuracy)
             results[name] = {"seconds": seconds, "epochs": epochs, "accuracy": accuracy,
                              "backend_line": result["backend_line"]}

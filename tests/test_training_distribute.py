@@ -82,7 +82,12 @@ def only_in_the_jax_pass():
 def test_jax_data_parallel_on_two_host_devices(tmp_path):
     only_in_the_jax_pass()
     code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
-    out = run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": "--xla_force_host_platform_device_count=2"})
+    # Two host "devices" share the CPU's thread pool: on a loaded 2-core runner one of them could miss XLA's
+    # 40 s all-reduce rendezvous (CI, 2026-11-23). Single-threaded Eigen per device and a longer rendezvous
+    # timeout make the test about the data-parallel path, not about the runner's load.
+    flags = ("--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false "
+             "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+    out = run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": flags})
     result = result_of(out)
     assert "on 2 replica(s) (data-parallel)" in out.stdout
     assert (result["epochs"], result["steps"]) == (2, 6)
