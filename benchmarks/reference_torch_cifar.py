@@ -161,6 +161,17 @@ def learning_rate(step, total, warmup, base_lr=0.1, warmup_lr=0.01):
     return base_lr * 0.5 * (1.0 + math.cos(math.pi * done))
 
 
+def piecewise_learning_rate(step, total, warmup, base_lr=0.1, warmup_lr=0.01):
+    """The paper's: ``warmup_lr`` for the first ``warmup`` iterations, then ``base_lr``, divided by 10 at
+    50% and 75% of the run (32k and 48k of 64k), as ``training.schedules.piecewise``."""
+    if step < warmup:
+        return warmup_lr
+    return base_lr * 0.1 ** sum(step >= round(total * f) for f in (0.5, 0.75))
+
+
+SCHEDULES = {"cosine": learning_rate, "piecewise": piecewise_learning_rate}
+
+
 # ------------------------------------------------------------------------------------------- loop
 def evaluate(model, images, labels, batch_size, channels_last):
     model.eval()
@@ -186,6 +197,9 @@ def parse_args(argv=None):
     p.add_argument("--steps-per-epoch", type=int, default=None, help="default: train size // batch")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
+    p.add_argument("--schedule", choices=sorted(SCHEDULES), default="cosine",
+                   help="cosine with linear warm-up (preset cifar10-folder-resnet20-short) or the paper's "
+                   "piecewise (cifar10-folder-resnet20-converged)")
     p.add_argument("--warmup-fraction", type=float, default=400 / 64000, help="of the run's iterations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
@@ -238,7 +252,7 @@ def main(argv=None):
             index = order[(i * args.batch_size) % len(order):][:args.batch_size]
             x = augment(normalize(train_x[index], args.channels_last), generator, args.channels_last)
             y = torch.from_numpy(train_y[index])
-            lr = learning_rate(step, total, warmup)
+            lr = SCHEDULES[args.schedule](step, total, warmup)
             for group in optimizer.param_groups:
                 group["lr"] = lr
             logits = step_fn(x)

@@ -1,5 +1,6 @@
-"""Reusable checks for layers and models (keras-hub's ``TestCase.run_*_test``, timm's
-``tests/test_models.py``): ``run_model_checks`` runs every check on one registered network."""
+"""Reusable checks for layers and models, in the manner of keras-hub's ``TestCase.run_*_test`` and timm's
+``tests/test_models.py``: each ``run_*_test`` function is one check on one layer or network (config echo,
+saving, forward/backward, pyramid outputs, mixed precision, channels-first), plus the helpers they share."""
 
 import inspect
 import os
@@ -7,21 +8,6 @@ import tempfile
 
 import keras
 import numpy as np
-
-
-def decline_usage_telemetry():
-    """Keep tests and benchmarks from reporting usage to third parties: Ray's usage statistics off in this
-    process and its children (``RAY_USAGE_STATS_ENABLED=0`` unless set), and OpenVINO's telemetry
-    declined through its own consent file (``~/intel/openvino_telemetry``, what its ``opt_in_out --opt_out``
-    writes) where no choice is recorded yet: ``import openvino`` sends an event unless declined or CI=true."""
-    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-    try:
-        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
-    except ImportError:
-        return
-    checker = OptInChecker()
-    if checker.consent_file_base_dir() is not None and not os.path.exists(checker.consent_file()):
-        checker.update_result(ConsentCheckResult.DECLINED)
 
 
 def trainable_params(model):

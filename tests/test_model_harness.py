@@ -10,7 +10,6 @@ from keras_preact.models import create_model, list_models, model_spec
 
 pytestmark = pytest.mark.core
 
-SLOW = {"cifar_resnet1001", "cifar_resnet1202", "imagenet_resnet101", "imagenet_resnet152", "imagenet_resnet200"}
 NUM_CLASSES = 5
 # Untrained, these overflow float32 in inference mode (fresh BN statistics: the variance doubles per
 # unit; see run_forward_backward_test); they are checked in training mode.
@@ -18,11 +17,11 @@ INFERENCE_OVERFLOWS_UNTRAINED = {"cifar_resnet1001", "cifar_resnet1202"}
 
 
 def _small_input(name):
-    return (64, 64, 3) if model_spec(name).family == "imagenet" else (16, 16, 3)
+    return model_spec(name).test_input_size
 
 
 def _models():
-    return [pytest.param(n, marks=pytest.mark.slow) if n in SLOW else n for n in list_models()]
+    return [pytest.param(n, marks=pytest.mark.slow) if model_spec(n).slow else n for n in list_models()]
 
 
 def _batch(name, rng):
@@ -31,7 +30,10 @@ def _batch(name, rng):
 
 
 def test_every_model_is_in_the_harness():
-    assert list_models() and set(SLOW) <= set(list_models())
+    slow = {n for n in list_models() if model_spec(n).slow}
+    assert slow == {"cifar_resnet1001", "cifar_resnet1202", "imagenet_resnet101", "imagenet_resnet152",
+                    "imagenet_resnet200"}
+    assert INFERENCE_OVERFLOWS_UNTRAINED <= set(list_models())
 
 
 @pytest.mark.parametrize("name", _models())
@@ -66,5 +68,5 @@ def test_channels_first(name, rng):
     testing.run_channels_first_test(
         lambda **kw: create_model(name, num_classes=NUM_CLASSES, **{"input_shape": _small_input(name), **kw}),
         images,
-        atol=3e-3 if name in SLOW else 1e-5,
+        atol=3e-3 if model_spec(name).slow else 1e-5,
     )

@@ -81,9 +81,12 @@ def test_a_registered_model_takes_its_input_config_size(name):
 
 
 def test_every_registered_model_has_a_helper():
+    from keras_preact.models.presets import MODEL_PRESETS
+
     for name in list_models():
-        helper = getattr(kp.models, name)
-        assert helper.__name__ == name and name in kp.models.__all__
+        assert getattr(kp.models, name).__name__ == name
+    assert set(MODEL_PRESETS) <= set(kp.models.__all__)  # the package's own, for `import *` and docs
+    assert set(kp.applications.__all__) >= {f"PreActResNet{d}" for d in (18, 34, 50, 101, 152, 200)}
 
 
 def test_cifar_first_units_follow_official_code():
@@ -170,11 +173,22 @@ def test_register_model_adds_a_named_network():
     try:
         assert "test_tiny_net" in list_models("test_*")
         assert units(create_model("test_tiny_net", num_classes=3))[0].ordering == "original"
+        # The one call is the whole addition: a function of keras_preact.models, importable by name.
+        from keras_preact.models import test_tiny_net
+
+        assert test_tiny_net.__name__ == "test_tiny_net" and "test_tiny_net" in dir(kp.models)
+        assert units(kp.models.test_tiny_net(num_classes=3))[0].ordering == "original"
+        assert (spec.test_input_size, spec.slow) == ((32, 32, 3), False)  # defaults: its input, not slow
         with pytest.raises(ValueError, match="already registered"):
             register_model("test_tiny_net", family="cifar", arguments={}, input_config=spec.input_config)
+        with pytest.raises(ValueError, match="test_input_size"):
+            register_model("test_other_net", family="cifar", arguments={}, input_config=spec.input_config,
+                           test_input_size=(16, 16))
     finally:
         unregister_model("test_tiny_net")
     assert "test_tiny_net" not in list_models()
+    with pytest.raises(AttributeError, match="test_tiny_net"):
+        kp.models.test_tiny_net  # noqa: B018
 
 
 def test_cifar_model_saving_round_trip(rng):
@@ -192,6 +206,35 @@ def test_mixed_precision_float32_output(policy, rng):
         assert np.isfinite(to_numpy(y)).all()
         conv = model.backbone.get_layer("stage1_unit1").get_sublayer("conv1")
         assert conv.compute_dtype == policy.split("_")[1] and conv.kernel.dtype == "float32"
+
+
+def test_dtype_given_to_backbone_and_classifier_reaches_every_layer(rng):
+    """keras-hub's convention: ``dtype=`` on the model, not the global policy, sets every layer's (the
+    classifier's output stays float32); it survives the config round trip."""
+    options = dict(stackwise_units=[1, 1], stackwise_filters=[8, 16], stackwise_strides=[1, 2],
+                   stem="imagenet", input_shape=(32, 32, 3))
+    backbone = PreActResNetBackbone(**options, dtype="mixed_bfloat16")
+    classifier = PreActResNetClassifier(backbone, 3, dropout=0.1, dtype="mixed_bfloat16")
+    layers = [layer for layer in classifier._flatten_layers() if not isinstance(layer, keras.layers.InputLayer)]
+    assert len(layers) > 20
+    for layer in layers:
+        expected = "float32" if layer.name == "predictions" else "mixed_bfloat16"
+        assert layer.dtype_policy.name == expected, layer.name
+    y = classifier(rng.uniform(size=(2, 32, 32, 3)).astype("float32"))
+    assert keras.backend.standardize_dtype(y.dtype) == "float32"
+    assert keras.backend.standardize_dtype(backbone(np.zeros((1, 32, 32, 3), "float32")).dtype) == "bfloat16"
+    revived = PreActResNetClassifier.from_config(classifier.get_config())
+    assert revived.backbone.get_layer("stage2_unit1").get_sublayer("conv1").dtype_policy.name == "mixed_bfloat16"
+    assert PreActResNetBackbone(**options).get_layer("stem_conv").dtype_policy.name == "float32"  # global
+
+
+@pytest.mark.parametrize("build", [
+    lambda: PreActResNetBackbone([1], [8], [1], input_shape=(8, 8, 3), stem_filter=8),
+    lambda: PreActResNetClassifier(PreActResNetBackbone([1], [8], [1], input_shape=(8, 8, 3)), 2, drop_out=0.5),
+])
+def test_unknown_keyword_arguments_are_refused_by_name(build):
+    with pytest.raises(TypeError, match="unexpected keyword argument.*(stem_filter|drop_out)"):
+        build()
 
 
 @pytest.mark.parametrize(

@@ -91,6 +91,21 @@ def test_reference_learning_rate_is_keras_cosine_decay_with_warmup():
         assert ref.learning_rate(step, 100, 10) == pytest.approx(float(schedule(step)), rel=1e-5, abs=1e-7)
 
 
+@needs_torch
+def test_reference_piecewise_rate_is_the_converged_presets_schedule():
+    """The paper's recipe scaled to 50 epochs: warm-up 0.01 to iteration 122, 0.1, /10 at 9,750 and 14,625."""
+    from benchmarks import reference_torch_cifar as ref
+    from training import configs, schedules
+
+    config = configs.get_config("cifar10-folder-resnet20-converged", needs_data=False)
+    resolved = schedules.resolve(config, 50000)
+    assert (resolved.total_steps, resolved.warmup_steps, resolved.boundaries) == (19500, 122, (9750, 14625))
+    ours = schedules.make(config, resolved)
+    warmup = round(400 / 64000 * resolved.total_steps)  # the reference's --warmup-fraction default
+    for step in (0, 121, 122, 9749, 9750, 14624, 14625, 19499):
+        assert ref.piecewise_learning_rate(step, 19500, warmup) == pytest.approx(float(ours(step)), rel=1e-6)
+
+
 # ------------------------------------------------------------------------------- TorchSGD on PyTorch
 @pytest.mark.skipif(keras.backend.backend() != "torch", reason="the multi-tensor update is PyTorch's")
 def test_torch_sgd_multi_tensor_update_equals_the_per_variable_update(monkeypatch, rng):

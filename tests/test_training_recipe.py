@@ -2,6 +2,10 @@
 statistics follow Torch's momentum-0.1 update, and ``--dry-run`` prints the paper's iterations."""
 
 import importlib.util
+import os
+import pathlib
+import subprocess
+import sys
 
 import keras
 import numpy as np
@@ -162,6 +166,38 @@ def test_dry_run_reads_no_data_and_trains_nothing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     assert cli.main(["--preset", "t5-resnet152-preact", "--dry-run", "--run-dir", str(run_dir)]) == 0
     assert not run_dir.exists() and "1281167 training images" in capsys.readouterr().out
+
+
+def test_dry_run_needs_no_folder(tmp_path, capsys):
+    """A folder preset without --data-dir: the size of the dataset its statistics name, said so; with
+    --data-dir the folder is counted; a folder of unknown statistics needs --steps-per-epoch."""
+    assert cli.main(["--preset", "cifar10-folder-resnet20-short", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "50000 training images (assumed: the size of cifar10" in out and "5850 = 15 epochs x 390" in out
+    argv = ["--dataset", "folder", "--normalization", "centered", "--dry-run"]
+    with pytest.raises(SystemExit) as e:
+        cli.main(argv)
+    assert e.value.code == 2 and "pass --data-dir" in capsys.readouterr().err
+    assert cli.main([*argv, "--steps-per-epoch", "7", "--epochs", "2"]) == 0
+    assert "iterations: 14 = 2 epochs x 7" in capsys.readouterr().out
+    with pytest.raises(SystemExit):  # training itself still needs the folder
+        cli.main(["--preset", "cifar10-folder-resnet20-short", "--run-dir", str(tmp_path / "run")])
+    assert "needs data_dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
+
+
+def test_cli_hides_tensorflow_start_up_logs_unless_asked(monkeypatch, capsys):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    assert cli.main(["--dry-run"]) == 0
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    assert cli.main(["--dry-run"]) == 0
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
+
+
+def test_the_library_module_names_the_command_line():
+    done = subprocess.run([sys.executable, "-m", "training.train"], capture_output=True, text=True, timeout=300,
+                          cwd=pathlib.Path(__file__).resolve().parents[1])
+    assert done.returncode == 1 and "the command line is keras-preact-train" in done.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="SavedModel export needs TensorFlow")

@@ -41,6 +41,8 @@ def test_run_directory_contract(tmp_path):
     assert manifest.config_from_run(run) == tiny(tmp_path)
     model = keras.saving.load_model(run / "model.keras", safe_mode=True)
     assert model.get_layer("predictions").dtype_policy.name == "float32"
+    # The saved model carries the manifest's input config and class names (export/evaluate need no argument).
+    assert model.input_config.to_dict() == cfg["input_config"] and list(model.class_names) == cfg["class_names"]
     rows = (run / "history.csv").read_text().strip().splitlines()
     assert len(rows) == 3 and rows[0].startswith("epoch")
     assert (run / "curves.png").read_bytes()[:4] == b"\x89PNG"
@@ -48,6 +50,32 @@ def test_run_directory_contract(tmp_path):
     assert run_files.read_backup(run / "checkpoints" / "backup")["step"] == 6
     # No temporary files are left behind.
     assert not [p for p in run.rglob("*") if ".tmp" in p.name]
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_each_phase_runs_alone(tmp_path):
+    """prepare -> build -> fit -> finalise, one ``Run`` record: each phase does its job and no other's."""
+    config = tiny(tmp_path)
+    run = train_lib.Run(config, distribute.make(config), run_files.prepare_run_dir(config))
+    run.files_dir.mkdir(exist_ok=True)
+    assert train_lib.prepare(run, None) is None
+    assert (run.resolved.total_steps, run.start_step, run.backup) == (6, 0, None)
+    assert run.classifier is None and not (run.run_dir / "config.json").exists()
+    train_lib.build(run)
+    assert run.classifier.class_names == tuple(f"class_{k}" for k in range(10))
+    written = json.loads((run.run_dir / "config.json").read_text())
+    assert written["input_config"] == run.classifier.input_config.to_dict()
+    assert not (run.run_dir / "history.csv").exists()  # building trains nothing
+    train_lib.fit(run)
+    assert run.backup_callback.step == 6 and len((run.run_dir / "history.csv").read_text().splitlines()) == 3
+    assert not (run.run_dir / "metrics.json").exists()  # fitting finalises nothing
+    metrics = train_lib.finalise(run)
+    assert metrics["steps"] == 6 and (run.run_dir / "model.keras").exists()
+    assert json.loads((run.run_dir / "metrics.json").read_text())["test_accuracy"] == metrics["test_accuracy"]
+    # Prepared again, the finished run has nothing left to do: its metrics come back.
+    again = train_lib.Run(config, distribute.make(config), run.run_dir)
+    assert train_lib.prepare(again, None)["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
 
 
 @pytest.mark.core

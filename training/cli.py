@@ -17,20 +17,29 @@ def describe_recipe(config):
     """What ``--dry-run`` prints: the run's iterations, its lr at every change, the optimizer."""
     from . import configs, schedules, sources
 
+    assumed = ""
     if config.dataset == "synthetic":
         train_size = config.synthetic_train_size
-    elif config.dataset == "folder":
+    elif config.dataset == "folder" and config.data_dir:
         train_size = len(sources._list_folder(sources.folder_splits(config.data_dir)[0])[0])
+    elif config.dataset == "folder" and config.normalization in configs.TRAIN_SIZES:
+        # No folder given: the statistics it is normalized with name the dataset it holds.
+        train_size = configs.TRAIN_SIZES[config.normalization]
+        assumed = f" (assumed: the size of {config.normalization}; --data-dir counts the folder)"
     elif config.dataset in configs.TRAIN_SIZES:
         train_size = configs.TRAIN_SIZES[config.dataset]
+    elif config.steps_per_epoch:
+        train_size = config.steps_per_epoch * config.batch_size
+        assumed = " (not counted: --steps-per-epoch sets the epoch)"
     else:
-        raise ValueError(f"--dry-run does not know the size of dataset={config.dataset!r}; pass --steps-per-epoch.")
+        raise ValueError(f"--dry-run does not know the size of dataset={config.dataset!r}; pass --data-dir "
+                         "(a folder is counted) or --steps-per-epoch.")
     train_size = min(train_size, config.subset or train_size)
     resolved = schedules.resolve(config, train_size)
     lines = [
         f"preset {config.name} ({config.paper})",
         f"model: {config.architecture} ResNet-{config.depth} {config.unit_options or ''}".rstrip(),
-        f"data: {config.dataset}, {train_size} training images, batch {config.batch_size}, augmentation "
+        f"data: {config.dataset}, {train_size} training images{assumed}, batch {config.batch_size}, augmentation "
         f"{config.augmentation}, normalization {config.normalization}",
         f"iterations: {resolved.total_steps} = {resolved.epochs} epochs x {resolved.steps_per_epoch}",
         f"optimizer: TorchSGD momentum {config.momentum}, nesterov {config.nesterov}, dampening 0, weight "
@@ -87,20 +96,24 @@ def config_from_args(args, parser):
             base = config_from_run(args.config)
             if preset:
                 parser.error("give either a preset or --config, not both")
-            config = configs.validate(base.replace(**overrides))
+            config = configs.validate(base.replace(**overrides), needs_data=not args.dry_run)
         else:
             if preset and preset not in configs.PRESETS:
                 parser.error(f"argument --preset: invalid choice: {preset!r} (choose from "
                              f"{', '.join(sorted(configs.PRESETS))})")
-            config = configs.get_config(preset or configs.DEFAULT_PRESET, **overrides)
+            config = configs.get_config(preset or configs.DEFAULT_PRESET, needs_data=not args.dry_run, **overrides)
         if args.ordering:
-            config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}))
+            config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}),
+                                      needs_data=not args.dry_run)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     return config
 
 
 def main(argv=None):
+    # TensorFlow's C++ start-up lines (oneDNN notes, "failed call to cuInit" on a CPU machine) are not the
+    # run's: hidden unless TF_CPP_MIN_LOG_LEVEL is set (0 shows them all). Before any backend loads.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--backend", default="auto")
     try:

@@ -287,6 +287,17 @@ EXTRA_PRESETS = [
         unit_options={"ordering": "full_preact"},
         normalization="cifar10",
     ),
+    # The paper's recipe (piecewise: /10 at 50% and 75%) scaled to 50 epochs: about 2 hours of the
+    # 2-core CPU machine (REPRODUCTION.md, issue "Trained for real").
+    _cifar(
+        "cifar10-folder-resnet20-converged",
+        "Sec. 4 recipe scaled to 50 epochs (19,500 iterations) on the CIFAR-10 JPEG folder",
+        20,
+        dataset="folder",
+        epochs=50,
+        unit_options={"ordering": "full_preact"},
+        normalization="cifar10",
+    ),
 ]
 PRESETS = {c.name: c for c in (EXTRA_PRESETS[0], *(e.config for e in EXPERIMENTS), *EXTRA_PRESETS[1:])}
 DEFAULT_PRESET = "synthetic-resnet8"
@@ -299,8 +310,9 @@ def _check_positive(argument, value, allow_none=True):
         raise ValueError(f"Invalid {argument}={value!r}: a positive integer is required.")
 
 
-def validate(config):
-    """Raise ValueError naming the field and its allowed values; returns the config."""
+def validate(config, *, needs_data=True):
+    """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
+    (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
     check_choice("architecture", config.architecture, ARCHITECTURES)
     check_choice("augmentation", config.augmentation, AUGMENTATIONS)
     check_choice("schedule", config.schedule, SCHEDULES)
@@ -364,7 +376,7 @@ def validate(config):
     from keras_preact.layers import options as unit_tables
 
     check_choice("ordering", config.unit_options.get("ordering", "full_preact"), unit_tables.ORDERINGS)
-    if config.dataset == "folder" and not config.data_dir:
+    if needs_data and config.dataset == "folder" and not config.data_dir:
         raise ValueError(
             "dataset='folder' needs data_dir (--data-dir): a directory with train/ and test/ (or "
             "val/) sub-folders holding one folder of images per class."
@@ -372,8 +384,9 @@ def validate(config):
     return config
 
 
-def get_config(preset_name=DEFAULT_PRESET, **overrides):
-    """The preset ``preset_name`` with ``overrides`` applied (any ``Config`` field), validated."""
+def get_config(preset_name=DEFAULT_PRESET, *, needs_data=True, **overrides):
+    """The preset ``preset_name`` with ``overrides`` applied (any ``Config`` field), validated
+    (``needs_data`` as in ``validate``)."""
     if preset_name not in PRESETS:
         raise ValueError(
             f"Unknown preset={preset_name!r}. Allowed values: {', '.join(sorted(PRESETS))}."
@@ -385,7 +398,7 @@ def get_config(preset_name=DEFAULT_PRESET, **overrides):
     for key in ("image_size", "eval_image_size", "boundaries"):
         if overrides.get(key) is not None:
             overrides[key] = tuple(overrides[key])
-    return validate(PRESETS[preset_name].replace(**overrides))
+    return validate(PRESETS[preset_name].replace(**overrides), needs_data=needs_data)
 
 
 # What a config file may hold besides the field's own type (``validate`` reads them with ``str``).

@@ -27,6 +27,7 @@ checkpoint, which is kept.
 
 import contextlib
 import dataclasses
+import pathlib
 import sys
 import time
 
@@ -93,168 +94,261 @@ def train(config, data=None):
     ``data``: optional ``training.sources.ArrayData`` to train on instead of ``config.dataset``.
     Raises ValueError (naming the bad argument) before any training for bad input, and
     ``TrainingDiverged`` when the loss becomes non-finite.
+
+    The run goes through four phases, each a function of one ``Run`` record: ``prepare`` (data, schedule,
+    backup), ``build`` (model, restored weights, manifest), ``fit`` (input streams, callbacks,
+    ``model.fit``) and ``finalise`` (evaluation, metrics, ``model.keras``, export).
     """
     configs.validate(config)
     run_dir = prepare_run_dir(config)
     keras.config.set_dtype_policy(config.precision)
     dist = distribute.make(config)
-    files_dir = run_dir if dist.is_chief else run_dir / f"worker-{dist.process_index}"
-    files_dir.mkdir(exist_ok=True)
+    run = Run(config, dist, run_dir)
+    run.files_dir.mkdir(exist_ok=True)
     # One owner per worker file set, before anything is written; the kernel frees it when we die.
-    with run_lock.owned(files_dir / run_lock.RUN_LOCK, f"run_dir={str(run_dir)!r}"):
+    with run_lock.owned(run.files_dir / run_lock.RUN_LOCK, f"run_dir={str(run_dir)!r}"):
         resume.check(run_dir, config)
-        return _train(config, data, run_dir, dist, files_dir)
+        done = prepare(run, data)
+        if done is not None:
+            return done
+        build(run)
+        fit(run)
+        return finalise(run)
 
 
-def _train(config, data, run_dir, dist, files_dir):
-    """``train`` once this process owns its files in ``run_dir``."""
-    data = data.validate() if data is not None else sources.load(config)
-    pipelines.check_image_size(data, config)
-    pipelines.check_batch_size(data, config)
-    resolved = schedules.resolve(config, data.train_size)
-    backup_dir = files_dir / "checkpoints" / "backup"
-    for directory in (files_dir, backup_dir):  # this process's own folders (the chief's: run_dir)
+@dataclasses.dataclass
+class Run:
+    """What the phases of one run share: given, then filled by ``prepare``, ``build`` and ``fit``.
+
+    Every chief/worker difference is a property here: the chief writes the run's shared files
+    (``config.json``, ``metrics.json``, curves, TensorBoard, the export); every process writes its own
+    history and backups in ``files_dir`` (the chief's is ``run_dir``)."""
+
+    config: configs.Config
+    dist: object  # training.distribute's distribution
+    run_dir: pathlib.Path
+    data: object = None
+    resolved: schedules.ResolvedSchedule = None
+    backup: dict = None  # the chief's backup this run resumes from (None: from the start)
+    mean: object = None  # pixel statistics, 0-255 units (pipelines.pixel_stats), computed once
+    std: object = None
+    pipeline: str = None
+    classifier: keras.Model = None  # what is saved and exported
+    model: keras.Model = None  # what is compiled and fitted (the classifier behind its input)
+    test_stream: object = None  # the evaluation input, every epoch and at the end
+    backup_callback: AtomicBackup = None
+    wall_s: float = 0.0
+
+    @property
+    def is_chief(self):
+        return self.dist.is_chief
+
+    @property
+    def files_dir(self):
+        return self.run_dir if self.is_chief else self.run_dir / f"worker-{self.dist.process_index}"
+
+    @property
+    def start_step(self):
+        return self.backup["step"] if self.backup else 0
+
+    @property
+    def sharded(self):
+        """Each process feeds its own shard of every batch (multi-process data parallelism)."""
+        return self.dist.process_count > 1 and self.config.distribute == "data-parallel"
+
+
+# ---------------------------------------------------------------------------------------- phases
+def prepare(run, data):
+    """Data, schedule and the backup to resume from; the finished run's metrics when nothing is left."""
+    config = run.config
+    run.data = data.validate() if data is not None else sources.load(config)
+    pipelines.check_image_size(run.data, config)
+    pipelines.check_batch_size(run.data, config)
+    run.resolved = schedules.resolve(config, run.data.train_size)
+    for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)
-    chief_backup_dir = run_dir / "checkpoints" / "backup"  # what every worker resumes from
-    backup = read_backup(chief_backup_dir)
-    start_step = backup["step"] if backup else 0
-    done = run_state.finished(run_dir, config, resolved.total_steps, backup) if dist.process_count == 1 else None
-    if done is not None:
-        print(f"[train] run already finished at step {start_step}; nothing to do (metrics in "
-              f"{run_dir / 'metrics.json'})", flush=True)
-        return done
-    if config.export and dist.is_chief:
+    run.backup = read_backup(run.run_dir / "checkpoints" / "backup")  # the chief's: every worker resumes from it
+    if run.dist.process_count == 1:
+        done = run_state.finished(run.run_dir, config, run.resolved.total_steps, run.backup)
+        if done is not None:
+            print(f"[train] run already finished at step {run.start_step}; nothing to do (metrics in "
+                  f"{run.run_dir / 'metrics.json'})", flush=True)
+            return done
+    if config.export and run.is_chief:
         run_state.check_export_target(config.export_dir, config.name)
-    set_determinism(config)
-    pipeline = pipelines.resolve_pipeline(config)
-    distribute.check_pipeline(pipeline, dist)
-    with dist.scope():
-        mean, std = pipelines.pixel_stats(config, data) if pipeline == "device" else (None, None)
-        classifier, model = build_model(config, data.num_classes, resolved, pipeline=pipeline, mean=mean, std=std)
-        if backup:  # before anything is decided: with nothing left to fit, fit never restores
-            run_state.restore(model, backup)
-    if dist.is_chief:
-        stats = (a.tolist() for a in pipelines.pixel_stats(config, data))
-        manifest = RunManifest(
-            name=config.name, class_names=tuple(data.class_names), input_config=input_config_for(config, *stats),
-            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(resolved),
-            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
-            model=model_fingerprint(classifier),
-        )
-        write_json(run_dir / "config.json", manifest.to_dict())
+    run.mean, run.std = pipelines.pixel_stats(config, run.data)
+    return None
 
-    sharded = dist.process_count > 1 and config.distribute == "data-parallel"
-    per_process_batch = config.batch_size // dist.process_count if sharded else config.batch_size
+
+def build(run):
+    """The network (weights restored from the backup), carrying its input config and class names; the
+    chief writes the run manifest."""
+    config = run.config
+    set_determinism(config)
+    run.pipeline = pipelines.resolve_pipeline(config)
+    distribute.check_pipeline(run.pipeline, run.dist)
+    with run.dist.scope():
+        on_device = run.pipeline == "device"
+        run.classifier, run.model = build_model(config, run.data.num_classes, run.resolved, pipeline=run.pipeline,
+                                                mean=run.mean if on_device else None,
+                                                std=run.std if on_device else None)
+        if run.backup:  # before anything is decided: with nothing left to fit, fit never restores
+            run_state.restore(run.model, run.backup)
+    # The model carries what it was trained for, through model.keras: export and evaluation need no argument.
+    run.classifier.input_config = input_config_for(config, run.mean.tolist(), run.std.tolist())
+    run.classifier.class_names = tuple(run.data.class_names)
+    if run.is_chief:
+        manifest = RunManifest(
+            name=config.name, class_names=run.classifier.class_names, input_config=run.classifier.input_config,
+            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(run.resolved),
+            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
+            model=model_fingerprint(run.classifier),
+        )
+        write_json(run.run_dir / "config.json", manifest.to_dict())
+
+
+def input_streams(run):
+    """(train_stream(step): the training batches from global ``step``, the test stream)."""
+    config, data = run.config, run.data
     eval_data = data
-    if sharded and isinstance(data, sources.ArrayData):
+    if run.sharded and isinstance(data, sources.ArrayData):
         test_images, test_labels = distribute.shard_eval(data.test_images, data.test_labels, config.batch_size,
-                                               dist.process_index, dist.process_count)
+                                                         run.dist.process_index, run.dist.process_count)
         eval_data = dataclasses.replace(data, test_images=test_images, test_labels=test_labels)
 
-    def streams(step):
-        train_stream, _ = pipelines.pipelines(data, config, config.batch_size, start_step=step)
-        if sharded:
-            shard = distribute.ShardedTrain(dist.process_index, dist.process_count)
-            train_stream = (shard.tf_data(train_stream, config.batch_size) if pipeline == "tf_data"
-                            else shard.numpy(train_stream))
-        return train_stream
+    def train_stream(step):
+        stream, _ = pipelines.pipelines(data, config, config.batch_size, start_step=step)
+        if run.sharded:
+            shard = distribute.ShardedTrain(run.dist.process_index, run.dist.process_count)
+            stream = (shard.tf_data(stream, config.batch_size) if run.pipeline == "tf_data"
+                      else shard.numpy(stream))
+        return stream
 
+    per_process_batch = config.batch_size // run.dist.process_count if run.sharded else config.batch_size
     _, test_stream = pipelines.pipelines(eval_data, config, per_process_batch, start_step=0)
+    return train_stream, test_stream
 
+
+def make_callbacks(run):
+    """NaN stop, epoch timer, CSV history, backups, health signals; TensorBoard on the chief."""
+    config, data = run.config, run.data
     # Multi-worker: every worker restored the chief's backup (the weights are in sync), so all resume at
     # one step; each still writes its own (saving may run collectives).
-    backup_cb = AtomicBackup(backup_dir, config.checkpoint_every, start_step, backup)
+    run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
+                                       run.start_step, run.backup)
     callbacks = [
         keras.callbacks.TerminateOnNaN(),
         timing.EpochTimer(),  # before CSVLogger: train_seconds / eval_seconds land in history.csv
-        keras.callbacks.CSVLogger(str(files_dir / "history.csv"), append=True),
-        backup_cb,
+        keras.callbacks.CSVLogger(str(run.files_dir / "history.csv"), append=True),
+        run.backup_callback,
     ]
     if config.health_every and isinstance(data, sources.ArrayData):
         # Before CSVLogger, so the health signals land in history.csv (keras_preact.analysis).
         from keras_preact.analysis import TrainingHealthCallback
 
-        mean, std = pipelines.pixel_stats(config, data)
-        probe = ((data.train_images[:64].astype("float32") - mean) / std, data.train_labels[:64])
-        health_dir = str(run_dir / "tensorboard" / "health") if dist.is_chief and has_tensorboard() else None
+        probe = ((data.train_images[:64].astype("float32") - run.mean) / run.std, data.train_labels[:64])
+        health_dir = str(run.run_dir / "tensorboard" / "health") if run.is_chief and has_tensorboard() else None
         callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir,
-                                                   model=classifier))
-    (run_dir / "tensorboard").mkdir(exist_ok=True)
-    if not dist.is_chief:
-        pass
-    elif has_tensorboard():
-        callbacks.append(keras.callbacks.TensorBoard(str(run_dir / "tensorboard"), update_freq="epoch"))
-    else:
+                                                   model=run.classifier))
+    (run.run_dir / "tensorboard").mkdir(exist_ok=True)
+    if run.is_chief and has_tensorboard():
+        callbacks.append(keras.callbacks.TensorBoard(str(run.run_dir / "tensorboard"), update_freq="epoch"))
+    elif run.is_chief:
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
               "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
+    return callbacks
 
-    phases = _fit_phases(start_step, resolved.steps_per_epoch, resolved.total_steps)
-    print(
-        f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {classifier.count_params():,} "
+
+def describe(run):
+    """The one line a run starts with."""
+    config, data, resolved = run.config, run.data, run.resolved
+    return (
+        f"[train] {config.name}: {config.architecture} ResNet-{config.depth}, {run.classifier.count_params():,} "
         f"params; data {config.dataset} ({data.train_size} train images, {data.num_classes} classes); "
-        f"batch {config.batch_size} on {dist.num_replicas} replica(s) ({dist.name}), input {pipeline}; "
+        f"batch {config.batch_size} on {run.dist.num_replicas} replica(s) ({run.dist.name}), input {run.pipeline}; "
         f"{resolved.epochs} epochs x {resolved.steps_per_epoch} steps = {resolved.total_steps} "
         f"iterations; lr {config.schedule} {resolved.warmup_lr}->{resolved.base_lr}, "
-        f"warm-up {resolved.warmup_steps}, boundaries {list(resolved.boundaries)}; run dir {run_dir}"
-        + (f"; resuming at step {start_step}" if start_step else ""),
-        flush=True,
+        f"warm-up {resolved.warmup_steps}, boundaries {list(resolved.boundaries)}; run dir {run.run_dir}"
+        + (f"; resuming at step {run.start_step}" if run.start_step else "")
     )
+
+
+def fit(run):
+    """``model.fit`` from the resumed step to the recipe's last iteration, in whole and partial epochs;
+    ``TrainingDiverged`` when the loss became non-finite."""
+    config, resolved = run.config, run.resolved
+    train_stream, run.test_stream = input_streams(run)
+    callbacks = make_callbacks(run)
+    backup = run.backup_callback
+    print(describe(run), flush=True)
     started = time.time()
-    for initial_epoch, epochs, steps in phases:
+    for initial_epoch, epochs, steps in _fit_phases(run.start_step, resolved.steps_per_epoch, resolved.total_steps):
         with _reported("model.fit"):
-            model.fit(
-                streams(backup_cb.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
-                validation_data=test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
+            run.model.fit(
+                train_stream(backup.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
+                validation_data=run.test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
             )
-        if not backup_cb.finite or model.stop_training:
+        if not backup.finite or run.model.stop_training:
             break
-    wall = time.time() - started
+    run.wall_s = time.time() - started
     run_state.kill_point("trained")
-    if not backup_cb.finite:
-        last = backup_cb.last_good
+    if not backup.finite:
+        last = backup.last_good
         raise TrainingDiverged(
-            f"The training loss became NaN/inf near step {backup_cb.step} of {config.name}; stopped "
+            f"The training loss became NaN/inf near step {backup.step} of {config.name}; stopped "
             f"(TerminateOnNaN). Last good checkpoint: "
             + (f"{last['weights']} (step {last['step']})" if last else "none (diverged before the first backup)")
             + ". Lower the learning rate (--lr) or use float32 (--precision float32)."
         )
-    if backup_cb.step != resolved.total_steps:
-        raise RuntimeError(f"Trained to step {backup_cb.step}, expected {resolved.total_steps}.")
+    if backup.step != resolved.total_steps:
+        raise RuntimeError(f"Trained to step {backup.step}, expected {resolved.total_steps}.")
 
-    with _reported("model.evaluate"):
-        evaluation = model.evaluate(test_stream, verbose=0, return_dict=True)
+
+def run_metrics(run, evaluation):
+    """``metrics.json``: the test evaluation, the run's length and speed, the last training epoch."""
+    config, steps = run.config, run.backup_callback.step
     metrics = {
         "name": config.name,
         "test_loss": float(evaluation["loss"]),
         "test_accuracy": float(evaluation["accuracy"]),
         "test_error": 100.0 * (1.0 - float(evaluation["accuracy"])),
         **({"test_top5_accuracy": float(evaluation["top5_accuracy"])} if "top5_accuracy" in evaluation else {}),
-        "epochs": resolved.epochs,
-        "steps": backup_cb.step,
-        "steps_this_session": backup_cb.step - start_step,
-        "wall_time_s": round(wall, 1),
-        "train_images_per_s": round((backup_cb.step - start_step) * config.batch_size / max(wall, 1e-9), 1),
-        "params": int(classifier.count_params()),
-        "run_dir": str(run_dir),
+        "epochs": run.resolved.epochs,
+        "steps": steps,
+        "steps_this_session": steps - run.start_step,
+        "wall_time_s": round(run.wall_s, 1),
+        "train_images_per_s": round((steps - run.start_step) * config.batch_size / max(run.wall_s, 1e-9), 1),
+        "params": int(run.classifier.count_params()),
+        "run_dir": str(run.run_dir),
     }
-    history = read_history(files_dir / "history.csv")
+    history = read_history(run.files_dir / "history.csv")
     if history:
         metrics["train_loss"] = float(history[-1]["loss"])
         metrics["train_accuracy"] = float(history[-1]["accuracy"])
         metrics["history_epochs"] = len(history)
+    return metrics
+
+
+def finalise(run):
+    """Evaluate, save ``model.keras``; the chief writes metrics and curves, then exports."""
+    config = run.config
+    with _reported("model.evaluate"):
+        evaluation = run.model.evaluate(run.test_stream, verbose=0, return_dict=True)
+    metrics = run_metrics(run, evaluation)
     # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
     # it walks the model), so every process saves; the chief's copy is the run's model.
-    save_model(classifier, (run_dir if dist.is_chief else files_dir) / "model.keras")
-    if dist.is_chief:
-        write_json(run_dir / "metrics.json", metrics)
-        plots.plot_curves(run_dir / "history.csv", run_dir / "curves.png", resolved.steps_per_epoch,
-                          title=f"{config.name} ({config.paper})")
-        print_summary(metrics)
-        if config.export:
-            if dist.process_count > 1:  # the export reloads the model: keep it out of the collectives
-                keras.distribution.set_distribution(None)
-            metrics["export_dir"] = export(run_dir, config.export_dir)
-            write_json(run_dir / "metrics.json", metrics)  # marks the export done
+    save_model(run.classifier, run.files_dir / "model.keras")
+    if not run.is_chief:
+        return metrics
+    write_json(run.run_dir / "metrics.json", metrics)
+    plots.plot_curves(run.run_dir / "history.csv", run.run_dir / "curves.png", run.resolved.steps_per_epoch,
+                      title=f"{config.name} ({config.paper})")
+    print_summary(metrics)
+    if config.export:
+        if run.dist.process_count > 1:  # the export reloads the model: keep it out of the collectives
+            keras.distribution.set_distribution(None)
+        metrics["export_dir"] = export(run.run_dir, config.export_dir)
+        write_json(run.run_dir / "metrics.json", metrics)  # marks the export done
     return metrics
 
 
@@ -294,3 +388,8 @@ def export(run_dir, export_dir):
     path = export_lib.export_run(run_dir, export_dir)
     print(f"[train] exported SavedModel to {path}")
     return str(path)
+
+
+if __name__ == "__main__":  # python -m training.train: the library module, not the command line
+    sys.exit("training.train is the training library (train(config)); the command line is keras-preact-train "
+             "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")

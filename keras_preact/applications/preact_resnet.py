@@ -9,7 +9,7 @@ import keras
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
-from keras_preact.models.registry import model_spec
+from keras_preact.models.registry import list_models, model_spec
 
 # Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
 KERAS_IMAGENET_WEIGHTS = {
@@ -135,12 +135,18 @@ def _entry_point(model_name):
     return builder
 
 
-PreActResNet18 = _entry_point("imagenet_resnet18")
-PreActResNet34 = _entry_point("imagenet_resnet34")
-PreActResNet50 = _entry_point("imagenet_resnet50")
-PreActResNet101 = _entry_point("imagenet_resnet101")
-PreActResNet152 = _entry_point("imagenet_resnet152")
-PreActResNet200 = _entry_point("imagenet_resnet200")
+def entry_points():
+    """``{"PreActResNet{depth}": function}`` for every registered ImageNet network of a plain depth."""
+    found = {}
+    for name in list_models("imagenet_resnet*"):
+        arguments = model_spec(name).arguments
+        if set(arguments) == {"depth"}:
+            found[f"PreActResNet{arguments['depth']}"] = _entry_point(name)
+    return found
+
+
+APPLICATIONS = entry_points()
+globals().update(APPLICATIONS)  # PreActResNet18 ... PreActResNet200, from the registry
 
 
 def preprocess_input(x):

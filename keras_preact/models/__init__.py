@@ -1,5 +1,9 @@
 """Networks: ``PreActResNetBackbone`` (headless, ``pyramid_outputs``), ``PreActResNetClassifier``, the
-CIFAR 6n+2 / 9n+2 / 3n+2 and ImageNet 18-200 builders, and the registry of named networks."""
+CIFAR 6n+2 / 9n+2 / 3n+2 and ImageNet 18-200 builders, and the registry of named networks.
+
+Every registered network is also a function of this module, ``cifar_resnet20(num_classes=10)``,
+``create_model`` bound to its name: the registry is the only list (``presets.MODEL_PRESETS``, and any
+``register_model`` call, whose network is a function here from then on)."""
 
 from keras_preact.models.backbone import PreActResNetBackbone
 from keras_preact.models.cifar import CIFAR_DEPTHS, cifar_resnet
@@ -14,23 +18,6 @@ from keras_preact.models.registry import (
     model_spec,
     register_model,
 )
-
-# One helper per registered network, e.g. cifar_resnet20(num_classes=10).
-cifar_resnet20 = model_function("cifar_resnet20")
-cifar_resnet32 = model_function("cifar_resnet32")
-cifar_resnet44 = model_function("cifar_resnet44")
-cifar_resnet56 = model_function("cifar_resnet56")
-cifar_resnet110 = model_function("cifar_resnet110")
-cifar_resnet110_1layer = model_function("cifar_resnet110_1layer")
-cifar_resnet164 = model_function("cifar_resnet164")
-cifar_resnet1001 = model_function("cifar_resnet1001")
-cifar_resnet1202 = model_function("cifar_resnet1202")
-imagenet_resnet18 = model_function("imagenet_resnet18")
-imagenet_resnet34 = model_function("imagenet_resnet34")
-imagenet_resnet50 = model_function("imagenet_resnet50")
-imagenet_resnet101 = model_function("imagenet_resnet101")
-imagenet_resnet152 = model_function("imagenet_resnet152")
-imagenet_resnet200 = model_function("imagenet_resnet200")
 
 __all__ = [
     "CIFAR_DEPTHS",
@@ -47,19 +34,16 @@ __all__ = [
     "model_function",
     "model_spec",
     "register_model",
-    "cifar_resnet20",
-    "cifar_resnet32",
-    "cifar_resnet44",
-    "cifar_resnet56",
-    "cifar_resnet110",
-    "cifar_resnet110_1layer",
-    "cifar_resnet164",
-    "cifar_resnet1001",
-    "cifar_resnet1202",
-    "imagenet_resnet18",
-    "imagenet_resnet34",
-    "imagenet_resnet50",
-    "imagenet_resnet101",
-    "imagenet_resnet152",
-    "imagenet_resnet200",
 ]
+__all__ += list_models()  # the registered networks' functions (__getattr__ below)
+
+
+def __getattr__(name):
+    """A registered network's function (PEP 562): ``keras_preact.models.cifar_resnet20``."""
+    if name in list_models():
+        return model_function(name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(list_models()))

@@ -80,6 +80,15 @@ def check_input_shape(input_shape, total_stride, data_format="channels_last", ar
             )
 
 
+def check_model_kwargs(model, kwargs):
+    """Keras' own keyword arguments a model accepts beyond its signature (``trainable``, from configs);
+    anything else, a typo included, is refused by name."""
+    unknown = sorted(set(kwargs) - {"trainable"})
+    if unknown:
+        raise TypeError(f"{model} got unexpected keyword argument(s) {', '.join(unknown)}: its arguments are "
+                        "listed in its docstring (and dtype, name, trainable).")
+
+
 def _positive_ints(argument, values):
     if not isinstance(values, (list, tuple)) or not values or not all(
         isinstance(v, int) and not isinstance(v, bool) and v > 0 for v in values
@@ -88,7 +97,7 @@ def _positive_ints(argument, values):
     return list(values)
 
 
-def apply_ops(x, tokens, unit_options, name, axis):
+def apply_ops(x, tokens, unit_options, name, axis, dtype=None):
     """Norm/activation tokens of an ``Ordering`` applied as layers (stem and network end)."""
     for token in tokens:
         if token == "norm":
@@ -100,11 +109,11 @@ def apply_ops(x, tokens, unit_options, name, axis):
                 momentum=unit_options.get("norm_momentum", 0.9),
                 groups=unit_options.get("norm_groups", 32),
                 name=f"{name}_norm",
-                dtype=None,
+                dtype=dtype,
             )(x)
         else:
             activation = unit_options.get("activation", "relu")
-            x = keras.layers.Activation(opt.get_activation(activation), name=f"{name}_act")(x)
+            x = keras.layers.Activation(opt.get_activation(activation), name=f"{name}_act", dtype=dtype)(x)
     return x
 
 
@@ -130,6 +139,8 @@ class PreActResNetBackbone(keras.Model):
         drop_path_rate: stochastic depth, growing linearly to this rate over the units (Huang et al.).
         input_shape: image shape in ``data_format`` order; height and width may be ``None``.
         data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
+        dtype: dtype policy of every layer (e.g. ``"mixed_bfloat16"``), as keras-hub backbones take
+            it; default Keras' global policy.
     """
 
     def __init__(
@@ -148,9 +159,11 @@ class PreActResNetBackbone(keras.Model):
         drop_path_rate=0.0,
         input_shape=(None, None, 3),
         data_format=None,
+        dtype=None,
         name=None,
         **kwargs,
     ):
+        check_model_kwargs(type(self).__name__, kwargs)
         units = _positive_ints("stackwise_units", stackwise_units)
         filters = _positive_ints("stackwise_filters", stackwise_filters)
         strides = _positive_ints("stackwise_strides", stackwise_strides)
@@ -185,7 +198,8 @@ class PreActResNetBackbone(keras.Model):
         inputs = keras.Input(shape=tuple(input_shape), name="images")
         x = inputs
         if stem_spec.explicit_padding:
-            x = keras.layers.ZeroPadding2D(stem_spec.kernel_size // 2, data_format=data_format, name="stem_pad")(x)
+            x = keras.layers.ZeroPadding2D(stem_spec.kernel_size // 2, data_format=data_format, name="stem_pad",
+                                           dtype=dtype)(x)
         x = keras.layers.Conv2D(
             stem_filters,
             stem_spec.kernel_size,
@@ -196,12 +210,13 @@ class PreActResNetBackbone(keras.Model):
             kernel_regularizer=opt.get_regularizer(unit_options.get("kernel_regularizer")),
             data_format=data_format,
             name="stem_conv",
+            dtype=dtype,
         )(x)
         ops = ("norm", "act") if stem_ops == "norm_act" else ordering.after_stem
-        x = apply_ops(x, ops, unit_options, "stem", axis)
+        x = apply_ops(x, ops, unit_options, "stem", axis, dtype)
         if stem_spec.max_pool:
-            x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad")(x)
-            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool")(x)
+            x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
+            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
 
         # --- stages
         stride = stem_spec.total_stride
@@ -219,6 +234,7 @@ class PreActResNetBackbone(keras.Model):
                     strides=stage_stride if u == stride_unit else 1,
                     data_format=data_format,
                     name=unit_name(s, u),
+                    dtype=dtype,
                     **options,
                 )(x)
                 stage_names.append(unit_name(s, u))
@@ -230,8 +246,8 @@ class PreActResNetBackbone(keras.Model):
                 {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
                  "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
             )
-        outputs = apply_ops(x, ordering.final, unit_options, "final", axis)
-        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        outputs = apply_ops(x, ordering.final, unit_options, "final", axis, dtype)
+        super().__init__(inputs=inputs, outputs=outputs, name=name, dtype=dtype, **kwargs)
 
         # The deepest stage at each stride: with the stride on a stage's last unit (TF-slim), two
         # stages can share one.
@@ -270,6 +286,7 @@ class PreActResNetBackbone(keras.Model):
             "drop_path_rate": self.drop_path_rate,
             "input_shape": self.image_shape,
             "data_format": self.data_format,
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
         }
 
     @classmethod

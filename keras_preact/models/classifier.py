@@ -3,6 +3,7 @@
 import keras
 
 from keras_preact.layers import options as opt
+from keras_preact.models.backbone import check_model_kwargs
 from keras_preact.preprocessing import InputConfig
 
 POOLINGS = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
@@ -23,10 +24,12 @@ class PreActResNetClassifier(keras.Model):
             ``to_dict()``): size, pixel mean/std, evaluation crop. ``create_model`` sets the registry's;
             export and ``keras-preact-evaluate`` use it. Kept in ``get_config`` (``.keras`` files).
         class_names: one name per class (index = label), e.g. the trained weights'; kept likewise.
+        dtype: dtype policy of the head layers (the backbone keeps its own; the output is float32).
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
-                 input_config=None, class_names=None, name=None, **kwargs):
+                 input_config=None, class_names=None, dtype=None, name=None, **kwargs):
+        check_model_kwargs(type(self).__name__, kwargs)
         if not isinstance(backbone, keras.Model) or not hasattr(backbone, "pyramid_outputs"):
             raise ValueError(f"Invalid backbone={backbone!r}: a keras_preact PreActResNetBackbone is required.")
         if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
@@ -34,17 +37,17 @@ class PreActResNetClassifier(keras.Model):
             raise ValueError(f"Invalid num_classes={num_classes!r}: a positive integer (or None: no dense layer).")
         opt.check_choice("pooling", pooling, POOLINGS)
         opt.check_rate("dropout", dropout)
-        head = [POOLINGS[pooling](data_format=backbone.data_format, name=f"{pooling}_pool")]
+        head = [POOLINGS[pooling](data_format=backbone.data_format, name=f"{pooling}_pool", dtype=dtype)]
         if num_classes is not None:
             if dropout:
-                head.append(keras.layers.Dropout(dropout, name="head_dropout"))
-            head.append(keras.layers.Dense(num_classes, name="logits"))
+                head.append(keras.layers.Dropout(dropout, name="head_dropout", dtype=dtype))
+            head.append(keras.layers.Dense(num_classes, name="logits", dtype=dtype))
             head.append(keras.layers.Activation(activation or "linear", dtype="float32", name="predictions"))
         inputs = keras.Input(shape=backbone.image_shape, name="images")
         x = backbone(inputs)
         for layer in head:
             x = layer(x)
-        super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+        super().__init__(inputs=inputs, outputs=x, name=name, dtype=dtype, **kwargs)
         self.backbone = backbone
         self.head_layers = head
         self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
@@ -102,6 +105,7 @@ class PreActResNetClassifier(keras.Model):
             "activation": self.activation,
             "input_config": None if self.input_config is None else self.input_config.to_dict(),
             "class_names": None if self.class_names is None else list(self.class_names),
+            "dtype": keras.dtype_policies.serialize(self.dtype_policy),
         }
 
     @classmethod

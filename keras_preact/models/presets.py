@@ -33,19 +33,25 @@ CIFAR_PAPER = {
 IMAGENET_PAPER = {18: "Sec. 4 (fb.resnet.torch)", 34: "Sec. 4 (fb.resnet.torch)", 50: "Sec. 4 (fb.resnet.torch)",
                   101: "Sec. 4.1", 152: "Table 5", 200: "Table 5"}
 
+# Test suites check every network at a small input; the deepest ones only under their slow marker.
+CIFAR_TEST = dict(test_input_size=(16, 16, 3))
+IMAGENET_TEST = dict(test_input_size=(64, 64, 3))
+SLOW_FROM_DEPTH = {"cifar": 1001, "imagenet": 101}
+
 MODEL_PRESETS = {
     **{
         f"cifar_resnet{depth}": dict(family="cifar", arguments={"depth": depth}, input_config=CIFAR_INPUT,
-                                     paper=paper)
+                                     paper=paper, slow=depth >= SLOW_FROM_DEPTH["cifar"], **CIFAR_TEST)
         for depth, paper in CIFAR_PAPER.items()
     },
     # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv.
     "cifar_resnet110_1layer": dict(
-        family="cifar", arguments={"depth": 110, "block": "one_layer"}, input_config=CIFAR_INPUT, paper="Table 3"
+        family="cifar", arguments={"depth": 110, "block": "one_layer"}, input_config=CIFAR_INPUT, paper="Table 3",
+        **CIFAR_TEST,
     ),
     **{
-        f"imagenet_resnet{depth}": dict(family="imagenet", arguments={"depth": depth},
-                                        input_config=IMAGENET_INPUT, paper=paper)
+        f"imagenet_resnet{depth}": dict(family="imagenet", arguments={"depth": depth}, input_config=IMAGENET_INPUT,
+                                        paper=paper, slow=depth >= SLOW_FROM_DEPTH["imagenet"], **IMAGENET_TEST)
         for depth, paper in IMAGENET_PAPER.items()
     },
 }

@@ -24,7 +24,8 @@ FAMILIES = {"cifar": cifar_resnet, "imagenet": imagenet_resnet}
 class ModelSpec:
     """A registered network: ``builder(**arguments, **overrides)`` builds it; ``input_config`` is what it
     expects (size, pixel statistics, evaluation crop); ``paper`` where the paper uses it; ``weights``
-    its trained weights, ``{name: weights.WeightsSpec}``."""
+    its trained weights, ``{name: weights.WeightsSpec}``. For test suites (as timm's cfgs): the small
+    ``test_input_size`` to check it at, and ``slow`` for the networks too large for every test run."""
 
     name: str
     family: str
@@ -33,6 +34,8 @@ class ModelSpec:
     input_config: InputConfig
     paper: str = ""
     weights: dict = dataclasses.field(default_factory=dict)
+    test_input_size: tuple = None
+    slow: bool = False
 
     def build(self, weights=None, **overrides):
         """The network, carrying its input config; its input shape defaults to ``input_config.input_size``.
@@ -81,11 +84,14 @@ def _load(model, path, spec, model_name):
 _REGISTRY = {}
 
 
-def register_model(name, *, family, arguments, input_config, paper="", weights=None):
-    """Register a network built by ``family``'s builder (``"cifar"``/``"imagenet"``) with ``arguments``.
+def register_model(name, *, family, arguments, input_config, paper="", weights=None, test_input_size=None,
+                   slow=False):
+    """Register a network built by ``family``'s builder (``"cifar"``/``"imagenet"``) with ``arguments``;
+    from then on it is also ``keras_preact.models.<name>``.
 
     ``weights``: its trained weights, ``{name: {"file", "sha256", "class_names", "dataset", "top1", ...}}``
     (``weights.WeightsSpec``'s fields; ``file`` relative to ``keras_preact/weights/`` or absolute).
+    ``test_input_size`` (default ``input_config.input_size``) and ``slow``: how test suites check it.
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"Invalid name={name!r}: a Python identifier is required (it names a function).")
@@ -97,8 +103,12 @@ def register_model(name, *, family, arguments, input_config, paper="", weights=N
         raise ValueError(
             f"Invalid input_config={input_config!r}: a keras_preact.preprocessing.InputConfig is required."
         )
+    test_input_size = tuple(test_input_size or input_config.input_size)
+    if len(test_input_size) != 3 or not all(isinstance(v, int) and v > 0 for v in test_input_size):
+        raise ValueError(f"Invalid test_input_size={test_input_size!r}: (height, width, channels) is required.")
     trained = weights_lib.parse_weights(name, weights)
-    spec = ModelSpec(name, family, FAMILIES[family], dict(arguments), input_config, paper, trained)
+    spec = ModelSpec(name, family, FAMILIES[family], dict(arguments), input_config, paper, trained, test_input_size,
+                     bool(slow))
     _REGISTRY[name] = spec
     return spec
 
