@@ -232,6 +232,26 @@ def test_he_normal_fan_out_initialization():
     assert np.abs(kernel).max() > 2.5 * np.sqrt(2 / (9 * 256))  # untruncated
 
 
+@pytest.mark.parametrize("initializer", ["he_normal_fan_out", "orthogonal", keras.initializers.HeNormal()])
+def test_every_kernel_is_drawn_on_its_own(initializer):
+    """Two kernels of one shape in a unit start different, as the official code draws them (Keras'
+    unseeded initializers fix their seed when made: one object shared by both would give equal ones)."""
+    unit = ResidualUnit(16, shortcut="exclusive_gating", shortcut_type="C", kernel_initializer=initializer)
+    unit.build((None, 8, 8, 16))
+    kernels = [to_numpy(unit.get_sublayer(n).kernel) for n in ("conv1", "conv2", "projection", "gate")]
+    assert kernels[0].shape == kernels[1].shape and kernels[2].shape == kernels[3].shape
+    assert not np.array_equal(kernels[0], kernels[1]) and not np.array_equal(kernels[2], kernels[3])
+
+
+def test_no_two_kernels_of_a_network_start_equal():
+    from keras_preact.models import cifar_resnet20
+
+    kernels = [to_numpy(w) for w in cifar_resnet20().weights if w.path.endswith("kernel")]
+    assert len(kernels) == 20  # 19 convs and the dense layer
+    for a, b in itertools.combinations(kernels, 2):
+        assert a.shape != b.shape or not np.array_equal(a, b)
+
+
 # Every (ordering, shortcut) combination of the paper's tables, from the tables themselves.
 VARIANTS = list(itertools.product(sorted(ORDERINGS), sorted(SHORTCUTS)))
 

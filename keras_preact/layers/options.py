@@ -158,8 +158,14 @@ KERNEL_INITIALIZERS = {
 
 
 def get_kernel_initializer(identifier):
+    """A new initializer object for every kernel. Keras' unseeded initializers draw their seed once,
+    when made, so one object shared by two kernels of one shape gives them equal values; the official
+    code draws every kernel independently. A given ``Initializer`` object is copied from its config
+    (a seeded one stays seeded: the user's choice)."""
     if isinstance(identifier, str) and identifier in KERNEL_INITIALIZERS:
         return KERNEL_INITIALIZERS[identifier]()
+    if isinstance(identifier, keras.initializers.Initializer):
+        return identifier.__class__.from_config(identifier.get_config())
     try:
         return keras.initializers.get(identifier)
     except (ValueError, TypeError) as e:

@@ -161,7 +161,7 @@ class ResidualUnit(keras.layers.Layer):
         self._widths = [filters // divisor] * (len(kernel_sizes) - 1) + [filters]
         self._stride_index = opt.STRIDE_POSITIONS[stride_position](kernel_sizes)
         self._channel_axis = -1 if self.data_format == "channels_last" else 1
-        self._initializer = opt.get_kernel_initializer(kernel_initializer)
+        opt.get_kernel_initializer(kernel_initializer)  # refused here when unknown; each kernel gets its own
         self._regularizer = opt.get_regularizer(kernel_regularizer)
 
     # ----------------------------------------------------------------------------------- build
@@ -187,7 +187,7 @@ class ResidualUnit(keras.layers.Layer):
             strides=strides,
             padding="same" if strides == 1 else "valid",
             use_bias=use_bias,
-            kernel_initializer=keras.initializers.Zeros() if zero else self._initializer,
+            kernel_initializer=keras.initializers.Zeros() if zero else opt.get_kernel_initializer(self.kernel_initializer),
             kernel_regularizer=self._regularizer,
             data_format=self.data_format,
             name=name,
@@ -285,7 +285,7 @@ class ResidualUnit(keras.layers.Layer):
                 strides=self.strides,
                 activation="sigmoid",
                 bias_initializer=keras.initializers.Constant(self._shortcut_options["gate_bias_init"]),
-                kernel_initializer=self._initializer,
+                kernel_initializer=opt.get_kernel_initializer(self.kernel_initializer),
                 kernel_regularizer=self._regularizer,
                 data_format=self.data_format,
                 name="gate",
