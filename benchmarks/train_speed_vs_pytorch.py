@@ -114,6 +114,12 @@ def run_one(args, name, spec, out_dir, length, stop_at=None):
         raise SystemExit(f"{name} failed (exit {done.returncode}):\n{tail}")
     with open(out / "history.csv") as f:
         rows = list(csv.DictReader(f))
+    if args.keep:
+        keep = pathlib.Path(args.keep) / out.name
+        keep.mkdir(parents=True, exist_ok=True)
+        for small in ("history.csv", "metrics.json"):
+            if (out / small).exists():
+                shutil.copyfile(out / small, keep / small)
     chosen = [line for line in done.stdout.splitlines() if line.startswith("[backend]")]
     return {"rows": rows, "wall": wall, "backend_line": chosen[0] if chosen else ""}
 
@@ -182,6 +188,8 @@ def parse_args(argv=None):
     p.add_argument("--train-args", nargs=argparse.REMAINDER, default=[],
                    help="extra keras-preact-train flags, last on the line (e.g. --train-args --seed 1)")
     p.add_argument("--json", default=None, help="also write every figure here")
+    p.add_argument("--keep", default=None, metavar="DIR",
+                   help="copy every run's history.csv and metrics.json to DIR/<candidate>/ (the last round's)")
     args = p.parse_args(argv)
     if args.rounds < 1 or args.epochs < 1 or args.steps_per_epoch < 1:
         p.error("--rounds, --epochs and --steps-per-epoch must be >= 1")

@@ -64,9 +64,10 @@ def test_mixed_precision(name, rng):
 def test_channels_first(name, rng):
     images, _ = _batch(name, rng)
     # Over hundreds of units the NHWC and NCHW kernels' different summation orders add up to ~1e-3
-    # on the probabilities (measured: 1.3e-3 at ResNet-1001); a wrong layout or weight gives ~1e-1.
+    # on the probabilities (measured: 1.3e-3 and, with other random weights, 3.6e-3 at ResNet-1001);
+    # a wrong layout or weight gives ~1e-1.
     testing.run_channels_first_test(
         lambda **kw: create_model(name, num_classes=NUM_CLASSES, **{"input_shape": _small_input(name), **kw}),
         images,
-        atol=3e-3 if model_spec(name).slow else 1e-5,
+        atol=6e-3 if model_spec(name).slow else 1e-5,
     )

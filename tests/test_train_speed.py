@@ -184,10 +184,12 @@ def test_side_by_side_benchmark_runs_end_to_end(tmp_path, capsys, monkeypatch):
     data = write_folder(tmp_path / "data", per_class=48, classes=3)  # 144 images: one batch of 128
     out = tmp_path / "figures.json"
     bench.main(["--data-dir", str(data), "--backends", "torch", "--pipelines", "device", "--rounds", "1",
-                "--epochs", "2", "--steps-per-epoch", "1", "--json", str(out)])
+                "--epochs", "2", "--steps-per-epoch", "1", "--json", str(out), "--keep", str(tmp_path / "kept")])
     printed = capsys.readouterr().out
     figures = json.loads(out.read_text())
     assert set(figures) == {"keras-preact-train/torch/device", "reference-torch"}
     assert figures["reference-torch"]["ratio"] == [1.0]
     assert all(v["train"][0] > 0 and v["eval"][0] > 0 for v in figures.values())
     assert "| keras-preact-train/torch/device |" in printed
+    for kept in ("keras-preact-train_torch_device", "reference-torch"):  # --keep: every run's history
+        assert len((tmp_path / "kept" / kept / "history.csv").read_text().splitlines()) == 3

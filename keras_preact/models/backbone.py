@@ -247,7 +247,9 @@ class PreActResNetBackbone(keras.Model):
                  "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
             )
         outputs = apply_ops(x, ordering.final, unit_options, "final", axis, dtype)
-        super().__init__(inputs=inputs, outputs=outputs, name=name, dtype=dtype, **kwargs)
+        super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
+        if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
+            self.dtype_policy = keras.dtype_policies.get(dtype)
 
         # The deepest stage at each stride: with the stride on a stage's last unit (TF-slim), two
         # stages can share one.

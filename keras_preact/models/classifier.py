@@ -47,7 +47,9 @@ class PreActResNetClassifier(keras.Model):
         x = backbone(inputs)
         for layer in head:
             x = layer(x)
-        super().__init__(inputs=inputs, outputs=x, name=name, dtype=dtype, **kwargs)
+        super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
+        if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
+            self.dtype_policy = keras.dtype_policies.get(dtype)
         self.backbone = backbone
         self.head_layers = head
         self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
