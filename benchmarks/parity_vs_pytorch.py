@@ -10,7 +10,8 @@ full epochs, once per seed:
 - ``benchmarks/reference_torch_cifar.py`` (``--notf-python``; imports nothing of ours).
 
 Runs go seed by seed, every candidate within a seed, so an interrupted comparison stays balanced; a run
-whose ``metrics.json`` exists is reused, so running the same command again resumes. ``--out`` gets the
+whose ``metrics.json`` exists (in its run directory, or in its kept copy under ``--out``, so committed
+evidence resumes on another machine) is reused: running the same command again resumes. ``--out`` gets the
 small evidence files (run directories stay under ``OUT/runs/``, which git ignores):
 
 - ``parity.md``: final-epoch test accuracy per seed, mean +- std, and each mean's gap to the reference's,
@@ -62,8 +63,11 @@ def commands(args, seed, run_dir):
 
 
 def run(name, seed, python, argv, run_dir, out):
-    """Train one candidate at one seed (reused when finished); copy its small files to ``out``."""
-    where = run_dir / f"{name}-seed{seed}"
+    """Train one candidate at one seed; copy its small files to ``out``. A finished run is reused: its
+    run directory, or its kept copy in ``out`` (committed evidence resumes on another machine)."""
+    where, keep = run_dir / f"{name}-seed{seed}", out / f"{name}-seed{seed}"
+    if not (where / "metrics.json").exists() and (keep / "metrics.json").exists():
+        where = keep
     if not (where / "metrics.json").exists():
         shutil.rmtree(where, ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -76,10 +80,9 @@ def run(name, seed, python, argv, run_dir, out):
             tail = "\n".join(log.read_text().strip().splitlines()[-15:])
             raise SystemExit(f"{name} seed {seed} failed (exit {done.returncode}, log {log}):\n{tail}")
         print(f"{name} seed {seed}: {time.perf_counter() - started:.0f} s", flush=True)
-    keep = out / f"{name}-seed{seed}"
     keep.mkdir(parents=True, exist_ok=True)
     for small in SMALL_FILES:
-        if (where / small).exists():
+        if where != keep and (where / small).exists():
             shutil.copyfile(where / small, keep / small)
     return {"history": read_history(where / "history.csv"),
             "test_accuracy": json.loads((where / "metrics.json").read_text())["test_accuracy"]}

@@ -5,6 +5,7 @@ the 0.5-point bound, the evidence files are written, and running it again reuses
 import importlib.util
 import json
 import re
+import shutil
 import sys
 from pathlib import Path
 
@@ -64,6 +65,12 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
     assert run() == passed
     assert not re.search(r"seed \d+: \d+ s$", capsys.readouterr().out, re.MULTILINE)  # no run trained
     assert {p: p.stat().st_mtime_ns for p in (out / "runs").glob("*/history.csv")} == trained
+    assert json.loads((out / "parity.json").read_text())["table"] == table
+
+    # On another machine only the kept copies exist (the run directories are not committed): still reused.
+    shutil.rmtree(out / "runs")
+    assert run() == passed
+    assert not re.search(r"seed \d+: \d+ s$", capsys.readouterr().out, re.MULTILINE)
     assert json.loads((out / "parity.json").read_text())["table"] == table
 
 
