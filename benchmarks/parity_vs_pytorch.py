@@ -80,10 +80,8 @@ def run(name, seed, python, argv, run_dir, out):
             tail = "\n".join(log.read_text().strip().splitlines()[-15:])
             raise SystemExit(f"{name} seed {seed} failed (exit {done.returncode}, log {log}):\n{tail}")
         print(f"{name} seed {seed}: {time.perf_counter() - started:.0f} s", flush=True)
-    keep.mkdir(parents=True, exist_ok=True)
-    for small in SMALL_FILES:
-        if where != keep and (where / small).exists():
-            shutil.copyfile(where / small, keep / small)
+    if where != keep:
+        speed.keep_files(where, keep, SMALL_FILES)
     return {"history": read_history(where / "history.csv"),
             "test_accuracy": json.loads((where / "metrics.json").read_text())["test_accuracy"]}
 
@@ -189,7 +187,7 @@ def main(argv=None):
     versions = [f"{python}: " + ", ".join(v for v in speed.versions(python) if v)
                 for python in dict.fromkeys([args.python, args.notf_python]) if python]
     print("machine:", machine, flush=True)
-    speed.prepare(args, None)  # decode and cache the JPEGs once, outside every run
+    speed.prepare(args)  # decode and cache the JPEGs once, outside every run
     results = {}
     for seed in args.seeds:
         for name, (python, argv_) in commands(args, seed, run_dir).items():

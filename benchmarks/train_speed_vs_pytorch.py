@@ -85,6 +85,14 @@ def reached(history, target):
         return False
 
 
+def keep_files(src, dst, names=("history.csv", "metrics.json")):
+    """Copy a run's small files that exist from ``src`` to ``dst`` (created)."""
+    dst.mkdir(parents=True, exist_ok=True)
+    for small in names:
+        if (src / small).exists():
+            shutil.copyfile(src / small, dst / small)
+
+
 def run_one(args, name, spec, out_dir, length, stop_at=None):
     """One candidate as a process; with ``stop_at``, it is stopped once an epoch reaches that accuracy."""
     key, argv, env_extra = spec
@@ -99,28 +107,25 @@ def run_one(args, name, spec, out_dir, length, stop_at=None):
         proc = subprocess.Popen([python, *argv, *where, *length], cwd=REPO, env=env, stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
         stopped = False
+        if stop_at is None:
+            proc.wait()
         while proc.poll() is None:
             time.sleep(5)
-            if stop_at is not None and reached(out / "history.csv", stop_at):
+            if reached(out / "history.csv", stop_at):
                 proc.terminate()  # the target is in the history: the remaining epochs would not count
                 proc.wait()
                 stopped = True
         wall = time.perf_counter() - started
         log.seek(0)
         output = log.read()
-    done = subprocess.CompletedProcess(proc.args, 0 if stopped else proc.returncode, output, "")
-    if done.returncode != 0:
-        tail = "\n".join((done.stdout + done.stderr).strip().splitlines()[-15:])
-        raise SystemExit(f"{name} failed (exit {done.returncode}):\n{tail}")
+    if proc.returncode != 0 and not stopped:
+        tail = "\n".join(output.strip().splitlines()[-15:])
+        raise SystemExit(f"{name} failed (exit {proc.returncode}):\n{tail}")
     with open(out / "history.csv") as f:
         rows = list(csv.DictReader(f))
     if args.keep:
-        keep = pathlib.Path(args.keep) / out.name
-        keep.mkdir(parents=True, exist_ok=True)
-        for small in ("history.csv", "metrics.json"):
-            if (out / small).exists():
-                shutil.copyfile(out / small, keep / small)
-    chosen = [line for line in done.stdout.splitlines() if line.startswith("[backend]")]
+        keep_files(out, pathlib.Path(args.keep) / out.name)
+    chosen = [line for line in output.splitlines() if line.startswith("[backend]")]
     return {"rows": rows, "wall": wall, "backend_line": chosen[0] if chosen else ""}
 
 
@@ -145,7 +150,7 @@ def seconds_to_accuracy(result, target):
     return None, len(result["rows"]), max(float(r["val_accuracy"]) for r in result["rows"])
 
 
-def prepare(args, names):
+def prepare(args):
     """Decode and cache the JPEGs once for both trainers, outside the timed runs."""
     # Any installed backend decodes (the CLI's own choice); the cache is shared by both environments.
     code = f"from training import backends; backends.select(); from training import sources; sources.folder({args.data_dir!r})"
@@ -215,7 +220,7 @@ def main(argv=None):
     print("machine:", describe_machine(args))
     for python in {args.python, args.notf_python} - {None}:
         print(f"versions ({python}):", ", ".join(v for v in versions(python) if v))
-    prepare(args, names)
+    prepare(args)
     if args.to_accuracy is not None:
         return time_to_accuracy(args, names)
     length = ["--epochs", str(args.epochs), "--steps-per-epoch", str(args.steps_per_epoch)]

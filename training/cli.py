@@ -91,20 +91,21 @@ def config_from_args(args, parser):
         parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
     preset = args.preset or args.preset_name
     overrides = flags.overrides_from_args(args)
+    needs_data = not args.dry_run  # --dry-run reads no data
     try:
         if args.config:
             base = config_from_run(args.config)
             if preset:
                 parser.error("give either a preset or --config, not both")
-            config = configs.validate(base.replace(**overrides), needs_data=not args.dry_run)
+            config = configs.validate(base.replace(**overrides), needs_data=needs_data)
         else:
             if preset and preset not in configs.PRESETS:
                 parser.error(f"argument --preset: invalid choice: {preset!r} (choose from "
                              f"{', '.join(sorted(configs.PRESETS))})")
-            config = configs.get_config(preset or configs.DEFAULT_PRESET, needs_data=not args.dry_run, **overrides)
+            config = configs.get_config(preset or configs.DEFAULT_PRESET, needs_data=needs_data, **overrides)
         if args.ordering:
             config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}),
-                                      needs_data=not args.dry_run)
+                                      needs_data=needs_data)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     return config

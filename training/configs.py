@@ -288,7 +288,7 @@ EXTRA_PRESETS = [
         normalization="cifar10",
     ),
     # The paper's recipe (piecewise: /10 at 50% and 75%) scaled to 50 epochs: about 2 hours of the
-    # 2-core CPU machine (REPRODUCTION.md, issue "Trained for real").
+    # 2-core CPU machine (issue "Trained for real", item 3).
     _cifar(
         "cifar10-folder-resnet20-converged",
         "Sec. 4 recipe scaled to 50 epochs (19,500 iterations) on the CIFAR-10 JPEG folder",
