@@ -210,9 +210,19 @@ def is_encoded_image(encoded):
 # ------------------------------------------------------------------------------- image functions
 def decode_image(encoded, channels=3):
     """Encoded JPEG/PNG/GIF/BMP bytes (a scalar string tensor) to a uint8 ``[H, W, channels]`` image;
-    a GIF gives its first frame."""
+    a GIF gives its first frame.
+
+    JPEGs are decoded with libjpeg's accurate integer IDCT (``dct_method="INTEGER_ACCURATE"``), as Pillow
+    (the TensorFlow-free path and the ONNX/OpenVINO servers) and torchvision decode them, so every path
+    sees the same pixels. TensorFlow's default, the fast IDCT, differs by up to 5 levels on CIFAR-10's
+    JPEGs (every test image)."""
     tf = _tensorflow("decode_image")
-    return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+    encoded = tf.convert_to_tensor(encoded, tf.string)
+    return tf.cond(
+        tf.io.is_jpeg(encoded),
+        lambda: tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE"),
+        lambda: tf.io.decode_image(encoded, channels=channels, expand_animations=False),
+    )
 
 
 def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):

@@ -15,6 +15,7 @@ from keras_preact.preprocessing import (
     IMAGE_MAGIC,
     INTERPOLATIONS,
     InputConfig,
+    decode_image,
     image_format,
 )
 from keras_preact.testing import encode_image, photo_like
@@ -132,12 +133,38 @@ def training_eval_view(encoded, crop, train_crop):
 
     import tensorflow as tf
 
-    image = tf.io.decode_image(encoded, channels=3, expand_animations=False)
+    # The decode is the accurate-IDCT one decode_image uses since it was made to equal Pillow's (below).
+    image = tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")
     side = crop if crop > train_crop else math.ceil(crop * 256 / 224)
     shape = tf.cast(tf.shape(image)[:2], tf.float32)
     new = tf.cast(tf.round(shape * (tf.cast(side, tf.float32) / tf.reduce_min(shape))), tf.int32)
     image = tf.image.resize(image, new, antialias=True)
     return tf.image.resize_with_crop_or_pad(image, crop, crop)
+
+
+@pytest.mark.parametrize("fmt, options", [
+    ("JPEG", dict(quality=75)),  # CIFAR-10 folder's quality, 4:2:0 chroma
+    ("JPEG", dict(quality=95, subsampling=0)),  # 4:4:4
+    ("JPEG", dict(quality=50, progressive=True)),
+    ("PNG", {}),
+    ("BMP", {}),
+])
+def test_decode_image_gives_pillows_pixels(tf, fmt, options):
+    """TensorFlow's decode equals Pillow's bit for bit (the TensorFlow-free data path, the ONNX/OpenVINO
+    servers, the PyTorch reference): JPEGs with the accurate IDCT, not TensorFlow's default fast one."""
+    import io
+
+    from PIL import Image
+
+    for height, width, seed in ((32, 32, 0), (37, 53, 1), (224, 300, 2)):
+        data = encode_image(photo_like(height, width, seed), fmt, **options)
+        with Image.open(io.BytesIO(data)) as image:
+            expected = np.asarray(image.convert("RGB"))
+        decoded = decode_image(tf.constant(data)).numpy()
+        np.testing.assert_array_equal(decoded, expected)
+        assert decoded.dtype == np.uint8
+    fast = tf.io.decode_image(tf.constant(data), channels=3).numpy()
+    assert fmt != "JPEG" or not np.array_equal(fast, expected)  # the default IDCT would not pass
 
 
 def test_training_evaluates_with_the_shared_view(tf):

@@ -29,6 +29,9 @@ logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_SPLIT_NAMES = ("test", "val", "validation")
+# Part of the decoded-image cache's key: caches decoded otherwise (TensorFlow's fast JPEG IDCT, before
+# decode_image used the accurate one that Pillow uses) are not reused.
+DECODER = "jpeg-islow"
 
 
 class DataError(ValueError):
@@ -230,7 +233,7 @@ def _decode_files(files, skip_bad=False):
 
 
 def _cache_key(files):
-    digest = hashlib.sha1()
+    digest = hashlib.sha1(DECODER.encode())
     for f in files:
         st = os.stat(f)
         digest.update(f"{f}|{st.st_size}|{int(st.st_mtime)}\n".encode())

@@ -1,0 +1,154 @@
+"""The trained weights that ship with the package, on every backend (issue 22, item 4-5).
+
+For every registry entry's weights: ``create_model(name, weights=...)`` loads the package file by its
+sha256; the model carries its input config and class names through ``.keras`` save/load; and on a probe
+of real CIFAR-10 test images (the first 10 of each class from ``../shared/data/cifar10-jpeg.tar.gz``,
+decoded by Pillow as the TensorFlow-free path does) it gives the probabilities recorded on TensorFlow in
+``tests/shipped_weights_probe.json``. The slow test evaluates the whole test split with
+``keras-preact-evaluate`` and must reproduce the registry's top-1 within 0.05 points.
+
+Re-record the probe after shipping new weights (on TensorFlow)::
+
+    KERAS_BACKEND=tensorflow python tests/test_shipped_weights.py
+"""
+
+import io
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+
+import numpy as np
+import pytest
+
+from keras_preact.models import create_model, list_models, model_spec
+
+pytestmark = pytest.mark.notf
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
+PROBE_FILE = pathlib.Path(__file__).with_name("shipped_weights_probe.json")
+PER_CLASS = 10
+SHIPPED = [(name, weights) for name in list_models() for weights in model_spec(name).weights]
+
+
+def _cifar_members(split, per_class=None):
+    """(member name, class name, JPEG bytes) of the tarball's ``split``, the first ``per_class`` of each
+    class by file number (all with None), sorted by class then number."""
+    if not CIFAR_TAR.exists():
+        pytest.skip(f"{CIFAR_TAR} is not here (the shared CIFAR-10 JPEG folder)")
+    found = []
+    with tarfile.open(CIFAR_TAR) as tar:
+        for member in tar:
+            parts = pathlib.PurePosixPath(member.name).parts
+            if member.isfile() and len(parts) == 4 and parts[1] == split:
+                number = int(pathlib.PurePosixPath(parts[3]).stem)
+                if per_class is None or number < per_class:
+                    found.append((parts[2], number, member.name, tar.extractfile(member).read()))
+    return [(name, label, data) for label, _, name, data in sorted(found)]
+
+
+def _probe_inputs(input_config):
+    """(member names, labels as class names, normalized float32 images) of the probe."""
+    from PIL import Image
+
+    members = _cifar_members("test", PER_CLASS)
+    pixels = np.stack([np.asarray(Image.open(io.BytesIO(data)).convert("RGB")) for _, _, data in members])
+    mean, std = np.asarray(input_config.mean, np.float32), np.asarray(input_config.std, np.float32)
+    return [m for m, _, _ in members], [c for _, c, _ in members], (pixels.astype(np.float32) - mean) / std
+
+
+def _probabilities(model, images):
+    import keras
+
+    return keras.ops.convert_to_numpy(model.predict(images, batch_size=50, verbose=0))
+
+
+def _recorded(name, weights):
+    recorded = json.loads(PROBE_FILE.read_text(encoding="utf-8")) if PROBE_FILE.exists() else {}
+    key = f"{name}/{weights}"
+    assert key in recorded, f"{key} has no recorded probe: run `python tests/test_shipped_weights.py`"
+    return recorded[key]
+
+
+@pytest.mark.parametrize("name, weights", SHIPPED)
+def test_shipped_weights_load_carry_their_config_and_give_the_recorded_outputs(name, weights, tmp_path):
+    import keras
+
+    spec, trained = model_spec(name), model_spec(name).weights[weights]
+    model = create_model(name, weights=weights)
+    assert model.class_names == trained.class_names and model.input_config == spec.input_config
+    model.save(tmp_path / "shipped.keras")
+    reloaded = keras.saving.load_model(tmp_path / "shipped.keras")
+    assert reloaded.class_names == trained.class_names and reloaded.input_config == spec.input_config
+
+    recorded = _recorded(name, weights)
+    files, labels, images = _probe_inputs(spec.input_config)
+    assert files == recorded["files"]
+    probabilities = _probabilities(reloaded, images)
+    np.testing.assert_allclose(probabilities, np.asarray(recorded["probabilities"]), atol=2e-4)
+    predicted = [trained.class_names[k] for k in probabilities.argmax(-1)]
+    accuracy = np.mean([p == t for p, t in zip(predicted, labels)])
+    assert accuracy == recorded["accuracy"] and accuracy >= 0.8  # trained weights, not a fresh draw
+
+
+@pytest.mark.parametrize("name, weights", SHIPPED)
+def test_a_changed_weights_file_is_refused_by_its_sha256(name, weights, tmp_path, monkeypatch):
+    import dataclasses
+
+    from keras_preact.models import registry
+
+    spec = model_spec(name)
+    copy = tmp_path / "copy.weights.h5"
+    copy.write_bytes(spec.weights[weights].path.read_bytes()[:-1] + b"\0")
+    changed = dataclasses.replace(spec.weights[weights], file=str(copy))
+    monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(spec, weights={weights: changed}))
+    with pytest.raises(ValueError, match=r"has sha256 [0-9a-f]{64}, the registry expects"):
+        create_model(name, weights=weights)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name, weights", SHIPPED)
+def test_the_whole_test_split_reproduces_the_registered_top1(name, weights, tmp_path):
+    """``keras-preact-evaluate NAME --weights W`` on all 10,000 test images, in a fresh process on this
+    backend: the registry's top-1 within 0.05 points."""
+    root = tmp_path / "cifar10"
+    for split, per_class in (("train", 1), ("test", None)):
+        for member, label, data in _cifar_members(split, per_class):
+            path = root / split / label / pathlib.PurePosixPath(member).name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    done = subprocess.run([sys.executable, "-m", "training.evaluate", name, "--weights", weights, "--data-dir",
+                           str(root), "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "m.json")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    assert done.returncode == 0, done.stderr[-2000:]
+    measured = json.loads((tmp_path / "m.json").read_text())
+    assert measured["images"] == 10000
+    assert abs(measured["top1"] - model_spec(name).weights[weights].top1) <= 0.0005
+
+
+def record():
+    """Write the probe's probabilities for every shipped weights (run on TensorFlow)."""
+    import keras
+
+    assert keras.backend.backend() == "tensorflow", "record the probe on TensorFlow"
+    recorded = {}
+    for name, weights in SHIPPED:
+        spec = model_spec(name)
+        files, labels, images = _probe_inputs(spec.input_config)
+        probabilities = _probabilities(create_model(name, weights=weights), images)
+        predicted = [spec.weights[weights].class_names[k] for k in probabilities.argmax(-1)]
+        recorded[f"{name}/{weights}"] = {
+            "files": files,
+            "accuracy": float(np.mean([p == t for p, t in zip(predicted, labels)])),
+            "probabilities": np.round(probabilities.astype(np.float64), 6).tolist(),
+        }
+    PROBE_FILE.write_text(json.dumps(recorded, indent=1) + "\n", encoding="utf-8")
+    print(f"wrote {PROBE_FILE}: {', '.join(recorded)}")
+
+
+if __name__ == "__main__":
+    record()
