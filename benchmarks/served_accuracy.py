@@ -291,49 +291,63 @@ def body_limit(split, pixels, batch):
                batch * (math.ceil(largest_file * 4 / 3) + 16) + 2**20)
 
 
-def measure(args, target, split):
+def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process, in_process_probabilities):
+    """One format: exported, served, and both input kinds sent; its result rows."""
     from keras_preact.export import export_model
 
+    labels = np.asarray(split.labels, np.int64)
+    results = []
+    started = time.perf_counter()
+    version_dir = export_model(model, os.path.join(scratch, fmt), formats=(fmt,), name=MODEL_NAME,
+                               top_k=min(5, len(split.data.class_names)))  # its default 5 needs 5 classes
+    print(f"[served] {fmt}: exported to {version_dir} in {time.perf_counter() - started:.0f} s", flush=True)
+    with Server(version_dir.parent, fmt, max_batch=args.batch, max_body=body_limit(split, pixels, args.batch),
+                start_timeout=args.start_timeout) as server:
+        client = Client(server.host, server.port, args.request_timeout)
+        try:
+            signatures = client.signatures()
+            for kind, (signature, _) in KINDS.items():
+                row = {"format": fmt, "input": kind, "signature": signature,
+                       "runtime": runtime_of(signature, server.runtimes)}
+                if signature not in signatures:
+                    row.update(served=False, reason=f"{fmt} holds {', '.join(signatures)} only ("
+                               f"{signature} is a SavedModel signature)")
+                    results.append(row)
+                    continue
+                started = time.perf_counter()
+                predicted, probabilities = served_predictions(client, kind, split, pixels, args.batch)
+                top1 = float(np.mean(predicted == labels))
+                row.update(served=True, images=len(predicted), top1=top1,
+                           diff_points=round(100 * (top1 - evaluated), 4) + 0.0,
+                           differing_predictions=int(np.sum(predicted != in_process)),
+                           max_probability_diff=float(np.max(np.abs(probabilities - in_process_probabilities))),
+                           seconds=round(time.perf_counter() - started, 1), predictions=predicted.tolist())
+                row["within_tolerance"] = abs(row["diff_points"]) <= args.tolerance
+                results.append(row)
+                print(f"[served] {fmt} {kind}: top-1 {top1:.2%} ({row['diff_points']:+.2f} points, "
+                      f"{row['differing_predictions']} predictions differ) in {row['seconds']} s", flush=True)
+        finally:
+            client.close()
+    return results
+
+
+def measure(args, target, split):
     metrics, in_process_probabilities, model = reference(target, split, args.batch)
     in_process = np.argmax(in_process_probabilities, axis=-1).astype(np.int64)
     evaluated = metrics["top1"]
     print(f"[served] evaluated in process: top-1 {evaluated:.2%} on {split.data.label}", flush=True)
     pixels = split.pixels()
-    labels = np.asarray(split.labels, np.int64)
     results = []
     with tempfile.TemporaryDirectory(prefix="served-accuracy-") as scratch:
         for fmt in args.formats:
-            started = time.perf_counter()
-            version_dir = export_model(model, os.path.join(scratch, fmt), formats=(fmt,), name=MODEL_NAME,
-                                       top_k=min(5, len(split.data.class_names)))  # its default 5 needs 5 classes
-            print(f"[served] {fmt}: exported to {version_dir} in {time.perf_counter() - started:.0f} s", flush=True)
-            with Server(version_dir.parent, fmt, max_batch=args.batch, max_body=body_limit(split, pixels, args.batch),
-                        start_timeout=args.start_timeout) as server:
-                client = Client(server.host, server.port, args.request_timeout)
-                try:
-                    signatures = client.signatures()
-                    for kind, (signature, _) in KINDS.items():
-                        row = {"format": fmt, "input": kind, "signature": signature,
-                               "runtime": runtime_of(signature, server.runtimes)}
-                        if signature not in signatures:
-                            row.update(served=False, reason=f"{fmt} holds {', '.join(signatures)} only ("
-                                       f"{signature} is a SavedModel signature)")
-                            results.append(row)
-                            continue
-                        started = time.perf_counter()
-                        predicted, probabilities = served_predictions(client, kind, split, pixels, args.batch)
-                        top1 = float(np.mean(predicted == labels))
-                        row.update(served=True, images=len(predicted), top1=top1,
-                                   diff_points=round(100 * (top1 - evaluated), 4) + 0.0,
-                                   differing_predictions=int(np.sum(predicted != in_process)),
-                                   max_probability_diff=float(np.max(np.abs(probabilities - in_process_probabilities))),
-                                   seconds=round(time.perf_counter() - started, 1), predictions=predicted.tolist())
-                        row["within_tolerance"] = abs(row["diff_points"]) <= args.tolerance
-                        results.append(row)
-                        print(f"[served] {fmt} {kind}: top-1 {top1:.2%} ({row['diff_points']:+.2f} points, "
-                              f"{row['differing_predictions']} predictions differ) in {row['seconds']} s", flush=True)
-                finally:
-                    client.close()
+            try:
+                results += serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process,
+                                        in_process_probabilities)
+            except (RuntimeError, OSError, http.client.HTTPException, ValueError) as error:  # the next format still runs
+                message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
+                print(f"[served] {fmt}: FAILED: {message}", flush=True)
+                results.append({"format": fmt, "input": "any", "served": False, "error": message,
+                                "reason": f"FAILED: {message}"})
     return metrics, in_process, results
 
 
@@ -422,11 +436,12 @@ def main(argv=None):
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {str(error).splitlines()[0]}\n")
     evaluated = metrics["top1"]
-    results += [{"format": f, "input": kind, "served": False, "reason": f"not written: {why}"}
-                for f, why in refused.items() for kind in KINDS]
+    results += [{"format": f, "input": "any", "served": False, "reason": f"not written: {why}"}
+                for f, why in refused.items()]
     print(table(evaluated, results), flush=True)
     served = [r for r in results if r["served"]]
-    passed = bool(served) and all(r["within_tolerance"] for r in served)
+    failed = [r for r in results if "error" in r]
+    passed = bool(served) and not failed and all(r["within_tolerance"] for r in served)
     if args.json is not None:
         from keras_preact.scratch import atomic_path
 
@@ -438,8 +453,12 @@ def main(argv=None):
                   "in_process_predictions": in_process.tolist(), "results": results}
         with atomic_path(args.json) as tmp:
             tmp.write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
-    print(f"[served] {'PASS' if passed else 'FAIL'}: every served top-1 within {args.tolerance} points of the "
-          f"evaluation's" if served else "[served] FAIL: nothing was served", flush=True)
+    if passed:
+        print(f"[served] PASS: every served top-1 within {args.tolerance} points of the evaluation's", flush=True)
+    else:
+        print(f"[served] FAIL: {len(failed)} format(s) failed, "
+              f"{sum(not r['within_tolerance'] for r in served)} served top-1 beyond {args.tolerance} points, "
+              f"{len(served)} served in all", flush=True)
     return 0 if passed else 1
 
 

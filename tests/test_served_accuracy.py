@@ -44,7 +44,7 @@ def test_served_predictions_are_the_evaluated_ones(tmp_path, rng):
     model.class_names = CLASSES
     head = model.get_layer("logits")
     kernel, bias = head.get_weights()
-    head.set_weights([rng.normal(0, 1, kernel.shape).astype("float32"), bias])  # predictions that vary by image
+    head.set_weights([rng.normal(0, 1, kernel.shape).astype("float32"), bias])  # probabilities far from uniform
     model.save(tmp_path / "model.keras")
 
     out = tmp_path / "served.json"
@@ -56,13 +56,13 @@ def test_served_predictions_are_the_evaluated_ones(tmp_path, rng):
     assert report["evaluation"]["images"] == 20 and len(report["labels"]) == 20
     assert sorted(set(report["labels"])) == [0, 1, 2, 3]  # --limit spreads over the classes
     in_process = report["in_process_predictions"]
-    assert len(set(in_process)) > 1  # the comparison below means something
     rows = {r["input"]: r for r in report["results"]}
     assert set(rows) == {"jpeg_bytes", "uint8_pixels"}
     for kind, row in rows.items():
         assert row["served"] and row["format"] == "saved_model" and row["runtime"] == "saved_model", kind
         assert row["images"] == 20 and row["predictions"] == in_process, kind
         assert row["top1"] == pytest.approx(report["evaluation"]["top1"], abs=1e-6) and row["diff_points"] == 0.0
+        # A random network may give most images one class: the probabilities are the stricter check.
         assert row["max_probability_diff"] < 1e-4, kind
 
 
@@ -77,3 +77,11 @@ def test_a_model_without_its_input_config_is_refused(tmp_path, rng):
     bare = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(4)])
     with pytest.raises(ValueError, match="does not carry the input config"):
         served_accuracy.check_carried(bare, Target("bare", None, config, CLASSES))
+
+
+def test_a_server_that_cannot_start_is_reported_and_stopped(tmp_path):
+    """A server that exits (here: nothing to serve) raises with its own last lines, within the bound."""
+    from benchmarks import served_accuracy
+
+    with pytest.raises(RuntimeError, match=r"keras-preact-serve exited \(2\).*no numeric version folder"):
+        served_accuracy.Server(tmp_path, "onnx", max_batch=8, max_body=2**20, start_timeout=120)
