@@ -102,7 +102,9 @@ def test_a_changed_weights_file_is_refused_by_its_sha256(name, weights, tmp_path
 
     spec = model_spec(name)
     copy = tmp_path / "copy.weights.h5"
-    copy.write_bytes(spec.weights[weights].path.read_bytes()[:-1] + b"\0")
+    data = bytearray(spec.weights[weights].path.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # one byte changed
+    copy.write_bytes(bytes(data))
     changed = dataclasses.replace(spec.weights[weights], file=str(copy))
     monkeypatch.setitem(registry._REGISTRY, name, dataclasses.replace(spec, weights={weights: changed}))
     with pytest.raises(ValueError, match=r"has sha256 [0-9a-f]{64}, the registry expects"):

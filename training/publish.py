@@ -28,6 +28,12 @@ def _weight_layout(model):
     return [(v.path, tuple(v.shape)) for v in model.weights]
 
 
+def _same_input_config(run, registry):
+    """Equal, with the run's mean/std compared at float32 (training computes in float32)."""
+    close = all(np.allclose(getattr(run, f), getattr(registry, f), rtol=1e-6, atol=0) for f in ("mean", "std"))
+    return close and run.replace(mean=registry.mean, std=registry.std) == registry
+
+
 def _probe(model):
     """A fixed, platform-independent batch at the model's input size (0-255 pattern, then standardised)."""
     height, width, channels = model.input_shape[1:]
@@ -50,7 +56,7 @@ def load_checked(run_dir, model_name):
         raise ValueError(f"Invalid run_dir={str(run_dir)!r}: no metrics.json (the run has not finished).")
     metrics = json.loads(metrics_file.read_text(encoding="utf-8"))
     spec = model_spec(model_name)
-    if manifest.input_config != spec.input_config:
+    if not _same_input_config(manifest.input_config, spec.input_config):
         raise ValueError(f"Invalid run_dir={str(run_dir)!r}: trained with input config {manifest.input_config}, "
                          f"but {model_name} is evaluated and served with {spec.input_config}.")
     trained = load_run_model(run_dir / "model.keras")

@@ -3,11 +3,8 @@
 One entry per network (timm's ``default_cfgs``, keras-hub's presets); ``registry`` registers them,
 and the ``cifar_resnet20``-style helpers and the ``PreActResNet50``-style applications come from it.
 
-Trained weights are an entry's ``weights`` mapping, added in the same change as their file in
-``keras_preact/weights/`` (none ship yet), e.g.::
-
-    weights={"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", sha256="<64 hex digits>",
-                             class_names=[...10 names...], dataset="cifar10", top1=0.0, source="<preset, run>")}
+Trained weights are an entry's ``weights`` mapping (``CIFAR_WEIGHTS``), added in the same change as their
+file in ``keras_preact/weights/``.
 """
 
 from keras_preact.preprocessing import InputConfig
@@ -33,6 +30,16 @@ CIFAR_PAPER = {
 IMAGENET_PAPER = {18: "Sec. 4 (fb.resnet.torch)", 34: "Sec. 4 (fb.resnet.torch)", 50: "Sec. 4 (fb.resnet.torch)",
                   101: "Sec. 4.1", 152: "Table 5", 200: "Table 5"}
 
+CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
+# Trained weights in keras_preact/weights/, written by `python -m training.publish RUN --model NAME --weights W`;
+# top1/top5: keras-preact-evaluate on the 10,000 test images of the CIFAR-10 JPEG folder (REPRODUCTION.md).
+CIFAR_WEIGHTS = {
+    20: {"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", class_names=CIFAR10_CLASSES,
+                         sha256="0a711325d52cb46b7f9445ace45f60456d6bb04291a0efa4b6e54241710599e8",
+                         dataset="CIFAR-10 as JPEG q75 (../shared/data/cifar10-jpeg.tar.gz)", top1=0.8637, top5=0.9957,
+                         source="keras-preact-train --preset cifar10-folder-resnet20-converged (TensorFlow, seed 0)")},
+}
+
 # Test suites check every network at a small input; the deepest ones only under their slow marker.
 CIFAR_TEST = dict(test_input_size=(16, 16, 3))
 IMAGENET_TEST = dict(test_input_size=(64, 64, 3))
@@ -41,7 +48,8 @@ SLOW_FROM_DEPTH = {"cifar": 1001, "imagenet": 101}
 MODEL_PRESETS = {
     **{
         f"cifar_resnet{depth}": dict(family="cifar", arguments={"depth": depth}, input_config=CIFAR_INPUT,
-                                     paper=paper, slow=depth >= SLOW_FROM_DEPTH["cifar"], **CIFAR_TEST)
+                                     paper=paper, slow=depth >= SLOW_FROM_DEPTH["cifar"],
+                                     weights=CIFAR_WEIGHTS.get(depth), **CIFAR_TEST)
         for depth, paper in CIFAR_PAPER.items()
     },
     # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv.
