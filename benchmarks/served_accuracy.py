@@ -366,12 +366,6 @@ def table(evaluated, results):
 
 
 # ------------------------------------------------------------------------------------------ CLI
-def _positive_int(text):
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a positive integer")
-    return int(text)
-
-
 def _positive_float(text):
     try:
         value = float(text)
@@ -387,11 +381,11 @@ def build_parser():
     parser.add_argument("model", help="a registry name (with --weights), a run directory or a .keras file")
     parser.add_argument("--weights", default=None, help="the registry model's trained weights, e.g. cifar10")
     parser.add_argument("--data-dir", required=True, help="image folder with train/ and test/ class folders")
-    parser.add_argument("--limit", type=_positive_int, default=None,
+    parser.add_argument("--limit", type=ev._positive_int, default=None,
                         help="N test images, evenly spaced through the class-sorted listing (default: all)")
     parser.add_argument("--formats", nargs="+", default=None,
                         help="export formats (default: every format this backend can write and serve here)")
-    parser.add_argument("--batch", type=_positive_int, default=128, help="images per request (default 128)")
+    parser.add_argument("--batch", type=ev._positive_int, default=128, help="images per request (default 128)")
     parser.add_argument("--tolerance", type=float, default=0.1,
                         help="largest |served - evaluated| top-1 in points (default 0.1)")
     parser.add_argument("--cache-dir", default=None, help="where decoded images are cached (as keras-preact-evaluate)")

@@ -62,7 +62,7 @@ def atomic_path(path):
     block succeeds and removed when it fails: ``path`` is complete or absent, never half-written."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(tag(path.name) + "".join(path.suffixes[-1:]))
+    tmp = path.with_name(tag(path.name) + "".join(path.suffixes))  # x.weights.h5 stays a .weights.h5
     try:
         yield tmp
     except BaseException:

@@ -13,13 +13,13 @@ add to ``keras_preact/models/presets.py``. Every check runs before anything is w
 
 import argparse
 import json
-import os
 import pathlib
 import sys
 
 import numpy as np
 
 from keras_preact.models import weights as weights_lib
+from keras_preact.scratch import atomic_path
 
 from .manifest import RunManifest
 
@@ -75,16 +75,10 @@ def load_checked(run_dir, model_name):
 
 
 def write_weights(network, path):
-    """``network.save_weights`` to ``path`` (``*.weights.h5``) through a temporary file and a rename."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".tmp-pid{os.getpid()}-{path.name}")
-    try:
+    """``network.save_weights`` to ``path`` (``*.weights.h5``), complete or absent (``atomic_path``)."""
+    with atomic_path(path) as tmp:
         network.save_weights(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    return path
+    return pathlib.Path(path)
 
 
 def registry_entry(path, manifest, metrics, dataset, source):
