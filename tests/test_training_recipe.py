@@ -2,10 +2,6 @@
 statistics follow Torch's momentum-0.1 update, and ``--dry-run`` prints the paper's iterations."""
 
 import importlib.util
-import os
-import pathlib
-import subprocess
-import sys
 
 import keras
 import numpy as np
@@ -183,21 +179,6 @@ def test_dry_run_needs_no_folder(tmp_path, capsys):
     with pytest.raises(SystemExit):  # training itself still needs the folder
         cli.main(["--preset", "cifar10-folder-resnet20-short", "--run-dir", str(tmp_path / "run")])
     assert "needs data_dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
-
-
-def test_cli_hides_tensorflow_start_up_logs_unless_asked(monkeypatch, capsys):
-    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    assert cli.main(["--dry-run"]) == 0
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "2"
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
-    assert cli.main(["--dry-run"]) == 0
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0"
-
-
-def test_the_library_module_names_the_command_line():
-    done = subprocess.run([sys.executable, "-m", "training.train"], capture_output=True, text=True, timeout=300,
-                          cwd=pathlib.Path(__file__).resolve().parents[1])
-    assert done.returncode == 1 and "the command line is keras-preact-train" in done.stderr
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="SavedModel export needs TensorFlow")

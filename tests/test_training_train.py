@@ -1,6 +1,8 @@
 """End-to-end runs of ``training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
 
+import dataclasses
 import json
+import types
 
 import keras
 import numpy as np
@@ -76,6 +78,66 @@ def test_each_phase_runs_alone(tmp_path):
     # Prepared again, the finished run has nothing left to do: its metrics come back.
     again = train_lib.Run(config, distribute.make(config), run.run_dir)
     assert train_lib.prepare(again, None)["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_chief_and_worker_decisions_are_the_records(tmp_path):
+    """Who writes what is read off the ``Run`` record: the chief the shared files, a worker only its own."""
+    config = dataclasses.replace(tiny(tmp_path), distribute="data-parallel")
+    alone = train_lib.Run(config, distribute.Distribution("default", None, 1, 0, 1), tmp_path)
+    chief = train_lib.Run(config, distribute.Distribution("data-parallel", None, 4, 0, 2), tmp_path)
+    worker = train_lib.Run(config, distribute.Distribution("data-parallel", None, 4, 1, 2), tmp_path)
+    assert (alone.files_dir, chief.files_dir, worker.files_dir) == (tmp_path, tmp_path, tmp_path / "worker-1")
+    assert (alone.is_chief, chief.is_chief, worker.is_chief) == (True, True, False)
+    assert (alone.may_stop_finished, chief.may_stop_finished, worker.may_stop_finished) == (True, False, False)
+    assert (alone.sharded, chief.sharded, worker.sharded) == (False, True, True)
+    assert worker.tensorboard_dir is None
+    assert chief.tensorboard_dir == (tmp_path / "tensorboard" if train_lib.has_tensorboard() else None)
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_prepare_alone_reads_the_data_and_writes_nothing(tmp_path):
+    config = tiny(tmp_path, normalization="pixel_mean")  # statistics of the data given
+    run = train_lib.Run(config, distribute.make(config), run_files.prepare_run_dir(config))
+    given = sources.synthetic(48, 16, 3, (16, 16))
+    assert train_lib.prepare(run, given) is None
+    assert run.data.num_classes == 3 and run.data.train_size == 48  # the data given, not config.dataset
+    assert (run.resolved.total_steps, run.resolved.steps_per_epoch, run.start_step) == (6, 3, 0)
+    np.testing.assert_array_equal(run.mean, given.mean_image)
+    assert [p.name for p in run.run_dir.rglob("*")] == ["checkpoints"]  # no manifest, history or backup yet
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_finalise_alone_on_a_fitted_model(tmp_path, capsys):
+    """finalise evaluates what it is given: a worker saves only its model.keras, the chief also writes
+    metrics.json and curves and prints the summary."""
+    config = tiny(tmp_path)
+    run = train_lib.Run(config, distribute.make(config), run_files.prepare_run_dir(config))
+    train_lib.prepare(run, None)
+    train_lib.build(run)
+    train_stream, run.test_stream = train_lib.input_streams(run)
+    run.model.fit(train_stream(0), epochs=1, steps_per_epoch=2, verbose=0, shuffle=False)  # fitted here, not by fit()
+    run.backup_callback, run.wall_s = types.SimpleNamespace(step=2), 4.0
+    expected = run.model.evaluate(run.test_stream, verbose=0, return_dict=True)
+    chief_dist = run.dist
+    run.dist = dataclasses.replace(chief_dist, process_index=1, process_count=2)
+    run.files_dir.mkdir()
+    as_worker = train_lib.finalise(run)
+    assert (run.run_dir / "worker-1" / "model.keras").exists() and not (run.run_dir / "metrics.json").exists()
+    run.dist = chief_dist
+    metrics = train_lib.finalise(run)
+    assert metrics == as_worker == json.loads((run.run_dir / "metrics.json").read_text())
+    assert metrics["test_accuracy"] == pytest.approx(expected["accuracy"])
+    assert metrics["test_loss"] == pytest.approx(expected["loss"])
+    assert (metrics["steps"], metrics["steps_this_session"], metrics["train_images_per_s"]) == (2, 2, 8.0)
+    assert "train_loss" not in metrics  # no history.csv: fit() did not run
+    assert (run.run_dir / "curves.png").exists() and "[train] summary" in capsys.readouterr().out
+    saved = keras.saving.load_model(run.run_dir / "model.keras")
+    images = np.random.default_rng(0).normal(size=(4, *run.classifier.input_shape[1:])).astype("float32")
+    np.testing.assert_allclose(saved.predict(images, verbose=0), run.classifier.predict(images, verbose=0), atol=1e-6)
 
 
 @pytest.mark.core

@@ -16,5 +16,6 @@ experiment of the paper); ``sources`` (synthetic / image-folder / TFDS data) -> 
 numpy and on-device input) with ``augment``; ``model`` (the network and its compilation) with
 ``optimizers`` and ``schedules``; ``distribute``; ``run_dir``, ``run_state`` and ``manifest`` (the run
 directory, its backups and its ``config.json``); ``train`` (the ``model.fit`` loop); ``cli``,
-``export``, ``evaluate``, ``reproduce``, ``plots``. Nothing in ``keras_preact`` imports this package.
+``export``, ``evaluate``, ``reproduce``, ``plots``; ``console`` starts every console script (TensorFlow's
+C++ start-up lines hidden). Nothing in ``keras_preact`` imports this package.
 """

@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from . import backends
+from . import backends, console
 
 
 def describe_recipe(config):
@@ -112,9 +112,6 @@ def config_from_args(args, parser):
 
 
 def main(argv=None):
-    # TensorFlow's C++ start-up lines (oneDNN notes, "failed call to cuInit" on a CPU machine) are not the
-    # run's: hidden unless TF_CPP_MIN_LOG_LEVEL is set (0 shows them all). Before any backend loads.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--backend", default="auto")
     try:
@@ -122,6 +119,7 @@ def main(argv=None):
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
+    console.quiet_tensorflow_start_up()  # the backend chosen, Keras loads: without TensorFlow's C++ lines
     from . import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 

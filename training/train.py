@@ -25,10 +25,16 @@ A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` namin
 checkpoint, which is kept.
 """
 
+import sys
+
+if __name__ == "__main__":  # python -m training.train: one line naming the command, before Keras loads
+    sys.exit("training.train is the training library (train(config)); the command line is keras-preact-train "
+             "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")
+
 import contextlib
 import dataclasses
+import functools
 import pathlib
-import sys
 import time
 
 import keras
@@ -120,9 +126,9 @@ def train(config, data=None):
 class Run:
     """What the phases of one run share: given, then filled by ``prepare``, ``build`` and ``fit``.
 
-    Every chief/worker difference is a property here: the chief writes the run's shared files
-    (``config.json``, ``metrics.json``, curves, TensorBoard, the export); every process writes its own
-    history and backups in ``files_dir`` (the chief's is ``run_dir``)."""
+    Every chief/worker decision is a property here, and the phases only read them: the chief writes the
+    run's shared files (``config.json``, ``metrics.json``, curves, TensorBoard, the export); every process
+    writes its own history, backups and ``model.keras`` in ``files_dir`` (the chief's is ``run_dir``)."""
 
     config: configs.Config
     dist: object  # training.distribute's distribution
@@ -140,16 +146,29 @@ class Run:
     wall_s: float = 0.0
 
     @property
+    def start_step(self):
+        return self.backup["step"] if self.backup else 0
+
+    # ---- every chief/worker decision
+    @property
     def is_chief(self):
+        """This process writes the run's shared files: ``config.json``, ``metrics.json``, curves, export."""
         return self.dist.is_chief
 
     @property
     def files_dir(self):
+        """This process's own files: history, backups, ``model.keras``."""
         return self.run_dir if self.is_chief else self.run_dir / f"worker-{self.dist.process_index}"
 
     @property
-    def start_step(self):
-        return self.backup["step"] if self.backup else 0
+    def may_stop_finished(self):
+        """A finished run returns its metrics at once: one process only (processes must fit together)."""
+        return self.dist.process_count == 1
+
+    @functools.cached_property
+    def tensorboard_dir(self):
+        """The chief's TensorBoard event files; None for a worker, or without TensorFlow and tensorboard."""
+        return self.run_dir / "tensorboard" if self.is_chief and has_tensorboard() else None
 
     @property
     def sharded(self):
@@ -168,7 +187,7 @@ def prepare(run, data):
     for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)
     run.backup = read_backup(run.run_dir / "checkpoints" / "backup")  # the chief's: every worker resumes from it
-    if run.dist.process_count == 1:
+    if run.may_stop_finished:
         done = run_state.finished(run.run_dir, config, run.resolved.total_steps, run.backup)
         if done is not None:
             print(f"[train] run already finished at step {run.start_step}; nothing to do (metrics in "
@@ -247,12 +266,12 @@ def make_callbacks(run):
         from keras_preact.analysis import TrainingHealthCallback
 
         probe = ((data.train_images[:64].astype("float32") - run.mean) / run.std, data.train_labels[:64])
-        health_dir = str(run.run_dir / "tensorboard" / "health") if run.is_chief and has_tensorboard() else None
+        health_dir = str(run.tensorboard_dir / "health") if run.tensorboard_dir else None
         callbacks.insert(1, TrainingHealthCallback(probe, config.health_every, log_dir=health_dir,
                                                    model=run.classifier))
     (run.run_dir / "tensorboard").mkdir(exist_ok=True)
-    if run.is_chief and has_tensorboard():
-        callbacks.append(keras.callbacks.TensorBoard(str(run.run_dir / "tensorboard"), update_freq="epoch"))
+    if run.tensorboard_dir:
+        callbacks.append(keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch"))
     elif run.is_chief:
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
               "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
@@ -389,7 +408,3 @@ def export(run_dir, export_dir):
     print(f"[train] exported SavedModel to {path}")
     return str(path)
 
-
-if __name__ == "__main__":  # python -m training.train: the library module, not the command line
-    sys.exit("training.train is the training library (train(config)); the command line is keras-preact-train "
-             "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")

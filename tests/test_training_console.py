@@ -1,0 +1,104 @@
+"""The command lines as a newcomer meets them (issue 23): no TensorFlow C++ start-up lines unless asked,
+``--dry-run`` without data, and ``python -m training.train`` naming the command."""
+
+import importlib.util
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+from training import console
+
+pytestmark = [pytest.mark.core, pytest.mark.notf]
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+# What TensorFlow 2.21 writes while it loads on a CPU machine (absl's format, before InitializeLog), and
+# what older versions wrote (tsl's format); each must go unless the level lets it through.
+ABSL_NOTE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
+INFO = b"I0000 00:00:1795469411.078504   28727 port.cc:153] oneDNN custom operations are on.\n"
+WARNING = b"W0000 00:00:1758131045.228000 3722035 computation_placer.cc:177] computation placer already registered.\n"
+ERROR = b"E0000 00:00:1758131045.203198 3722035 cuda_dnn.cc:8579] Unable to register cuDNN factory\n"
+TSL_INFO = b"2025-09-17 14:44:05.157831: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers\n"
+PYTHON = b"/site-packages/x.py:55: UserWarning: a warning of the user's own\n  warnings.warn(\n"
+CPP_LINE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\])", re.M)
+
+
+def test_start_up_lines_below_the_level_are_dropped_and_nothing_else():
+    text = ABSL_NOTE + INFO + PYTHON + WARNING + ERROR + TSL_INFO
+    assert console.drop_start_up_lines(text, 0) == text
+    assert console.drop_start_up_lines(text, 1) == PYTHON + WARNING + ERROR
+    assert console.drop_start_up_lines(text, 2) == PYTHON + ERROR
+    assert console.drop_start_up_lines(text, 3) == PYTHON
+    assert console.drop_start_up_lines(b"no newline at the end", 3) == b"no newline at the end"
+
+
+def test_the_level_is_a_default_the_user_overrides(monkeypatch):
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+    console.quiet_tensorflow_start_up()  # Keras is loaded in this process: only the level is set
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == console.DEFAULT_LOG_LEVEL == "3"
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
+    console.quiet_tensorflow_start_up()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" and console.log_level() == 0
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "two")
+    assert console.log_level() == 0
+
+
+def run(args, level=None, **extra_env):
+    env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
+    env.update(PYTHONPATH=str(REPO), **extra_env)
+    if level is not None:
+        env["TF_CPP_MIN_LOG_LEVEL"] = level
+    return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
+
+
+def test_dry_run_needs_no_data_and_prints_no_tensorflow_lines_unless_asked(tmp_path):
+    """The real entry point, in a fresh process: no --data-dir, no folder; C++ lines only with level 0."""
+    argv = ["-m", "training.cli", "cifar10-folder-resnet20-short", "--dry-run", "--run-dir", str(tmp_path / "r")]
+    quiet = run(argv)
+    assert quiet.returncode == 0, quiet.stderr
+    assert "50000 training images (assumed: the size of cifar10" in quiet.stdout and not (tmp_path / "r").exists()
+    assert not CPP_LINE.search(quiet.stderr) and "absl::InitializeLog" not in quiet.stderr, quiet.stderr
+    asked = run(argv, level="0", TF_ENABLE_ONEDNN_OPTS="1")  # TensorFlow notes oneDNN as it loads
+    assert asked.returncode == 0 and asked.stdout == quiet.stdout
+    if importlib.util.find_spec("tensorflow") is not None:
+        assert CPP_LINE.search(asked.stderr), asked.stderr
+
+
+def console_scripts():
+    """pyproject.toml's [project.scripts] (read by hand: tomllib is Python 3.11+)."""
+    section = (REPO / "pyproject.toml").read_text().split("\n[project.scripts]\n")[1].split("\n[")[0]
+    scripts = dict(re.fullmatch(r'([\w-]+) = "([\w.:]+)"', line).groups()
+                   for line in section.splitlines() if line and not line.startswith("#"))
+    # Installed, training/ is keras_preact_training; in a checkout it is training.
+    return {name: target.replace("keras_preact_training", "training") for name, target in scripts.items()}
+
+
+def test_every_console_script_starts_through_the_quiet_start():
+    assert set(console_scripts()) == {"keras-preact-train", "keras-preact-export", "keras-preact-evaluate",
+                                      "keras-preact-serve", "keras-preact-serve-ray"}
+    for name, target in console_scripts().items():
+        assert target.startswith("training.console:") or target == "training.cli:main", (name, target)
+
+
+@pytest.mark.parametrize("name", sorted(console_scripts()))
+def test_console_script_help_has_no_tensorflow_lines(name):
+    """What the installed script runs: import its module, call its function (``--help`` here)."""
+    module, function = console_scripts()[name].split(":")
+    code = (f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {function}; "
+            f"sys.exit({function}())")
+    done = run(["-c", code])
+    ray_missing = name == "keras-preact-serve-ray" and "pip install" in done.stderr
+    assert done.returncode == (2 if ray_missing else 0), done.stderr
+    assert ray_missing or "usage:" in done.stdout
+    assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr
+
+
+def test_the_library_module_names_the_command_line_in_one_line():
+    done = run(["-m", "training.train"])
+    assert done.returncode == 1 and done.stdout == ""
+    assert done.stderr.strip().splitlines() == [
+        "training.train is the training library (train(config)); the command line is keras-preact-train "
+        "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
