@@ -205,7 +205,7 @@ def test_mixed_precision_float32_output(policy, rng):
         y = model(x, training=False)
         assert keras.backend.standardize_dtype(y.dtype) == "float32"
         assert np.isfinite(to_numpy(y)).all()
-        conv = model.backbone.get_layer("stage1_unit1").get_sublayer("conv1")
+        conv = model.backbone.get_layer("stage1_unit1").convs()[0]
         assert conv.compute_dtype == policy.split("_")[1] and conv.kernel.dtype == "float32"
 
 
@@ -225,7 +225,7 @@ def test_dtype_given_to_backbone_and_classifier_reaches_every_layer(rng):
     assert keras.backend.standardize_dtype(y.dtype) == "float32"
     assert keras.backend.standardize_dtype(backbone(np.zeros((1, 32, 32, 3), "float32")).dtype) == "bfloat16"
     revived = PreActResNetClassifier.from_config(classifier.get_config())
-    assert revived.backbone.get_layer("stage2_unit1").get_sublayer("conv1").dtype_policy.name == "mixed_bfloat16"
+    assert revived.backbone.get_layer("stage2_unit1").convs()[0].dtype_policy.name == "mixed_bfloat16"
     assert PreActResNetBackbone(**options).get_layer("stem_conv").dtype_policy.name == "float32"  # global
 
 

@@ -8,19 +8,14 @@ from layer names.
 """
 
 import dataclasses
-import inspect
 import math
 
 import keras
 
-from keras_preact.layers import ResidualUnit
+from keras_preact.layers import ResidualUnit, UnitConfig
 from keras_preact.layers import options as opt
 
-UNIT_OPTIONS = tuple(
-    p
-    for p in inspect.signature(ResidualUnit.__init__).parameters
-    if p not in ("self", "filters", "strides", "kwargs", "data_format")
-)
+UNIT_OPTIONS = UnitConfig.names()
 DATA_FORMATS = ("channels_last", "channels_first")
 
 
@@ -49,13 +44,8 @@ STEM_OPS = ("ordering", "norm_act")
 
 
 def check_unit_options(unit_options):
-    unknown = sorted(set(unit_options) - set(UNIT_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"Unknown unit option(s) {', '.join(unknown)}. Allowed: {', '.join(UNIT_OPTIONS)}."
-        )
-    # Constructing one unit validates every option (ordering, shortcut, rates, ...) up front.
-    ResidualUnit(filters=64, **unit_options)
+    """The ``UnitConfig`` of ``unit_options``: every option checked up front, unknown names refused."""
+    return UnitConfig.from_options(unit_options)
 
 
 def check_data_format(data_format):
@@ -97,23 +87,14 @@ def _positive_ints(argument, values):
     return list(values)
 
 
-def apply_ops(x, tokens, unit_options, name, axis, dtype=None):
-    """Norm/activation tokens of an ``Ordering`` applied as layers (stem and network end)."""
+def apply_ops(x, tokens, unit_config, name, axis, dtype=None):
+    """An ordering's "norm"/"act" tokens applied as layers (stem and network end), as the units make theirs."""
+    make = {
+        "norm": lambda x: unit_config.norm(x.shape[axis], axis=axis, name=f"{name}_norm", dtype=dtype),
+        "act": lambda x: unit_config.activation_layer(name=f"{name}_act", dtype=dtype),
+    }
     for token in tokens:
-        if token == "norm":
-            x = opt.make_norm(
-                unit_options.get("normalization", "batch"),
-                x.shape[axis],
-                axis=axis,
-                epsilon=unit_options.get("norm_epsilon", 1e-5),
-                momentum=unit_options.get("norm_momentum", 0.9),
-                groups=unit_options.get("norm_groups", 32),
-                name=f"{name}_norm",
-                dtype=dtype,
-            )(x)
-        else:
-            activation = unit_options.get("activation", "relu")
-            x = keras.layers.Activation(opt.get_activation(activation), name=f"{name}_act", dtype=dtype)(x)
+        x = make[token](x)(x)
     return x
 
 
@@ -176,7 +157,7 @@ class PreActResNetBackbone(keras.Model):
         opt.check_choice("stem_ops", stem_ops, STEM_OPS)
         _positive_ints("stem_filters", [stem_filters])
         unit_options = dict(unit_options or {})
-        check_unit_options(unit_options)
+        unit_config = check_unit_options(unit_options)
         unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
         names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
         unknown = sorted(set(unit_overrides) - set(names))
@@ -192,7 +173,7 @@ class PreActResNetBackbone(keras.Model):
         total_stride = stem_spec.total_stride * math.prod(strides)
         check_input_shape(input_shape, total_stride, data_format)
         axis = -1 if data_format == "channels_last" else 1
-        ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
+        ordering = unit_config.ordering_spec
 
         # --- stem
         inputs = keras.Input(shape=tuple(input_shape), name="images")
@@ -206,14 +187,14 @@ class PreActResNetBackbone(keras.Model):
             strides=stem_spec.strides,
             padding="valid" if stem_spec.explicit_padding else "same",
             use_bias=stem_bias,
-            kernel_initializer=opt.get_kernel_initializer(unit_options.get("kernel_initializer", "he_normal_fan_out")),
-            kernel_regularizer=opt.get_regularizer(unit_options.get("kernel_regularizer")),
+            kernel_initializer=opt.get_kernel_initializer(unit_config.kernel_initializer),
+            kernel_regularizer=opt.get_regularizer(unit_config.kernel_regularizer),
             data_format=data_format,
             name="stem_conv",
             dtype=dtype,
         )(x)
         ops = ("norm", "act") if stem_ops == "norm_act" else ordering.after_stem
-        x = apply_ops(x, ops, unit_options, "stem", axis, dtype)
+        x = apply_ops(x, ops, unit_config, "stem", axis, dtype)
         if stem_spec.max_pool:
             x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
             x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
@@ -246,7 +227,7 @@ class PreActResNetBackbone(keras.Model):
                 {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
                  "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
             )
-        outputs = apply_ops(x, ordering.final, unit_options, "final", axis, dtype)
+        outputs = apply_ops(x, ordering.final, unit_config, "final", axis, dtype)
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
             self.dtype_policy = keras.dtype_policies.get(dtype)

@@ -76,9 +76,9 @@ def cifar_resnet(
         "stride_position": spec["stride_position"],
         **unit_options,
     }
-    check_unit_options(unit_options)
+    config = check_unit_options(unit_options)
     check_head(include_top, pooling, num_classes)
-    if unit_options["shortcut_type"] == "A" and block == "bottleneck":
+    if config.shortcut_type == "A" and config.block == "bottleneck":
         raise ValueError(
             "shortcut_type='A' cannot be used with block='bottleneck' in a CIFAR net: the first "
             "unit maps 16 to 64 channels and a zero-padded identity carries no signal in 48 of them "

@@ -88,9 +88,8 @@ def imagenet_resnet(
         **spec.unit_defaults,
         **unit_options,
     }
-    check_unit_options(unit_options)
+    ordering = check_unit_options(unit_options).ordering_spec
     check_head(include_top, pooling, num_classes)
-    ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
     stem_ops = "norm_act" if spec.stem_ops == "norm_act" else "ordering"
     stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
     overrides = {}
