@@ -102,6 +102,87 @@ def unit_name(stage_index, unit_index):
     return f"stage{stage_index + 1}_unit{unit_index + 1}"
 
 
+def _check_stages(stackwise_units, stackwise_filters, stackwise_strides):
+    units = _positive_ints("stackwise_units", stackwise_units)
+    filters = _positive_ints("stackwise_filters", stackwise_filters)
+    strides = _positive_ints("stackwise_strides", stackwise_strides)
+    if not len(units) == len(filters) == len(strides):
+        raise ValueError(
+            f"Invalid stackwise_units={units}, stackwise_filters={filters}, stackwise_strides={strides}: "
+            "one value per stage is required in each."
+        )
+    return units, filters, strides
+
+
+def _check_overrides(unit_overrides, unit_options, units):
+    """``unit_overrides`` as dicts, each naming a unit and valid over ``unit_options``."""
+    unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
+    names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
+    unknown = sorted(set(unit_overrides) - set(names))
+    if unknown:
+        raise ValueError(
+            f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...)."
+        )
+    for overrides in unit_overrides.values():
+        check_unit_options({**unit_options, **overrides})
+    return unit_overrides
+
+
+def _stem(x, spec, unit_config, *, filters, bias, ops, axis, data_format, dtype):
+    """The stem conv (``spec``), its ``ops`` (norm/act made from ``unit_config``), the max-pool."""
+    if spec.explicit_padding:
+        x = keras.layers.ZeroPadding2D(spec.kernel_size // 2, data_format=data_format, name="stem_pad", dtype=dtype)(x)
+    x = keras.layers.Conv2D(
+        filters,
+        spec.kernel_size,
+        strides=spec.strides,
+        padding="valid" if spec.explicit_padding else "same",
+        use_bias=bias,
+        kernel_initializer=opt.get_kernel_initializer(unit_config.kernel_initializer),
+        kernel_regularizer=opt.get_regularizer(unit_config.kernel_regularizer),
+        data_format=data_format,
+        name="stem_conv",
+        dtype=dtype,
+    )(x)
+    x = apply_ops(x, ops, unit_config, "stem", axis, dtype)
+    if spec.max_pool:
+        x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
+    return x
+
+
+def _stages(x, units, filters, strides, *, stride, stride_on_last_unit, unit_options, unit_overrides,
+            drop_path_rate, data_format, dtype):
+    """The residual units, stage by stage: (each stage's output, feature_info, each stage's unit names)."""
+    stage_outputs, feature_info, stage_unit_names = [], [], []
+    index, total = 0, sum(units)
+    for s, (n, width, stage_stride) in enumerate(zip(units, filters, strides)):
+        stride_unit = n - 1 if stride_on_last_unit else 0
+        stage_names = []
+        for u in range(n):
+            options = {**unit_options, **unit_overrides.get(unit_name(s, u), {})}
+            if drop_path_rate:
+                options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
+            x = ResidualUnit(
+                width,
+                strides=stage_stride if u == stride_unit else 1,
+                data_format=data_format,
+                name=unit_name(s, u),
+                dtype=dtype,
+                **options,
+            )(x)
+            stage_names.append(unit_name(s, u))
+            index += 1
+        stride *= stage_stride
+        stage_outputs.append(x)
+        stage_unit_names.append(stage_names)
+        feature_info.append(
+            {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
+             "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
+        )
+    return stage_outputs, feature_info, stage_unit_names
+
+
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActResNetBackbone(keras.Model):
     """Images -> features after the last unit and the ordering's final ops (paper Fig. 4; for
@@ -145,89 +226,29 @@ class PreActResNetBackbone(keras.Model):
         **kwargs,
     ):
         check_model_kwargs(type(self).__name__, kwargs)
-        units = _positive_ints("stackwise_units", stackwise_units)
-        filters = _positive_ints("stackwise_filters", stackwise_filters)
-        strides = _positive_ints("stackwise_strides", stackwise_strides)
-        if not len(units) == len(filters) == len(strides):
-            raise ValueError(
-                f"Invalid stackwise_units={units}, stackwise_filters={filters}, stackwise_strides={strides}: "
-                "one value per stage is required in each."
-            )
+        units, filters, strides = _check_stages(stackwise_units, stackwise_filters, stackwise_strides)
         opt.check_choice("stem", stem, STEMS)
         opt.check_choice("stem_ops", stem_ops, STEM_OPS)
         _positive_ints("stem_filters", [stem_filters])
         unit_options = dict(unit_options or {})
         unit_config = check_unit_options(unit_options)
-        unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
-        names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
-        unknown = sorted(set(unit_overrides) - set(names))
-        if unknown:
-            raise ValueError(
-                f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...)."
-            )
-        for overrides in unit_overrides.values():
-            check_unit_options({**unit_options, **overrides})
+        unit_overrides = _check_overrides(unit_overrides, unit_options, units)
         opt.check_rate("drop_path_rate", drop_path_rate)
         data_format = check_data_format(data_format)
         stem_spec = STEMS[stem]
-        total_stride = stem_spec.total_stride * math.prod(strides)
-        check_input_shape(input_shape, total_stride, data_format)
+        check_input_shape(input_shape, stem_spec.total_stride * math.prod(strides), data_format)
         axis = -1 if data_format == "channels_last" else 1
-        ordering = unit_config.ordering_spec
 
-        # --- stem
         inputs = keras.Input(shape=tuple(input_shape), name="images")
-        x = inputs
-        if stem_spec.explicit_padding:
-            x = keras.layers.ZeroPadding2D(stem_spec.kernel_size // 2, data_format=data_format, name="stem_pad",
-                                           dtype=dtype)(x)
-        x = keras.layers.Conv2D(
-            stem_filters,
-            stem_spec.kernel_size,
-            strides=stem_spec.strides,
-            padding="valid" if stem_spec.explicit_padding else "same",
-            use_bias=stem_bias,
-            kernel_initializer=opt.get_kernel_initializer(unit_config.kernel_initializer),
-            kernel_regularizer=opt.get_regularizer(unit_config.kernel_regularizer),
-            data_format=data_format,
-            name="stem_conv",
-            dtype=dtype,
-        )(x)
-        ops = ("norm", "act") if stem_ops == "norm_act" else ordering.after_stem
-        x = apply_ops(x, ops, unit_config, "stem", axis, dtype)
-        if stem_spec.max_pool:
-            x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
-            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
-
-        # --- stages
-        stride = stem_spec.total_stride
-        stage_outputs, feature_info, stage_unit_names = [], [], []
-        index, total = 0, len(names)
-        for s, (n, width, stage_stride) in enumerate(zip(units, filters, strides)):
-            stride_unit = n - 1 if stride_on_last_unit else 0
-            stage_names = []
-            for u in range(n):
-                options = {**unit_options, **unit_overrides.get(unit_name(s, u), {})}
-                if drop_path_rate:
-                    options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
-                x = ResidualUnit(
-                    width,
-                    strides=stage_stride if u == stride_unit else 1,
-                    data_format=data_format,
-                    name=unit_name(s, u),
-                    dtype=dtype,
-                    **options,
-                )(x)
-                stage_names.append(unit_name(s, u))
-                index += 1
-            stride *= stage_stride
-            stage_outputs.append(x)
-            stage_unit_names.append(stage_names)
-            feature_info.append(
-                {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
-                 "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
-            )
-        outputs = apply_ops(x, ordering.final, unit_config, "final", axis, dtype)
+        ops = ("norm", "act") if stem_ops == "norm_act" else unit_config.ordering_spec.after_stem
+        x = _stem(inputs, stem_spec, unit_config, filters=stem_filters, bias=stem_bias, ops=ops, axis=axis,
+                  data_format=data_format, dtype=dtype)
+        stage_outputs, feature_info, stage_unit_names = _stages(
+            x, units, filters, strides, stride=stem_spec.total_stride, stride_on_last_unit=stride_on_last_unit,
+            unit_options=unit_options, unit_overrides=unit_overrides, drop_path_rate=drop_path_rate,
+            data_format=data_format, dtype=dtype,
+        )
+        outputs = apply_ops(stage_outputs[-1], unit_config.ordering_spec.final, unit_config, "final", axis, dtype)
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
             self.dtype_policy = keras.dtype_policies.get(dtype)

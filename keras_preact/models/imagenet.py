@@ -47,6 +47,19 @@ LAYOUTS = {
 }
 
 
+def _unit_overrides(spec, units, ordering, stem_ops):
+    """The units that differ from the rest in a ``spec`` layout net."""
+    overrides = {}
+    for s, (n, stride) in enumerate(zip(units, spec.stage_strides)):
+        if spec.stride_on_last_unit and stride > 1:
+            # keras.applications: strided identity (1x1 max-pool) on the raw input.
+            overrides[unit_name(s, n - 1)] = {"shortcut_type": "A", "preactivate_shortcut": False}
+    stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
+    if not spec.stride_on_last_unit and ordering.is_preactivation and stem_norm:
+        overrides[unit_name(0, 0)] = {"skip_preactivation": True}  # fb.resnet.torch 'no_preact'
+    return overrides
+
+
 def imagenet_resnet(
     depth,
     num_classes=1000,
@@ -91,14 +104,7 @@ def imagenet_resnet(
     ordering = check_unit_options(unit_options).ordering_spec
     check_head(include_top, pooling, num_classes)
     stem_ops = "norm_act" if spec.stem_ops == "norm_act" else "ordering"
-    stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
-    overrides = {}
-    for s, (n, stride) in enumerate(zip(units, spec.stage_strides)):
-        if spec.stride_on_last_unit and stride > 1:
-            # keras.applications: strided identity (1x1 max-pool) on the raw input.
-            overrides[unit_name(s, n - 1)] = {"shortcut_type": "A", "preactivate_shortcut": False}
-    if not spec.stride_on_last_unit and ordering.is_preactivation and stem_norm:
-        overrides[unit_name(0, 0)] = {"skip_preactivation": True}  # fb.resnet.torch 'no_preact'
+    overrides = _unit_overrides(spec, units, ordering, stem_ops)
     name = name or f"preact_resnet{depth}"
     model = PreActResNetBackbone(
         list(units),
