@@ -301,15 +301,6 @@ class ResidualUnit(keras.layers.Layer):
         """The gating shortcuts' 1x1 conv g(x) (Fig. 2c/d), or None."""
         return self.plan().gate
 
-    def get_sublayer(self, name):
-        """The sublayer called ``name`` ("conv1", "preact1_norm", "postact2_norm", "projection",
-        "projection_norm", "addition_norm", "gate")."""
-        layers = [s.op for s in self.steps()] + [self.plan().gate]
-        for layer in layers:
-            if isinstance(layer, keras.layers.Layer) and layer.name == name:
-                return layer
-        raise KeyError(f"{self.name} has no sublayer {name!r}.")
-
     # ------------------------------------------------------------- the saved-weights layout
     # A weights file (.weights.h5, .keras) addresses a sublayer by the attribute path that reaches it
     # and its place in a list ("_before/container_1/batch_normalization": the norm before the second

@@ -38,9 +38,9 @@ STEMS = {
     "cifar": Stem(3, 1, False, False),  # fb.resnet.torch preresnet.lua, CIFAR: 3x3 conv
     "imagenet": Stem(7, 2, True, True),  # 7x7/2 conv, 3x3/2 max-pool
 }
-# What follows the stem conv: the ordering's ``after_stem`` ops, or always BN-ReLU (fb.resnet.torch's
+# What follows the stem conv: the ordering's ``after_stem`` ops (None), or always BN-ReLU (fb.resnet.torch's
 # ImageNet stem, whatever the unit ordering).
-STEM_OPS = ("ordering", "norm_act")
+STEM_OPS = {"ordering": None, "norm_act": opt.NA}
 
 
 def check_unit_options(unit_options):
@@ -240,7 +240,7 @@ class PreActResNetBackbone(keras.Model):
         axis = -1 if data_format == "channels_last" else 1
 
         inputs = keras.Input(shape=tuple(input_shape), name="images")
-        ops = ("norm", "act") if stem_ops == "norm_act" else unit_config.ordering_spec.after_stem
+        ops = STEM_OPS[stem_ops] or unit_config.ordering_spec.after_stem
         x = _stem(inputs, stem_spec, unit_config, filters=stem_filters, bias=stem_bias, ops=ops, axis=axis,
                   data_format=data_format, dtype=dtype)
         stage_outputs, feature_info, stage_unit_names = _stages(
@@ -252,9 +252,7 @@ class PreActResNetBackbone(keras.Model):
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
             self.dtype_policy = keras.dtype_policies.get(dtype)
-
-        # The deepest stage at each stride: with the stride on a stage's last unit (TF-slim), two
-        # stages can share one.
+        # The deepest stage at each stride (with the stride on a stage's last unit, two can share one).
         self.pyramid_outputs = {
             info["level"]: tensor for info, tensor in zip(feature_info, stage_outputs) if info["level"]
         }
