@@ -20,10 +20,7 @@ def to_numpy(x):
 
 def zero_branch(unit):
     """Set every convolution kernel of a unit's residual branch to zero."""
-    from keras_preact.layers.options import BLOCKS
-
-    for i in range(1, len(BLOCKS[unit.block][0]) + 1):
-        conv = unit.get_sublayer(f"conv{i}")
+    for conv in unit.convs():
         conv.kernel.assign(np.zeros(conv.kernel.shape, "float32"))
 
 
@@ -156,8 +153,8 @@ def run_mixed_precision_test(build, images, policy="mixed_bfloat16"):
     for layer in layers(model):
         if isinstance(layer, (keras.layers.Conv2D, keras.layers.Dense)) and layer.name != "logits":
             assert layer.compute_dtype == compute, (layer.name, layer.compute_dtype)
-        if hasattr(layer, "get_sublayer"):  # a ResidualUnit passes its policy to its convolutions
-            assert layer.get_sublayer("conv1").compute_dtype == compute, layer.name
+        if hasattr(layer, "convs"):  # a ResidualUnit passes its policy to its convolutions
+            assert layer.convs()[0].compute_dtype == compute, layer.name
 
 
 def compiled_call(model, inputs, training=False):

@@ -205,7 +205,7 @@ def test_mixed_precision_float32_output(policy, rng):
         y = model(x, training=False)
         assert keras.backend.standardize_dtype(y.dtype) == "float32"
         assert np.isfinite(to_numpy(y)).all()
-        conv = model.backbone.get_layer("stage1_unit1").get_sublayer("conv1")
+        conv = model.backbone.get_layer("stage1_unit1").convs()[0]
         assert conv.compute_dtype == policy.split("_")[1] and conv.kernel.dtype == "float32"
 
 
@@ -225,8 +225,43 @@ def test_dtype_given_to_backbone_and_classifier_reaches_every_layer(rng):
     assert keras.backend.standardize_dtype(y.dtype) == "float32"
     assert keras.backend.standardize_dtype(backbone(np.zeros((1, 32, 32, 3), "float32")).dtype) == "bfloat16"
     revived = PreActResNetClassifier.from_config(classifier.get_config())
-    assert revived.backbone.get_layer("stage2_unit1").get_sublayer("conv1").dtype_policy.name == "mixed_bfloat16"
+    assert revived.backbone.get_layer("stage2_unit1").convs()[0].dtype_policy.name == "mixed_bfloat16"
     assert PreActResNetBackbone(**options).get_layer("stem_conv").dtype_policy.name == "float32"  # global
+
+
+def test_a_mixed_float16_backbone_computes_in_float16(rng):
+    """``dtype="mixed_float16"``: float32 variables, float16 arithmetic in every stage, so the output
+    differs from a float32 twin with the same weights by float16 rounding, and by no more."""
+    options = dict(stackwise_units=[1, 1], stackwise_filters=[8, 16], stackwise_strides=[1, 2],
+                   input_shape=(16, 16, 3))
+    half = PreActResNetBackbone(**options, dtype="mixed_float16")
+    full = PreActResNetBackbone(**options)
+    full.set_weights(half.get_weights())
+    assert {keras.backend.standardize_dtype(w.dtype) for w in half.weights} == {"float32"}
+    inner = keras.Model(half.inputs, [half.get_layer(n).output for n in ("stem_conv", "stage1_unit1", "stage2_unit1")])
+    x = rng.uniform(size=(2, 16, 16, 3)).astype("float32")
+    assert [keras.backend.standardize_dtype(y.dtype) for y in inner(x)] == ["float16"] * 3
+    y_half, y_full = to_numpy(half(x)).astype("float32"), to_numpy(full(x))
+    assert 0 < np.abs(y_half - y_full).max() < 0.02 * np.abs(y_full).max()
+
+
+def test_the_classifiers_dtype_reaches_a_backbone_built_in_another(rng):
+    """The classifier's ``dtype`` is every layer's: a float32 backbone is copied (weights and all) into
+    the policy and left as it was; without ``dtype`` the head takes the backbone's, as keras-hub's."""
+    backbone = PreActResNetBackbone([1], [8], [1], input_shape=(8, 8, 3))
+    classifier = PreActResNetClassifier(backbone, 2, dtype="mixed_float16")
+    layers = [layer for layer in classifier._flatten_layers() if not isinstance(layer, keras.layers.InputLayer)]
+    assert len(layers) > 10
+    for layer in layers:
+        assert layer.dtype_policy.name == ("float32" if layer.name == "predictions" else "mixed_float16"), layer.name
+    for ours, given in zip(classifier.backbone.weights, backbone.weights, strict=True):
+        np.testing.assert_array_equal(to_numpy(ours), to_numpy(given))
+    assert backbone.dtype_policy.name == "float32" and backbone.get_layer("stem_conv").compute_dtype == "float32"
+    x = rng.uniform(size=(2, 8, 8, 3)).astype("float32")
+    assert keras.backend.standardize_dtype(classifier.backbone(x).dtype) == "float16"
+    mixed = PreActResNetBackbone([1], [8], [1], input_shape=(8, 8, 3), dtype="mixed_float16")
+    same = PreActResNetClassifier(mixed, 2)
+    assert same.backbone is mixed and same.get_layer("logits").dtype_policy.name == "mixed_float16"
 
 
 @pytest.mark.parametrize("build", [

@@ -89,7 +89,7 @@ def test_gating_scales_identity_by_one_minus_gate(rng, shortcut, bias):
     x = random_input(rng)
     unit = unit_on(x, shortcut=shortcut, gate_bias_init=bias)
     zero_branch(unit)
-    gate = unit.get_sublayer("gate")
+    gate = unit.gate()
     gate.kernel.assign(np.zeros(gate.kernel.shape, "float32"))
     np.testing.assert_allclose(to_numpy(gate.bias), bias)
     expected = (1 - 1 / (1 + np.exp(-bias))) * x
@@ -101,9 +101,9 @@ def test_exclusive_gate_multiplies_branch_by_gate(rng):
     x = random_input(rng)
     plain = unit_on(x)
     gated = unit_on(x, shortcut="exclusive_gating", gate_bias_init=0.0)
-    for name in ("conv1", "conv2"):
-        gated.get_sublayer(name).kernel.assign(plain.get_sublayer(name).kernel)
-    gate = gated.get_sublayer("gate")
+    for ours, theirs in zip(gated.convs(), plain.convs()):
+        ours.kernel.assign(theirs.kernel)
+    gate = gated.gate()
     gate.kernel.assign(np.zeros(gate.kernel.shape, "float32"))
     branch = to_numpy(plain(x, training=False)) - x
     np.testing.assert_allclose(to_numpy(gated(x, training=False)), 0.5 * x + 0.5 * branch, atol=1e-5)
@@ -124,7 +124,7 @@ def test_conv1x1_shortcut_projects_every_unit(rng):
     x = random_input(rng)
     unit = unit_on(x, shortcut="conv1x1")
     zero_branch(unit)
-    projection = unit.get_sublayer("projection")
+    projection = unit.projection()
     projection.kernel.assign(np.eye(16, dtype="float32")[None, None])
     # The projection reads the pre-activated input (BN-ReLU, fresh statistics).
     expected = np.maximum(x / np.sqrt(np.float32(1 + EPS)), 0)
@@ -161,8 +161,7 @@ def test_shortcut_types_project_where_documented(rng, shortcut_type, strides, fi
 def test_stride_position(rng, stride_position, strided_conv):
     x = random_input(rng)
     unit = unit_on(x, filters=64, strides=2, block="bottleneck", stride_position=stride_position)
-    for i in (1, 2, 3):
-        conv = unit.get_sublayer(f"conv{i}")
+    for conv in unit.convs():
         assert conv.strides == ((2, 2) if conv.name == strided_conv else (1, 1))
     assert unit(x).shape == (2, 4, 4, 64)
 
@@ -227,7 +226,7 @@ def test_he_normal_fan_out_initialization():
     keras.utils.set_random_seed(0)
     unit = ResidualUnit(256)
     unit.build((None, 8, 8, 256))
-    kernel = to_numpy(unit.get_sublayer("conv1").kernel)
+    kernel = to_numpy(unit.convs()[0].kernel)
     np.testing.assert_allclose(kernel.std(), np.sqrt(2 / (9 * 256)), rtol=0.02)
     assert np.abs(kernel).max() > 2.5 * np.sqrt(2 / (9 * 256))  # untruncated
 
@@ -238,7 +237,7 @@ def test_every_kernel_is_drawn_on_its_own(initializer):
     unseeded initializers fix their seed when made: one object shared by both would give equal ones)."""
     unit = ResidualUnit(16, shortcut="exclusive_gating", shortcut_type="C", kernel_initializer=initializer)
     unit.build((None, 8, 8, 16))
-    kernels = [to_numpy(unit.get_sublayer(n).kernel) for n in ("conv1", "conv2", "projection", "gate")]
+    kernels = [to_numpy(layer.kernel) for layer in (*unit.convs(), unit.projection(), unit.gate())]
     assert kernels[0].shape == kernels[1].shape and kernels[2].shape == kernels[3].shape
     assert not np.array_equal(kernels[0], kernels[1]) and not np.array_equal(kernels[2], kernels[3])
 

@@ -310,6 +310,37 @@ def _check_positive(argument, value, allow_none=True):
         raise ValueError(f"Invalid {argument}={value!r}: a positive integer is required.")
 
 
+def _check_sizes_and_schedule(config):
+    """Image sizes, the warm-up and the decay boundaries."""
+    for field in ("image_size", "eval_image_size"):
+        size = getattr(config, field)
+        if size is None and field == "eval_image_size":
+            continue
+        if len(tuple(size)) != 2 or any(not isinstance(s, int) or s < 8 for s in size):
+            raise ValueError(f"Invalid {field}={size!r}: expected [height, width], each at least 8.")
+    if not 0 <= config.warmup_steps < config.total_steps:
+        raise ValueError(
+            f"Invalid warmup_steps={config.warmup_steps}: must be in [0, total_steps={config.total_steps})."
+        )
+    if list(config.boundaries) != sorted(config.boundaries) or any(
+        not config.warmup_steps <= b < config.total_steps for b in config.boundaries
+    ):
+        raise ValueError(
+            f"Invalid boundaries={tuple(config.boundaries)}: increasing iteration counts in "
+            f"[warmup_steps, total_steps={config.total_steps})."
+        )
+
+
+def _check_unit_options(unit_options):
+    """Finite numbers, and every option as ``UnitConfig`` (the unit's defaults and checks) allows."""
+    from keras_preact.layers import UnitConfig
+
+    for key, value in unit_options.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"Invalid unit_options[{key!r}]={value!r}: a finite number is required.")
+    UnitConfig.from_options(unit_options)
+
+
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
@@ -338,30 +369,12 @@ def validate(config, *, needs_data=True):
         raise ValueError(
             f"Invalid synthetic_num_classes={config.synthetic_num_classes!r}: at least 2 are required."
         )
-    for field in ("image_size", "eval_image_size"):
-        size = getattr(config, field)
-        if size is None and field == "eval_image_size":
-            continue
-        if len(tuple(size)) != 2 or any(not isinstance(s, int) or s < 8 for s in size):
-            raise ValueError(f"Invalid {field}={size!r}: expected [height, width], each at least 8.")
-    if not 0 <= config.warmup_steps < config.total_steps:
-        raise ValueError(
-            f"Invalid warmup_steps={config.warmup_steps}: must be in [0, total_steps={config.total_steps})."
-        )
-    if list(config.boundaries) != sorted(config.boundaries) or any(
-        not config.warmup_steps <= b < config.total_steps for b in config.boundaries
-    ):
-        raise ValueError(
-            f"Invalid boundaries={tuple(config.boundaries)}: increasing iteration counts in "
-            f"[warmup_steps, total_steps={config.total_steps})."
-        )
+    _check_sizes_and_schedule(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"Invalid {field}={value!r}: a finite non-negative number is required.")
-    for key, value in config.unit_options.items():
-        if isinstance(value, float) and not math.isfinite(value):
-            raise ValueError(f"Invalid unit_options[{key!r}]={value!r}: a finite number is required.")
+    _check_unit_options(config.unit_options)
     if config.batch_size > INT32_MAX:
         raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
     if config.steps_per_execution > 1:
@@ -373,9 +386,6 @@ def validate(config, *, needs_data=True):
     if config.nesterov and not config.momentum:
         raise ValueError("Invalid nesterov=True with momentum=0: Nesterov momentum needs momentum > 0 "
                          "(pass --no-nesterov).")
-    from keras_preact.layers import options as unit_tables
-
-    check_choice("ordering", config.unit_options.get("ordering", "full_preact"), unit_tables.ORDERINGS)
     if needs_data and config.dataset == "folder" and not config.data_dir:
         raise ValueError(
             "dataset='folder' needs data_dir (--data-dir): a directory with train/ and test/ (or "

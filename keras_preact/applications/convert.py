@@ -4,16 +4,16 @@ import re
 
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, imagenet_resnet
 
-# Our sublayer in a full pre-activation bottleneck unit -> keras.applications' layer suffix.
-UNIT_LAYER_MAP = {
-    "preact1_norm": "preact_bn",
-    "conv1": "1_conv",
-    "preact2_norm": "1_bn",
-    "conv2": "2_conv",
-    "preact3_norm": "2_bn",
-    "conv3": "3_conv",
-    "projection": "0_conv",
-}
+
+def _unit_pairs(unit):
+    """(our sublayer, keras.applications' layer suffix) in a full pre-activation bottleneck unit: the
+    BN before each conv ("preact_bn", "1_bn", "2_bn"), the convs ("1_conv" ...), the projection."""
+    yield unit.norm("before", 0), "preact_bn"
+    for i, conv in enumerate(unit.convs()):
+        yield conv, f"{i + 1}_conv"
+        if i:
+            yield unit.norm("before", i), f"{i}_bn"
+    yield unit.projection(), "0_conv"
 
 
 def _stage_units(model):
@@ -73,9 +73,12 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
     for s, stage in enumerate(backbone.residual_units):
         for b, unit in enumerate(stage):
             prefix = f"conv{s + 2}_block{b + 1}_"
-            for ours, theirs in UNIT_LAYER_MAP.items():
-                if prefix + theirs in names:
-                    _copy(model.get_layer(prefix + theirs), unit.get_sublayer(ours), copied)
+            for ours, theirs in _unit_pairs(unit):
+                if prefix + theirs not in names:
+                    continue
+                if ours is None:
+                    raise RuntimeError(f"{unit.name} has no counterpart of {prefix + theirs}: the layouts disagree.")
+                _copy(model.get_layer(prefix + theirs), ours, copied)
     _copy(model.get_layer("post_bn"), backbone.get_layer("final_norm"), copied)
     if include_top:
         _copy(model.get_layer("predictions"), converted.get_layer("logits"), copied)

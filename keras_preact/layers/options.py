@@ -74,6 +74,15 @@ SHORTCUTS = {
     "dropout": Shortcut("2f", "none", False, (("shortcut_dropout_rate", 0.5),)),
 }
 
+# How a gate g(x) = sigmoid(1x1 conv(x) + b_g) combines the shortcut h and the branch F (Fig. 2c/d).
+GATES = {
+    "exclusive": lambda g, h, f: ((1.0 - g) * h, g * f),
+    "shortcut_only": lambda g, h, f: ((1.0 - g) * h, f),
+}
+
+# Every shortcut-specific option name, in table order.
+SHORTCUT_OPTION_NAMES = tuple(dict.fromkeys(n for spec in SHORTCUTS.values() for n, _ in spec.options))
+
 # How a shortcut handles a change of shape (original ResNet paper, Sec. 3.3; fb.resnet.torch
 # ``shortcutType``): A strided identity + zero channels, B project where the shape changes,
 # C project on every unit.

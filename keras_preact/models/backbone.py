@@ -8,19 +8,14 @@ from layer names.
 """
 
 import dataclasses
-import inspect
 import math
 
 import keras
 
-from keras_preact.layers import ResidualUnit
+from keras_preact.layers import ResidualUnit, UnitConfig
 from keras_preact.layers import options as opt
 
-UNIT_OPTIONS = tuple(
-    p
-    for p in inspect.signature(ResidualUnit.__init__).parameters
-    if p not in ("self", "filters", "strides", "kwargs", "data_format")
-)
+UNIT_OPTIONS = UnitConfig.names()
 DATA_FORMATS = ("channels_last", "channels_first")
 
 
@@ -43,19 +38,14 @@ STEMS = {
     "cifar": Stem(3, 1, False, False),  # fb.resnet.torch preresnet.lua, CIFAR: 3x3 conv
     "imagenet": Stem(7, 2, True, True),  # 7x7/2 conv, 3x3/2 max-pool
 }
-# What follows the stem conv: the ordering's ``after_stem`` ops, or always BN-ReLU (fb.resnet.torch's
+# What follows the stem conv: the ordering's ``after_stem`` ops (None), or always BN-ReLU (fb.resnet.torch's
 # ImageNet stem, whatever the unit ordering).
-STEM_OPS = ("ordering", "norm_act")
+STEM_OPS = {"ordering": None, "norm_act": opt.NA}
 
 
 def check_unit_options(unit_options):
-    unknown = sorted(set(unit_options) - set(UNIT_OPTIONS))
-    if unknown:
-        raise ValueError(
-            f"Unknown unit option(s) {', '.join(unknown)}. Allowed: {', '.join(UNIT_OPTIONS)}."
-        )
-    # Constructing one unit validates every option (ordering, shortcut, rates, ...) up front.
-    ResidualUnit(filters=64, **unit_options)
+    """The ``UnitConfig`` of ``unit_options``: every option checked up front, unknown names refused."""
+    return UnitConfig.from_options(unit_options)
 
 
 def check_data_format(data_format):
@@ -97,28 +87,100 @@ def _positive_ints(argument, values):
     return list(values)
 
 
-def apply_ops(x, tokens, unit_options, name, axis, dtype=None):
-    """Norm/activation tokens of an ``Ordering`` applied as layers (stem and network end)."""
+def apply_ops(x, tokens, unit_config, name, axis, dtype=None):
+    """An ordering's "norm"/"act" tokens applied as layers (stem and network end), as the units make theirs."""
+    make = {
+        "norm": lambda x: unit_config.norm(x.shape[axis], axis=axis, name=f"{name}_norm", dtype=dtype),
+        "act": lambda x: unit_config.activation_layer(name=f"{name}_act", dtype=dtype),
+    }
     for token in tokens:
-        if token == "norm":
-            x = opt.make_norm(
-                unit_options.get("normalization", "batch"),
-                x.shape[axis],
-                axis=axis,
-                epsilon=unit_options.get("norm_epsilon", 1e-5),
-                momentum=unit_options.get("norm_momentum", 0.9),
-                groups=unit_options.get("norm_groups", 32),
-                name=f"{name}_norm",
-                dtype=dtype,
-            )(x)
-        else:
-            activation = unit_options.get("activation", "relu")
-            x = keras.layers.Activation(opt.get_activation(activation), name=f"{name}_act", dtype=dtype)(x)
+        x = make[token](x)(x)
     return x
 
 
 def unit_name(stage_index, unit_index):
     return f"stage{stage_index + 1}_unit{unit_index + 1}"
+
+
+def _check_stages(stackwise_units, stackwise_filters, stackwise_strides):
+    units = _positive_ints("stackwise_units", stackwise_units)
+    filters = _positive_ints("stackwise_filters", stackwise_filters)
+    strides = _positive_ints("stackwise_strides", stackwise_strides)
+    if not len(units) == len(filters) == len(strides):
+        raise ValueError(
+            f"Invalid stackwise_units={units}, stackwise_filters={filters}, stackwise_strides={strides}: "
+            "one value per stage is required in each."
+        )
+    return units, filters, strides
+
+
+def _check_overrides(unit_overrides, unit_options, units):
+    """``unit_overrides`` as dicts, each naming a unit and valid over ``unit_options``."""
+    unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
+    names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
+    unknown = sorted(set(unit_overrides) - set(names))
+    if unknown:
+        raise ValueError(
+            f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...)."
+        )
+    for overrides in unit_overrides.values():
+        check_unit_options({**unit_options, **overrides})
+    return unit_overrides
+
+
+def _stem(x, spec, unit_config, *, filters, bias, ops, axis, data_format, dtype):
+    """The stem conv (``spec``), its ``ops`` (norm/act made from ``unit_config``), the max-pool."""
+    if spec.explicit_padding:
+        x = keras.layers.ZeroPadding2D(spec.kernel_size // 2, data_format=data_format, name="stem_pad", dtype=dtype)(x)
+    x = keras.layers.Conv2D(
+        filters,
+        spec.kernel_size,
+        strides=spec.strides,
+        padding="valid" if spec.explicit_padding else "same",
+        use_bias=bias,
+        kernel_initializer=opt.get_kernel_initializer(unit_config.kernel_initializer),
+        kernel_regularizer=opt.get_regularizer(unit_config.kernel_regularizer),
+        data_format=data_format,
+        name="stem_conv",
+        dtype=dtype,
+    )(x)
+    x = apply_ops(x, ops, unit_config, "stem", axis, dtype)
+    if spec.max_pool:
+        x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
+        x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
+    return x
+
+
+def _stages(x, units, filters, strides, *, stride, stride_on_last_unit, unit_options, unit_overrides,
+            drop_path_rate, data_format, dtype):
+    """The residual units, stage by stage: (each stage's output, feature_info, each stage's unit names)."""
+    stage_outputs, feature_info, stage_unit_names = [], [], []
+    index, total = 0, sum(units)
+    for s, (n, width, stage_stride) in enumerate(zip(units, filters, strides)):
+        stride_unit = n - 1 if stride_on_last_unit else 0
+        stage_names = []
+        for u in range(n):
+            options = {**unit_options, **unit_overrides.get(unit_name(s, u), {})}
+            if drop_path_rate:
+                options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
+            x = ResidualUnit(
+                width,
+                strides=stage_stride if u == stride_unit else 1,
+                data_format=data_format,
+                name=unit_name(s, u),
+                dtype=dtype,
+                **options,
+            )(x)
+            stage_names.append(unit_name(s, u))
+            index += 1
+        stride *= stage_stride
+        stage_outputs.append(x)
+        stage_unit_names.append(stage_names)
+        feature_info.append(
+            {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
+             "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
+        )
+    return stage_outputs, feature_info, stage_unit_names
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -164,95 +226,33 @@ class PreActResNetBackbone(keras.Model):
         **kwargs,
     ):
         check_model_kwargs(type(self).__name__, kwargs)
-        units = _positive_ints("stackwise_units", stackwise_units)
-        filters = _positive_ints("stackwise_filters", stackwise_filters)
-        strides = _positive_ints("stackwise_strides", stackwise_strides)
-        if not len(units) == len(filters) == len(strides):
-            raise ValueError(
-                f"Invalid stackwise_units={units}, stackwise_filters={filters}, stackwise_strides={strides}: "
-                "one value per stage is required in each."
-            )
+        units, filters, strides = _check_stages(stackwise_units, stackwise_filters, stackwise_strides)
         opt.check_choice("stem", stem, STEMS)
         opt.check_choice("stem_ops", stem_ops, STEM_OPS)
         _positive_ints("stem_filters", [stem_filters])
         unit_options = dict(unit_options or {})
-        check_unit_options(unit_options)
-        unit_overrides = {k: dict(v) for k, v in (unit_overrides or {}).items()}
-        names = [unit_name(s, u) for s, n in enumerate(units) for u in range(n)]
-        unknown = sorted(set(unit_overrides) - set(names))
-        if unknown:
-            raise ValueError(
-                f"Invalid unit_overrides: no unit named {', '.join(unknown)} (units are stage1_unit1 ...)."
-            )
-        for overrides in unit_overrides.values():
-            check_unit_options({**unit_options, **overrides})
+        unit_config = check_unit_options(unit_options)
+        unit_overrides = _check_overrides(unit_overrides, unit_options, units)
         opt.check_rate("drop_path_rate", drop_path_rate)
         data_format = check_data_format(data_format)
         stem_spec = STEMS[stem]
-        total_stride = stem_spec.total_stride * math.prod(strides)
-        check_input_shape(input_shape, total_stride, data_format)
+        check_input_shape(input_shape, stem_spec.total_stride * math.prod(strides), data_format)
         axis = -1 if data_format == "channels_last" else 1
-        ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
 
-        # --- stem
         inputs = keras.Input(shape=tuple(input_shape), name="images")
-        x = inputs
-        if stem_spec.explicit_padding:
-            x = keras.layers.ZeroPadding2D(stem_spec.kernel_size // 2, data_format=data_format, name="stem_pad",
-                                           dtype=dtype)(x)
-        x = keras.layers.Conv2D(
-            stem_filters,
-            stem_spec.kernel_size,
-            strides=stem_spec.strides,
-            padding="valid" if stem_spec.explicit_padding else "same",
-            use_bias=stem_bias,
-            kernel_initializer=opt.get_kernel_initializer(unit_options.get("kernel_initializer", "he_normal_fan_out")),
-            kernel_regularizer=opt.get_regularizer(unit_options.get("kernel_regularizer")),
-            data_format=data_format,
-            name="stem_conv",
-            dtype=dtype,
-        )(x)
-        ops = ("norm", "act") if stem_ops == "norm_act" else ordering.after_stem
-        x = apply_ops(x, ops, unit_options, "stem", axis, dtype)
-        if stem_spec.max_pool:
-            x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
-            x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
-
-        # --- stages
-        stride = stem_spec.total_stride
-        stage_outputs, feature_info, stage_unit_names = [], [], []
-        index, total = 0, len(names)
-        for s, (n, width, stage_stride) in enumerate(zip(units, filters, strides)):
-            stride_unit = n - 1 if stride_on_last_unit else 0
-            stage_names = []
-            for u in range(n):
-                options = {**unit_options, **unit_overrides.get(unit_name(s, u), {})}
-                if drop_path_rate:
-                    options["drop_path_rate"] = drop_path_rate * index / max(total - 1, 1)
-                x = ResidualUnit(
-                    width,
-                    strides=stage_stride if u == stride_unit else 1,
-                    data_format=data_format,
-                    name=unit_name(s, u),
-                    dtype=dtype,
-                    **options,
-                )(x)
-                stage_names.append(unit_name(s, u))
-                index += 1
-            stride *= stage_stride
-            stage_outputs.append(x)
-            stage_unit_names.append(stage_names)
-            feature_info.append(
-                {"stage": f"stage{s + 1}", "layer": stage_names[-1], "channels": width, "stride": stride,
-                 "level": f"P{int(math.log2(stride))}" if stride & (stride - 1) == 0 else None}
-            )
-        outputs = apply_ops(x, ordering.final, unit_options, "final", axis, dtype)
+        ops = STEM_OPS[stem_ops] or unit_config.ordering_spec.after_stem
+        x = _stem(inputs, stem_spec, unit_config, filters=stem_filters, bias=stem_bias, ops=ops, axis=axis,
+                  data_format=data_format, dtype=dtype)
+        stage_outputs, feature_info, stage_unit_names = _stages(
+            x, units, filters, strides, stride=stem_spec.total_stride, stride_on_last_unit=stride_on_last_unit,
+            unit_options=unit_options, unit_overrides=unit_overrides, drop_path_rate=drop_path_rate,
+            data_format=data_format, dtype=dtype,
+        )
+        outputs = apply_ops(stage_outputs[-1], unit_config.ordering_spec.final, unit_config, "final", axis, dtype)
         super().__init__(inputs=inputs, outputs=outputs, name=name, **kwargs)
         if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
             self.dtype_policy = keras.dtype_policies.get(dtype)
-
-        # The deepest stage at each stride: with the stride on a stage's last unit (TF-slim), two
-        # stages can share one.
+        # The deepest stage at each stride (with the stride on a stage's last unit, two can share one).
         self.pyramid_outputs = {
             info["level"]: tensor for info, tensor in zip(feature_info, stage_outputs) if info["level"]
         }

@@ -40,6 +40,16 @@ def cifar_depth_block(depth, block=None):
     )
 
 
+def _check_cifar_unit(config):
+    """Refuse a ``UnitConfig`` a CIFAR net cannot use."""
+    if config.shortcut_type == "A" and config.block == "bottleneck":
+        raise ValueError(
+            "shortcut_type='A' cannot be used with block='bottleneck' in a CIFAR net: the first "
+            "unit maps 16 to 64 channels and a zero-padded identity carries no signal in 48 of them "
+            "at every unit. Use shortcut_type='B' (the official code's)."
+        )
+
+
 def cifar_resnet(
     depth,
     num_classes=10,
@@ -76,14 +86,8 @@ def cifar_resnet(
         "stride_position": spec["stride_position"],
         **unit_options,
     }
-    check_unit_options(unit_options)
+    _check_cifar_unit(check_unit_options(unit_options))
     check_head(include_top, pooling, num_classes)
-    if unit_options["shortcut_type"] == "A" and block == "bottleneck":
-        raise ValueError(
-            "shortcut_type='A' cannot be used with block='bottleneck' in a CIFAR net: the first "
-            "unit maps 16 to 64 channels and a zero-padded identity carries no signal in 48 of them "
-            "at every unit. Use shortcut_type='B' (the official code's)."
-        )
     name = name or f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar"
     model = PreActResNetBackbone(
         [n] * 3,

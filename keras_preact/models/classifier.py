@@ -24,7 +24,8 @@ class PreActResNetClassifier(keras.Model):
             ``to_dict()``): size, pixel mean/std, evaluation crop. ``create_model`` sets the registry's;
             export and ``keras-preact-evaluate`` use it. Kept in ``get_config`` (``.keras`` files).
         class_names: one name per class (index = label), e.g. the trained weights'; kept likewise.
-        dtype: dtype policy of the head layers (the backbone keeps its own; the output is float32).
+        dtype: dtype policy of every layer but the float32 output, as keras-hub's; default the backbone's.
+            A backbone in another policy is replaced by a copy in this one (its config and weights).
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
@@ -37,6 +38,8 @@ class PreActResNetClassifier(keras.Model):
             raise ValueError(f"Invalid num_classes={num_classes!r}: a positive integer (or None: no dense layer).")
         opt.check_choice("pooling", pooling, POOLINGS)
         opt.check_rate("dropout", dropout)
+        backbone = backbone_in_policy(backbone, dtype)
+        dtype = backbone.dtype_policy
         head = [POOLINGS[pooling](data_format=backbone.data_format, name=f"{pooling}_pool", dtype=dtype)]
         if num_classes is not None:
             if dropout:
@@ -48,8 +51,7 @@ class PreActResNetClassifier(keras.Model):
         for layer in head:
             x = layer(x)
         super().__init__(inputs=inputs, outputs=x, name=name, **kwargs)
-        if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
-            self.dtype_policy = keras.dtype_policies.get(dtype)
+        self.dtype_policy = dtype  # a functional model drops dtype=; set as keras-hub's Backbone does
         self.backbone = backbone
         self.head_layers = head
         self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
@@ -115,6 +117,18 @@ class PreActResNetClassifier(keras.Model):
         config = dict(config)
         config["backbone"] = keras.layers.deserialize(config["backbone"])
         return cls(**config)
+
+
+def backbone_in_policy(backbone, dtype):
+    """``backbone`` with every layer in the ``dtype`` policy (None: its own): itself, or a copy built from
+    its config in that policy carrying its weights (cast to the copy's variable dtype)."""
+    if dtype is None or keras.dtype_policies.get(dtype).name == backbone.dtype_policy.name:
+        return backbone
+    config = {**backbone.get_config(), "dtype": keras.dtype_policies.serialize(keras.dtype_policies.get(dtype))}
+    copy = type(backbone).from_config(config)
+    for target, source in zip(copy.weights, backbone.weights, strict=True):
+        target.assign(keras.ops.cast(source, target.dtype))
+    return copy
 
 
 def channels_last_shape(backbone):

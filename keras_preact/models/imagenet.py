@@ -47,6 +47,19 @@ LAYOUTS = {
 }
 
 
+def _unit_overrides(spec, units, ordering, stem_ops):
+    """The units that differ from the rest in a ``spec`` layout net."""
+    overrides = {}
+    for s, (n, stride) in enumerate(zip(units, spec.stage_strides)):
+        if spec.stride_on_last_unit and stride > 1:
+            # keras.applications: strided identity (1x1 max-pool) on the raw input.
+            overrides[unit_name(s, n - 1)] = {"shortcut_type": "A", "preactivate_shortcut": False}
+    stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
+    if not spec.stride_on_last_unit and ordering.is_preactivation and stem_norm:
+        overrides[unit_name(0, 0)] = {"skip_preactivation": True}  # fb.resnet.torch 'no_preact'
+    return overrides
+
+
 def imagenet_resnet(
     depth,
     num_classes=1000,
@@ -67,7 +80,7 @@ def imagenet_resnet(
 
     Stem 7x7/2 conv, BN-ReLU, 3x3/2 max-pool; four stages of 64/128/256/512 (basic) or
     256/512/1024/2048 (bottleneck) output channels; final BN-ReLU, global average pooling, dense.
-    Shortcut type B and the stride on the 3x3 conv, as the official code. ``layout="tf_slim"``
+    Shortcut type B and the stride on the 3x3 conv, as the official code (``UnitConfig``'s defaults). ``layout="tf_slim"``
     reproduces keras.applications ResNetV2 (see ``Layout``). ``unit_options``: any
     ``ResidualUnit`` argument. ``include_top=False`` returns the ``PreActResNetBackbone``
     (``pooling=None``) or its pooled features.
@@ -81,25 +94,10 @@ def imagenet_resnet(
     opt.check_choice("layout", layout, LAYOUTS)
     spec = LAYOUTS[layout]
     block, units = IMAGENET_DEPTHS[depth]
-    unit_options = {
-        "block": block,
-        "shortcut_type": "B",
-        "stride_position": "3x3",
-        **spec.unit_defaults,
-        **unit_options,
-    }
-    check_unit_options(unit_options)
+    unit_options = {"block": block, **spec.unit_defaults, **unit_options}
+    ordering = check_unit_options(unit_options).ordering_spec
     check_head(include_top, pooling, num_classes)
-    ordering = opt.ORDERINGS[unit_options.get("ordering", "full_preact")]
-    stem_ops = "norm_act" if spec.stem_ops == "norm_act" else "ordering"
-    stem_norm = stem_ops == "norm_act" or "norm" in ordering.after_stem
-    overrides = {}
-    for s, (n, stride) in enumerate(zip(units, spec.stage_strides)):
-        if spec.stride_on_last_unit and stride > 1:
-            # keras.applications: strided identity (1x1 max-pool) on the raw input.
-            overrides[unit_name(s, n - 1)] = {"shortcut_type": "A", "preactivate_shortcut": False}
-    if not spec.stride_on_last_unit and ordering.is_preactivation and stem_norm:
-        overrides[unit_name(0, 0)] = {"skip_preactivation": True}  # fb.resnet.torch 'no_preact'
+    overrides = _unit_overrides(spec, units, ordering, spec.stem_ops)
     name = name or f"preact_resnet{depth}"
     model = PreActResNetBackbone(
         list(units),
@@ -108,7 +106,7 @@ def imagenet_resnet(
         stem="imagenet",
         stem_filters=STEM_FILTERS,
         stem_bias=spec.stem_bias,
-        stem_ops=stem_ops,
+        stem_ops=spec.stem_ops,
         stride_on_last_unit=spec.stride_on_last_unit,
         unit_options=unit_options,
         unit_overrides=overrides,
