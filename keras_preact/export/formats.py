@@ -10,76 +10,69 @@
     assets/class_names.txt         always: one class name per line, line number = label
     assets/preprocessing.json      always: the InputConfig (input size, mean/std, evaluation crop)
 
-ONNX, LiteRT and OpenVINO hold one function, the SavedModel's ``serving_default``: input ``images``
-uint8 ``[N, H, W, 3]`` (N dynamic), the normalization ``(pixels - mean) / std`` inside, outputs
-``probabilities`` float32 ``[N, C]``, top-k ``scores`` float32 ``[N, k]`` and ``classes`` int32
-``[N, k]``. It is a small Keras functional model around the classifier (``serving_model``) written by
-Keras' own ``model.export(path, format=...)``. Which backend can write which format, and what each needs
-installed, is the table ``FORMATS``; ``check_formats`` refuses the rest before any work.
+ONNX, LiteRT and OpenVINO hold one function, the SavedModel's ``serving_default``: the serving contract
+(``keras_preact.export.contract``) on uint8 ``images``. It is a small Keras functional model around the
+classifier (``serving_model``) written by Keras' own ``model.export(path, format=...)``. Which backend can
+write which format, and what each needs installed, is the table ``FORMATS``; ``check_formats`` refuses
+the rest before any work. ``export_saved_model`` is ``export_model`` with the SavedModel alone.
 """
 
 import dataclasses
 import importlib.util
+import inspect
 import os
 import shutil
 
 import keras
-import numpy as np
 
 from keras_preact.export import version_dir
+from keras_preact.export.contract import ServingContract
 
-OUTPUT_NAMES = ("probabilities", "scores", "classes")
-INPUT_NAME = "images"
+if importlib.util.find_spec("tensorflow") is not None:
+    from keras_preact.export.saved_model import write_saved_model
+else:  # check_formats refuses the SavedModel first, naming TensorFlow
+    write_saved_model = None
+
 TENSORFLOW = "pip install tensorflow"
 _DISPLAY = {"tensorflow": "TensorFlow"}
 
 
-def serving_model(model, input_config, top_k, structure="dict"):
-    """The serving function as a Keras model: uint8 ``images`` -> float32 -> ``(x - mean) / std`` ->
-    ``model`` -> ``{"probabilities", "scores", "classes"}`` (``structure="tuple"``: in ``OUTPUT_NAMES``
-    order, for exporters that cannot return a dict)."""
-    images = keras.Input((*input_config.crop_size, 3), dtype="uint8", name=INPUT_NAME)
-    mean = np.asarray(input_config.mean, "float32")
-    std = np.asarray(input_config.std, "float32")
-    normalized = (keras.ops.cast(images, "float32") - mean) / std
-    probabilities = keras.ops.cast(model(normalized), "float32")
-    scores, classes = keras.ops.top_k(probabilities, top_k)
-    outputs = {"probabilities": probabilities, "scores": scores, "classes": keras.ops.cast(classes, "int32")}
+def serving_model(model, serving, structure="dict"):
+    """The serving contract ``serving`` (a ``ServingContract``) as a Keras model on uint8 images, over
+    ``keras.ops``; ``structure="tuple"``: the outputs in ``serving.output_names`` order, for exporters
+    that cannot return a dict."""
+    images = keras.Input((*serving.image_size, 3), dtype="uint8", name=serving.input_name)
+    outputs = serving.serve(model, images, keras.ops)
     if structure == "tuple":
-        outputs = tuple(outputs[name] for name in OUTPUT_NAMES)
+        outputs = tuple(outputs.values())
     return keras.Model(images, outputs, name=f"{model.name}_serving")
 
 
 # ------------------------------------------------------------------------------------- writers
-def _write_saved_model(staging, model, input_config, class_names, top_k, scratch, entry):
-    from keras_preact.export import saved_model
-
-    saved_model.write_saved_model(staging, model, input_config, class_names, top_k, scratch)
-
-
-def _write_keras_export(staging, model, input_config, class_names, top_k, scratch, entry):
+def _write_keras_export(staging, model, serving, class_names, scratch, entry):
     """``model.export(..., format=entry.keras_format)`` of the serving model into ``scratch``, then
     ``entry.finish`` puts it at ``staging/entry.files[0]`` with the contract's names."""
-    wrapper = serving_model(model, input_config, top_k, entry.structure)
-    spec = keras.InputSpec(shape=(None, *input_config.crop_size, 3), dtype="uint8", name=INPUT_NAME)
+    wrapper = serving_model(model, serving, entry.structure)
+    spec = keras.InputSpec(shape=(None, *serving.image_size, 3), dtype="uint8", name=serving.input_name)
     exported = os.path.join(scratch, entry.keras_format, os.path.basename(entry.files[0]))
     os.makedirs(os.path.dirname(exported))
     wrapper.export(exported, format=entry.keras_format, input_signature=[spec], verbose=False)
     target = os.path.join(staging, entry.files[0])
     os.makedirs(os.path.dirname(target), exist_ok=True)
-    entry.finish(exported, target, input_config.crop_size)
+    entry.finish(exported, target, serving)
 
 
-def _finish_onnx(exported, target, image_size):
-    """Name the graph's outputs ``OUTPUT_NAMES`` (tf2onnx and torch.onnx number them) with Identity nodes."""
+def _finish_onnx(exported, target, serving):
+    """Name the graph's outputs ``serving.output_names`` (tf2onnx and torch.onnx number them) with
+    Identity nodes."""
     import onnx
 
     proto = onnx.load(exported)
-    graph = proto.graph
-    if [i.name for i in graph.input] != [INPUT_NAME] or len(graph.output) != len(OUTPUT_NAMES):
+    graph, names = proto.graph, serving.output_names
+    if [i.name for i in graph.input] != [serving.input_name] or len(graph.output) != len(names):
         raise RuntimeError(f"Unexpected ONNX signature from Keras' exporter: inputs {[i.name for i in graph.input]}, "
-                           f"{len(graph.output)} outputs; expected [{INPUT_NAME!r}] and {len(OUTPUT_NAMES)}.")
-    for output, name in zip(graph.output, OUTPUT_NAMES):
+                           f"{len(graph.output)} outputs; expected [{serving.input_name!r}] and {len(names)}.")
+    for output, name in zip(graph.output, names):
         if output.name != name:
             graph.node.append(onnx.helper.make_node("Identity", [output.name], [name]))
             output.name = name
@@ -87,24 +80,25 @@ def _finish_onnx(exported, target, image_size):
     onnx.save(proto, target)
 
 
-def _finish_openvino(exported, target, image_size):
-    """Name the input ``images`` ``[?, H, W, 3]`` and the outputs ``OUTPUT_NAMES`` (the torch tracer
-    leaves them unnamed and the input fully dynamic); saved uncompressed (float32 weights)."""
+def _finish_openvino(exported, target, serving):
+    """Name the input ``serving.input_name`` ``[?, H, W, 3]`` and the outputs ``serving.output_names``
+    (the torch tracer leaves them unnamed and the input fully dynamic); saved uncompressed (float32
+    weights)."""
     import openvino as ov
 
-    model = ov.Core().read_model(exported)
-    if len(model.inputs) != 1 or len(model.outputs) != len(OUTPUT_NAMES):
+    model, names = ov.Core().read_model(exported), serving.output_names
+    if len(model.inputs) != 1 or len(model.outputs) != len(names):
         raise RuntimeError(f"Unexpected OpenVINO signature from Keras' exporter: {len(model.inputs)} inputs, "
-                           f"{len(model.outputs)} outputs; expected 1 and {len(OUTPUT_NAMES)}.")
-    model.inputs[0].get_tensor().set_names({INPUT_NAME})
-    model.inputs[0].get_node().set_friendly_name(INPUT_NAME)
-    model.reshape({model.inputs[0]: ov.PartialShape([-1, *image_size, 3])})
-    for output, name in zip(model.outputs, OUTPUT_NAMES):
+                           f"{len(model.outputs)} outputs; expected 1 and {len(names)}.")
+    model.inputs[0].get_tensor().set_names({serving.input_name})
+    model.inputs[0].get_node().set_friendly_name(serving.input_name)
+    model.reshape({model.inputs[0]: ov.PartialShape([-1, *serving.image_size, 3])})
+    for output, name in zip(model.outputs, names):
         output.get_tensor().set_names({name})
     ov.save_model(model, target, compress_to_fp16=False)
 
 
-def _finish_litert(exported, target, image_size):
+def _finish_litert(exported, target, serving):
     shutil.move(exported, target)  # its signature already names the input and the outputs (a dict)
 
 
@@ -120,9 +114,9 @@ class Format:
     runtime_modules: tuple
     install: str  # the pip command that installs everything it needs
     top_k: str  # where the top-k outputs are
-    write: callable
+    write: callable  # (staging, model, serving contract, class names, scratch, this entry)
     structure: str = "dict"  # the serving model's outputs given to model.export
-    finish: callable = None  # (exported, target, image_size): the artifact in place, named
+    finish: callable = None  # (exported, target, serving contract): the artifact in place, named
 
 
 _NO_JAX_ONNX = ("jax2onnx (Keras' JAX exporter) turns max pooling (MaxPooling2D: the option-A shortcut of the "
@@ -135,7 +129,7 @@ FORMATS = {
         refused={"torch": "a SavedModel is written from the tensorflow or jax backend (Keras' torch SavedModel "
                           f"export needs torch_xla) and needs TensorFlow: {TENSORFLOW}"},
         runtime="tf.saved_model.load (TF Serving)", runtime_modules=("tensorflow",), install=TENSORFLOW,
-        top_k="yes (and class_names)", write=_write_saved_model,
+        top_k="yes (and class_names)", write=write_saved_model,
     ),
     "onnx": Format(
         files=("model.onnx",), keras_format="onnx",
@@ -198,31 +192,41 @@ def check_formats(formats, backend=None):
     return tuple(n for n in FORMATS if n in names)
 
 
-def export_model(
-    model,
-    export_dir="saved_models",
-    *,
-    formats=("saved_model",),
-    name=None,
-    version=None,
-    class_names=None,
-    input_config=None,
-    mean=None,
-    std=None,
-    top_k=5,
-    image_size=None,
-    crop_fraction=None,
-    interpolation=None,
-):
+def export_model(model, export_dir="saved_models", *, formats=("saved_model",), name=None, version=None,
+                 class_names=None, input_config=None, mean=None, std=None, top_k=5, image_size=None,
+                 crop_fraction=None, interpolation=None):
     """Write ``model`` in each of ``formats`` to one version directory ``export_dir/<name>/<version>/``.
 
     Args:
-        model: a single-input image classifier ``[N, H, W, 3] -> [N, num_classes]`` ending in a softmax.
+        model: a single-input image classifier ``[N, H, W, 3] -> [N, num_classes]`` whose output is
+            probabilities (the package's models end in a softmax "predictions" layer).
+        export_dir: the model base directory's parent (TF Serving's ``--model_base_path`` is
+            ``export_dir/<name>``).
+        name: the model name (a directory name); default ``model.name``.
+        version: a positive integer; default: one more than the highest existing version. An existing
+            version is never overwritten.
+        class_names: one string per class (index = label); default the model's own ``class_names`` (a
+            ``PreActResNetClassifier`` with trained weights), else ``"0"``, ``"1"``, ...
+        mean, std: per-channel (R, G, B) normalization in 0-255 pixel units, applied in the graph as
+            ``(pixels - mean) / std``; default 0 and 1 (the model consumes raw pixels). ``mean`` may
+            also be an ``[H, W, 3]`` mean image (the paper's per-pixel mean subtraction).
+        top_k: how many classes the ``classes``/``scores``/``class_names`` outputs hold
+            (1 to num_classes).
+        image_size: ``(height, width)``, needed only when the model's input size is dynamic.
+        input_config: the model's ``keras_preact.preprocessing.InputConfig`` (or its ``to_dict()``),
+            e.g. ``keras_preact.models.get_input_config(name)``: its ``input_size`` must match the model
+            input; ``mean``/``std``/``crop_fraction``/``interpolation`` default to its values. Default:
+            the model's own ``input_config`` (every classifier ``create_model`` builds carries its
+            registry's), else none.
+        crop_fraction: the ``serving_bytes`` evaluation view keeps the centre ``crop`` of the image
+            whose shorter side is resized to ``ceil(crop / crop_fraction)``; in (0, 1]. Default: the
+            input config's, else 1.0 (shorter side to the crop: CIFAR-style evaluation of the whole
+            image). An ImageNet model evaluated at 224 of 256 needs 0.875 (its input config, carried by
+            a ``create_model`` classifier), or its served view differs from the one its accuracy was
+            measured on.
+        interpolation: the resize method of that view (``keras_preact.preprocessing.INTERPOLATIONS``);
+            default the input config's, else "bilinear".
         formats: names out of ``FORMATS`` (``saved_model``, ``onnx``, ``litert``, ``openvino``), or one name.
-        The other arguments are ``export_saved_model``'s: ``name`` (default ``model.name``), ``version``
-        (default: the next free one; never overwritten), ``class_names`` and ``input_config`` (default: the
-        model's own, ``PreActResNetClassifier.class_names``/``.input_config``), the
-        ``mean``/``std``/``crop_fraction``/``interpolation`` that override it, ``top_k``, ``image_size``.
 
     Returns:
         The version directory written, a ``pathlib.Path``.
@@ -236,8 +240,23 @@ def export_model(
     version_dir.check_top_k(top_k, num_classes)
     class_names = version_dir.check_class_names(class_names, num_classes)
     input_config = version_dir.resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
+    serving = ServingContract(input_config, top_k)
     with version_dir.staged_version(export_dir, name, version, model, copies=len(formats)) as (staging, scratch, target):
         for fmt in formats:  # the SavedModel first: it creates the (new) staging directory
-            FORMATS[fmt].write(staging, model, input_config, class_names, top_k, scratch, FORMATS[fmt])
+            FORMATS[fmt].write(staging, model, serving, class_names, scratch, FORMATS[fmt])
         version_dir.write_assets(staging, class_names, input_config)
     return target
+
+
+def export_saved_model(model, export_dir="saved_models", **options):
+    """Write ``model`` to ``export_dir/<name>/<version>/`` as a SavedModel for TF Serving: ``export_model``
+    with ``formats=("saved_model",)``, whose other arguments it takes (documented there). Returns the
+    version directory written, a ``pathlib.Path``."""
+    if "formats" in options:
+        raise TypeError("export_saved_model() writes the SavedModel alone; use export_model(..., formats=...) "
+                        "for other formats.")
+    return export_model(model, export_dir, formats=("saved_model",), **options)
+
+
+_EXPORT_ARGUMENTS = inspect.signature(export_model).parameters.values()
+export_saved_model.__signature__ = inspect.Signature([p for p in _EXPORT_ARGUMENTS if p.name != "formats"])

@@ -14,7 +14,8 @@ import os
 
 import numpy as np
 
-from keras_preact.export.formats import FORMATS, INPUT_NAME, OUTPUT_NAMES
+from keras_preact.export.contract import INPUT_NAME, OUTPUT_NAMES
+from keras_preact.export.formats import FORMATS
 from keras_preact.export.version_dir import read_assets
 
 

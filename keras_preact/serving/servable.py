@@ -17,6 +17,7 @@ import pathlib
 
 import numpy as np
 
+from keras_preact.export.contract import ServingContract
 from keras_preact.export.formats import FORMATS
 from keras_preact.serving import rest
 from keras_preact.serving.rest import RequestError
@@ -119,7 +120,7 @@ class SavedModelSignatures:
 
 class ArtifactSignature:
     """``serving_default`` run by an ONNX / LiteRT / OpenVINO runtime (``keras_preact.export.load``),
-    with the SavedModel's outputs: ``probabilities``, ``classes``, ``scores`` and ``class_names``."""
+    with the SavedModel's outputs: the serving contract's, and the top-k ``class_names``."""
 
     def __init__(self, path, fmt):
         from keras_preact.export.runtimes import load
@@ -127,20 +128,20 @@ class ArtifactSignature:
         self._runtime = load(path, fmt)
         height, width = self._runtime.input_size
         self._names = np.array([name.encode("utf-8") for name in self._runtime.class_names], dtype=object)
-        self.input_spec = {"images": rest.TensorSpec("images", "uint8", (None, height, width, 3))}
-        k = self._runtime.predict(np.zeros((1, height, width, 3), np.uint8))["scores"].shape[1]  # and a warm-up
+        scores = self._runtime.predict(np.zeros((1, height, width, 3), np.uint8))["scores"]  # and a warm-up
+        self._serving = ServingContract(self._runtime.input_config, scores.shape[1])
+        images = self._serving.input_name
+        self.input_spec = {images: rest.TensorSpec(images, "uint8", (None, height, width, 3))}
         self.signature_def = {
-            "inputs": {"images": _tensor_info("DT_UINT8", [-1, height, width, 3])},
-            "outputs": {"probabilities": _tensor_info("DT_FLOAT", [-1, len(self._names)]),
-                        "scores": _tensor_info("DT_FLOAT", [-1, k]),
-                        "classes": _tensor_info("DT_INT32", [-1, k]),
-                        "class_names": _tensor_info("DT_STRING", [-1, k])},
+            "inputs": {images: _tensor_info("DT_UINT8", [-1, height, width, 3])},
+            "outputs": {name: _tensor_info(dtype, dims) for name, (dtype, dims) in
+                        self._serving.output_dims(len(self._names)).items()},
             "method_name": "tensorflow/serving/predict",
         }
 
     def predict(self, signature_name, inputs):
-        outputs = self._runtime.predict(inputs["images"])
-        return {**outputs, "class_names": self._names[outputs["classes"]]}
+        outputs = self._runtime.predict(inputs[self._serving.input_name])
+        return {**outputs, self._serving.class_names_output: self._names[outputs["classes"]]}
 
 
 def _tensor_info(dtype, dims):
