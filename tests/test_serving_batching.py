@@ -76,12 +76,13 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_slice():
         assert sorted(result) == ["logits", "total"]
         np.testing.assert_allclose(result["logits"], direct["logits"], rtol=1e-12)
         np.testing.assert_allclose(result["total"], direct["total"], rtol=1e-12)
-    # 32 examples in requests of 1-3: every call but the last holds 6-8 (a request that would overflow
-    # waits for the next batch); the last may be partial, after the timeout.
+    # 32 examples in requests of 1-3: no call holds more than 8, and every call but the smallest holds at
+    # least 6 (a batch closes only when the next request, of at most 3, would overflow it; the last may be
+    # partial, after the timeout). Which calls reach exactly 8 depends on the threads' arrival order.
     assert stats.requests == 16 and stats.examples == 32 and stats.reruns == 0
     assert sum(size * n for size, n in stats.batch_sizes.items()) == 32
     sizes = sorted(stats.batch_sizes.elements())
-    assert sizes[-1] == 8 and all(6 <= size <= 8 for size in sizes[1:]) and stats.model_calls == len(sizes) <= 6
+    assert sizes[-1] <= 8 and all(6 <= size for size in sizes[1:]) and stats.model_calls == len(sizes) <= 6
 
 
 def test_a_full_batch_runs_at_once_and_the_first_request_waits_at_most_the_timeout():
