@@ -17,9 +17,10 @@ import keras
 import numpy as np
 
 from keras_preact.analysis import gradient_norms, plot_gradient_norms, plot_spectra, stack_spectra
-from keras_preact.models import cifar_resnet
+from keras_preact.models import cifar_resnet, get_input_config
 
-MEAN, STD = np.array([125.3, 123.0, 113.9]), np.array([63.0, 62.1, 66.7])  # fb.resnet.torch
+CIFAR_INPUT = get_input_config("cifar_resnet20")  # fb.resnet.torch statistics
+MEAN, STD = np.array(CIFAR_INPUT.mean), np.array(CIFAR_INPUT.std)
 
 # label -> unit options (Table 1's shortcut variants sit on the original unit, as in the paper)
 NETWORK_VARIANTS = {

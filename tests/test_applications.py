@@ -84,7 +84,7 @@ def test_imagenet_weights_offline_fail_fast(tmp_path, monkeypatch):
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        (dict(depth=18, weights="imagenet"), "depth 50, 101 and 152"),
+        (dict(depth=18, weights="imagenet"), "depth 50, 101, 152"),
         (dict(depth=50, weights="imagenet", classes=10), "classes"),
         (dict(depth=50, weights="imagenet", layout="fb"), "layout"),
         (dict(depth=50, weights="imagenet", input_shape=(128, 128, 3)), "input_shape"),

@@ -102,3 +102,11 @@ def test_the_library_module_names_the_command_line_in_one_line():
     assert done.stderr.strip().splitlines() == [
         "training.train is the training library (train(config)); the command line is keras-preact-train "
         "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
+
+
+@pytest.mark.parametrize("module", ["evaluate", "export", "reproduce", "publish"])
+def test_python_dash_m_commands_start_as_quietly_as_the_scripts(module):
+    """``python -m training.<module>`` (what a reader of the checkout types) gets the same quiet start."""
+    done = run(["-m", f"training.{module}", "--help"])
+    assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
+    assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr

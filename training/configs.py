@@ -27,21 +27,21 @@ import math
 import typing
 
 from keras_preact.layers.options import check_choice
+from keras_preact.models.presets import FAMILY_INPUTS
 
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
 TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
 NORMALIZATIONS = {
-    # fb.resnet.torch (datasets/cifar10.lua) per-channel statistics.
-    "cifar10": ((125.3, 123.0, 113.9), (63.0, 62.1, 66.7)),
-    "cifar100": ((129.3, 124.1, 112.4), (68.2, 65.4, 70.4)),
-    # fb.resnet.torch (datasets/imagenet.lua), 0-1 values times 255.
-    "imagenet": ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375)),
+    # fb.resnet.torch's datasets/cifar10.lua and imagenet.lua statistics: the registry's family inputs.
+    "cifar10": (FAMILY_INPUTS["cifar"].mean, FAMILY_INPUTS["cifar"].std),
+    "cifar100": ((129.3, 124.1, 112.4), (68.2, 65.4, 70.4)),  # fb.resnet.torch datasets/cifar100.lua
+    "imagenet": (FAMILY_INPUTS["imagenet"].mean, FAMILY_INPUTS["imagenet"].std),
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
 # The paper's "per-pixel mean subtracted": the mean training image, std 1 (training.pipelines.pixel_stats).
 PIXEL_MEAN = "pixel_mean"
-ARCHITECTURES = ("cifar", "imagenet")
+ARCHITECTURES = tuple(FAMILY_INPUTS)  # the registry's network families
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
 SCHEDULES = ("piecewise", "cosine")
 LR_SCALINGS = ("none", "linear")

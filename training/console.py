@@ -12,6 +12,7 @@ Standard library only: the entry points below import it before anything loads Ke
 its command only after. ``pyproject.toml`` ``[project.scripts]`` names these functions.
 """
 
+import importlib
 import importlib.util
 import os
 import re
@@ -76,6 +77,13 @@ def quiet_tensorflow_start_up(load_tensorflow=True):
 
 
 # ----------------------------------------------------------------- entry points (pyproject.toml)
+def run_module(name, argv=None):
+    """``python -m training.<name>`` (evaluate, export, reproduce, publish): the same quiet start as the
+    console scripts, then that module's ``main``. Each module calls it first, before it imports Keras."""
+    quiet_tensorflow_start_up()
+    return importlib.import_module(f"{__package__}.{name}").main(argv)
+
+
 def export(argv=None):
     """``keras-preact-export``."""
     quiet_tensorflow_start_up()

@@ -16,11 +16,15 @@ centre crop; needs TensorFlow), both with the model's own mean/std, measured by 
 training's metrics. Every argument is checked before anything is loaded.
 """
 
+if __name__ == "__main__":  # python -m training.evaluate: quiet start-up as the console scripts, before Keras loads
+    from .console import run_module
+
+    raise SystemExit(run_module("evaluate"))
+
 import argparse
 import dataclasses
 import json
 import pathlib
-import sys
 import zipfile
 
 import numpy as np
@@ -288,6 +292,3 @@ def main(argv=None):
         write_json(args.json, target, data, metrics)
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

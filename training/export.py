@@ -11,6 +11,11 @@ measured on. The CLI::
 The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
 """
 
+if __name__ == "__main__":  # python -m training.export: quiet start-up as the console scripts, before Keras loads
+    from .console import run_module
+
+    raise SystemExit(run_module("export"))
+
 import argparse
 import errno
 import importlib.util
@@ -168,6 +173,3 @@ def main(argv=None):
     print(path)
     return 0
 
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -13,7 +13,8 @@ import hashlib
 import json
 import pathlib
 
-from keras_preact.preprocessing import STANDARD_CROP_FRACTION, InputConfig
+from keras_preact.models.presets import FAMILY_INPUTS
+from keras_preact.preprocessing import InputConfig
 
 from . import configs, run_state
 
@@ -27,13 +28,14 @@ def _invalid(source, problem):
 
 
 def input_config_for(config, mean, std):
-    """The ``InputConfig`` a run's model is evaluated (and served) with: CIFAR the whole image; ImageNet
-    the centre 224 of 256 (``STANDARD_CROP_FRACTION``), or a larger test crop as ``at_test_size``."""
+    """The ``InputConfig`` a run's model is evaluated (and served) with: its family's evaluation crop
+    (``presets.FAMILY_INPUTS``: CIFAR the whole image, ImageNet the centre 224 of 256), or a larger test crop
+    as ``at_test_size``."""
     train = InputConfig(
         input_size=(*config.image_size, 3),
         mean=mean,
         std=std,
-        crop_fraction=STANDARD_CROP_FRACTION if config.architecture == "imagenet" else 1.0,
+        crop_fraction=FAMILY_INPUTS[config.architecture].crop_fraction,
     )
     if config.eval_image_size and tuple(config.eval_image_size) != tuple(config.image_size):
         return train.at_test_size(tuple(config.eval_image_size))
@@ -163,7 +165,7 @@ class RunManifest:
             input_size=(*values["image_size"], 3),
             mean=stats["mean"],
             std=stats["std"],
-            crop_fraction=STANDARD_CROP_FRACTION if architecture == "imagenet" else 1.0,
+            crop_fraction=FAMILY_INPUTS[architecture].crop_fraction,
         )
         return cls(
             name=values["name"],

@@ -4,25 +4,18 @@ official trainer's optimizer and schedule."""
 
 import keras
 
-from keras_preact.models import cifar_resnet, imagenet_resnet
+from keras_preact.models.registry import FAMILIES
 
 from . import augment, optimizers, schedules
 
 
-def _cifar_model(config, num_classes):
-    return cifar_resnet(config.depth, num_classes, input_shape=(*config.image_size, 3),
-                        drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
-                        **config.unit_options)
-
-
-def _imagenet_model(config, num_classes):
-    # Fully convolutional input so the same weights test at 224 and at 320 (Table 5).
-    return imagenet_resnet(config.depth, num_classes, input_shape=(None, None, 3),
-                           drop_path_rate=config.drop_path_rate, name=config.name.replace(".", "_"),
-                           **config.unit_options)
-
-
-MODEL_BUILDERS = {"cifar": _cifar_model, "imagenet": _imagenet_model}
+def build_classifier(config, num_classes):
+    """The run's network, built by the registry's builder of its family (``config.architecture``).
+    ImageNet nets take any input size, so the same weights test at 224 and at 320 (Table 5)."""
+    size = (None, None) if config.architecture == "imagenet" else tuple(config.image_size)
+    return FAMILIES[config.architecture](config.depth, num_classes, input_shape=(*size, 3),
+                                         drop_path_rate=config.drop_path_rate,
+                                         name=config.name.replace(".", "_"), **config.unit_options)
 
 
 def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None):
@@ -30,7 +23,7 @@ def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None,
     ``pipeline="device"`` behind on-device augmentation and normalization (``augment``, uint8 pixels
     in, ``mean``/``std`` in 0-255 units). The classifier stays uncompiled, so the saved ``model.keras``
     loads with plain Keras (no ``TorchSGD`` to import); the backups hold the optimizer."""
-    classifier = MODEL_BUILDERS[config.architecture](config, num_classes)
+    classifier = build_classifier(config, num_classes)
     if pipeline == "device":
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
                                               std=std, seed=config.seed)

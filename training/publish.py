@@ -11,10 +11,14 @@ rename) and prints the registry entry (sha256, class names, the run's final-epoc
 add to ``keras_preact/models/presets.py``. Every check runs before anything is written.
 """
 
+if __name__ == "__main__":  # python -m training.publish: quiet start-up as the console scripts, before Keras loads
+    from .console import run_module
+
+    raise SystemExit(run_module("publish"))
+
 import argparse
 import json
 import pathlib
-import sys
 
 import numpy as np
 
@@ -124,6 +128,3 @@ def main(argv=None):
     print(json.dumps({args.weights: entry}, indent=4))
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

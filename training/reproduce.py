@@ -16,12 +16,16 @@ Budgets (``BUDGETS``): ``paper`` runs the presets unchanged (the paper's 64k ite
 ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proportionally, 1 seed.
 """
 
+if __name__ == "__main__":  # python -m training.reproduce: quiet start-up as the console scripts, before Keras loads
+    from .console import run_module
+
+    raise SystemExit(run_module("reproduce"))
+
 import argparse
 import dataclasses
 import json
 import pathlib
 import statistics
-import sys
 
 from keras_preact.analysis.plots import save_figure
 
@@ -193,6 +197,22 @@ def plot_curves(results, png_path, title):
 
 
 # ---------------------------------------------------------------------------------------- run
+def _run_once(config, run_dir, position):
+    """One row's run: its finished ``metrics.json`` reused, or trained; a diverged run is a result
+    (shown as "fail"), not a crash."""
+    from .train import TrainingDiverged, train
+
+    metrics_path = run_dir / "metrics.json"
+    if metrics_path.exists():
+        print(f"[reproduce] {position} {run_dir.name}: reusing finished run", flush=True)
+        return json.loads(metrics_path.read_text())
+    print(f"[reproduce] {position} {run_dir.name}: training", flush=True)
+    try:
+        return train(config)
+    except TrainingDiverged as e:
+        return {"test_error": 90.0, "diverged": str(e), "run_dir": str(run_dir), "steps": 0}
+
+
 def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seeds=None, depth=None,
               epochs=None, overrides=None):
     """Run the rows of ``table`` for ``seeds`` seeds and write the table, JSON and curves.
@@ -202,7 +222,6 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
     first run starts. Returns ``{"table": path, "json": path, "curves": path, "results": [...]}``.
     """
     from .configs import get_config
-    from .train import train
 
     if str(table) not in TABLES:
         raise ValueError(f"Invalid table={table!r}. Allowed values: {', '.join(map(repr, TABLES))}.")
@@ -228,20 +247,7 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
 
     results = {row.preset: {"row": dataclasses.asdict(row), "runs": []} for row in selected}
     for i, (row, run_dir, config) in enumerate(plan):
-        metrics_path = run_dir / "metrics.json"
-        if metrics_path.exists():
-            metrics = json.loads(metrics_path.read_text())
-            print(f"[reproduce] {i + 1}/{len(plan)} {run_dir.name}: reusing finished run", flush=True)
-        else:
-            print(f"[reproduce] {i + 1}/{len(plan)} {run_dir.name}: training", flush=True)
-            try:
-                metrics = train(config)
-            except Exception as e:  # a diverged run is a result ("fail"), not a crash
-                from .train import TrainingDiverged
-
-                if not isinstance(e, TrainingDiverged):
-                    raise
-                metrics = {"test_error": 90.0, "diverged": str(e), "run_dir": str(run_dir), "steps": 0}
+        metrics = _run_once(config, run_dir, f"{i + 1}/{len(plan)}")
         metrics["seed"] = config.seed
         results[row.preset]["runs"].append(metrics)
 
@@ -297,6 +303,3 @@ def main(argv=None):
     print(f"[reproduce] wrote {written['table']}, {written['json']}, {written['curves']}")
     return 0
 
-
-if __name__ == "__main__":
-    sys.exit(main())

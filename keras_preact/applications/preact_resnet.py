@@ -56,30 +56,13 @@ def _keras_imagenet_source(depth, include_top, input_shape, timeout=DOWNLOAD_TIM
         socket.setdefaulttimeout(previous)
 
 
-def preact_resnet(
-    depth,
-    include_top=True,
-    weights=None,
-    input_tensor=None,
-    input_shape=None,
-    pooling=None,
-    classes=1000,
-    classifier_activation="softmax",
-    name=None,
-    layout=None,
-    **unit_options,
-):
-    """An ImageNet pre-activation ResNet with keras.applications' argument semantics.
-
-    ``weights``: ``None``, ``"imagenet"`` (Keras' published ResNetV2 weights, depth 50/101/152; the
-    model then uses ``layout="tf_slim"`` and expects ``preprocess_input``'s [-1, 1] pixels), or a path
-    to a weights file. ``layout``: ``"fb"`` (default without ImageNet weights) or ``"tf_slim"``.
-    """
-    opt.check_choice("layout", layout, (None, *LAYOUTS))
+def _check_weights(weights, depth, layout, include_top, classes, unit_options):
+    """keras.applications' rules for ``weights``, checked before anything is built."""
     if weights == "imagenet":
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
-                f"weights='imagenet' is available for depth 50, 101 and 152 (Keras' ResNetV2 weights), "
+                f"weights='imagenet' is available for depth {', '.join(map(str, KERAS_IMAGENET_WEIGHTS))} "
+                "(Keras' ResNetV2 weights), "
                 f"not PreActResNet{depth}. Use weights=None or a path to a weights file."
             )
         if layout not in (None, "tf_slim"):
@@ -100,6 +83,29 @@ def preact_resnet(
         raise ValueError(
             f"Invalid weights={weights!r}: use None, 'imagenet', or the path to an existing weights file."
         )
+
+
+def preact_resnet(
+    depth,
+    include_top=True,
+    weights=None,
+    input_tensor=None,
+    input_shape=None,
+    pooling=None,
+    classes=1000,
+    classifier_activation="softmax",
+    name=None,
+    layout=None,
+    **unit_options,
+):
+    """An ImageNet pre-activation ResNet with keras.applications' argument semantics.
+
+    ``weights``: ``None``, ``"imagenet"`` (Keras' published ResNetV2 weights, depth 50/101/152; the
+    model then uses ``layout="tf_slim"`` and expects ``preprocess_input``'s [-1, 1] pixels), or a path
+    to a weights file. ``layout``: ``"fb"`` (default without ImageNet weights) or ``"tf_slim"``.
+    """
+    opt.check_choice("layout", layout, (None, *LAYOUTS))
+    _check_weights(weights, depth, layout, include_top, classes, unit_options)
     input_shape = _input_shape(input_shape, input_tensor, include_top, weights)
     layout = layout or ("tf_slim" if weights == "imagenet" else "fb")
     model = imagenet_resnet(

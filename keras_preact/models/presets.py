@@ -13,9 +13,10 @@ from keras_preact.preprocessing import InputConfig
 CIFAR_INPUT = InputConfig(
     input_size=(32, 32, 3), mean=(125.3, 123.0, 113.9), std=(63.0, 62.1, 66.7), crop_fraction=1.0
 )
-IMAGENET_INPUT = InputConfig(
-    input_size=(224, 224, 3), mean=(123.675, 116.28, 103.53), std=(58.395, 57.12, 57.375), crop_fraction=0.875
-)
+IMAGENET_INPUT = InputConfig()  # InputConfig's defaults are ImageNet's: 224, these statistics, the centre crop
+# Each family's input: its pixel statistics and evaluation crop (CIFAR the whole image, ImageNet the centre
+# 224 of 256). Training's normalizations and a run's served input config read them from here.
+FAMILY_INPUTS = {"cifar": CIFAR_INPUT, "imagenet": IMAGENET_INPUT}
 
 CIFAR_PAPER = {
     20: "Sec. 4 (fb.resnet.torch preresnet.lua)",
