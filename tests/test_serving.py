@@ -334,7 +334,7 @@ def test_decompression_bombs_are_refused_from_their_header(served):
 def test_slow_idle_and_surplus_connections_are_bounded(exported, batching):
     import socket
 
-    server = make_server(exported.parent, port=0, request_timeout=0.5, max_connections=2, enable_batching=batching)
+    server = make_server(exported.parent, port=0, request_timeout=2, max_connections=2, enable_batching=batching)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.server_address[1]

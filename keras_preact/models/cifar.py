@@ -2,8 +2,8 @@
 units for 3n+2 (Table 3's "1-layer skip")."""
 
 from keras_preact.layers import options as opt
-from keras_preact.models.backbone import PreActResNetBackbone, check_unit_options, unit_name
-from keras_preact.models.classifier import check_head, with_head
+from keras_preact.models.backbone import check_unit_options, unit_name
+from keras_preact.models.network import build_network, network_arguments, shows_network_arguments
 
 # Per block: layers per unit (for depth = layers * 3n + 2), output channels per stage, and the
 # official code's defaults (fb.resnet.torch preresnet.lua for basic, resnet-pre-act.lua for bottleneck).
@@ -50,22 +50,8 @@ def _check_cifar_unit(config):
         )
 
 
-def cifar_resnet(
-    depth,
-    num_classes=10,
-    *,
-    block=None,
-    input_shape=(32, 32, 3),
-    input_tensor=None,
-    include_top=True,
-    pooling=None,
-    classifier_activation="softmax",
-    dropout=0.0,
-    drop_path_rate=0.0,
-    data_format=None,
-    name=None,
-    **unit_options,
-):
+@shows_network_arguments
+def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), **unit_options):
     """A CIFAR ResNet as in the official code (paper Sec. 4-5, Table 3).
 
     Stem: one 3x3 conv 3->16; stages of n units with 16/32/64 output channels (basic, one-layer) or
@@ -75,9 +61,10 @@ def cifar_resnet(
     The first unit of every stage pre-activates its shortcut as the official code does
     (``both_preact``); option A for basic nets, B for bottleneck nets; the bottleneck puts the
     stride on its first 1x1 conv (resnet-pre-act.lua). Every default can be overridden through
-    ``unit_options`` (any ``ResidualUnit`` argument). ``include_top=False`` returns the
-    ``PreActResNetBackbone`` (``pooling=None``) or its pooled features.
+    ``unit_options`` (any ``ResidualUnit`` argument). The input, head and regularisation arguments
+    (``include_top``, ``pooling``, ``dropout``, ``drop_path_rate``, ...) are ``network.build_network``'s.
     """
+    shared, unit_options = network_arguments(unit_options)
     block, n = cifar_depth_block(depth, block)
     spec = CIFAR_BLOCKS[block]
     unit_options = {
@@ -87,24 +74,11 @@ def cifar_resnet(
         **unit_options,
     }
     _check_cifar_unit(check_unit_options(unit_options))
-    check_head(include_top, pooling, num_classes)
-    name = name or f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar"
-    model = PreActResNetBackbone(
-        [n] * 3,
-        list(spec["widths"]),
-        [1, 2, 2],
-        stem="cifar",
-        stem_filters=STEM_FILTERS,
-        unit_options=unit_options,
-        unit_overrides={unit_name(s, 0): {"preactivate_shortcut": True} for s in range(3)},
-        drop_path_rate=drop_path_rate,
-        input_shape=input_shape,
-        data_format=data_format,
-        name=f"{name}_backbone",
-    )
-    return with_head(model, include_top=include_top, pooling=pooling, num_classes=num_classes,
-                     classifier_activation=classifier_activation, dropout=dropout,
-                     input_tensor=input_tensor, name=name)
+    backbone = dict(stackwise_units=[n] * 3, stackwise_filters=list(spec["widths"]), stackwise_strides=[1, 2, 2],
+                    stem="cifar", stem_filters=STEM_FILTERS, unit_options=unit_options,
+                    unit_overrides={unit_name(s, 0): {"preactivate_shortcut": True} for s in range(3)})
+    return build_network(backbone, default_name=f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar",
+                         num_classes=num_classes, input_shape=input_shape, **shared)
 
 
 CIFAR_DEPTHS = tuple(sorted(PAPER_DEPTHS))

@@ -3,8 +3,8 @@
 import dataclasses
 
 from keras_preact.layers import options as opt
-from keras_preact.models.backbone import PreActResNetBackbone, check_unit_options, unit_name
-from keras_preact.models.classifier import check_head, with_head
+from keras_preact.models.backbone import check_unit_options, unit_name
+from keras_preact.models.network import build_network, network_arguments, shows_network_arguments
 
 IMAGENET_DEPTHS = {
     18: ("basic", (2, 2, 2, 2)),
@@ -60,31 +60,18 @@ def _unit_overrides(spec, units, ordering, stem_ops):
     return overrides
 
 
-def imagenet_resnet(
-    depth,
-    num_classes=1000,
-    *,
-    layout="fb",
-    input_shape=(224, 224, 3),
-    input_tensor=None,
-    include_top=True,
-    pooling=None,
-    classifier_activation="softmax",
-    dropout=0.0,
-    drop_path_rate=0.0,
-    data_format=None,
-    name=None,
-    **unit_options,
-):
+@shows_network_arguments
+def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 224, 3), **unit_options):
     """An ImageNet pre-activation ResNet (paper Table 5; fb.resnet.torch ``preresnet.lua``).
 
     Stem 7x7/2 conv, BN-ReLU, 3x3/2 max-pool; four stages of 64/128/256/512 (basic) or
     256/512/1024/2048 (bottleneck) output channels; final BN-ReLU, global average pooling, dense.
     Shortcut type B and the stride on the 3x3 conv, as the official code (``UnitConfig``'s defaults). ``layout="tf_slim"``
     reproduces keras.applications ResNetV2 (see ``Layout``). ``unit_options``: any
-    ``ResidualUnit`` argument. ``include_top=False`` returns the ``PreActResNetBackbone``
-    (``pooling=None``) or its pooled features.
+    ``ResidualUnit`` argument. The input, head and regularisation arguments (``include_top``,
+    ``pooling``, ``dropout``, ``drop_path_rate``, ...) are ``network.build_network``'s.
     """
+    shared, unit_options = network_arguments(unit_options)
     if depth not in IMAGENET_DEPTHS:
         raise ValueError(
             f"Invalid depth={depth!r}: ImageNet nets have depth "
@@ -96,25 +83,9 @@ def imagenet_resnet(
     block, units = IMAGENET_DEPTHS[depth]
     unit_options = {"block": block, **spec.unit_defaults, **unit_options}
     ordering = check_unit_options(unit_options).ordering_spec
-    check_head(include_top, pooling, num_classes)
-    overrides = _unit_overrides(spec, units, ordering, spec.stem_ops)
-    name = name or f"preact_resnet{depth}"
-    model = PreActResNetBackbone(
-        list(units),
-        list(IMAGENET_WIDTHS[block]),
-        list(spec.stage_strides),
-        stem="imagenet",
-        stem_filters=STEM_FILTERS,
-        stem_bias=spec.stem_bias,
-        stem_ops=spec.stem_ops,
-        stride_on_last_unit=spec.stride_on_last_unit,
-        unit_options=unit_options,
-        unit_overrides=overrides,
-        drop_path_rate=drop_path_rate,
-        input_shape=input_shape,
-        data_format=data_format,
-        name=f"{name}_backbone",
-    )
-    return with_head(model, include_top=include_top, pooling=pooling, num_classes=num_classes,
-                     classifier_activation=classifier_activation, dropout=dropout,
-                     input_tensor=input_tensor, name=name)
+    backbone = dict(stackwise_units=list(units), stackwise_filters=list(IMAGENET_WIDTHS[block]),
+                    stackwise_strides=list(spec.stage_strides), stem="imagenet", stem_filters=STEM_FILTERS,
+                    stem_bias=spec.stem_bias, stem_ops=spec.stem_ops, stride_on_last_unit=spec.stride_on_last_unit,
+                    unit_options=unit_options, unit_overrides=_unit_overrides(spec, units, ordering, spec.stem_ops))
+    return build_network(backbone, default_name=f"preact_resnet{depth}", num_classes=num_classes,
+                         input_shape=input_shape, **shared)
