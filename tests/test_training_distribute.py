@@ -23,7 +23,7 @@ sys.path.insert(0, {repo!r})
 from training import configs, train
 config = configs.get_config("synthetic-resnet8", depth=8, image_size=(16, 16), synthetic_train_size=128,
     synthetic_test_size=32, batch_size={batch}, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0",
-    jit_compile="false", export=False, run_dir={run_dir!r}, distribute={distribute!r})
+    jit_compile={jit!r}, export=False, run_dir={run_dir!r}, distribute={distribute!r})
 try:
     result = train.train(config)
 except ValueError as e:
@@ -39,7 +39,7 @@ tf.config.set_logical_device_configuration(cpu, [tf.config.LogicalDeviceConfigur
 """
 
 
-def run_python(code, env_extra, timeout=600):
+def run_python(code, env_extra, timeout=420):
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", **env_extra}
     return subprocess.run([sys.executable, "-c", code], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=timeout)
@@ -61,13 +61,13 @@ def free_port():
 def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     code = TRAIN.format(repo=str(REPO), setup=TWO_LOGICAL_CPUS, batch=16, run_dir=str(tmp_path / "run"),
-                        distribute="mirrored")
+                        distribute="mirrored", jit="false")
     out = run_python(code, {"KERAS_BACKEND": "tensorflow"})
     result = result_of(out)
     assert "on 2 replica(s) (mirrored)" in out.stdout
     assert (result["epochs"], result["steps"]) == (2, 6)
     odd = run_python(TRAIN.format(repo=str(REPO), setup=TWO_LOGICAL_CPUS, batch=15, run_dir=str(tmp_path / "odd"),
-                                  distribute="mirrored"), {"KERAS_BACKEND": "tensorflow"})
+                                  distribute="mirrored", jit="false"), {"KERAS_BACKEND": "tensorflow"})
     assert "VALUEERROR Invalid batch_size=15: the global batch must be divisible by the 2 replicas" in odd.stdout
 
 
@@ -81,12 +81,15 @@ def only_in_the_jax_pass():
 @pytest.mark.notf
 def test_jax_data_parallel_on_two_host_devices(tmp_path):
     only_in_the_jax_pass()
-    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
-    # Two host "devices" share the CPU's thread pool: on a loaded 2-core runner one of them could miss XLA's
-    # 40 s all-reduce rendezvous (CI, 2026-11-23). Single-threaded Eigen per device and a longer rendezvous
-    # timeout make the test about the data-parallel path, not about the runner's load.
+    # jit_compile "auto" (one XLA program per step, as users run it). Eagerly (jit_compile false) every op on
+    # the sharded batch is its own two-device program with its own all-reduce rendezvous, and the two
+    # forced host devices share one small thread pool: CI hung once in such a rendezvous (2026-11-23, both
+    # devices waiting 600 s). XLA gives up on a missed rendezvous after 180 s, before the 420 s subprocess
+    # limit, so a hang fails with XLA's own message.
+    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel",
+                        jit="auto")
     flags = ("--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false "
-             "--xla_cpu_collective_call_terminate_timeout_seconds=600")
+             "--xla_cpu_collective_call_terminate_timeout_seconds=180")
     out = run_python(code, {"KERAS_BACKEND": "jax", "XLA_FLAGS": flags})
     result = result_of(out)
     assert "on 2 replica(s) (data-parallel)" in out.stdout
@@ -97,7 +100,8 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
 def test_jax_multi_process_data_parallel(tmp_path):
     only_in_the_jax_pass()
     port = free_port()
-    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel")
+    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel",
+                        jit="false")
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
