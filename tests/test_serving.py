@@ -339,9 +339,10 @@ def test_slow_idle_and_surplus_connections_are_bounded(exported, batching):
     thread.start()
     port = server.server_address[1]
     try:
-        # A body that never fully arrives: 408 after the timeout, then the connection is closed.
+        # A body that never fully arrives: 408 after the timeout, then the connection is closed. (HTTP/1.1
+        # requires a Host header: RFC 9112 section 3.2; without one the server answers 400 at once.)
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
-        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"inst")
+        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inst")
         start = time.perf_counter()
         reply = slow.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408") and time.perf_counter() - start < 5
