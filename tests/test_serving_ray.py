@@ -25,7 +25,7 @@ from test_serving import BAD_REQUESTS, MAX_BATCH, MAX_BODY, images, request
 
 import keras_preact
 from keras_preact.export import export_saved_model
-from keras_preact.serving import main_ray, ray_serve
+from keras_preact.serving import main_ray
 from keras_preact.serving.rest import RequestError
 from keras_preact.serving.servable import Servable
 from keras_preact.serving.server import make_server
@@ -221,28 +221,37 @@ def test_mixed_signatures_merge_and_an_undecodable_image_fails_alone(served):
         np.testing.assert_allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
 
 
-def test_predict_merged_splits_one_call_and_retries_alone_on_a_bad_input(exported):
-    """The merging itself, without Ray: one SavedModel call for requests of 1 and 2 examples; a batch with an
-    undecodable image runs each request alone, so only that one fails."""
+def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(exported):
+    """What a replica's X-Batch-Id and X-Batch-Size report, without Ray: the batcher (as build_app
+    configures it) runs requests of 1 and 2 examples as one SavedModel call of 3; a batch with an
+    undecodable image reruns each request alone, so only that one fails."""
+    import asyncio
+
+    from keras_preact.serving.batching import Batcher
+
     model = Servable("cifar", exported.parent)
     pool = images(3, seed=11)
     direct = model.predict("serving_default", {"images": pool})
-    results = ray_serve.predict_merged(model, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}],
-                                       iter(range(1, 100)))
-    assert [(call, total) for _, call, total in results] == [(1, 3), (1, 3)]
-    for outputs, rows in zip([r[0] for r in results], (slice(0, 1), slice(1, 3))):
-        assert sorted(outputs) == sorted(direct)
-        for name, value in outputs.items():
-            np.testing.assert_array_equal(value, direct[name][rows])
-
     png = [tf.io.encode_png(image).numpy() for image in pool]
-    inputs = [{"image_bytes": np.array([png[0]], dtype=object)}, {"image_bytes": np.array([png[1][:80]], dtype=object)},
-              {"image_bytes": np.array([png[2]], dtype=object)}]
-    results = ray_serve.predict_merged(model, "serving_bytes", inputs, iter(range(1, 100)))
-    assert [(call, total) for _, call, total in results] == [(2, 1), (3, 1), (4, 1)]
-    assert isinstance(results[1][0], RequestError) and results[1][0].status == 400
+
+    async def submit_all(batcher, signature_name, inputs_list):
+        return await asyncio.gather(*(batcher.submit(signature_name, inputs) for inputs in inputs_list),
+                                    return_exceptions=True)
+
+    with Batcher(model.predict, max_batch_size=3, timeout=30) as batcher:
+        results = asyncio.run(submit_all(batcher, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}]))
+        assert [(r.call, r.call_size) for r in results] == [(1, 3), (1, 3)]
+        for result, rows in zip(results, (slice(0, 1), slice(1, 3))):
+            assert sorted(result.outputs) == sorted(direct)
+            for name, value in result.outputs.items():
+                np.testing.assert_array_equal(value, direct[name][rows])
+        inputs = [{"image_bytes": np.array([data], dtype=object)} for data in (png[0], png[1][:80], png[2])]
+        results = asyncio.run(submit_all(batcher, "serving_bytes", inputs))
+    assert isinstance(results[1], RequestError) and results[1].status == 400
+    assert batcher.stats().batch_sizes == {3: 2, 1: 3} and batcher.stats().reruns == 1  # call 2 failed: 3, 4, 5 alone
+    assert {r.call_size for r in (results[0], results[2])} == {1} and {results[0].call, results[2].call} < {3, 4, 5}
     for k in (0, 2):
-        np.testing.assert_allclose(results[k][0]["probabilities"], direct["probabilities"][k:k + 1], atol=1e-6)
+        np.testing.assert_allclose(results[k].outputs["probabilities"], direct["probabilities"][k:k + 1], atol=1e-6)
 
 
 def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):

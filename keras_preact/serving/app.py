@@ -179,14 +179,16 @@ class ServingState:
 
 async def read_body(request, limits):
     """The request body (b"" when a GET has none), read whole before any reply; refused with the
-    connection closed when missing on a POST, over ``max_body_bytes`` (declared or counted), or not
-    arrived within ``request_timeout``."""
+    connection closed when missing on a POST, framed twice (Content-Length and chunked: request
+    smuggling), over ``max_body_bytes`` (declared or counted), or not arrived within ``request_timeout``."""
     length = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if length is None and not chunked:
         if request.method == "POST":
             raise _CloseAfter("A Content-Length header or a chunked body is required.", 411)
         return b""
+    if length is not None and chunked:  # which one frames the body? A proxy may pick the other: refused
+        raise _CloseAfter("A request may not have both Content-Length and Transfer-Encoding: chunked.")
     if length is not None and not length.isdigit():
         raise _CloseAfter(f"Invalid Content-Length {length!r}: expected a number of bytes.")
     if length is not None and int(length) > limits.max_body_bytes:
