@@ -62,7 +62,8 @@ print("exited", flush=True)
 def start_server(batching="off", timeout=TIMEOUT, max_body=MAX_BODY):
     """(process, port) of a server in its own process."""
     process = subprocess.Popen([sys.executable, "-c", SERVER, batching, str(timeout), str(max_body)],
-                               stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": REPO})
+                               stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"})
     ready, _, _ = select.select([process.stdout], [], [], 120)
     assert ready, "the server did not start"
     return process, int(process.stdout.readline())
