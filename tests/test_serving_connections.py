@@ -253,3 +253,43 @@ def test_memory_per_idle_connection_is_bounded():
     finally:
         stop_server(process)
 
+
+
+def test_expect_100_continue_over_the_limit_gets_413_and_no_continue(served):
+    port = served
+    reply, closed = exchange(port, b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                   b"Content-Length: 1000000000\r\n\r\n")
+    assert reply[0] == 413 and closed
+    assert reply[2] == {"error": f"Request body of 1000000000 bytes exceeds the limit of {MAX_BODY} bytes."}
+
+
+def test_request_limit_flags_are_the_records_fields(capsys):
+    """keras-preact-serve's limit flags come from RequestLimits: the old names and defaults, parsed
+    into the record, and a bad value refused naming the flag's argument before anything loads."""
+    import dataclasses
+
+    from keras_preact.serving.app import RequestLimits
+    from keras_preact.serving.server import build_parser, main
+
+    flags = {action.dest: action.default for action in build_parser()._actions}
+    assert {f.name: flags[f.name] for f in dataclasses.fields(RequestLimits)} == dataclasses.asdict(RequestLimits())
+    assert RequestLimits().max_body_bytes == 64 * 1024 * 1024 and RequestLimits().request_timeout == 30.0
+    args = build_parser().parse_args(["x", "--max-body-bytes", "10", "--request-timeout", "2.5",
+                                      "--max-connections", "7"])
+    assert RequestLimits.from_args(args) == RequestLimits(max_body_bytes=10, request_timeout=2.5, max_connections=7)
+    with pytest.raises(SystemExit) as exit_info:
+        main(["does-not-exist", "--max-connections", "0"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith("Invalid max_connections=0: expected a positive integer.")
+
+
+def test_without_uvicorn_the_entry_point_says_what_to_install_in_one_line(monkeypatch, capsys):
+    import keras_preact.serving
+    from keras_preact.serving import main
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if uvicorn were not installed
+    monkeypatch.delitem(sys.modules, "keras_preact.serving.server", raising=False)
+    monkeypatch.delattr(keras_preact.serving, "server", raising=False)
+    assert main(["saved_models/x"]) == 2
+    assert capsys.readouterr().err == (
+        'keras-preact-serve: error: serving needs Starlette and uvicorn: pip install "keras-preact[serve]"\n')
