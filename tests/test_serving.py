@@ -150,6 +150,7 @@ BAD_REQUESTS = [
     # A nesting bomb, and numbers that are not finite (strict JSON has no NaN; 1e999 parses to inf).
     ("POST", "/v1/models/cifar:predict", b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
     ("POST", "/v1/models/cifar:predict", {"instances": [[[[0.0] * 3] * 32] * 32]}, 400, "uint8 values"),
+    ("POST", "/v1/models/cifar:predict", b'{"instances": [' + b"1" * 5000 + b"]}", 400, "a number too long"),
     ("POST", "/v1/models/cifar:predict",
      b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
          "0.0", "NaN", 1).encode() + b"]}", 400, "NaN is not a finite number"),

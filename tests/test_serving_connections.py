@@ -293,3 +293,14 @@ def test_without_uvicorn_the_entry_point_says_what_to_install_in_one_line(monkey
     assert main(["saved_models/x"]) == 2
     assert capsys.readouterr().err == (
         'keras-preact-serve: error: serving needs Starlette and uvicorn: pip install "keras-preact[serve]"\n')
+
+
+@pytest.mark.parametrize("header", [b"Content-Length: -1\r\n", b"Content-Length: +10\r\n", b"Content-Length: 1e3\r\n",
+                                    "Content-Length: \u0661\r\n".encode(), b""],
+                         ids=["negative", "plus", "exponent", "non-ascii", "no-host"])
+def test_malformed_requests_get_a_json_400_and_are_closed(served, header):
+    port = served
+    host = b"Host: x\r\n" if header else b""
+    reply, closed = exchange(port, b"POST /v1/models/m:predict HTTP/1.1\r\n" + host + header + b"\r\n{}")
+    assert reply[0] == 400 and closed and reply[2] == {
+        "error": "Invalid HTTP request: a malformed request line, header, Content-Length or chunk, or no Host header."}

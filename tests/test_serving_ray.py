@@ -34,6 +34,7 @@ from keras_preact.testing import make_export_model as make_model
 
 ENTRY_POINT = "import sys; from keras_preact.serving import main_ray; sys.exit(main_ray())"
 REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
+REQUEST_TIMEOUT = 5  # seconds for a request's body to arrive, and for an idle kept-alive connection
 
 
 def run_entry_point(*args, env=None, **kwargs):
@@ -85,7 +86,7 @@ def served(exported, tmp_path_factory):
     command, options = run_entry_point(
         str(exported.parent), "--replicas", "2", "--port", str(port), "--num-cpus", "2",
         "--object-store-memory", str(200 * 2**20), "--merge-batch-size", "8", "--merge-wait-s", "0.05",
-        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY))
+        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY), "--request-timeout", str(REQUEST_TIMEOUT))
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                    **options)
@@ -147,6 +148,21 @@ def test_body_over_the_limit_is_refused_from_its_header(served):
     assert response.status == 413
     assert json.loads(response.read()) == {"error": f"Request body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} bytes."}
     conn.close()
+
+
+def test_a_body_that_never_arrives_gets_408_and_an_idle_kept_alive_connection_is_closed(served):
+    """The app bounds the body's arrival in every replica as in the local server; Ray Serve's proxy
+    closes a kept-alive connection idle for the request timeout."""
+    port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
+        sock.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed
+    assert head.startswith(b"HTTP/1.1 408")
+    assert json.loads(body) == {"error": f"The request body did not arrive within {float(REQUEST_TIMEOUT)} s."}
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
+        sock.sendall(b"GET /v1/models/cifar HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed when idle
+    assert head.startswith(b"HTTP/1.1 200") and b"model_version_status" in body
 
 
 def test_concurrent_single_image_requests_are_merged_on_both_replicas(served):

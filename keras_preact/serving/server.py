@@ -93,6 +93,13 @@ class BoundedH11Protocol(H11Protocol):
         super().on_response_complete()  # may start a pipelined request already received
         self._watch()
 
+    def send_400_response(self, msg):
+        """A request h11 cannot parse (uvicorn's ``msg`` says no more): a JSON 400 like every other
+        error, then closed."""
+        self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
+                                            "or chunk, or no Host header."))
+        self.transport.close()
+
     def _cancel(self):
         if self._deadline is not None:
             self._deadline.cancel()
