@@ -209,18 +209,21 @@ async def read_body(request, limits):
         raise _CloseAfter(f"The request body did not arrive within {limits.request_timeout} s.", 408) from None
 
 
+def _predict_alone(state, body):
+    """A predict request's reply body, in one worker thread (no batching)."""
+    signature_name, inputs, mode = decode_predict(state.model, body, **state.limits.model_limits())
+    return rest.encode_outputs(state.model.predict(signature_name, inputs), mode)
+
+
 async def _predict(state, body):
     """(reply body, headers) of a predict request."""
+    if state.batcher is None:
+        return await run_in_threadpool(_predict_alone, state, body), {}
     signature_name, inputs, mode = await run_in_threadpool(decode_predict, state.model, body,
                                                            **state.limits.model_limits())
-    headers = {}
-    if state.batcher is not None:
-        result = await state.batcher.submit(signature_name, inputs)
-        outputs = result.outputs
-        headers = {"X-Batch-Id": str(result.call), "X-Batch-Size": str(result.call_size)}
-    else:
-        outputs = await run_in_threadpool(state.model.predict, signature_name, inputs)
-    return await run_in_threadpool(rest.encode_outputs, outputs, mode), headers
+    result = await state.batcher.submit(signature_name, inputs)
+    headers = {"X-Batch-Id": str(result.call), "X-Batch-Size": str(result.call_size)}
+    return await run_in_threadpool(rest.encode_outputs, result.outputs, mode), headers
 
 
 def _reply(state, status, body, headers=None, close=False):
