@@ -256,6 +256,38 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(served, batching
         process.wait(timeout=30)
 
 
+def test_sigterm_answers_what_the_console_server_holds_then_exits_0(exported):
+    """keras-preact-serve with batching holding 8 requests (a 1 s batching timeout), then SIGTERM: all 8
+    get their predictions, then the process exits 0."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_preact.serving.server", str(exported.parent), "--port", "0", "--enable-batching",
+         "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        port = int(process.stdout.readline().split("http://127.0.0.1:", 1)[1].split("/")[0])
+        pool = images(8, seed=21)
+        replies = [None] * 8
+
+        def client(i):
+            replies[i] = request(port, "POST", "/v1/models/cifar:predict", {"instances": pool[i:i + 1].tolist()})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all 8 wait in the batcher's queue
+        process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    reference = expected(tf.saved_model.load(str(exported)).signatures, pool)
+    for i, (code, reply) in enumerate(replies):
+        assert code == 200 and reply["predictions"][0]["classes"] == reference["classes"][i].tolist(), reply
+
+
 # ------------------------------------------------------------------------------------- hardening
 def test_unread_bodies_never_desynchronise_a_kept_alive_connection(served):
     """A body sent to an unknown model, version or verb is read before the 404, so a request line
