@@ -66,7 +66,7 @@ class _Pending:
     inputs: dict
     size: int
     arrival: float
-    notify: object = None  # called (from a batch thread) once done is set
+    notify: object = None  # notify(self), called from a batch thread once done is set
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     outputs: dict = None
     error: BaseException = None
@@ -75,7 +75,7 @@ class _Pending:
     def finish(self):
         self.done.set()
         if self.notify is not None:
-            self.notify()
+            self.notify(self)
 
 
 def _settle(future, pending):
@@ -133,13 +133,13 @@ class Batcher:
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
-        def notify():
+        def notify(pending):
             try:
                 loop.call_soon_threadsafe(_settle, future, pending)
             except RuntimeError:  # the loop has closed: nobody awaits the result
                 pass
 
-        pending = self._enqueue(signature_name, inputs, notify)
+        self._enqueue(signature_name, inputs, notify)
         return await future
 
     def _enqueue(self, signature_name, inputs, notify=None):
