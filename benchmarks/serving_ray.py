@@ -2,7 +2,7 @@
 
 Exports one CIFAR ResNet-20 (32 x 32) SavedModel, then serves it in turn with ``keras-preact-serve``
 (``server.make_server``, one process) and ``keras-preact-serve-ray`` (``--replicas`` Ray Serve replicas,
-requests merged by ``@serve.batch``), each in its own process group, and sends ``--clients`` concurrent
+requests merged by each replica's ``batching.Batcher``), each in its own process group, and sends ``--clients`` concurrent
 keep-alive clients x ``--requests`` single-image requests to each; every reply is checked. Prints one table
 (images/s, p50 and p99 latency, and for Ray the mean examples per SavedModel call):
 

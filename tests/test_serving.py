@@ -150,6 +150,7 @@ BAD_REQUESTS = [
     # A nesting bomb, and numbers that are not finite (strict JSON has no NaN; 1e999 parses to inf).
     ("POST", "/v1/models/cifar:predict", b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
     ("POST", "/v1/models/cifar:predict", {"instances": [[[[0.0] * 3] * 32] * 32]}, 400, "uint8 values"),
+    ("POST", "/v1/models/cifar:predict", b'{"instances": [' + b"1" * 5000 + b"]}", 400, "a number too long"),
     ("POST", "/v1/models/cifar:predict",
      b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
          "0.0", "NaN", 1).encode() + b"]}", 400, "NaN is not a finite number"),
@@ -255,6 +256,38 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(served, batching
         process.wait(timeout=30)
 
 
+def test_sigterm_answers_what_the_console_server_holds_then_exits_0(exported):
+    """keras-preact-serve with batching holding 8 requests (a 1 s batching timeout), then SIGTERM: all 8
+    get their predictions, then the process exits 0."""
+    import signal
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_preact.serving.server", str(exported.parent), "--port", "0", "--enable-batching",
+         "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        port = int(process.stdout.readline().split("http://127.0.0.1:", 1)[1].split("/")[0])
+        pool = images(8, seed=21)
+        replies = [None] * 8
+
+        def client(i):
+            replies[i] = request(port, "POST", "/v1/models/cifar:predict", {"instances": pool[i:i + 1].tolist()})
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all 8 wait in the batcher's queue
+        process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    reference = expected(tf.saved_model.load(str(exported)).signatures, pool)
+    for i, (code, reply) in enumerate(replies):
+        assert code == 200 and reply["predictions"][0]["classes"] == reference["classes"][i].tolist(), reply
+
+
 # ------------------------------------------------------------------------------------- hardening
 def test_unread_bodies_never_desynchronise_a_kept_alive_connection(served):
     """A body sent to an unknown model, version or verb is read before the 404, so a request line
@@ -339,9 +372,10 @@ def test_slow_idle_and_surplus_connections_are_bounded(exported, batching):
     thread.start()
     port = server.server_address[1]
     try:
-        # A body that never fully arrives: 408 after the timeout, then the connection is closed.
+        # A body that never fully arrives: 408 after the timeout, then the connection is closed. (HTTP/1.1
+        # requires a Host header: RFC 9112 section 3.2; without one the server answers 400 at once.)
         slow = socket.create_connection(("127.0.0.1", port), timeout=10)
-        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nContent-Length: 100\r\n\r\n{\"inst")
+        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inst")
         start = time.perf_counter()
         reply = slow.recv(4096)
         assert reply.startswith(b"HTTP/1.1 408") and time.perf_counter() - start < 5

@@ -213,3 +213,25 @@ def test_inputs_must_be_batched_along_axis_0():
             batcher.predict("pixels", {"x": np.zeros((2, 3)), "y": np.zeros((3, 3))})
         with pytest.raises(ValueError, match="batched along axis 0"):
             batcher.predict("pixels", {"x": np.float32(1)})
+
+
+def test_submit_awaits_in_an_event_loop_and_names_the_call_that_ran_it():
+    """Four coroutines submit at once (no thread each): one merged call (number 1, 4 examples) gives each
+    its own slice; then a failing request alone (call 2) raises its own error in its coroutine."""
+    import asyncio
+
+    model = Model()
+    requests = [("pixels", {"x": pixels(1, i)}) for i in range(4)]
+
+    async def main(batcher):
+        results = await asyncio.gather(*(batcher.submit(name, inputs) for name, inputs in requests))
+        with pytest.raises(ValueError, match="negative pixels in 1 examples"):
+            await batcher.submit("pixels", {"x": -pixels(1, 9)})
+        return results
+
+    with Batcher(model.predict, max_batch_size=4, timeout=30) as batcher:
+        results = asyncio.run(main(batcher))
+    assert [(r.call, r.call_size) for r in results] == [(1, 4)] * 4
+    assert model.calls == [("pixels", 4), ("pixels", 1)]
+    for (_, inputs), result in zip(requests, results):
+        np.testing.assert_allclose(result.outputs["logits"], inputs["x"].reshape(1, -1) @ WEIGHTS, rtol=1e-12)

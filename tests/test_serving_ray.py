@@ -25,7 +25,7 @@ from test_serving import BAD_REQUESTS, MAX_BATCH, MAX_BODY, images, request
 
 import keras_preact
 from keras_preact.export import export_saved_model
-from keras_preact.serving import main_ray, ray_serve
+from keras_preact.serving import main_ray
 from keras_preact.serving.rest import RequestError
 from keras_preact.serving.servable import Servable
 from keras_preact.serving.server import make_server
@@ -34,6 +34,7 @@ from keras_preact.testing import make_export_model as make_model
 
 ENTRY_POINT = "import sys; from keras_preact.serving import main_ray; sys.exit(main_ray())"
 REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
+REQUEST_TIMEOUT = 5  # seconds for a request's body to arrive, and for an idle kept-alive connection
 
 
 def run_entry_point(*args, env=None, **kwargs):
@@ -85,7 +86,7 @@ def served(exported, tmp_path_factory):
     command, options = run_entry_point(
         str(exported.parent), "--replicas", "2", "--port", str(port), "--num-cpus", "2",
         "--object-store-memory", str(200 * 2**20), "--merge-batch-size", "8", "--merge-wait-s", "0.05",
-        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY))
+        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY), "--request-timeout", str(REQUEST_TIMEOUT))
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                    **options)
@@ -147,6 +148,21 @@ def test_body_over_the_limit_is_refused_from_its_header(served):
     assert response.status == 413
     assert json.loads(response.read()) == {"error": f"Request body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} bytes."}
     conn.close()
+
+
+def test_a_body_that_never_arrives_gets_408_and_an_idle_kept_alive_connection_is_closed(served):
+    """The app bounds the body's arrival in every replica as in the local server; Ray Serve's proxy
+    closes a kept-alive connection idle for the request timeout."""
+    port, _ = served
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
+        sock.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed
+    assert head.startswith(b"HTTP/1.1 408")
+    assert json.loads(body) == {"error": f"The request body did not arrive within {float(REQUEST_TIMEOUT)} s."}
+    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
+        sock.sendall(b"GET /v1/models/cifar HTTP/1.1\r\nHost: x\r\n\r\n")
+        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed when idle
+    assert head.startswith(b"HTTP/1.1 200") and b"model_version_status" in body
 
 
 def test_concurrent_single_image_requests_are_merged_on_both_replicas(served):
@@ -221,28 +237,37 @@ def test_mixed_signatures_merge_and_an_undecodable_image_fails_alone(served):
         np.testing.assert_allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
 
 
-def test_predict_merged_splits_one_call_and_retries_alone_on_a_bad_input(exported):
-    """The merging itself, without Ray: one SavedModel call for requests of 1 and 2 examples; a batch with an
-    undecodable image runs each request alone, so only that one fails."""
+def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(exported):
+    """What a replica's X-Batch-Id and X-Batch-Size report, without Ray: the batcher (as build_app
+    configures it) runs requests of 1 and 2 examples as one SavedModel call of 3; a batch with an
+    undecodable image reruns each request alone, so only that one fails."""
+    import asyncio
+
+    from keras_preact.serving.batching import Batcher
+
     model = Servable("cifar", exported.parent)
     pool = images(3, seed=11)
     direct = model.predict("serving_default", {"images": pool})
-    results = ray_serve.predict_merged(model, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}],
-                                       iter(range(1, 100)))
-    assert [(call, total) for _, call, total in results] == [(1, 3), (1, 3)]
-    for outputs, rows in zip([r[0] for r in results], (slice(0, 1), slice(1, 3))):
-        assert sorted(outputs) == sorted(direct)
-        for name, value in outputs.items():
-            np.testing.assert_array_equal(value, direct[name][rows])
-
     png = [tf.io.encode_png(image).numpy() for image in pool]
-    inputs = [{"image_bytes": np.array([png[0]], dtype=object)}, {"image_bytes": np.array([png[1][:80]], dtype=object)},
-              {"image_bytes": np.array([png[2]], dtype=object)}]
-    results = ray_serve.predict_merged(model, "serving_bytes", inputs, iter(range(1, 100)))
-    assert [(call, total) for _, call, total in results] == [(2, 1), (3, 1), (4, 1)]
-    assert isinstance(results[1][0], RequestError) and results[1][0].status == 400
+
+    async def submit_all(batcher, signature_name, inputs_list):
+        return await asyncio.gather(*(batcher.submit(signature_name, inputs) for inputs in inputs_list),
+                                    return_exceptions=True)
+
+    with Batcher(model.predict, max_batch_size=3, timeout=30) as batcher:
+        results = asyncio.run(submit_all(batcher, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}]))
+        assert [(r.call, r.call_size) for r in results] == [(1, 3), (1, 3)]
+        for result, rows in zip(results, (slice(0, 1), slice(1, 3))):
+            assert sorted(result.outputs) == sorted(direct)
+            for name, value in result.outputs.items():
+                np.testing.assert_array_equal(value, direct[name][rows])
+        inputs = [{"image_bytes": np.array([data], dtype=object)} for data in (png[0], png[1][:80], png[2])]
+        results = asyncio.run(submit_all(batcher, "serving_bytes", inputs))
+    assert isinstance(results[1], RequestError) and results[1].status == 400
+    assert batcher.stats().batch_sizes == {3: 2, 1: 3} and batcher.stats().reruns == 1  # call 2 failed: 3, 4, 5 alone
+    assert {r.call_size for r in (results[0], results[2])} == {1} and {results[0].call, results[2].call} < {3, 4, 5}
     for k in (0, 2):
-        np.testing.assert_allclose(results[k][0]["probabilities"], direct["probabilities"][k:k + 1], atol=1e-6)
+        np.testing.assert_allclose(results[k].outputs["probabilities"], direct["probabilities"][k:k + 1], atol=1e-6)
 
 
 def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):

@@ -1,20 +1,37 @@
-"""A local server with TF Serving's REST API for exported models (``keras-preact-serve``), and the
-same API from Ray Serve replicas (``keras-preact-serve-ray``)."""
+"""TF Serving's REST API for exported models: one ASGI application (``app``), served locally on uvicorn
+(``keras-preact-serve``) and by Ray Serve replicas (``keras-preact-serve-ray``)."""
 
 import sys
 
-# What keras-preact-serve-ray says, in one line, when a package it needs is missing.
+# What each console script says, in one line, when a package it needs is missing.
+_SERVE_HINT = 'serving needs Starlette and uvicorn: pip install "keras-preact[serve]"'
 _INSTALL_HINTS = {
-    "ray": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
-    "starlette": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
+    "keras-preact-serve": {"starlette": _SERVE_HINT, "uvicorn": _SERVE_HINT, "h11": _SERVE_HINT},
+    "keras-preact-serve-ray": {
+        "ray": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
+        "starlette": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
+    },
 }
+
+
+def _missing(prog, error):
+    """The install hint for the package ``error`` (an ImportError) names, printed; None if unknown."""
+    hint = _INSTALL_HINTS[prog].get((error.name or "").split(".")[0])
+    if hint is not None:
+        print(f"{prog}: error: {hint}", file=sys.stderr)
+    return hint
 
 
 def main(argv=None):
     """The ``keras-preact-serve`` console script. It needs no TensorFlow to start: a version whose
-    exports have no runtime installed is refused in one line naming what to install."""
-    from keras_preact.serving import server
-
+    exports have no runtime installed is refused in one line naming what to install, as is a
+    missing Starlette or uvicorn."""
+    try:
+        from keras_preact.serving import server
+    except ImportError as error:
+        if _missing("keras-preact-serve", error) is None:
+            raise
+        return 2
     return server.main(argv)
 
 
@@ -24,9 +41,7 @@ def main_ray(argv=None):
     try:
         from keras_preact.serving import ray_serve
     except ImportError as error:
-        hint = _INSTALL_HINTS.get((error.name or "").split(".")[0])
-        if hint is None:
+        if _missing("keras-preact-serve-ray", error) is None:
             raise
-        print(f"keras-preact-serve-ray: error: {hint}", file=sys.stderr)
         return 2
     return ray_serve.main(argv)

@@ -16,8 +16,12 @@ with others along the batch axis and run as one call, and each caller gets its o
 - When a merged call raises, or returns an output that is not batched along axis 0, each of its
   requests runs again alone: every caller gets its own result or its own error, never another's.
 - ``close()`` runs what is queued, then joins every thread; later calls get a 503.
+
+``submit`` is ``predict`` for an event loop (the ASGI app, ``keras_preact.serving.app``): the caller
+awaits its slot without holding a thread, and learns which model call ran it (``BatchResult``).
 """
 
+import asyncio
 import collections
 import dataclasses
 import threading
@@ -47,15 +51,40 @@ class BatchingStats:
     calls_by_signature: collections.Counter = dataclasses.field(default_factory=collections.Counter)
 
 
+@dataclasses.dataclass(frozen=True)
+class BatchResult:
+    """A request's outputs, the model call that ran it (numbered from 1) and the examples that call held."""
+
+    outputs: dict
+    call: int
+    call_size: int
+
+
 @dataclasses.dataclass(eq=False)
 class _Pending:
     signature_name: str
     inputs: dict
     size: int
     arrival: float
+    notify: object = None  # notify(self), called from a batch thread once done is set
     done: threading.Event = dataclasses.field(default_factory=threading.Event)
     outputs: dict = None
     error: BaseException = None
+    call: tuple = (0, 0)  # (call number, examples in the call)
+
+    def finish(self):
+        self.done.set()
+        if self.notify is not None:
+            self.notify(self)
+
+
+def _settle(future, pending):
+    if future.done():  # the awaiting task was cancelled
+        return
+    if pending.error is not None:
+        future.set_exception(pending.error)
+    else:
+        future.set_result(BatchResult(pending.outputs, *pending.call))
 
 
 def _batch_size(inputs):
@@ -93,8 +122,29 @@ class Batcher:
 
     def predict(self, signature_name, inputs):
         """The wrapped ``predict``'s outputs for these inputs alone, computed in a batch."""
+        pending = self._enqueue(signature_name, inputs)
+        pending.done.wait()
+        if pending.error is not None:
+            raise pending.error
+        return pending.outputs
+
+    async def submit(self, signature_name, inputs):
+        """``predict`` for a coroutine: a ``BatchResult``, awaited without holding a thread."""
+        loop = asyncio.get_running_loop()
+        future = loop.create_future()
+
+        def notify(pending):
+            try:
+                loop.call_soon_threadsafe(_settle, future, pending)
+            except RuntimeError:  # the loop has closed: nobody awaits the result
+                pass
+
+        self._enqueue(signature_name, inputs, notify)
+        return await future
+
+    def _enqueue(self, signature_name, inputs, notify=None):
         inputs = {name: np.asarray(a) for name, a in inputs.items()}
-        pending = _Pending(signature_name, inputs, _batch_size(inputs), time.monotonic())
+        pending = _Pending(signature_name, inputs, _batch_size(inputs), time.monotonic(), notify)
         key = _merge_key(signature_name, inputs)
         with self._condition:
             if self._closed:
@@ -108,10 +158,7 @@ class Batcher:
             self._stats.requests += 1
             self._stats.examples += pending.size
             self._condition.notify_all()
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.outputs
+        return pending
 
     def stats(self):
         """A snapshot of the counters (``BatchingStats``)."""
@@ -151,7 +198,7 @@ class Batcher:
                 for pending in batch:
                     if not pending.done.is_set():
                         pending.error = error
-                        pending.done.set()
+                        pending.finish()
 
     def _next_batch(self):
         """The next batch to run, waiting until one is full or due; None once closed and drained."""
@@ -181,19 +228,21 @@ class Batcher:
         self._queued -= len(batch)
         return batch
 
-    def _call(self, signature_name, inputs, size):
+    def _call(self, batch, inputs, size):
         with self._condition:
             self._stats.model_calls += 1
             self._stats.batch_sizes[size] += 1
-            self._stats.calls_by_signature[signature_name] += 1
-        return self._predict(signature_name, inputs)
+            self._stats.calls_by_signature[batch[0].signature_name] += 1
+            for pending in batch:
+                pending.call = (self._stats.model_calls, size)
+        return self._predict(batch[0].signature_name, inputs)
 
     def _run_alone(self, pending):
         try:
-            pending.outputs = self._call(pending.signature_name, pending.inputs, pending.size)
+            pending.outputs = self._call([pending], pending.inputs, pending.size)
         except Exception as error:  # noqa: BLE001 - the caller's own error, raised in its thread
             pending.error = error
-        pending.done.set()
+        pending.finish()
 
     def _run(self, batch):
         if len(batch) == 1:
@@ -203,7 +252,7 @@ class Batcher:
             merged = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
             with self._condition:
                 self._stats.merged_calls += 1
-            outputs = {name: np.asarray(v) for name, v in self._call(batch[0].signature_name, merged, total).items()}
+            outputs = {name: np.asarray(v) for name, v in self._call(batch, merged, total).items()}
             unbatched = [name for name, v in outputs.items() if v.ndim == 0 or v.shape[0] != total]
             if unbatched:
                 raise ValueError(f"Outputs {unbatched} are not batched along axis 0.")
@@ -217,7 +266,7 @@ class Batcher:
         for pending in batch:
             pending.outputs = {name: v[start:start + pending.size].copy() for name, v in outputs.items()}
             start += pending.size
-            pending.done.set()
+            pending.finish()
 
 
 def _validate(*, max_batch_size, timeout, max_queue, num_threads):

@@ -55,6 +55,8 @@ def parse_body(body):
         request = json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(f"Invalid JSON body: {error}") from None
+    except ValueError as error:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
+        raise RequestError(f"Invalid JSON body: a number too long: {str(error).split(';')[0]}.") from None
     except RecursionError:
         raise RequestError("Invalid JSON body: nested too deeply.") from None
     if not isinstance(request, dict):

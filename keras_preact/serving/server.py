@@ -5,289 +5,220 @@
 
 It loads the latest numeric version folder (as TF Serving's default version policy does), with the
 SavedModel's signatures on TensorFlow and ``serving_default`` on the fastest runtime installed for the
-formats the version holds (``--runtime``; ``keras_preact.serving.servable``), and answers, on the paths
-TF Serving uses:
+formats the version holds (``--runtime``; ``keras_preact.serving.servable``), and serves the ASGI
+application of ``keras_preact.serving.app`` (routes, request limits, errors: the same one Ray Serve
+mounts) on uvicorn, an event loop: thousands of idle connections cost a few kB each, not a thread.
 
-- ``GET /v1/models/<name>[/versions/<v>]``: model status,
-- ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
-- ``POST /v1/models/<name>[/versions/<v>]:predict``: ``instances`` or ``inputs`` requests.
-
-Every resource a request can make it use is bounded: the body (``--max-body-bytes``), the batch
-(``--max-batch-size``), the pixels an encoded image may decode to and its aspect ratio (read from the
-header before anything is decoded: ``--max-image-pixels``, ``--max-aspect-ratio``,
-``--max-request-pixels``), the time a client may take to send a request or keep an idle connection
-(``--request-timeout``), and the number of open connections (``--max-connections``; beyond it, 503).
+Connections are bounded by ``BoundedH11Protocol`` (uvicorn's h11 protocol, which by itself times out
+neither a connection that never sends a byte nor headers sent a byte at a time): from the moment a
+connection is ready for a request (opened, or its last reply sent) the client has ``--request-timeout``
+seconds to send the whole request, headers and body; then it gets a 408 (or, idle, is closed). Beyond
+``--max-connections`` open connections, a new one is answered 503 and closed at once. Pipelined
+requests are answered in order. SIGTERM or SIGINT stops accepting, closes idle connections, lets the
+requests in flight finish (at most ``DRAIN_TIMEOUT`` seconds) and drains the batcher, then exits 0.
 With ``--enable-batching``, concurrent predict requests are merged into batched model calls
 (``keras_preact.serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
-``--batching-max-queue`` (503 beyond), ``--batching-threads``).
-Every request's body is read before the reply, so a kept-alive connection never desynchronises. Every
-bad request gets a 4xx with ``{"error": message}`` and never stops the server. Predictions run the
-exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
+``--batching-max-queue`` (503 beyond), ``--batching-threads``). Predictions run the exported artifacts
+in their runtimes (Pillow reads image headers; the accepted formats are
 ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
 import argparse
-import http.server
-import json
-import pathlib
-import re
+import contextlib
+import dataclasses
+import functools
+import http
+import signal
+import socket
 import sys
 import threading
 
+import uvicorn
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
 from keras_preact.serving import batching, rest
-from keras_preact.serving.rest import RequestError
+from keras_preact.serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
 from keras_preact.serving.servable import RUNTIMES, Servable
 
-DEFAULT_MAX_BODY_BYTES = 64 * 1024 * 1024
-DEFAULT_MAX_BATCH_SIZE = 256
-DEFAULT_MAX_IMAGE_PIXELS = 4096 * 4096  # a decoded image: 48 MiB of uint8 RGB
-DEFAULT_MAX_ASPECT_RATIO = 8  # the in-graph resize of the shorter side grows with it
-DEFAULT_MAX_REQUEST_PIXELS = 64 * 1024 * 1024
-DEFAULT_REQUEST_TIMEOUT = 30.0  # seconds to send a request, and to keep an idle connection
-DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
-LISTEN_BACKLOG = 128
-REAL_LIMITS = ("max_aspect_ratio", "request_timeout")  # positive numbers; the other limits are integers
-_PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
+LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
+DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
 
 
-def route(model, method, path):
-    """The reply body of a status or metadata request, or None for a predict request, to ``model``;
-    a ``RequestError`` (404 for an unknown path, model or version) otherwise."""
-    match = _PATH.match(path.split("?", 1)[0])
-    if not match:
-        raise RequestError(f"Unknown path {path!r}: expected /v1/models/<name>[/versions/<v>][/metadata|:predict].", 404)
-    if match["name"] != model.name:
-        raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
-    if match["version"] is not None and match["version"] != str(model.version):
-        raise RequestError(
-            f"Servable not found for request: Specific({match['name']}, {match['version']}); "
-            f"loaded version is {model.version}.",
-            404,
-        )
-    verb = match["rest"]
-    if method == "GET" and verb is None:
-        return json.dumps(model.status()).encode()
-    if method == "GET" and verb == "/metadata":
-        return json.dumps(model.metadata).encode()
-    if method == "POST" and verb == ":predict":
-        return None
-    if method == "POST" and verb in (":classify", ":regress"):
-        raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
-    raise RequestError(f"{method} {path} is not a TF Serving REST route.", 404)
+def raw_reply(status, message):
+    """A whole HTTP/1.1 JSON error reply that closes the connection, for a connection with no request
+    parsed (h11 would refuse to send a response before one)."""
+    body = rest.error_body(message)
+    return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
 
-def decode_predict(model, body, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
-    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits."""
-    request, signature_name, mode = rest.parse_body(body)
-    if signature_name not in model.signatures:
-        raise RequestError(
-            f"Serving signature name: '{signature_name}' not found in signature def; "
-            f"available: {sorted(model.signatures)}."
-        )
-    inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
-    batch = next(iter(inputs.values())).shape[0]
-    if batch > max_batch_size:
-        raise RequestError(f"Batch size {batch} exceeds the limit of {max_batch_size}.", 413)
-    encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
-    if encoded:
-        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
-                                  max_request_pixels=max_request_pixels)
-    return signature_name, inputs, mode
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 connection with a deadline per request and a cap on connections (module docstring).
 
+    The deadline runs while a request is awaited: from the connection's start or its last reply until the
+    request's body has arrived whole (then the app has it; predict time is not bounded here). Bytes
+    arriving meanwhile do not restart it, so a client sending one byte a second is cut off as surely as
+    an idle one."""
 
-def check_limits(**limits):
-    """Raise ``ValueError`` naming the first bad limit: each is a positive integer, but those in
-    ``REAL_LIMITS`` (positive numbers; ``max_aspect_ratio`` >= 1)."""
-    for argument, value in limits.items():
-        if argument in REAL_LIMITS:
-            if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-                raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
-        elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
-    if limits.get("max_aspect_ratio", 1) < 1:
-        raise ValueError(f"Invalid max_aspect_ratio={limits['max_aspect_ratio']!r}: expected a number >= 1.")
+    def __init__(self, *args, limits, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.limits = limits
+        self._deadline = None  # the TimerHandle while a request is awaited
+        self._received = False  # some bytes of the awaited request arrived
+        self._rejected = False
 
-
-def model_name_or_default(model_base, model_name=None):
-    """``model_name``, or the base directory's name: the name in the URL (no '/', ':' or whitespace)."""
-    model_name = model_name or pathlib.Path(model_base).resolve().name
-    if not re.match(r"^[^/:\s]+$", model_name):
-        raise ValueError(f"Invalid model_name={model_name!r}: no '/', ':' or whitespace.")
-    return model_name
-
-
-class Handler(http.server.BaseHTTPRequestHandler):
-    """TF Serving REST routes for ``self.server.model``; limits from the server's attributes."""
-
-    protocol_version = "HTTP/1.1"  # keep-alive: one connection per client
-    # Headers and body go out in two writes; without TCP_NODELAY, Nagle's algorithm and the
-    # client's delayed ACK add ~40 ms to every small reply.
-    disable_nagle_algorithm = True
-    server_version = "keras-preact-serve"
-
-    def setup(self):
-        self.timeout = self.server.request_timeout  # the socket's timeout: slow or idle clients
-        super().setup()
-
-    def log_message(self, format, *args):  # noqa: A002 - BaseHTTPRequestHandler's signature
-        if self.server.verbose:
-            super().log_message(format, *args)
-
-    def _reply(self, status, body):
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def _handle(self, method):
-        try:
-            # The body is read first, on every path: a reply to an unread body would leave it to be
-            # parsed as the next request on this kept-alive connection.
-            body = self._read_body(required=method == "POST")
-        except RequestError as error:
-            return self._reply(error.status, rest.error_body(str(error)))
-        except TimeoutError:
-            self.close_connection = True
-            return self._reply(408, rest.error_body(
-                f"The request body did not arrive within {self.server.request_timeout} s."))
-        try:
-            reply = route(self.server.model, method, self.path)
-            return self._reply(200, self._predict(self.server.model, body) if reply is None else reply)
-        except RequestError as error:
-            return self._reply(error.status, rest.error_body(str(error)))
-        except RecursionError:
-            return self._reply(400, rest.error_body("Invalid request: values nested too deeply."))
-        except Exception as error:  # noqa: BLE001 - the server answers and stays up
-            return self._reply(500, rest.error_body(f"Internal error: {type(error).__name__}: {error}"))
-
-    def _read_body(self, required):
-        """The request body (b"" when a GET has none); refused, with the connection closed, when its
-        length is missing, malformed or over the limit (it cannot then be skipped safely)."""
-        length = self.headers.get("Content-Length")
-        if length is None and not required and "chunked" not in self.headers.get("Transfer-Encoding", ""):
-            return b""
-        if length is None or not length.isdigit():
-            self.close_connection = True
-            raise RequestError("A Content-Length header is required (chunked bodies are not accepted).", 411 if length is None else 400)
-        length = int(length)
-        if length > self.server.max_body_bytes:
-            self.close_connection = True
-            raise RequestError(f"Request body of {length} bytes exceeds the limit of {self.server.max_body_bytes} bytes.", 413)
-        body = self.rfile.read(length)
-        if len(body) < length:  # the client closed its side early
-            self.close_connection = True
-            raise RequestError(f"The request body ended after {len(body)} of {length} bytes.")
-        return body
-
-    def _predict(self, model, body):
-        signature_name, inputs, mode = decode_predict(
-            model, body, max_batch_size=self.server.max_batch_size, max_image_pixels=self.server.max_image_pixels,
-            max_aspect_ratio=self.server.max_aspect_ratio, max_request_pixels=self.server.max_request_pixels)
-        return rest.encode_outputs(self.server.predict(signature_name, inputs), mode)
-
-    def do_GET(self):  # noqa: N802
-        self._handle("GET")
-
-    def do_POST(self):  # noqa: N802
-        self._handle("POST")
-
-
-class BoundedThreadingHTTPServer(http.server.ThreadingHTTPServer):
-    """A thread per connection, at most ``max_connections`` at once: the next ones get a 503 and are
-    closed at once (no thread, no read)."""
-
-    request_queue_size = LISTEN_BACKLOG
-    daemon_threads = True
-    batcher = None  # a batching.Batcher when batching is enabled; closed with the server
-
-    def __init__(self, address, handler, max_connections):
-        super().__init__(address, handler)
-        self.max_connections = max_connections
-        self._slots = threading.BoundedSemaphore(max_connections)
-
-    def process_request(self, request, client_address):
-        if not self._slots.acquire(blocking=False):
-            body = rest.error_body(f"Too many connections (limit {self.max_connections}); retry later.")
-            try:
-                request.settimeout(1.0)
-                request.sendall(b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\n"
-                                b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
-            except OSError:
-                pass
-            self.shutdown_request(request)
+    def connection_made(self, transport):
+        if len(self.connections) >= self.limits.max_connections:
+            self._rejected = True
+            transport.write(raw_reply(503, f"Too many connections (limit {self.limits.max_connections}); retry later."))
+            transport.close()
             return
-        try:
-            super().process_request(request, client_address)
-        except BaseException:
-            self._slots.release()
-            raise
+        super().connection_made(transport)
+        self._watch()
 
-    def process_request_thread(self, request, client_address):
+    def connection_lost(self, exc):
+        if not self._rejected:
+            self._cancel()
+            super().connection_lost(exc)
+
+    def data_received(self, data):
+        if self._rejected:
+            return
+        self._received = True
+        super().data_received(data)
+        self._watch()
+
+    def on_response_complete(self):
+        super().on_response_complete()  # may start a pipelined request already received
+        self._watch()
+
+    def send_400_response(self, msg):
+        """A request h11 cannot parse (uvicorn's ``msg`` says no more): a JSON 400 like every other
+        error, then closed."""
+        self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
+                                            "or chunk, or no Host header."))
+        self.transport.close()
+
+    def _cancel(self):
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _watch(self):
+        """Arm the deadline when a request is awaited (and it is not armed yet); cancel it otherwise."""
+        cycle = self.cycle
+        awaited = cycle is None or cycle.more_body or cycle.response_complete
+        if self.transport.is_closing() or not awaited:
+            self._cancel()
+        elif self._deadline is None:
+            self._received = bool(self.conn.trailing_data[0])  # a pipelined request's first bytes
+            self._deadline = self.loop.call_later(self.limits.request_timeout, self._expire)
+
+    def _expire(self):
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        replying = cycle is not None and cycle.response_started and not cycle.response_complete
+        if self._received and not replying:
+            self.transport.write(raw_reply(408, f"The request did not arrive within {self.limits.request_timeout:g} s."))
+        self.transport.close()  # the app, if it was reading the body, sees the client gone
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server; SIGINT and SIGTERM (caught in the main thread only) drain and return, instead
+    of re-raising the signal once drained as uvicorn does, so the command exits 0."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
         try:
-            super().process_request_thread(request, client_address)
+            yield
         finally:
-            self._slots.release()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+
+class Server:
+    """``make_server``'s server: bound and its model loaded, not yet serving. ``serve_forever()`` serves
+    in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
+    closes the socket and drains the batcher. ``server_address``, ``model`` and ``batcher`` (None
+    unless batching) as on ``socketserver``'s servers."""
+
+    def __init__(self, state, host, port, verbose=False):
+        self.state = state
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        self.socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+        self.server_address = self.socket.getsockname()
+        limits = state.limits
+        config = uvicorn.Config(
+            create_app(state), http=functools.partial(BoundedH11Protocol, limits=limits), ws="none", lifespan="on",
+            proxy_headers=False, server_header=False, backlog=LISTEN_BACKLOG,
+            timeout_keep_alive=limits.request_timeout, timeout_graceful_shutdown=DRAIN_TIMEOUT,
+            log_config=uvicorn.config.LOGGING_CONFIG if verbose else None, log_level="info" if verbose else "warning",
+            access_log=verbose)
+        self._uvicorn = _Uvicorn(config)
+        self._stopped = threading.Event()
+
+    @property
+    def model(self):
+        return self.state.model
+
+    @property
+    def batcher(self):
+        return self.state.batcher
+
+    def serve_forever(self):
+        try:
+            self._uvicorn.run(sockets=[self.socket])
+        finally:
+            self._stopped.set()
+
+    def shutdown(self):
+        """Stop serving (as SIGTERM does) and wait until ``serve_forever`` has returned."""
+        self._uvicorn.should_exit = True
+        self._stopped.wait()
 
     def server_close(self):
-        """Close the socket, then answer what the batcher holds and join its threads."""
-        super().server_close()
-        if self.batcher is not None:
-            self.batcher.close()
+        self.socket.close()
+        self.state.close()
 
 
-def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501,
-                max_body_bytes=DEFAULT_MAX_BODY_BYTES, max_batch_size=DEFAULT_MAX_BATCH_SIZE,
-                max_image_pixels=DEFAULT_MAX_IMAGE_PIXELS, max_aspect_ratio=DEFAULT_MAX_ASPECT_RATIO,
-                max_request_pixels=DEFAULT_MAX_REQUEST_PIXELS, request_timeout=DEFAULT_REQUEST_TIMEOUT,
-                max_connections=DEFAULT_MAX_CONNECTIONS, enable_batching=DEFAULT_ENABLE_BATCHING,
-                batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
+def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
+                enable_batching=DEFAULT_ENABLE_BATCHING, batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
                 batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
-                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False):
-    """A server for the latest version under ``model_base`` (not yet started); limits as the module
-    docstring says. ``port=0`` picks a free port: read it from ``server.server_address[1]``. With
-    ``enable_batching``, ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``).
-    """
-    check_limits(max_body_bytes=max_body_bytes, max_batch_size=max_batch_size, max_image_pixels=max_image_pixels,
-                 max_request_pixels=max_request_pixels, max_connections=max_connections,
-                 max_aspect_ratio=max_aspect_ratio, request_timeout=request_timeout,
-                 batching_max_size=batching_max_size, batching_max_queue=batching_max_queue,
-                 batching_threads=batching_threads)
+                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False, **limit_values):
+    """A ``Server`` for the latest version under ``model_base`` (loaded, not yet serving). ``limits`` is
+    a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
+    (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's. ``port=0`` picks a free
+    port: read it from ``server.server_address[1]``. With ``enable_batching``, ``server.batcher`` is
+    the ``batching.Batcher`` (its ``stats()``). Every argument is checked before the model loads."""
+    unknown = sorted(set(limit_values) - {field.name for field in dataclasses.fields(RequestLimits)})
+    if unknown:
+        raise TypeError(f"make_server() got unexpected keyword arguments {unknown}")
+    limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
+    for argument, value in (("batching_max_size", batching_max_size), ("batching_max_queue", batching_max_queue),
+                            ("batching_threads", batching_threads)):
+        check_positive(argument, value)
     if (isinstance(batching_timeout_ms, bool) or not isinstance(batching_timeout_ms, (int, float))
             or not 0 <= batching_timeout_ms < float("inf")):
         raise ValueError(f"Invalid batching_timeout_ms={batching_timeout_ms!r}: expected a number >= 0.")
     if not isinstance(enable_batching, bool):
         raise ValueError(f"Invalid enable_batching={enable_batching!r}: expected True or False.")
-    model = Servable(model_name_or_default(model_base, model_name), model_base, runtime=runtime)
-    server = BoundedThreadingHTTPServer((host, port), Handler, max_connections)
-    server.model = model
-    server.max_body_bytes = max_body_bytes
-    server.max_batch_size = max_batch_size
-    server.max_image_pixels = max_image_pixels
-    server.max_aspect_ratio = max_aspect_ratio
-    server.max_request_pixels = max_request_pixels
-    server.request_timeout = float(request_timeout)
-    server.verbose = verbose
-    server.predict = model.predict
-    if enable_batching:
-        server.batcher = batching.Batcher(model.predict, max_batch_size=batching_max_size,
-                                          timeout=batching_timeout_ms / 1000, max_queue=batching_max_queue,
-                                          num_threads=batching_threads)
-        server.predict = server.batcher.predict
-    return server
-
-
-def add_request_limit_arguments(parser):
-    """The flags bounding what one request may use (body, batch, encoded images); shared by every front end."""
-    parser.add_argument("--max-body-bytes", type=int, default=DEFAULT_MAX_BODY_BYTES, help="request body limit (413 above)")
-    parser.add_argument("--max-batch-size", type=int, default=DEFAULT_MAX_BATCH_SIZE, help="examples per request (413 above)")
-    parser.add_argument("--max-image-pixels", type=int, default=DEFAULT_MAX_IMAGE_PIXELS,
-                        help="pixels an encoded image may decode to, read from its header (413 above)")
-    parser.add_argument("--max-aspect-ratio", type=float, default=DEFAULT_MAX_ASPECT_RATIO,
-                        help="longer/shorter side of an encoded image (413 above)")
-    parser.add_argument("--max-request-pixels", type=int, default=DEFAULT_MAX_REQUEST_PIXELS,
-                        help="pixels of all encoded images of one request (413 above)")
+    name = model_name_or_default(model_base, model_name)
+    options = dict(max_batch_size=batching_max_size, timeout=batching_timeout_ms / 1000,
+                   max_queue=batching_max_queue, num_threads=batching_threads) if enable_batching else None
+    state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits, options)
+    state.start()
+    try:
+        return Server(state, host, port, verbose)
+    except BaseException:  # e.g. the port is taken: stop the batcher's threads
+        state.close()
+        raise
 
 
 def build_parser():
@@ -298,11 +229,7 @@ def build_parser():
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    add_request_limit_arguments(parser)
-    parser.add_argument("--request-timeout", type=float, default=DEFAULT_REQUEST_TIMEOUT,
-                        help="seconds a client may take to send a request or keep an idle connection")
-    parser.add_argument("--max-connections", type=int, default=DEFAULT_MAX_CONNECTIONS,
-                        help="open connections at once (503 beyond)")
+    RequestLimits.add_arguments(parser.add_argument_group("request limits"))
     batching_flags = parser.add_argument_group(
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
     batching_flags.add_argument("--enable-batching", action=argparse.BooleanOptionalAction, default=DEFAULT_ENABLE_BATCHING,
@@ -332,10 +259,7 @@ def main(argv=None):
     try:
         server = make_server(
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
-            max_body_bytes=args.max_body_bytes, max_batch_size=args.max_batch_size,
-            max_image_pixels=args.max_image_pixels, max_aspect_ratio=args.max_aspect_ratio,
-            max_request_pixels=args.max_request_pixels, request_timeout=args.request_timeout,
-            max_connections=args.max_connections, enable_batching=args.enable_batching,
+            limits=RequestLimits.from_args(args), enable_batching=args.enable_batching,
             batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
             batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads,
             runtime=args.runtime, verbose=args.verbose,
@@ -349,9 +273,7 @@ def main(argv=None):
     print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"
           f" [{model.describe()}]", flush=True)
     try:
-        server.serve_forever()
-    except KeyboardInterrupt:
-        pass
+        server.serve_forever()  # until SIGTERM or SIGINT, then drained
     finally:
         server.server_close()
     return 0
