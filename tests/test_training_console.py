@@ -83,13 +83,15 @@ def test_every_console_script_starts_through_the_quiet_start():
         assert target.startswith("training.console:") or target == "training.cli:main", (name, target)
 
 
+@pytest.mark.parametrize("backend", ["this pass's", "jax"])
 @pytest.mark.parametrize("name", sorted(console_scripts()))
-def test_console_script_help_has_no_tensorflow_lines(name):
-    """What the installed script runs: import its module, call its function (``--help`` here)."""
+def test_console_script_help_has_no_tensorflow_lines(name, backend):
+    """What the installed script runs: import its module, call its function (``--help`` here). On JAX too:
+    with TensorFlow installed, the export module loads it whatever the backend."""
     module, function = console_scripts()[name].split(":")
     code = (f"import sys; sys.argv = [{name!r}, '--help']; from {module} import {function}; "
             f"sys.exit({function}())")
-    done = run(["-c", code])
+    done = run(["-c", code], **({"KERAS_BACKEND": backend} if backend == "jax" else {}))
     ray_missing = name == "keras-preact-serve-ray" and "pip install" in done.stderr
     assert done.returncode == (2 if ray_missing else 0), done.stderr
     assert ray_missing or "usage:" in done.stdout

@@ -101,8 +101,9 @@ def evaluate(argv=None):
 
 
 def serve(argv=None):
-    """``keras-preact-serve`` (starts without TensorFlow where its exports need none)."""
-    quiet_tensorflow_start_up(load_tensorflow=False)
+    """``keras-preact-serve`` (starts without TensorFlow where none is installed; where it is, the export
+    module loads it on any backend, so it loads here, quietly)."""
+    quiet_tensorflow_start_up()
     from keras_preact.serving import main
 
     return main(argv)
@@ -110,7 +111,7 @@ def serve(argv=None):
 
 def serve_ray(argv=None):
     """``keras-preact-serve-ray``."""
-    quiet_tensorflow_start_up(load_tensorflow=False)
+    quiet_tensorflow_start_up()
     from keras_preact.serving import main_ray
 
     return main_ray(argv)
