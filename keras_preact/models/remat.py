@@ -22,7 +22,6 @@ are enough on all three backends.
 """
 
 import dataclasses
-import math
 
 import keras
 
@@ -30,7 +29,7 @@ import keras
 @dataclasses.dataclass(frozen=True)
 class RematPolicy:
     """How a policy groups the units: ``groups(units per stage, k)`` -> lists of flat unit indices,
-    each list one checkpoint; ``stores`` what is kept for the backward pass."""
+    each list one checkpoint; ``stores`` what is kept for the backward pass (README's table)."""
 
     groups: object
     stores: str
@@ -70,11 +69,6 @@ def unit_groups(remat, stackwise_units):
     """The checkpoints of ``remat`` over a network of ``stackwise_units``: lists of flat unit indices."""
     name, k = parse_remat(remat)
     return REMAT_POLICIES[name].groups(list(stackwise_units), k)
-
-
-def suggested_segment(total_units):
-    """k ~ sqrt(units): stored inputs and recomputed activations of one run are then about equal."""
-    return max(1, round(math.sqrt(total_units)))
 
 
 def _state(layers):
