@@ -127,16 +127,17 @@ def test_a_resume_with_another_design_is_refused_and_allowed_changes_are_recorde
         assert (run / "config.json").read_bytes() == manifest  # never rewritten
     assert not (run / "model.keras").exists()
 
-    # Verbosity, checkpoint frequency, --health-every and export options may change: resumed and recorded.
+    # Verbosity, checkpoint frequency, --health-every, --remat and export options may change: resumed and recorded.
     capsys.readouterr()
-    allowed = ["--verbose", "2", "--checkpoint-every", "5", "--health-every", "3", "--export-dir",
+    allowed = ["--verbose", "2", "--checkpoint-every", "5", "--health-every", "3", "--remat", "units", "--export-dir",
                str(tmp_path / "exports")]
     assert cli.main(command(run) + allowed) == 0
     out = capsys.readouterr().out
-    assert "[train] changed on resume, as allowed: checkpoint_every: 2 in the run, 5 now; health_every: 0 in the run, 3 now; " in out
+    assert ("[train] changed on resume, as allowed: remat: None in the run, 'units' now; checkpoint_every: 2 in the run, "
+            "5 now; health_every: 0 in the run, 3 now; ") in out
     assert "resuming at step 6" in out
     recorded = json.loads((run / "config.json").read_text())["config"]
-    assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"]) == ("2", 5, 3)
+    assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"], recorded["remat"]) == ("2", 5, 3, "units")
     assert recorded["export_dir"] == str(tmp_path / "exports")
     assert json.loads((run / "metrics.json").read_text())["steps"] == 6
 

@@ -38,7 +38,8 @@ def describe_recipe(config):
     resolved = schedules.resolve(config, train_size)
     lines = [
         f"preset {config.name} ({config.paper})",
-        f"model: {config.architecture} ResNet-{config.depth} {config.unit_options or ''}".rstrip(),
+        f"model: {config.architecture} ResNet-{config.depth} {config.unit_options or ''}".rstrip()
+        + (f", remat {config.remat}" if config.remat else ""),
         f"data: {config.dataset}, {train_size} training images{assumed}, batch {config.batch_size}, augmentation "
         f"{config.augmentation}, normalization {config.normalization}",
         f"iterations: {resolved.total_steps} = {resolved.epochs} epochs x {resolved.steps_per_epoch}",

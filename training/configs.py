@@ -63,6 +63,8 @@ class Config:
     depth: int = 20
     unit_options: dict = dataclasses.field(default_factory=dict)
     drop_path_rate: float = 0.0
+    # Rematerialisation of the residual units (keras_preact.models.remat): less memory, same math.
+    remat: str | None = None
     # --- data
     dataset: str = "synthetic"  # a TFDS name, "folder" or "synthetic"
     data_dir: str | None = None
@@ -344,6 +346,9 @@ def _check_unit_options(unit_options):
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
+    from keras_preact.models.remat import parse_remat
+
+    parse_remat(config.remat)
     check_choice("architecture", config.architecture, ARCHITECTURES)
     check_choice("augmentation", config.augmentation, AUGMENTATIONS)
     check_choice("schedule", config.schedule, SCHEDULES)

@@ -50,6 +50,9 @@ HELP = {
     "health_every": "log per-stage gradient norms, update ratios, activation stats every N steps",
     "export": "export a SavedModel at the end (default: on for the default preset)",
     "unit_options": "residual-unit options as JSON, e.g. '{\"ordering\": \"original\"}'",
+    "remat": "recompute activations in the backward pass to save memory (same loss, gradients and weights): "
+    "units (keep each residual unit's input), stages (each stage's input) or segments:K (the input of "
+    "every K consecutive units); default none. README: Training the deepest networks on one device",
 }
 # Not flags: the preset's identity (``name``/``paper``); ``unit_options`` is a JSON flag.
 NOT_FLAGS = ("name", "paper")

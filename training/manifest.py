@@ -42,11 +42,15 @@ def input_config_for(config, mean, std):
     return train
 
 
-def _without_names(value):
+# Left out of a model's fingerprint: names, and ``remat`` (how training stores activations, not the model).
+NOT_FINGERPRINTED = ("name", "remat")
+
+
+def _fingerprinted(value):
     if isinstance(value, dict):
-        return {k: _without_names(v) for k, v in value.items() if k != "name"}
+        return {k: _fingerprinted(v) for k, v in value.items() if k not in NOT_FINGERPRINTED}
     if isinstance(value, list):
-        return [_without_names(v) for v in value]
+        return [_fingerprinted(v) for v in value]
     return value
 
 
@@ -57,7 +61,7 @@ def _digest(value):
 
 def model_fingerprint(model):
     """What the run's model is: its class, parameter count, a digest of its variables' paths and shapes
-    and one of its configuration (layer names left out); the same for the trained model and its
+    and one of its configuration (layer names and ``remat`` left out); the same for the trained model and its
     ``model.keras``. The export checks the model it is given against it."""
     import keras
 
@@ -65,7 +69,7 @@ def model_fingerprint(model):
         "class_name": type(model).__name__,
         "params": int(model.count_params()),
         "variables": _digest([[v.path, list(v.shape)] for v in model.weights]),
-        "config": _digest(_without_names(keras.saving.serialize_keras_object(model).get("config"))),
+        "config": _digest(_fingerprinted(keras.saving.serialize_keras_object(model).get("config"))),
     }
 
 

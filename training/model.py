@@ -14,7 +14,7 @@ def build_classifier(config, num_classes):
     ImageNet nets take any input size, so the same weights test at 224 and at 320 (Table 5)."""
     size = (None, None) if config.architecture == "imagenet" else tuple(config.image_size)
     return FAMILIES[config.architecture](config.depth, num_classes, input_shape=(*size, 3),
-                                         drop_path_rate=config.drop_path_rate,
+                                         drop_path_rate=config.drop_path_rate, remat=config.remat,
                                          name=config.name.replace(".", "_"), **config.unit_options)
 
 

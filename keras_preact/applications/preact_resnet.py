@@ -96,6 +96,7 @@ def preact_resnet(
     classifier_activation="softmax",
     name=None,
     layout=None,
+    remat=None,
     **unit_options,
 ):
     """An ImageNet pre-activation ResNet with keras.applications' argument semantics.
@@ -103,6 +104,8 @@ def preact_resnet(
     ``weights``: ``None``, ``"imagenet"`` (Keras' published ResNetV2 weights, depth 50/101/152; the
     model then uses ``layout="tf_slim"`` and expects ``preprocess_input``'s [-1, 1] pixels), or a path
     to a weights file. ``layout``: ``"fb"`` (default without ImageNet weights) or ``"tf_slim"``.
+    ``remat``: rematerialisation of the residual units in training (``None``, ``"units"``,
+    ``"stages"``, ``"segments:<k>"``; see ``PreActResNetBackbone``); any weights load with any value.
     """
     opt.check_choice("layout", layout, (None, *LAYOUTS))
     _check_weights(weights, depth, layout, include_top, classes, unit_options)
@@ -118,6 +121,7 @@ def preact_resnet(
         pooling=pooling,
         classifier_activation=classifier_activation,
         name=name or f"preact_resnet{depth}",
+        remat=remat,
         **unit_options,
     )
     if weights == "imagenet":

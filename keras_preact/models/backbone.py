@@ -14,6 +14,7 @@ import keras
 
 from keras_preact.layers import ResidualUnit, UnitConfig
 from keras_preact.layers import options as opt
+from keras_preact.models import remat as remat_lib
 
 UNIT_OPTIONS = UnitConfig.names()
 DATA_FORMATS = ("channels_last", "channels_first")
@@ -183,6 +184,19 @@ def _stages(x, units, filters, strides, *, stride, stride_on_last_unit, unit_opt
     return stage_outputs, feature_info, stage_unit_names
 
 
+def linear_chain(model):
+    """The layers of a functional ``model`` whose graph is one chain, input side first (a backbone's:
+    stem, units, final ops; each unit's branch and shortcut are inside its layer)."""
+    chain = [layer for layer in model.layers if not isinstance(layer, keras.layers.InputLayer)]
+    previous = model.inputs[0]
+    for layer in chain:
+        nodes = layer._inbound_nodes
+        if len(nodes) != 1 or [id(t) for t in nodes[0].input_tensors] != [id(previous)]:
+            raise ValueError(f"{model.name} is not a chain of layers at {layer.name}.")
+        previous = nodes[0].output_tensors[0]
+    return chain
+
+
 @keras.saving.register_keras_serializable(package="keras_preact")
 class PreActResNetBackbone(keras.Model):
     """Images -> features after the last unit and the ordering's final ops (paper Fig. 4; for
@@ -203,6 +217,11 @@ class PreActResNetBackbone(keras.Model):
         data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
         dtype: dtype policy of every layer (e.g. ``"mixed_bfloat16"``), as keras-hub backbones take
             it; default Keras' global policy.
+        remat: rematerialisation of the residual units in training (``remat.REMAT_POLICIES``):
+            ``None`` (store every activation), ``"units"`` (each unit recomputed from its input),
+            ``"stages"`` (each stage from its input) or ``"segments:<k>"`` (runs of k consecutive
+            units). Same loss, gradients and weights; less memory, more compute. Not part of the
+            model's math: inference and export run without it.
     """
 
     def __init__(
@@ -222,10 +241,12 @@ class PreActResNetBackbone(keras.Model):
         input_shape=(None, None, 3),
         data_format=None,
         dtype=None,
+        remat=None,
         name=None,
         **kwargs,
     ):
         check_model_kwargs(type(self).__name__, kwargs)
+        remat_lib.parse_remat(remat)
         units, filters, strides = _check_stages(stackwise_units, stackwise_filters, stackwise_strides)
         opt.check_choice("stem", stem, STEMS)
         opt.check_choice("stem_ops", stem_ops, STEM_OPS)
@@ -265,6 +286,20 @@ class PreActResNetBackbone(keras.Model):
         self.drop_path_rate = drop_path_rate
         self.image_shape = tuple(input_shape)
         self.data_format = data_format
+        self.remat = remat
+        # Layer names, not layers: a list of layers set on a model would be tracked as its layers again.
+        self._chain_names = tuple(layer.name for layer in linear_chain(self))
+        position = {name: i for i, name in enumerate(self._chain_names)}
+        flat_names = [n for stage in stage_unit_names for n in stage]
+        self._remat_groups = tuple(tuple(position[flat_names[u]] for u in group)
+                                   for group in remat_lib.unit_groups(remat, units))
+
+    def call(self, inputs, training=None, mask=None, **kwargs):
+        """The functional graph; in training with ``remat``, its units grouped into checkpoints."""
+        if not (training and self._remat_groups) or mask is not None or kwargs:
+            return super().call(inputs, training=training, mask=mask, **kwargs)
+        chain = [self.get_layer(name) for name in self._chain_names]
+        return remat_lib.run_chain(chain, self._remat_groups, inputs, training)
 
     @property
     def residual_units(self):
@@ -289,6 +324,7 @@ class PreActResNetBackbone(keras.Model):
             "input_shape": self.image_shape,
             "data_format": self.data_format,
             "dtype": keras.dtype_policies.serialize(self.dtype_policy),
+            "remat": self.remat,
         }
 
     @classmethod

@@ -14,15 +14,16 @@ from keras_preact.models.classifier import check_head, with_head
 
 def build_network(backbone_arguments, *, default_name, num_classes, input_shape, input_tensor=None,
                   include_top=True, pooling=None, classifier_activation="softmax", dropout=0.0,
-                  drop_path_rate=0.0, data_format=None, name=None):
+                  drop_path_rate=0.0, data_format=None, remat=None, name=None):
     """``PreActResNetBackbone(**backbone_arguments)`` under keras.applications' head semantics:
     ``include_top`` the classifier (``dropout`` before its dense layer, ``classifier_activation``),
     else the backbone (``pooling=None``) or its pooled features; ``input_tensor`` wraps it on that
-    tensor. ``drop_path_rate``: stochastic depth, 0 to the rate over the units."""
+    tensor. ``drop_path_rate``: stochastic depth, 0 to the rate over the units. ``remat``: the
+    backbone's rematerialisation in training (``remat.REMAT_POLICIES``)."""
     check_head(include_top, pooling, num_classes)
     name = name or default_name
     backbone = PreActResNetBackbone(**backbone_arguments, drop_path_rate=drop_path_rate, input_shape=input_shape,
-                                    data_format=data_format, name=f"{name}_backbone")
+                                    data_format=data_format, remat=remat, name=f"{name}_backbone")
     return with_head(backbone, include_top=include_top, pooling=pooling, num_classes=num_classes,
                      classifier_activation=classifier_activation, dropout=dropout, input_tensor=input_tensor,
                      name=name)
