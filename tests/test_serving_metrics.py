@@ -56,11 +56,12 @@ class Model:
 
 
 class Running:
-    """A Server on ``state`` serving in a thread; ``request`` sends one request."""
+    """A Server on ``state`` (or ``served``, a Server made already) serving in a thread; ``request``
+    sends one request."""
 
-    def __init__(self, state):
+    def __init__(self, state, served=None):
         self.state = state
-        self.server = server.Server(state, "127.0.0.1", 0)
+        self.server = served or server.Server(state, "127.0.0.1", 0)
         self.port = self.server.server_address[1]
         self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
         self.thread.start()
@@ -96,7 +97,7 @@ def labels(**values):
 
 
 def started(model, batching=None, **kwargs):
-    state = app.ServingState(lambda: model, app.RequestLimits(max_batch_size=16), batching, **kwargs)
+    state = app.ServingState(lambda: model, app.RequestLimits(max_batch_size=16, max_body_bytes=1_000_000), batching, **kwargs)
     if not kwargs.get("load_in_background"):
         state.start()
     return Running(state)

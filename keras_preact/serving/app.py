@@ -10,8 +10,13 @@ On the paths TF Serving uses:
 - ``GET /monitoring/prometheus/metrics``: Prometheus metrics (``metrics.ServingMetrics``: requests,
   latency, batch sizes, queue depth), from a registry of this application's own;
 
-and the Open Inference Protocol's health: ``GET /v2/health/live`` (200 unless loading the model failed)
-and ``GET /v2/health/ready`` (200 once the model is loaded and warmed up, ``warm_up``; 503 before).
+and KServe's Open Inference Protocol (v2, ``keras_preact.serving.v2``; Triton's binary tensor data
+extension, so ``tritonclient.http`` works unchanged): ``GET /v2`` (server metadata), ``GET /v2/health/live``
+(200 unless loading the model failed), ``GET /v2/health/ready`` (200 once the model is loaded and warmed
+up, ``warm_up``; 503 before), ``GET /v2/models/<name>[/versions/<v>]`` (model metadata),
+``GET .../ready`` and ``POST .../infer`` (UINT8 or FP32 ``images`` or BYTES ``image_bytes``: the signature
+is chosen by the inputs' names and datatypes, or ``parameters.signature_name``). v2 requests get the same
+limits and errors as REST, as ``{"error": message}`` with the same HTTP status.
 
 Every resource a request can make the app use is bounded by one record, ``RequestLimits``: the body
 (``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive
@@ -42,12 +47,15 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from keras_preact.serving import batching, metrics, rest
+import keras_preact
+from keras_preact.serving import batching, metrics, rest, v2
 from keras_preact.serving.metrics import ServingMetrics
 from keras_preact.serving.rest import RequestError
 
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH)  # answered before the model is ready; not counted
+_V2_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
+_V2_APIS = {("GET", None): "v2:model_metadata", ("GET", "/ready"): "v2:model_ready", ("POST", "/infer"): "v2:infer"}
 _V1_APIS = {("GET", None): "v1:status", ("GET", "/metadata"): "v1:metadata", ("POST", ":predict"): "v1:predict"}
 _PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
 
@@ -356,6 +364,57 @@ async def _predict(state, body, call):
     return await run_in_threadpool(rest.encode_outputs, outputs, mode), headers
 
 
+def _decode_infer(model, body, header_length, call, limits):
+    """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
+    request, binary = v2.parse_request(body, header_length)
+    signature_name = v2.choose_signature(model, request)
+    call.signature = signature_name
+    inputs = v2.decode_inputs(request, binary, model.input_specs[signature_name])
+    check_inputs(model, signature_name, inputs, **limits)
+    return request, signature_name, inputs
+
+
+async def _answer_v2(request, state, body, call):
+    """The reply to an Open Inference Protocol request (``v2``) but health: server and model metadata,
+    model readiness, infer."""
+    method, path = request.method, request.url.path
+    if path == "/v2":
+        call.api = "v2:server_metadata"
+        if method != "GET":
+            raise RequestError("/v2 answers GET only.", 405)
+        return _reply(state, 200, json.dumps(v2.server_metadata(keras_preact.__version__)).encode())
+    match = _V2_PATH.match(path)
+    if not match:
+        raise RequestError(f"Unknown path {path!r}: expected /v2, /v2/health/live|ready or "
+                           "/v2/models/<name>[/versions/<v>][/ready|/infer].", 404)
+    verb = match["rest"]
+    call.api = _V2_APIS.get((method, verb), "")
+    state.check_ready()
+    model = state.model
+    if match["name"] != model.name:
+        raise RequestError(f"Request for unknown model: '{match['name']}' is not found; serving model "
+                           f"'{model.name}'.", 404)
+    call.model = model.name
+    if match["version"] is not None and match["version"] != str(model.version):
+        raise RequestError(f"Request for unknown model: '{match['name']}' version {match['version']} is not found; "
+                           f"loaded version is {model.version}.", 404)
+    if not call.api:
+        raise RequestError(f"{method} {path} is not an Open Inference Protocol route.", 405)
+    if call.api == "v2:model_metadata":
+        return _reply(state, 200, json.dumps(v2.model_metadata(model)).encode())
+    if call.api == "v2:model_ready":
+        return _reply(state, 200, json.dumps({"name": model.name, "ready": True}).encode())
+    if request.headers.get("content-encoding", "identity").lower() != "identity":
+        raise RequestError(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; "
+                           "send the body uncompressed.", 415)
+    infer, signature_name, inputs = await run_in_threadpool(
+        _decode_infer, model, body, request.headers.get(v2.HEADER_LENGTH), call, state.limits.model_limits())
+    outputs, headers = await run_predict(state, signature_name, inputs)
+    reply, more = await run_in_threadpool(v2.encode_reply, model, infer, outputs)
+    return _reply(state, 200, reply, {**headers, **more},
+                  media_type="application/octet-stream" if more else "application/json")
+
+
 def _reply(state, status, body, headers=None, close=False, media_type="application/json"):
     headers = {**state.headers, **(headers or {}), **({"Connection": "close"} if close else {})}
     return Response(body, status_code=status, media_type=media_type, headers=headers)
@@ -383,6 +442,8 @@ async def _answer(request, state, call):
         if path in SERVICE_PATHS:
             call.counted = False
             return _health(state, request.method, path)
+        if path == "/v2" or path.startswith("/v2/"):
+            return await _answer_v2(request, state, body, call)
         reply = route(state, request.method, path, call)
         if reply is not None:
             return _reply(state, 200, reply)
