@@ -7,6 +7,7 @@ On the paths TF Serving uses:
 - ``GET /v1/models/<name>[/versions/<v>]``: model status,
 - ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
 - ``POST /v1/models/<name>[/versions/<v>]:predict``: ``instances`` or ``inputs`` requests,
+- ``GET /openapi.json``: this API as an OpenAPI document (``openapi.document``),
 - ``GET /monitoring/prometheus/metrics``: Prometheus metrics (``metrics.ServingMetrics``: requests,
   latency, batch sizes, queue depth), from a registry of this application's own;
 
@@ -45,15 +46,14 @@ from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
-from starlette.routing import Route
 
 import keras_preact
-from keras_preact.serving import batching, metrics, rest, v2
+from keras_preact.serving import batching, metrics, openapi, rest, v2
 from keras_preact.serving.metrics import ServingMetrics
 from keras_preact.serving.rest import RequestError
 
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
-SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH)  # answered before the model is ready; not counted
+SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
 _V2_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
 _V2_APIS = {("GET", None): "v2:model_metadata", ("GET", "/ready"): "v2:model_ready", ("POST", "/infer"): "v2:infer"}
 _V1_APIS = {("GET", None): "v1:status", ("GET", "/metadata"): "v1:metadata", ("POST", ":predict"): "v1:predict"}
@@ -427,6 +427,8 @@ def _health(state, method, path):
         raise RequestError(f"{path} answers GET only.", 405)
     if path == metrics.PATH:
         return _reply(state, 200, state.metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+    if path == openapi.PATH:
+        return _reply(state, 200, json.dumps(openapi.document(state.model if state.ready.is_set() else None)).encode())
     if path == LIVE_PATH:
         live = state.load_error is None
         return _reply(state, 200 if live else 503, json.dumps({"live": live}).encode())
@@ -471,7 +473,7 @@ async def handle(request):
 
 
 class _AnyMethod:
-    """``handle`` as an ASGI app, so the route takes every method (``route`` answers each one)."""
+    """``handle`` as an ASGI app, the router's default for every method and path (``handle`` answers each one)."""
 
     async def __call__(self, scope, receive, send):
         response = await handle(Request(scope, receive))
@@ -493,7 +495,10 @@ def create_app(state):
         finally:
             await run_in_threadpool(state.close)
 
-    app = Starlette(routes=[Route("/{path:path}", _AnyMethod())], lifespan=lifespan)
+    app = Starlette(lifespan=lifespan)
+    # Every request, whatever its method and path, is the router's default: ``handle`` routes it (a
+    # Starlette route's pattern would miss paths holding a newline, answered with a text/plain 404).
+    app.router.default = _AnyMethod()
     app.state.serving = state
     return app
 
