@@ -420,9 +420,10 @@ def _reply(state, status, body, headers=None, close=False, media_type="applicati
     return Response(body, status_code=status, media_type=media_type, headers=headers)
 
 
-def _health(state, method, path):
-    """The reply to a health or metrics request (``SERVICE_PATHS``): liveness holds unless loading
-    failed; readiness once the model is loaded and warmed up (200 when true, 503 when false)."""
+def _service_reply(state, method, path):
+    """The reply to a request for a ``SERVICE_PATHS`` path: metrics, the OpenAPI document, or health
+    (liveness holds unless loading failed; readiness once the model is loaded and warmed up; 200 when
+    true, 503 when false)."""
     if method != "GET":
         raise RequestError(f"{path} answers GET only.", 405)
     if path == metrics.PATH:
@@ -443,7 +444,7 @@ async def _answer(request, state, call):
         path = request.url.path
         if path in SERVICE_PATHS:
             call.counted = False
-            return _health(state, request.method, path)
+            return _service_reply(state, request.method, path)
         if path == "/v2" or path.startswith("/v2/"):
             return await _answer_v2(request, state, body, call)
         reply = route(state, request.method, path, call)
