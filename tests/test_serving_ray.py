@@ -6,6 +6,7 @@ One Ray instance for the module, started by the console script's function as a u
 
 import base64
 import collections
+import http.client
 import json
 import os
 import pathlib
@@ -125,6 +126,30 @@ def test_loopback_only_and_same_status_and_metadata_as_the_local_server(served, 
     for path in ("/v1/models/cifar", "/v1/models/cifar/versions/2", "/v1/models/cifar/metadata"):
         code, reply = request(port, "GET", path)
         assert (code, reply) == request(local, "GET", path) and code == 200
+
+
+def test_replicas_answer_v2_health_metrics_and_tritonclient_like_the_local_server(served, local):
+    """The mounted app speaks the Open Inference Protocol and serves its metrics through Ray's proxy."""
+    httpclient = pytest.importorskip("tritonclient.http")
+    port, _ = served
+    assert request(port, "GET", "/v2/health/ready") == (200, {"ready": True})
+    assert request(port, "GET", "/v2/health/live") == (200, {"live": True})
+    assert request(port, "GET", "/v2/models/cifar") == request(local, "GET", "/v2/models/cifar")
+    batch = images(2, seed=9)
+    replies = []
+    for where in (port, local):
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{where}")
+        tensor = httpclient.InferInput("images", list(batch.shape), "UINT8").set_data_from_numpy(batch)
+        replies.append(client.infer("cifar", [tensor]))
+    np.testing.assert_allclose(replies[0].as_numpy("probabilities"), replies[1].as_numpy("probabilities"),
+                               rtol=0, atol=1e-6)
+    assert replies[0].as_numpy("classes").tolist() == replies[1].as_numpy("classes").tolist()
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    connection.request("GET", "/monitoring/prometheus/metrics")
+    response = connection.getresponse()
+    text = response.read().decode()
+    assert response.status == 200 and 'keras_preact_serving_model_ready{model="cifar"} 1.0' in text
+    connection.close()
 
 
 @pytest.mark.parametrize("method, path, body, status, message", BAD_REQUESTS,

@@ -5,12 +5,12 @@ import sys
 
 # What each console script says, in one line, when a package it needs is missing.
 _SERVE_HINT = 'serving needs Starlette and uvicorn: pip install "keras-preact[serve]"'
+_METRICS_HINT = 'serving needs prometheus_client for its metrics: pip install "keras-preact[serve]"'
+_RAY_HINT = 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"'
 _INSTALL_HINTS = {
-    "keras-preact-serve": {"starlette": _SERVE_HINT, "uvicorn": _SERVE_HINT, "h11": _SERVE_HINT},
-    "keras-preact-serve-ray": {
-        "ray": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
-        "starlette": 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"',
-    },
+    "keras-preact-serve": {"starlette": _SERVE_HINT, "uvicorn": _SERVE_HINT, "h11": _SERVE_HINT,
+                           "prometheus_client": _METRICS_HINT},
+    "keras-preact-serve-ray": {"ray": _RAY_HINT, "starlette": _RAY_HINT, "prometheus_client": _RAY_HINT},
 }
 
 

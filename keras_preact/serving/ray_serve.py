@@ -77,7 +77,8 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve-ray",
-        description="Serve the latest version of an exported model with TF Serving's REST API from Ray Serve replicas.",
+        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
+                    "Inference Protocol (v2) from Ray Serve replicas.",
     )
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")

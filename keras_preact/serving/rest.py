@@ -50,15 +50,20 @@ def _reject_constant(name):
     raise RequestError(f"Invalid JSON body: {name} is not a finite number (strict JSON has no NaN or Infinity).")
 
 
-def parse_body(body):
+def load_json(body):
+    """The strict JSON value of a body (bytes); a 400 ``RequestError`` saying what is wrong otherwise."""
     try:
-        request = json.loads(body, parse_constant=_reject_constant)
+        return json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
         raise RequestError(f"Invalid JSON body: {error}") from None
     except ValueError as error:  # an integer of more digits than Python converts (sys.get_int_max_str_digits)
         raise RequestError(f"Invalid JSON body: a number too long: {str(error).split(';')[0]}.") from None
     except RecursionError:
         raise RequestError("Invalid JSON body: nested too deeply.") from None
+
+
+def parse_body(body):
+    request = load_json(body)
     if not isinstance(request, dict):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request

@@ -223,7 +223,9 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
 
 def build_parser():
     parser = argparse.ArgumentParser(
-        prog="keras-preact-serve", description="Serve the latest version of an exported model with TF Serving's REST API."
+        prog="keras-preact-serve",
+        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
+                    "Inference Protocol (v2), with Prometheus metrics.",
     )
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")

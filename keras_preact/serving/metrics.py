@@ -1,0 +1,65 @@
+"""Prometheus metrics of one serving application, at TF Serving's path ``/monitoring/prometheus/metrics``.
+
+Each ``ServingMetrics`` owns its ``prometheus_client.CollectorRegistry`` (not the process-wide one), so
+several applications in one process (tests, Ray Serve replicas sharing a worker) never collide. Label
+values come from fixed sets or from the served model (never from a request's URL or body), so a client
+cannot grow the registry: an unknown model, route or signature is counted under ``""``.
+
+- ``keras_preact_serving_requests_total{model, api, signature, code}``: requests answered (``api``:
+  ``API_NAMES``; health and metrics requests are not counted),
+- ``keras_preact_serving_request_latency_seconds{model, api, signature}``: from the request's arrival to
+  its reply (its body read, decoded, predicted, encoded),
+- ``keras_preact_serving_batch_size{model, signature}``: examples per model call (with batching, merged
+  calls and reruns; without, one call per request),
+- ``keras_preact_serving_queue_depth{model}``: requests waiting for a batch now (0 without batching),
+- ``keras_preact_serving_model_ready{model}``: 1 once the model is loaded and warmed up.
+"""
+
+import prometheus_client
+
+CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
+PATH = "/monitoring/prometheus/metrics"  # TF Serving's (--monitoring_config_file's default path)
+# The routes counted: TF Serving REST ("v1:...") and the Open Inference Protocol ("v2:..."); "" otherwise.
+API_NAMES = ("v1:status", "v1:metadata", "v1:predict", "v2:server_metadata", "v2:model_metadata", "v2:model_ready",
+             "v2:infer", "")
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 examples
+
+
+class ServingMetrics:
+    """The metrics of one application (module docstring), in their own ``registry``."""
+
+    def __init__(self):
+        self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
+        prefix = "keras_preact_serving_"
+        self.requests = prometheus_client.Counter(
+            prefix + "requests", "Requests answered, by model, API route, signature and HTTP status code.",
+            ["model", "api", "signature", "code"], registry=self.registry)
+        self.latency = prometheus_client.Histogram(
+            prefix + "request_latency_seconds", "Seconds from a request's arrival to its reply.",
+            ["model", "api", "signature"], buckets=LATENCY_BUCKETS, registry=self.registry)
+        self.batch_size = prometheus_client.Histogram(
+            prefix + "batch_size", "Examples per model call (merged calls with batching).",
+            ["model", "signature"], buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
+        self.queue_depth = prometheus_client.Gauge(
+            prefix + "queue_depth", "Requests waiting for a batch.", ["model"], registry=self.registry)
+        self.model_ready = prometheus_client.Gauge(
+            prefix + "model_ready", "1 once the model is loaded and warmed up.", ["model"], registry=self.registry)
+
+    def model_started(self, model_name, queued):
+        """Call once the model ``model_name`` is ready; ``queued()`` says how many requests wait for a batch."""
+        self.queue_depth.labels(model_name).set_function(queued)
+        self.model_ready.labels(model_name).set(1)
+
+    def observe_request(self, model, api, signature, code, seconds):
+        if api not in API_NAMES:
+            raise ValueError(f"Invalid api={api!r}: expected one of {API_NAMES}.")
+        self.requests.labels(model, api, signature, str(code)).inc()
+        self.latency.labels(model, api, signature).observe(seconds)
+
+    def observe_batch(self, model, signature, size):
+        self.batch_size.labels(model, signature).observe(size)
+
+    def exposition(self):
+        """The registry in Prometheus' text format (bytes)."""
+        return prometheus_client.generate_latest(self.registry)

@@ -1,0 +1,259 @@
+"""KServe's Open Inference Protocol (v2) over HTTP: request bodies to input arrays, outputs to replies.
+
+Follows https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/ and Triton's binary
+tensor data extension, which ``tritonclient.http`` uses by default: a request whose
+``Inference-Header-Content-Length`` header is N has a JSON header of N bytes followed by the raw tensors
+of the inputs whose ``parameters.binary_data_size`` is set, in order (little-endian, row-major; a BYTES
+element is a 4-byte little-endian length and its bytes). Outputs asked for with
+``parameters.binary_data`` (or all, with the request's ``parameters.binary_data_output``) come back the
+same way. Encoded images travel as BYTES (``serving_bytes``), pixels as UINT8 or FP32 tensors.
+
+Which signature runs: the request's ``parameters.signature_name`` if given, else the one whose inputs
+have exactly the request's input names and datatypes (``serving_default`` first when several do): UINT8
+``images`` runs ``serving_default``, FP32 ``images`` ``serving_float``, BYTES ``image_bytes``
+``serving_bytes``. Every problem is a ``RequestError`` (HTTP status and message for ``{"error": ...}``).
+"""
+
+import json
+import math
+import struct
+
+import numpy as np
+
+from keras_preact.serving import rest
+from keras_preact.serving.rest import RequestError
+
+HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor data extension
+DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",
+             "INT8": "int8", "INT16": "int16", "INT32": "int32", "INT64": "int64", "FP16": "float16",
+             "FP32": "float32", "FP64": "float64", "BYTES": "object"}
+_NUMPY_DATATYPES = {np.dtype(v).name: k for k, v in DATATYPES.items() if v != "object"}
+_TF_DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
+                 "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64", "DT_STRING": "BYTES"}
+PLATFORMS = {"saved_model": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "openvino": "openvino",
+             "litert": "tensorflow_lite"}
+MAX_DIMS = 8
+
+
+def datatype_of_spec(spec):
+    """The v2 datatype of a signature input (``rest.TensorSpec``)."""
+    return "BYTES" if spec.dtype == "string" else _NUMPY_DATATYPES[spec.dtype]
+
+
+def datatype_of(array):
+    if array.dtype == object or array.dtype.kind in "SU":
+        return "BYTES"
+    return _NUMPY_DATATYPES[array.dtype.name]
+
+
+def server_metadata(version):
+    return {"name": "keras-preact", "version": version, "extensions": ["binary_tensor_data"]}
+
+
+def model_metadata(model, signature_name="serving_default"):
+    """The v2 model metadata: the inputs and outputs of ``signature_name`` (the signature UINT8 images
+    run), the version, and the platform that runs it."""
+    specs = model.input_specs[signature_name]
+    signature_defs = model.metadata.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
+    outputs = signature_defs.get(signature_name, {}).get("outputs", {})
+    return {
+        "name": model.name,
+        "versions": [str(model.version)],
+        "platform": PLATFORMS.get(model.signatures[signature_name], "keras_preact"),
+        "inputs": [{"name": name, "datatype": datatype_of_spec(spec), "shape": [-1 if d is None else d for d in spec.shape]}
+                   for name, spec in specs.items()],
+        "outputs": [{"name": name, "datatype": _TF_DATATYPES.get(info.get("dtype"), "BYTES"),
+                     "shape": [int(d.get("size", -1)) for d in info.get("tensor_shape", {}).get("dim", [])]}
+                    for name, info in sorted(outputs.items())],
+    }
+
+
+def _object(value, what):
+    if not isinstance(value, dict):
+        raise RequestError(f"{what} must be a JSON object.")
+    return value
+
+
+def parse_request(body, header_length):
+    """(JSON header, binary section) of an infer request body; ``header_length`` is the
+    ``Inference-Header-Content-Length`` header's value or None."""
+    if header_length is None:
+        header, binary = body, b""
+    else:
+        if not header_length.isdigit() or int(header_length) > len(body):
+            raise RequestError(f"Invalid Inference-Header-Content-Length {header_length!r}: expected the number of "
+                               f"bytes of the JSON header, at most the body's {len(body)}.")
+        header, binary = body[:int(header_length)], body[int(header_length):]
+    request = _object(rest.load_json(header), "The inference request")
+    inputs = request.get("inputs")
+    if not isinstance(inputs, list) or not inputs:
+        raise RequestError("The inference request must have 'inputs': a non-empty list of tensors.")
+    names = []
+    for entry in inputs:
+        entry = _object(entry, "Each entry of 'inputs'")
+        name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
+        if not isinstance(name, str):
+            raise RequestError("Each input must have a 'name' string.")
+        if datatype not in DATATYPES:
+            raise RequestError(f"Input '{name}' has datatype {datatype!r}: expected one of {', '.join(DATATYPES)}.")
+        if (not isinstance(shape, list) or len(shape) > MAX_DIMS
+                or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
+            raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} "
+                               "non-negative integers.")
+        _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
+        names.append(name)
+    if len(set(names)) != len(names):
+        raise RequestError(f"Input names must be distinct; got {names}.")
+    _object(request.get("parameters", {}), "The request's 'parameters'")
+    outputs = request.get("outputs", [])
+    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
+        raise RequestError("'outputs' must be a list of objects with a 'name'.")
+    if "id" in request and not isinstance(request["id"], str):
+        raise RequestError("'id' must be a string.")
+    return request, binary
+
+
+def choose_signature(model, request):
+    """The signature a parsed request runs (module docstring), checked against its inputs' names and
+    datatypes."""
+    given = {entry["name"]: entry["datatype"] for entry in request["inputs"]}
+    wanted = {name: {n: datatype_of_spec(s) for n, s in specs.items()} for name, specs in model.input_specs.items()}
+    signature_name = request.get("parameters", {}).get("signature_name")
+    if signature_name is not None:
+        if not isinstance(signature_name, str) or signature_name not in model.signatures:
+            raise RequestError(f"Serving signature name: {signature_name!r} not found; available: "
+                               f"{sorted(model.signatures)}.")
+        if given != wanted[signature_name]:
+            raise RequestError(f"Signature {signature_name} takes inputs {wanted[signature_name]}; got {given}.")
+        return signature_name
+    matches = sorted((name for name, inputs in wanted.items() if inputs == given), key=lambda n: n != "serving_default")
+    if not matches:
+        raise RequestError(f"No signature takes inputs {given}; the signatures take "
+                           f"{ {name: wanted[name] for name in sorted(wanted)} }.")
+    return matches[0]
+
+
+def _bytes_elements(data, count, name):
+    """``count`` BYTES elements of a binary tensor (each a 4-byte little-endian length and its bytes)."""
+    elements, offset = [], 0
+    if count > len(data) // 4:  # each element takes at least its 4-byte length
+        raise RequestError(f"Input '{name}': {count} elements cannot fit in {len(data)} bytes of binary data.")
+    for _ in range(count):
+        if offset + 4 > len(data):
+            raise RequestError(f"Input '{name}': its binary data ends inside an element's length.")
+        (length,) = struct.unpack_from("<I", data, offset)
+        offset += 4
+        if offset + length > len(data):
+            raise RequestError(f"Input '{name}': an element of {length} bytes runs past its binary data.")
+        elements.append(data[offset:offset + length])
+        offset += length
+    if offset != len(data):
+        raise RequestError(f"Input '{name}': {len(data) - offset} bytes of binary data after its {count} elements.")
+    return elements
+
+
+def _flatten(value, name):
+    if isinstance(value, list):
+        flat = []
+        for item in value:
+            flat.extend(_flatten(item, name) if isinstance(item, list) else [item])
+        return flat
+    raise RequestError(f"Input '{name}': 'data' must be a list (flat or nested).")
+
+
+def decode_inputs(request, binary, specs):
+    """``{name: array}`` of a parsed request's inputs for a signature's ``specs``: every tensor's element
+    count matches its shape, values fit its datatype and are finite, and its shape is the signature's."""
+    arrays, offset = {}, 0
+    for entry in request["inputs"]:
+        name, datatype, shape = entry["name"], entry["datatype"], entry["shape"]
+        count = math.prod(shape)
+        size = entry.get("parameters", {}).get("binary_data_size")
+        if size is not None:
+            if isinstance(size, bool) or not isinstance(size, int) or size < 0 or offset + size > len(binary):
+                raise RequestError(f"Input '{name}': binary_data_size {size!r} runs past the body's binary data "
+                                   f"({len(binary) - offset} bytes left).")
+            data, offset = binary[offset:offset + size], offset + size
+            if datatype == "BYTES":  # the elements first: a shape's count alone allocates nothing
+                elements = _bytes_elements(data, count, name)
+                array = np.empty(count, dtype=object)
+                array[:] = elements
+            else:
+                dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+                if count * dtype.itemsize != size:
+                    raise RequestError(f"Input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} "
+                                       f"bytes; binary_data_size is {size}.")
+                array = np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))
+        elif "data" in entry:
+            flat = _flatten(entry["data"], name)
+            if len(flat) != count:
+                raise RequestError(f"Input '{name}': shape {shape} holds {count} elements; 'data' has {len(flat)}.")
+            if datatype == "BYTES":
+                if not all(isinstance(item, str) for item in flat):
+                    raise RequestError(f"Input '{name}': BYTES 'data' must be strings (send binary data for bytes).")
+                array = np.empty(count, dtype=object)
+                array[:] = [item.encode("utf-8") for item in flat]
+            else:
+                array = rest.to_array(flat, rest.TensorSpec(name, DATATYPES[datatype], (count,))) if count else \
+                    np.zeros(0, DATATYPES[datatype])
+        else:
+            raise RequestError(f"Input '{name}' has neither 'data' nor parameters.binary_data_size.")
+        array = array.reshape(shape)
+        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+            raise RequestError(f"Input '{name}' holds non-finite values (NaN or infinity); send finite numbers.")
+        rest.check_shape(array, specs[name])
+        arrays[name] = array
+    if offset != len(binary):
+        raise RequestError(f"{len(binary) - offset} bytes of binary data after the inputs' binary_data_size.")
+    sizes = {a.shape[0] for a in arrays.values()}
+    if len(sizes) != 1:
+        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
+    return arrays
+
+
+def _raw(array):
+    if datatype_of(array) == "BYTES":
+        items = [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in array.reshape(-1)]
+        return b"".join(struct.pack("<I", len(item)) + item for item in items)
+    return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
+
+
+def _json_data(name, array):
+    if datatype_of(array) != "BYTES":
+        return array.reshape(-1).tolist()
+    try:
+        return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.reshape(-1)]
+    except UnicodeDecodeError:
+        raise RequestError(f"Output '{name}' is not UTF-8 text: ask for it as binary data "
+                           "(outputs[].parameters.binary_data).") from None
+
+
+def encode_reply(model, request, outputs):
+    """(body, headers) of the reply: the outputs asked for (all when the request names none), each in
+    JSON or as binary data (then the body is the JSON header and the data, and the
+    ``Inference-Header-Content-Length`` header says where the data starts)."""
+    binary_all = request.get("parameters", {}).get("binary_data_output", False) is True
+    asked = request.get("outputs") or [{"name": name} for name in sorted(outputs)]
+    unknown = [o["name"] for o in asked if o["name"] not in outputs]
+    if unknown:
+        raise RequestError(f"Unknown outputs {unknown}; the signature's outputs are {sorted(outputs)}.")
+    entries, data = [], []
+    for output in asked:
+        name = output["name"]
+        array = np.asarray(outputs[name])
+        entry = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        binary = output.get("parameters", {}).get("binary_data", binary_all) is True
+        if binary:
+            raw = _raw(array)
+            entry["parameters"] = {"binary_data_size": len(raw)}
+            data.append(raw)
+        else:
+            entry["data"] = _json_data(name, array)
+        entries.append(entry)
+    reply = {"model_name": model.name, "model_version": str(model.version), "outputs": entries}
+    if "id" in request:
+        reply["id"] = request["id"]
+    header = json.dumps(reply, allow_nan=False).encode("utf-8")
+    if not data:
+        return header, {}
+    return header + b"".join(data), {"Inference-Header-Content-Length": str(len(header))}

@@ -1,0 +1,312 @@
+"""KServe's Open Inference Protocol (v2) over HTTP, spoken by ``tritonclient.http`` (Triton's official
+client, binary tensor data by default) to keras-preact-serve: health, metadata, infer with binary and
+JSON tensors, and the REST limits and errors as v2 ``{"error": ...}`` replies.
+
+The notf tests run a ``server.Server`` in a thread on a numpy model; the TensorFlow tests serve a real
+export (``make_server``) and check that uint8 pixels, float pixels and JPEG bytes get REST's
+probabilities."""
+
+import base64
+import http.client
+import io
+import json
+import struct
+import time
+
+import numpy as np
+import pytest
+
+httpclient = pytest.importorskip("tritonclient.http")
+from test_serving_metrics import Model, Running, labels, started
+from tritonclient.utils import InferenceServerException
+
+from keras_preact.serving import app, server
+from keras_preact.testing import CLASS_NAMES, MEAN, STD
+
+BATCHING = [None, dict(max_batch_size=8, timeout=0.01, max_queue=64)]
+
+
+@pytest.fixture(scope="module", params=BATCHING, ids=["unbatched", "batched"])
+def numpy_served(request):
+    model = Model()
+    running = started(model, request.param)
+    yield running, httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+    running.close()
+
+
+def x_input(values, datatype="FP32", binary=True, name="x"):
+    tensor = httpclient.InferInput(name, list(values.shape), datatype)
+    return tensor.set_data_from_numpy(values, binary_data=binary)
+
+
+def error_of(call):
+    """(HTTP status, message) of the InferenceServerException ``call()`` raises."""
+    with pytest.raises(InferenceServerException) as raised:
+        call()
+    return int(raised.value.status()), raised.value.message()
+
+
+def raw(port, method, path, body=b"", headers=None):
+    """(status, headers, body) of one request sent with http.client."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.request(method, path, body=body, headers=headers or {})
+    response = connection.getresponse()
+    reply = response.status, dict(response.getheaders()), response.read()
+    connection.close()
+    return reply
+
+
+@pytest.mark.notf
+def test_health_and_metadata(numpy_served):
+    running, client = numpy_served
+    assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("m")
+    assert client.is_model_ready("m", "1") and not client.is_model_ready("other")
+    assert client.get_server_metadata() == {"name": "keras-preact", "version": "0.1.0",
+                                            "extensions": ["binary_tensor_data"]}
+    assert client.get_model_metadata("m") == {"name": "m", "versions": ["1"], "platform": "keras_preact",
+                                              "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
+                                              "outputs": []}
+    assert error_of(lambda: client.get_model_metadata("m", "7")) == (
+        404, "Request for unknown model: 'm' version 7 is not found; loaded version is 1.")
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("binary_in", [True, False], ids=["binary-in", "json-in"])
+@pytest.mark.parametrize("binary_out", [True, False], ids=["binary-out", "json-out"])
+def test_infer_binary_and_json_tensors(numpy_served, binary_in, binary_out):
+    running, client = numpy_served
+    values = np.array([[0.25, 1.5], [2.0, -3.0], [1e-3, 7.0]], np.float32)
+    result = client.infer("m", [x_input(values, binary=binary_in)], model_version="1", request_id="r-1",
+                          outputs=[httpclient.InferRequestedOutput("y", binary_data=binary_out)])
+    np.testing.assert_array_equal(result.as_numpy("y"), values.sum(axis=1))
+    reply = result.get_response()
+    assert reply["id"] == "r-1" and (reply["model_name"], reply["model_version"]) == ("m", "1")
+    assert reply["outputs"][0]["datatype"] == "FP32" and reply["outputs"][0]["shape"] == [3]
+    assert ("parameters" in reply["outputs"][0]) == binary_out
+    # No outputs named: all of them, as binary data (what tritonclient asks for).
+    assert client.infer("m", [x_input(values, binary=binary_in)]).get_response()["outputs"] == [
+        {"name": "y", "datatype": "FP32", "shape": [3], "parameters": {"binary_data_size": 12}}]
+
+
+@pytest.mark.notf
+def test_errors_are_v2_json_with_the_rest_status(numpy_served):
+    running, client = numpy_served
+    values = np.ones((2, 2), np.float32)
+    assert error_of(lambda: client.infer("other", [x_input(values)])) == (
+        404, "Request for unknown model: 'other' is not found; serving model 'm'.")
+    status, message = error_of(lambda: client.infer("m", [x_input(values.astype(np.uint8), "UINT8")]))
+    assert status == 400 and message.startswith("No signature takes inputs {'x': 'UINT8'}")
+    status, message = error_of(lambda: client.infer("m", [x_input(np.ones((2, 3), np.float32))]))
+    assert (status, message) == (400, "Input 'x' has shape [2, 3]; the signature expects [N, 2].")
+    assert error_of(lambda: client.infer("m", [x_input(np.ones((17, 2), np.float32))])) == (
+        413, "Batch size 17 exceeds the limit of 16.")
+    assert error_of(lambda: client.infer("m", [x_input(np.array([[np.nan, 1]], np.float32))])) == (
+        400, "Input 'x' holds non-finite values (NaN or infinity); send finite numbers.")
+    assert error_of(lambda: client.infer("m", [x_input(values)], outputs=[httpclient.InferRequestedOutput("z")])) == (
+        400, "Unknown outputs ['z']; the signature's outputs are ['y'].")
+    assert error_of(lambda: client.infer("m", [x_input(values)], request_compression_algorithm="gzip")) == (
+        415, "Content-Encoding 'gzip' is not supported; send the body uncompressed.")
+    status, message = error_of(lambda: client.infer("m", [x_input(values)], parameters={"signature_name": "nope"}))
+    assert status == 400 and message.startswith("Serving signature name: 'nope' not found")
+
+    port = running.port
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2],
+                                     "parameters": {"binary_data_size": 16}}]}).encode()
+    bad = [
+        (b"{not json", {}, 400, "Invalid JSON body"),
+        (b"[]", {}, 400, "The inference request must be a JSON object."),
+        (json.dumps({"inputs": []}).encode(), {}, 400, "must have 'inputs': a non-empty list"),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 2, 3]}]}).encode(), {},
+         400, "Input 'x': shape [2, 2] holds 4 elements; 'data' has 3."),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": ["a", 1]}]}).encode(), {},
+         400, "Input 'x' must hold float32 values"),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FLOAT", "shape": [1, 2], "data": [1, 2]}]}).encode(), {},
+         400, "Input 'x' has datatype 'FLOAT'"),
+        (json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, -2], "data": [1, 2]}]}).encode(), {},
+         400, "Input 'x' has shape [1, -2]"),
+        (header + b"\0" * 8, {"Inference-Header-Content-Length": str(len(header))}, 400,
+         "Input 'x': binary_data_size 16 runs past the body's binary data (8 bytes left)."),
+        (header + b"\0" * 20, {"Inference-Header-Content-Length": str(len(header))}, 400,
+         "4 bytes of binary data after the inputs' binary_data_size."),
+        (header, {"Inference-Header-Content-Length": "1e3"}, 400, "Invalid Inference-Header-Content-Length '1e3'"),
+    ]
+    for body, headers, status, message in bad:
+        code, _, reply = raw(port, "POST", "/v2/models/m/infer", body, headers)
+        assert code == status and message in json.loads(reply)["error"], (body[:60], reply)
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    connection.putrequest("POST", "/v2/models/m/infer")
+    connection.putheader("Content-Length", "1000001")
+    connection.endheaders()  # no body sent: the reply comes from the header alone
+    response = connection.getresponse()
+    assert (response.status, json.loads(response.read())) == (
+        413, {"error": "Request body of 1000001 bytes exceeds the limit of 1000000 bytes."})
+    connection.close()
+    assert raw(port, "GET", "/v2/models/m/infer")[0] == 405
+    assert raw(port, "POST", "/v2/models/m/ready")[0] == 405
+    assert raw(port, "GET", "/v2/nothing")[0] == 404
+    code, _, reply = raw(port, "GET", "/v2/models/m/ready")
+    assert (code, json.loads(reply)) == (200, {"name": "m", "ready": True})
+
+
+def pngs(*sizes):
+    from PIL import Image
+
+    encoded = []
+    for width, height in sizes:
+        out = io.BytesIO()
+        Image.new("RGB", (width, height), (width, 0, 0)).save(out, format="PNG")
+        encoded.append(out.getvalue())
+    return np.array(encoded, dtype=object)
+
+
+@pytest.mark.notf
+def test_bytes_elements_round_trip_and_v2_requests_are_counted():
+    model = Model()
+    model.input_specs = {**Model.input_specs, "echo": {"s": app.rest.TensorSpec("s", "string", (None,))}}
+    model.signatures = {**Model.signatures, "echo": "numpy"}
+    predict = model.predict
+    model.predict = lambda name, inputs: ({"s_bytes": inputs["s"], "n": np.array([len(s) for s in inputs["s"]])}
+                                          if name == "echo" else predict(name, inputs))
+    running = started(model)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+        images = pngs((3, 2), (5, 5), (1, 1))
+        result = client.infer("m", [x_input(images, "BYTES", name="s")])
+        assert result.as_numpy("s_bytes").tolist() == images.tolist()
+        assert result.as_numpy("n").tolist() == [len(i) for i in images]
+        result = client.infer("m", [x_input(images, "BYTES", name="s")],
+                              outputs=[httpclient.InferRequestedOutput("n", binary_data=False)])
+        assert result.get_response()["outputs"] == [
+            {"name": "n", "datatype": "INT64", "shape": [3], "data": [len(i) for i in images]}]
+        status, message = error_of(lambda: client.infer(
+            "m", [x_input(images, "BYTES", name="s")],
+            outputs=[httpclient.InferRequestedOutput("s_bytes", binary_data=False)]))
+        assert (status, message) == (400, "Output 's_bytes' is not UTF-8 text: ask for it as binary data "
+                                          "(outputs[].parameters.binary_data).")
+        status, message = error_of(lambda: client.infer(
+            "m", [x_input(np.array(["text"], dtype=object), "BYTES", binary=False, name="s")]))
+        assert (status, message) == (400, "Input 's'[0] is not a JPEG/PNG/GIF/BMP image.")
+        header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2],
+                                         "parameters": {"binary_data_size": 9}}]}).encode()
+        code, _, reply = raw(running.port, "POST", "/v2/models/m/infer",
+                             header + struct.pack("<I", 1) + b"a" + struct.pack("<I", 9) + b"",
+                             {"Inference-Header-Content-Length": str(len(header))})
+        assert (code, json.loads(reply)) == (400, {"error": "Input 's': an element of 9 bytes runs past its binary data."})
+        header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [10**12],
+                                         "parameters": {"binary_data_size": 8}}]}).encode()
+        code, _, reply = raw(running.port, "POST", "/v2/models/m/infer", header + b"\0" * 8,
+                             {"Inference-Header-Content-Length": str(len(header))})
+        assert (code, json.loads(reply)) == (
+            400, {"error": "Input 's': 1000000000000 elements cannot fit in 8 bytes of binary data."})
+        total = "keras_preact_serving_requests_total"
+        assert {k: v for k, v in running.metrics().items() if k[0] == total} == {
+            (total, labels(model="m", api="v2:infer", signature="echo", code="200")): 2,
+            (total, labels(model="m", api="v2:infer", signature="echo", code="400")): 4,
+        }
+    finally:
+        running.close()
+
+
+@pytest.mark.notf
+def test_not_ready_until_warmed_up():
+    model = Model(block_warm_up=True)
+    running = started(model, load_in_background=True)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+        assert model.warming.wait(30)
+        assert client.is_server_live() and not client.is_server_ready() and not client.is_model_ready("m")
+        status, message = error_of(lambda: client.infer("m", [x_input(np.ones((1, 2), np.float32))]))
+        assert (status, message) == (503, "The model is loading or warming up; retry later.")
+        model.warm_up_gate.set()
+        deadline = time.monotonic() + 30
+        while not client.is_server_ready() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.is_model_ready("m")
+    finally:
+        model.warm_up_gate.set()
+        running.close()
+
+
+# ----------------------------------------------------------------------------- a real export (TensorFlow)
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    pytest.importorskip("tensorflow", reason="needs TensorFlow")
+    from keras_preact.export import export_saved_model
+    from keras_preact.testing import make_export_model
+
+    base = tmp_path_factory.mktemp("saved_models")
+    return export_saved_model(make_export_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD,
+                              top_k=3)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
+def tf_served(exported, request):
+    served = server.make_server(exported.parent, port=0, max_batch_size=16, enable_batching=request.param)
+    running = Running(served.state, served)
+    yield running, httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+    running.close()
+
+
+def jpegs(batch):
+    from PIL import Image
+
+    encoded = []
+    for image in batch:
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, format="JPEG", quality=90)
+        encoded.append(out.getvalue())
+    return encoded
+
+
+def rest_predict(running, body):
+    status, reply, _ = running.request("POST", "/v1/models/cifar:predict", body)
+    assert status == 200, reply
+    return json.loads(reply)["outputs"]
+
+
+def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(tf_served):
+    running, client = tf_served
+    assert client.is_server_ready() and client.is_model_ready("cifar", "1")
+    metadata = client.get_model_metadata("cifar")
+    assert metadata["platform"] == "tensorflow_savedmodel" and metadata["versions"] == ["1"]
+    assert metadata["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [-1, 32, 32, 3]}]
+    assert {o["name"]: o["datatype"] for o in metadata["outputs"]} == {
+        "class_names": "BYTES", "classes": "INT32", "probabilities": "FP32", "scores": "FP32"}
+
+    batch = np.random.default_rng(5).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    encoded = jpegs(batch)
+    cases = [
+        ("serving_default", x_input(batch, "UINT8", name="images"), {"inputs": batch.tolist()}),
+        ("serving_default", x_input(batch, "UINT8", binary=False, name="images"), {"inputs": batch.tolist()}),
+        ("serving_float", x_input(batch.astype(np.float32), "FP32", name="images"),
+         {"signature_name": "serving_float", "inputs": batch.astype(float).tolist()}),
+        ("serving_bytes", x_input(np.array(encoded, dtype=object), "BYTES", name="image_bytes"),
+         {"signature_name": "serving_bytes", "inputs": [{"b64": base64.b64encode(e).decode()} for e in encoded]}),
+    ]
+    for signature, tensor, rest_body in cases:
+        result = client.infer("cifar", [tensor])
+        reference = rest_predict(running, rest_body)
+        np.testing.assert_allclose(result.as_numpy("probabilities"), reference["probabilities"], rtol=0, atol=1e-6,
+                                   err_msg=signature)
+        assert result.as_numpy("classes").tolist() == reference["classes"], signature
+        assert [[n.decode() for n in row] for row in result.as_numpy("class_names")] == reference["class_names"]
+        assert result.as_numpy("probabilities").dtype == np.float32
+    # Outputs asked for in JSON: BYTES as strings, numbers as numbers.
+    result = client.infer("cifar", [cases[0][1]], outputs=[httpclient.InferRequestedOutput("class_names", binary_data=False),
+                                                          httpclient.InferRequestedOutput("classes", binary_data=False)])
+    outputs = {o["name"]: o for o in result.get_response()["outputs"]}
+    reference = rest_predict(running, cases[0][2])
+    assert outputs["class_names"]["shape"] == [3, 3] and outputs["class_names"]["datatype"] == "BYTES"
+    assert outputs["class_names"]["data"] == [n for row in reference["class_names"] for n in row]
+    assert outputs["classes"]["data"] == [c for row in reference["classes"] for c in row]
+    # The same limits as REST: an image over --max-aspect-ratio, read from its header.
+    from PIL import Image
+
+    wide = io.BytesIO()
+    Image.new("RGB", (90, 10)).save(wide, format="PNG")
+    status, message = error_of(lambda: client.infer(
+        "cifar", [x_input(np.array([wide.getvalue()], dtype=object), "BYTES", name="image_bytes")]))
+    assert status == 413 and message.endswith("aspect ratio above the limit of 8.0:1.")
+    status, message = error_of(lambda: client.infer(
+        "cifar", [x_input(np.array([b"corrupt image"], dtype=object), "BYTES", name="image_bytes")]))
+    assert status == 400 and "is not a JPEG/PNG/GIF/BMP image" in message
