@@ -57,7 +57,7 @@ def served(exported, request):
                          enable_batching=request.param)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
-    yield server.server_address[1], server.grpc_address[1]
+    yield server.server_address[1], server.grpc_address[1], request.param
     server.shutdown()
     server.server_close()
 
@@ -100,7 +100,7 @@ def jpegs(batch):
 
 @needs_grpc
 def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
-    rest_port, grpc_port = served
+    rest_port, grpc_port, batching = served
     batch = images(3)
     encoded = jpegs(batch)
     cases = [
@@ -118,6 +118,14 @@ def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
         np.testing.assert_allclose(outputs["scores"], [r["scores"] for r in rows], atol=1e-6, rtol=0)
         assert outputs["classes"].tolist() == [r["classes"] for r in rows], signature
         assert [[n.decode() for n in row] for row in outputs["class_names"]] == [r["class_names"] for r in rows]
+    # With batching the request ran through the batcher, which says so in the trailing metadata.
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "cifar"
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(batch))
+    _, call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(request, 30)
+    channel.close()
+    assert {k: v for k, v in call.trailing_metadata() if k == "x-batch-size"} == ({"x-batch-size": "3"} if batching else {})
     # JPEG is lossy: the bytes signature saw other pixels than the pixel signatures, yet agrees with REST above.
     assert not np.allclose(predict(grpc_port, cases[2][1], "serving_bytes")["probabilities"],
                            predict(grpc_port, cases[0][1])["probabilities"], atol=1e-6)
@@ -125,7 +133,7 @@ def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
 
 @needs_grpc
 def test_metadata_holds_the_saved_models_signature_defs_and_status_is_available(served, exported):
-    _, port = served
+    _, port, _ = served
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
     request.model_spec.name = "cifar"
@@ -158,7 +166,7 @@ def _code(call):
 
 @needs_grpc
 def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
-    _, port = served
+    _, port, _ = served
     good = {"images": images(1)}
     s = grpc.StatusCode
     cases = [
@@ -197,6 +205,42 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
     assert _code(lambda: stub.GetModelMetadata(metadata_request, 30))[0] == s.INVALID_ARGUMENT
     channel.close()
     assert predict(port, good)["probabilities"].shape == (1, 10)
+
+
+@needs_grpc
+def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_unavailable(exported):
+    """max_connections bounds the RPCs in flight (RESOURCE_EXHAUSTED beyond); once shutdown begins, a new
+    RPC gets UNAVAILABLE while those in flight are answered."""
+    from keras_preact.serving.server import make_server
+
+    server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
+                         batching_timeout_ms=1500, batching_max_size=64)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.grpc_address[1]
+    held = [None, None]
+
+    def client(i):
+        held[i] = predict(port, {"images": images(1, seed=i)}, timeout=60)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both wait in the batcher's queue for 1.5 s
+        code, details = _code(lambda: predict(port, {"images": images(1)}))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        stopping = threading.Thread(target=server.shutdown)
+        stopping.start()
+        time.sleep(0.3)
+        assert _code(lambda: predict(port, {"images": images(1)}))[0] == grpc.StatusCode.UNAVAILABLE
+        for t in threads:
+            t.join(60)
+        stopping.join(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [h["probabilities"].shape for h in held] == [(1, 10), (1, 10)]
 
 
 @needs_grpc
