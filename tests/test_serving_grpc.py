@@ -244,6 +244,28 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
 
 
 @needs_grpc
+def test_a_model_not_loaded_yet_is_unavailable():
+    import asyncio
+
+    from keras_preact.serving import grpc_service
+    from keras_preact.serving.app import ServingState
+
+    state = ServingState(lambda: None)  # not started: no model yet
+
+    async def ask():
+        server, port = grpc_service.create_server(state, "127.0.0.1", 0)
+        await server.start()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, _code, lambda: predict(port, {"images": images(1)}))
+        finally:
+            await server.stop(None)
+
+    code, details = asyncio.run(ask())
+    assert code == grpc.StatusCode.UNAVAILABLE and "not loaded yet" in details
+
+
+@needs_grpc
 def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
     """keras-preact-serve --grpc-port with batching holding 8 gRPC requests (a 1 s batching timeout),
     then SIGTERM: all 8 get their predictions, then the process exits 0."""
