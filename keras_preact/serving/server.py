@@ -150,12 +150,14 @@ class _Uvicorn(uvicorn.Server):
             self._grpc_stopped = asyncio.ensure_future(self.grpc_server.stop(DRAIN_TIMEOUT))
         await super().shutdown(sockets=sockets)
         if self._grpc_stopped is not None:
+            if not self._grpc_stopped.done():  # a second Ctrl-C: abort the RPCs left
+                await self.grpc_server.stop(None)
             await self._grpc_stopped
 
-    async def _wait_tasks_to_complete(self):  # uvicorn's drain, then the lifespan's shutdown
+    async def _wait_tasks_to_complete(self):  # uvicorn's drain (bounded by DRAIN_TIMEOUT), then the lifespan's shutdown
         await super()._wait_tasks_to_complete()
-        if self._grpc_stopped is not None:
-            await asyncio.shield(self._grpc_stopped)
+        while self._grpc_stopped is not None and not self._grpc_stopped.done() and not self.force_exit:
+            await asyncio.sleep(0.1)
 
     @contextlib.contextmanager
     def capture_signals(self):
