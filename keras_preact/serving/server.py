@@ -19,9 +19,9 @@ requests in flight finish (at most ``DRAIN_TIMEOUT`` seconds) and drains the bat
 With ``--enable-batching``, concurrent predict requests are merged into batched model calls
 (``keras_preact.serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
 ``--batching-max-queue`` (503 beyond), ``--batching-threads``). ``--grpc-port`` also serves TF Serving's
-gRPC API (``keras_preact.serving.grpc_service``, on the same event loop, model, batcher and limits;
-drained on SIGTERM with REST; it needs TensorFlow and ``pip install 'keras-preact[grpc]'``). Predictions run the exported artifacts
-in their runtimes (Pillow reads image headers; the accepted formats are
+gRPC API (``keras_preact.serving.grpc_service``) on the same event loop, model, batcher and limits,
+drained with REST on SIGTERM; it needs TensorFlow and ``pip install 'keras-preact[grpc]'``. Predictions
+run the exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
 ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
