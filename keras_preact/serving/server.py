@@ -18,12 +18,15 @@ requests are answered in order. SIGTERM or SIGINT stops accepting, closes idle c
 requests in flight finish (at most ``DRAIN_TIMEOUT`` seconds) and drains the batcher, then exits 0.
 With ``--enable-batching``, concurrent predict requests are merged into batched model calls
 (``keras_preact.serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
-``--batching-max-queue`` (503 beyond), ``--batching-threads``). Predictions run the exported artifacts
-in their runtimes (Pillow reads image headers; the accepted formats are
+``--batching-max-queue`` (503 beyond), ``--batching-threads``). ``--grpc-port`` also serves TF Serving's
+gRPC API (``keras_preact.serving.grpc_service``) on the same event loop, model, batcher and limits,
+drained with REST on SIGTERM; it needs TensorFlow and ``pip install 'keras-preact[grpc]'``. Predictions
+run the exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
 ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
 import argparse
+import asyncio
 import contextlib
 import dataclasses
 import functools
@@ -34,6 +37,7 @@ import sys
 import threading
 
 import uvicorn
+from uvicorn._compat import asyncio_run
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from keras_preact.serving import batching, rest
@@ -43,6 +47,7 @@ from keras_preact.serving.servable import RUNTIMES, Servable
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
+GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact.serving.grpc_service imports
 
 
 def raw_reply(status, message):
@@ -128,7 +133,31 @@ class BoundedH11Protocol(H11Protocol):
 
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server; SIGINT and SIGTERM (caught in the main thread only) drain and return, instead
-    of re-raising the signal once drained as uvicorn does, so the command exits 0."""
+    of re-raising the signal once drained as uvicorn does, so the command exits 0. With ``grpc_server``
+    (a grpc.aio server on the same loop), it starts once REST is up and drains beside REST's requests,
+    before the app's lifespan closes the batcher."""
+
+    grpc_server = None
+    _grpc_stopped = None
+
+    async def startup(self, sockets=None):
+        await super().startup(sockets=sockets)
+        if self.grpc_server is not None and self.started and not self.should_exit:
+            await self.grpc_server.start()
+
+    async def shutdown(self, sockets=None):
+        if self.grpc_server is not None:  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
+            self._grpc_stopped = asyncio.ensure_future(self.grpc_server.stop(DRAIN_TIMEOUT))
+        await super().shutdown(sockets=sockets)
+        if self._grpc_stopped is not None:
+            if not self._grpc_stopped.done():  # a second Ctrl-C: abort the RPCs left
+                await self.grpc_server.stop(None)
+            await self._grpc_stopped
+
+    async def _wait_tasks_to_complete(self):  # uvicorn's drain (bounded by DRAIN_TIMEOUT), then the lifespan's shutdown
+        await super()._wait_tasks_to_complete()
+        while self._grpc_stopped is not None and not self._grpc_stopped.done() and not self.force_exit:
+            await asyncio.sleep(0.1)
 
     @contextlib.contextmanager
     def capture_signals(self):
@@ -147,9 +176,10 @@ class Server:
     """``make_server``'s server: bound and its model loaded, not yet serving. ``serve_forever()`` serves
     in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
     closes the socket and drains the batcher. ``server_address``, ``model`` and ``batcher`` (None
-    unless batching) as on ``socketserver``'s servers."""
+    unless batching) as on ``socketserver``'s servers; ``grpc_address`` (host, port) with ``grpc_port``,
+    whose gRPC server is bound here, on the event loop ``serve_forever`` runs, and served beside REST."""
 
-    def __init__(self, state, host, port, verbose=False):
+    def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self.socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
@@ -163,6 +193,21 @@ class Server:
             access_log=verbose)
         self._uvicorn = _Uvicorn(config)
         self._stopped = threading.Event()
+        self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
+        self.grpc_address = None
+        if grpc_port is not None:
+            from keras_preact.serving import grpc_service
+
+            async def bind():  # a grpc.aio server belongs to the loop it is created in
+                return grpc_service.create_server(state, host, grpc_port)
+
+            try:
+                self._uvicorn.grpc_server, bound = self._loop.run_until_complete(bind())
+            except BaseException:
+                self.socket.close()
+                self._loop.close()
+                raise
+            self.grpc_address = (host, bound)
 
     @property
     def model(self):
@@ -174,7 +219,7 @@ class Server:
 
     def serve_forever(self):
         try:
-            self._uvicorn.run(sockets=[self.socket])
+            asyncio_run(self._uvicorn.serve(sockets=[self.socket]), loop_factory=lambda: self._loop)
         finally:
             self._stopped.set()
 
@@ -185,18 +230,25 @@ class Server:
 
     def server_close(self):
         self.socket.close()
+        if not self._loop.is_closed():  # never served: release the gRPC port
+            if self._uvicorn.grpc_server is not None:
+                self._loop.run_until_complete(self._uvicorn.grpc_server.stop(None))
+            self._loop.close()
         self.state.close()
 
 
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
                 enable_batching=DEFAULT_ENABLE_BATCHING, batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
                 batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
-                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False, **limit_values):
+                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False, grpc_port=None,
+                **limit_values):
     """A ``Server`` for the latest version under ``model_base`` (loaded, not yet serving). ``limits`` is
     a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
     (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's. ``port=0`` picks a free
     port: read it from ``server.server_address[1]``. With ``enable_batching``, ``server.batcher`` is
-    the ``batching.Batcher`` (its ``stats()``). Every argument is checked before the model loads."""
+    the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one; ``server.grpc_address``)
+    also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc`` extra (ImportError in one
+    line otherwise). Every argument is checked before the model loads."""
     unknown = sorted(set(limit_values) - {field.name for field in dataclasses.fields(RequestLimits)})
     if unknown:
         raise TypeError(f"make_server() got unexpected keyword arguments {unknown}")
@@ -209,16 +261,30 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
         raise ValueError(f"Invalid batching_timeout_ms={batching_timeout_ms!r}: expected a number >= 0.")
     if not isinstance(enable_batching, bool):
         raise ValueError(f"Invalid enable_batching={enable_batching!r}: expected True or False.")
+    if grpc_port is not None:
+        if isinstance(grpc_port, bool) or not isinstance(grpc_port, int) or not 0 <= grpc_port <= 65535:
+            raise ValueError(f"Invalid grpc_port={grpc_port!r}: expected a port 0-65535 (0: any free port) or None.")
+        check_grpc_installed()
     name = model_name_or_default(model_base, model_name)
     options = dict(max_batch_size=batching_max_size, timeout=batching_timeout_ms / 1000,
                    max_queue=batching_max_queue, num_threads=batching_threads) if enable_batching else None
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits, options)
     state.start()
     try:
-        return Server(state, host, port, verbose)
+        return Server(state, host, port, verbose, grpc_port=grpc_port)
     except BaseException:  # e.g. the port is taken: stop the batcher's threads
         state.close()
         raise
+
+
+def check_grpc_installed():
+    """ImportError in one line unless what the gRPC front end imports is installed (nothing is imported)."""
+    import importlib.util
+
+    missing = [name for name in GRPC_MODULES if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
+                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
 
 
 def build_parser():
@@ -231,6 +297,10 @@ def build_parser():
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this port (TF "
+                             "Serving's is 8500; 0: any free port; default: no gRPC). Needs TensorFlow and "
+                             "pip install 'keras-preact[grpc]'")
     RequestLimits.add_arguments(parser.add_argument_group("request limits"))
     batching_flags = parser.add_argument_group(
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
@@ -256,15 +326,16 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    if not 0 <= args.port <= 65535:
-        parser.error(f"argument --port: invalid port {args.port}: expected 0-65535")
+    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
+        if port is not None and not 0 <= port <= 65535:
+            parser.error(f"argument {flag}: invalid port {port}: expected 0-65535")
     try:
         server = make_server(
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
             limits=RequestLimits.from_args(args), enable_batching=args.enable_batching,
             batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
             batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads,
-            runtime=args.runtime, verbose=args.verbose,
+            runtime=args.runtime, verbose=args.verbose, grpc_port=args.grpc_port,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -274,6 +345,9 @@ def main(argv=None):
     model = server.model
     print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"
           f" [{model.describe()}]", flush=True)
+    if server.grpc_address is not None:
+        grpc_host, grpc_port = server.grpc_address
+        print(f"gRPC (TF Serving's PredictionService and ModelService) at {grpc_host}:{grpc_port}", flush=True)
     try:
         server.serve_forever()  # until SIGTERM or SIGINT, then drained
     finally:

@@ -1,0 +1,226 @@
+"""TF Serving's gRPC API beside the REST one: ``PredictionService.Predict``, ``GetModelMetadata`` and
+``ModelService.GetModelStatus`` (the ``tensorflow-serving-api`` protos), so a client program written
+for TF Serving works unchanged. ``keras-preact-serve --grpc-port`` serves it (``server.make_server``).
+
+It runs on grpc.aio, on the very event loop uvicorn serves REST on: one process holds one ``ServingState``
+(the servable, the ``batching.Batcher``, the ``app.RequestLimits``), and a gRPC request takes the REST
+request's path: decoding and predicting run in the worker threads REST uses (Starlette's bounded pool),
+a batched request awaits its slot without holding a thread. The same signatures answer (an empty
+``signature_name`` is ``serving_default``, as in TF Serving), within the same limits, and each REST
+error becomes a gRPC status (``STATUS_CODES``: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413
+RESOURCE_EXHAUSTED, 503 UNAVAILABLE); an unknown signature is NOT_FOUND. The limits on the gRPC side:
+a message over ``max_body_bytes`` is refused by gRPC itself (RESOURCE_EXHAUSTED, before it is parsed),
+at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a connection idle for
+``request_timeout`` is closed. A tensor's dtype and shape are checked from its header, the batch
+against ``max_batch_size``, before its values are read; encoded images are bounded from their headers
+(``rest.check_encoded_images``). A model not loaded yet, or a server draining, answers UNAVAILABLE.
+
+Needs TensorFlow (the API's protos are TensorFlow's): ``pip install 'keras-preact[grpc]'``.
+"""
+
+import grpc
+import tensorflow as tf
+from google.protobuf import json_format
+from starlette.concurrency import run_in_threadpool
+from tensorflow_serving.apis import (
+    get_model_metadata_pb2,
+    get_model_status_pb2,
+    model_service_pb2_grpc,
+    predict_pb2,
+    prediction_service_pb2_grpc,
+)
+
+from keras_preact.serving import rest
+from keras_preact.serving.rest import RequestError
+
+DEFAULT_SIGNATURE = "serving_default"
+STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}
+
+
+class _Abort(Exception):
+    def __init__(self, code, message):
+        super().__init__(message)
+        self.code = code
+
+
+def check_model_spec(model, model_spec):
+    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its loaded version."""
+    if model_spec.name != model.name:
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({model_spec.name}); "
+                                                f"serving model '{model.name}'.")
+    if model_spec.HasField("version") and model_spec.version.value != model.version:
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Specific({model_spec.name}, "
+                                                f"{model_spec.version.value}); loaded version is {model.version}.")
+    if model_spec.version_label:
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: {model_spec.version_label!r} "
+                                                "(this server defines no labels).")
+
+
+def _tensor(spec, proto, max_batch_size):
+    """The array of one input's ``TensorProto``: dtype and shape checked from its header (and the batch
+    against the limit) before its values are read, then the REST input's checks (``rest.to_array``)."""
+    expected = tf.dtypes.as_dtype(spec.dtype)
+    if proto.dtype != expected.as_datatype_enum:
+        try:
+            got = tf.dtypes.as_dtype(proto.dtype).name
+        except TypeError:
+            got = f"dtype enum {proto.dtype}"
+        raise RequestError(f"Input '{spec.name}' must be a {expected.name} tensor; got {got}.")
+    if proto.tensor_shape.unknown_rank:
+        raise RequestError(f"Input '{spec.name}' has an unknown rank; send its shape.")
+    shape = tuple(dim.size for dim in proto.tensor_shape.dim)
+    wanted = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
+    if len(shape) != len(spec.shape) or any(d < 0 or (s is not None and d != s) for d, s in zip(shape, spec.shape)):
+        raise RequestError(f"Input '{spec.name}' has shape {list(shape)}; the signature expects {wanted}.")
+    if shape[0] > max_batch_size:
+        raise RequestError(f"Batch size {shape[0]} exceeds the limit of {max_batch_size}.", 413)
+    try:
+        array = tf.make_ndarray(proto)
+    except (ValueError, TypeError) as error:
+        raise RequestError(f"Input '{spec.name}': its values do not fill its shape {list(shape)}: {error}") from None
+    return rest.to_array(array, spec)
+
+
+def decode_predict_request(model, request, *, max_batch_size, max_image_pixels, max_aspect_ratio,
+                           max_request_pixels):
+    """(signature name, ``{input: array}``) of a ``PredictRequest``, within the limits (REST's
+    ``app.decode_predict`` for the protos)."""
+    check_model_spec(model, request.model_spec)
+    signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
+    if signature_name not in model.signatures:
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Serving signature name: '{signature_name}' not found in signature "
+                                                f"def; available: {sorted(model.signatures)}.")
+    specs = model.input_specs[signature_name]
+    if set(request.inputs) != set(specs):
+        raise RequestError(f"The request must have exactly the inputs {sorted(specs)} of signature "
+                           f"'{signature_name}'; got {sorted(request.inputs)}.")
+    inputs = {name: _tensor(spec, request.inputs[name], max_batch_size) for name, spec in specs.items()}
+    sizes = {a.shape[0] for a in inputs.values()}
+    if len(sizes) != 1:
+        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
+    encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
+    if encoded:
+        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
+                                  max_request_pixels=max_request_pixels)
+    return signature_name, inputs
+
+
+def encode_predict_response(model, signature_name, outputs, output_filter):
+    """The ``PredictResponse`` of ``outputs`` (``{name: array}``), only ``output_filter``'s if given."""
+    unknown = sorted(set(output_filter) - set(outputs))
+    if unknown:
+        raise RequestError(f"output_filter names {unknown}, not outputs of signature '{signature_name}' "
+                           f"(its outputs: {sorted(outputs)}).")
+    response = predict_pb2.PredictResponse()
+    response.model_spec.name = model.name
+    response.model_spec.version.value = model.version
+    response.model_spec.signature_name = signature_name
+    for name in output_filter or sorted(outputs):
+        response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+    return response
+
+
+def signature_def_map(model):
+    """The served signatures as TF Serving's ``SignatureDefMap`` (from the servable's metadata, the
+    SavedModel's own signature defs where it has them)."""
+    defs = model.metadata["metadata"]["signature_def"]["signature_def"]
+    return json_format.ParseDict({"signature_def": defs}, get_model_metadata_pb2.SignatureDefMap())
+
+
+class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_service_pb2_grpc.ModelServiceServicer):
+    """Both services on one ``app.ServingState``: every RPC ends in a reply or a status, never a crash."""
+
+    def __init__(self, state):
+        self.state = state
+        self._metadata = None
+
+    async def _answer(self, context, work):
+        model = self.state.model
+        if model is None:
+            await context.abort(grpc.StatusCode.UNAVAILABLE, "The model is not loaded yet; retry later.")
+        try:
+            return await work(model)
+        except _Abort as error:
+            await context.abort(error.code, str(error))
+        except RequestError as error:
+            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error))
+        except RecursionError:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Invalid request: values nested too deeply.")
+        except Exception as error:  # noqa: BLE001 - the server answers and stays up
+            await context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {type(error).__name__}: {error}")
+
+    async def Predict(self, request, context):  # noqa: N802 - the service's method names
+        state = self.state
+
+        async def predict(model):
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request,
+                                                             **state.limits.model_limits())
+            if state.batcher is None:
+                outputs = await run_in_threadpool(model.predict, signature_name, inputs)
+            else:
+                result = await state.batcher.submit(signature_name, inputs)
+                context.set_trailing_metadata((("x-batch-id", str(result.call)),
+                                               ("x-batch-size", str(result.call_size))))
+                outputs = result.outputs
+            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs,
+                                           list(request.output_filter))
+
+        return await self._answer(context, predict)
+
+    async def GetModelMetadata(self, request, context):  # noqa: N802
+        async def metadata(model):
+            check_model_spec(model, request.model_spec)
+            fields = list(request.metadata_field)
+            if fields != ["signature_def"]:
+                raise RequestError(f"Invalid metadata_field={fields!r}: the one metadata field served is "
+                                   "['signature_def'].")
+            if self._metadata is None:
+                self._metadata = signature_def_map(model)
+            response = get_model_metadata_pb2.GetModelMetadataResponse()
+            response.model_spec.name = model.name
+            response.model_spec.version.value = model.version
+            response.metadata["signature_def"].Pack(self._metadata)
+            return response
+
+        return await self._answer(context, metadata)
+
+    async def GetModelStatus(self, request, context):  # noqa: N802
+        async def status(model):
+            check_model_spec(model, request.model_spec)
+            return json_format.ParseDict(model.status(), get_model_status_pb2.GetModelStatusResponse())
+
+        return await self._answer(context, status)
+
+    async def _unimplemented(self, request, context):
+        await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Not supported: the signatures are predict signatures "
+                                                           "(use Predict), and the served model is fixed at start.")
+
+    Classify = Regress = MultiInference = HandleReloadConfigRequest = _unimplemented
+
+
+def create_server(state, host, port):
+    """A grpc.aio server of ``state`` bound to ``host:port`` (0: a free port), not started; call it in
+    the event loop that will serve it. (server, port bound); OSError when the port cannot be bound."""
+    limits = state.limits
+    server = grpc.aio.server(maximum_concurrent_rpcs=limits.max_connections, options=[
+        ("grpc.max_receive_message_length", limits.max_body_bytes),
+        ("grpc.max_connection_idle_ms", int(limits.request_timeout * 1000)),
+        ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
+    ])
+    service = _Service(state)
+    prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(service, server)
+    model_service_pb2_grpc.add_ModelServiceServicer_to_server(service, server)
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+    try:
+        bound = server.add_insecure_port(address)
+    except RuntimeError as error:
+        raise OSError(f"Cannot bind the gRPC port {address}: {error}") from None
+    if not bound:
+        raise OSError(f"Cannot bind the gRPC port {address}.")
+    return server, bound

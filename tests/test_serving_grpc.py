@@ -1,0 +1,311 @@
+"""TF Serving's gRPC API on ``--grpc-port``, spoken by a client written for TF Serving: only the official
+``tensorflow-serving-api`` stubs and ``tf.make_tensor_proto``. Same replies as REST (uint8 pixels, float
+pixels, JPEG bytes), metadata and status, each error as its gRPC status code, batching off and on, and
+SIGTERM draining gRPC requests in flight. Without TensorFlow (the `notf` test), ``--grpc-port`` is
+refused at start in one line."""
+
+import base64
+import http.client
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+import pytest
+
+HAS_GRPC = all(importlib.util.find_spec(m) is not None for m in ("tensorflow", "grpc", "tensorflow_serving"))
+needs_grpc = pytest.mark.skipif(not HAS_GRPC, reason="needs TensorFlow and the grpc extra")
+
+if HAS_GRPC:
+    import grpc
+    import tensorflow as tf
+    from tensorflow.core.protobuf import saved_model_pb2
+    from tensorflow_serving.apis import (
+        get_model_metadata_pb2,
+        get_model_status_pb2,
+        model_service_pb2_grpc,
+        predict_pb2,
+        prediction_service_pb2_grpc,
+    )
+
+MAX_BATCH = 4
+MAX_BODY = 100_000
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory):
+    from keras_preact.export import export_saved_model
+    from keras_preact.testing import CLASS_NAMES, MEAN, STD
+    from keras_preact.testing import make_export_model as make_model
+
+    base = tmp_path_factory.mktemp("saved_models")
+    return export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
+def served(exported, request):
+    """(REST port, gRPC port) of one make_server, batching off then on."""
+    from keras_preact.serving.server import make_server
+
+    server = make_server(exported.parent, port=0, grpc_port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
+                         enable_batching=request.param)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield server.server_address[1], server.grpc_address[1], request.param
+    server.shutdown()
+    server.server_close()
+
+
+# A client program as written for TF Serving.
+def predict(port, inputs, signature_name="serving_default", model="cifar", version=None, timeout=30):
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = model
+    request.model_spec.signature_name = signature_name
+    if version is not None:
+        request.model_spec.version.value = version
+    for name, value in inputs.items():
+        request.inputs[name].CopyFrom(tf.make_tensor_proto(value))
+    try:
+        response = stub.Predict(request, timeout)
+    finally:
+        channel.close()
+    return {name: tf.make_ndarray(tensor) for name, tensor in response.outputs.items()}
+
+
+def rest_predict(port, body):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("POST", "/v1/models/cifar:predict", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    assert response.status == 200, reply
+    return reply["predictions"]
+
+
+def images(n, seed=0):
+    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+
+def jpegs(batch):
+    return [tf.io.encode_jpeg(image).numpy() for image in batch]
+
+
+@needs_grpc
+def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
+    rest_port, grpc_port, batching = served
+    batch = images(3)
+    encoded = jpegs(batch)
+    cases = [
+        ("serving_default", {"images": batch}, batch.tolist()),
+        ("serving_float", {"images": batch.astype(np.float32)}, batch.astype(float).tolist()),
+        ("serving_bytes", {"image_bytes": np.array(encoded, dtype=object)},
+         [{"b64": base64.b64encode(e).decode()} for e in encoded]),
+    ]
+    for signature, inputs, instances in cases:
+        outputs = predict(grpc_port, inputs, signature)
+        rows = rest_predict(rest_port, {"signature_name": signature, "instances": instances})
+        assert sorted(outputs) == ["class_names", "classes", "probabilities", "scores"], signature
+        assert outputs["probabilities"].dtype == np.float32 and outputs["probabilities"].shape == (3, 10)
+        np.testing.assert_allclose(outputs["probabilities"], [r["probabilities"] for r in rows], atol=1e-6, rtol=0)
+        np.testing.assert_allclose(outputs["scores"], [r["scores"] for r in rows], atol=1e-6, rtol=0)
+        assert outputs["classes"].tolist() == [r["classes"] for r in rows], signature
+        assert [[n.decode() for n in row] for row in outputs["class_names"]] == [r["class_names"] for r in rows]
+    # With batching the request ran through the batcher, which says so in the trailing metadata.
+    channel = grpc.insecure_channel(f"127.0.0.1:{grpc_port}")
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "cifar"
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(batch))
+    _, call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(request, 30)
+    channel.close()
+    assert {k: v for k, v in call.trailing_metadata() if k == "x-batch-size"} == ({"x-batch-size": "3"} if batching else {})
+    # JPEG is lossy: the bytes signature saw other pixels than the pixel signatures, yet agrees with REST above.
+    assert not np.allclose(predict(grpc_port, cases[2][1], "serving_bytes")["probabilities"],
+                           predict(grpc_port, cases[0][1])["probabilities"], atol=1e-6)
+
+
+@needs_grpc
+def test_metadata_holds_the_saved_models_signature_defs_and_status_is_available(served, exported):
+    _, port, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    request.model_spec.name = "cifar"
+    response = prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(request, 30)
+    assert (response.model_spec.name, response.model_spec.version.value) == ("cifar", 1)
+    signature_defs = get_model_metadata_pb2.SignatureDefMap()
+    assert response.metadata["signature_def"].Unpack(signature_defs)
+    saved_model = saved_model_pb2.SavedModel.FromString((exported / "saved_model.pb").read_bytes())
+    own = {k: v for k, v in saved_model.meta_graphs[0].signature_def.items() if not k.startswith("__")}
+    assert sorted(signature_defs.signature_def) == sorted(own) == ["serving_bytes", "serving_default", "serving_float"]
+    for name, signature_def in own.items():
+        assert signature_defs.signature_def[name] == signature_def, name
+    assert signature_defs.signature_def["serving_default"].inputs["images"].dtype == tf.uint8.as_datatype_enum
+
+    status_request = get_model_status_pb2.GetModelStatusRequest()
+    status_request.model_spec.name = "cifar"
+    status = model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status_request, 30)
+    [version] = status.model_version_status
+    assert version.version == 1
+    assert version.state == get_model_status_pb2.ModelVersionStatus.AVAILABLE
+    assert version.status.error_code == 0 and version.status.error_message == ""
+    channel.close()
+
+
+def _code(call):
+    with pytest.raises(grpc.RpcError) as caught:
+        call()
+    return caught.value.code(), caught.value.details()
+
+
+@needs_grpc
+def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
+    _, port, _ = served
+    good = {"images": images(1)}
+    s = grpc.StatusCode
+    cases = [
+        (lambda: predict(port, good, model="other"), s.NOT_FOUND, "Latest(other)"),
+        (lambda: predict(port, good, version=7), s.NOT_FOUND, "Specific(cifar, 7)"),
+        (lambda: predict(port, good, "serving_nothing"), s.NOT_FOUND, "'serving_nothing' not found"),
+        (lambda: predict(port, {"images": images(1).astype(np.float32)}), s.INVALID_ARGUMENT,
+         "must be a uint8 tensor; got float32"),
+        (lambda: predict(port, {"images": np.zeros((1, 16, 16, 3), np.uint8)}), s.INVALID_ARGUMENT,
+         "has shape [1, 16, 16, 3]; the signature expects [N, 32, 32, 3]"),
+        (lambda: predict(port, {"pixels": images(1)}), s.INVALID_ARGUMENT, "exactly the inputs ['images']"),
+        (lambda: predict(port, {"images": np.zeros((0, 32, 32, 3), np.uint8)}), s.INVALID_ARGUMENT, "empty batch"),
+        (lambda: predict(port, {"images": np.full((1, 32, 32, 3), np.nan, np.float32)}, "serving_float"),
+         s.INVALID_ARGUMENT, "non-finite"),
+        (lambda: predict(port, {"image_bytes": np.array([b"not an image"], dtype=object)}, "serving_bytes"),
+         s.INVALID_ARGUMENT, "is not a JPEG/PNG/GIF/BMP image"),
+        (lambda: predict(port, {"images": images(MAX_BATCH + 1)}), s.RESOURCE_EXHAUSTED,
+         f"Batch size {MAX_BATCH + 1} exceeds the limit of {MAX_BATCH}"),
+        (lambda: predict(port, {"image_bytes": np.array([b"\xff" * MAX_BODY], dtype=object)}, "serving_bytes"),
+         s.RESOURCE_EXHAUSTED, "larger than max"),
+    ]
+    for call, code, message in cases:
+        got_code, details = _code(call)
+        assert got_code == code and message in details, (code, message, got_code, details)
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    status_request = get_model_status_pb2.GetModelStatusRequest()
+    status_request.model_spec.name = "other"
+    assert _code(lambda: model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status_request, 30))[0] \
+        == s.NOT_FOUND
+    metadata_request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    metadata_request.model_spec.name = "other"
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    assert _code(lambda: stub.GetModelMetadata(metadata_request, 30))[0] == s.NOT_FOUND
+    metadata_request.model_spec.name = "cifar"
+    metadata_request.metadata_field[:] = ["labels"]
+    assert _code(lambda: stub.GetModelMetadata(metadata_request, 30))[0] == s.INVALID_ARGUMENT
+    channel.close()
+    assert predict(port, good)["probabilities"].shape == (1, 10)
+
+
+@needs_grpc
+def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_unavailable(exported):
+    """max_connections bounds the RPCs in flight (RESOURCE_EXHAUSTED beyond); once shutdown begins, a new
+    RPC gets UNAVAILABLE while those in flight are answered."""
+    from keras_preact.serving.server import make_server
+
+    server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
+                         batching_timeout_ms=1500, batching_max_size=64)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.grpc_address[1]
+    held = [None, None]
+
+    def client(i):
+        held[i] = predict(port, {"images": images(1, seed=i)}, timeout=60)
+
+    threads = [threading.Thread(target=client, args=(i,)) for i in range(2)]
+    try:
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # both wait in the batcher's queue for 1.5 s
+        code, details = _code(lambda: predict(port, {"images": images(1)}))
+        assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
+        stopping = threading.Thread(target=server.shutdown)
+        stopping.start()
+        time.sleep(0.3)
+        assert _code(lambda: predict(port, {"images": images(1)}))[0] == grpc.StatusCode.UNAVAILABLE
+        for t in threads:
+            t.join(60)
+        stopping.join(60)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert [h["probabilities"].shape for h in held] == [(1, 10), (1, 10)]
+
+
+@needs_grpc
+def test_a_model_not_loaded_yet_is_unavailable():
+    import asyncio
+
+    from keras_preact.serving import grpc_service
+    from keras_preact.serving.app import ServingState
+
+    state = ServingState(lambda: None)  # not started: no model yet
+
+    async def ask():
+        server, port = grpc_service.create_server(state, "127.0.0.1", 0)
+        await server.start()
+        try:
+            return await asyncio.get_running_loop().run_in_executor(
+                None, _code, lambda: predict(port, {"images": images(1)}))
+        finally:
+            await server.stop(None)
+
+    code, details = asyncio.run(ask())
+    assert code == grpc.StatusCode.UNAVAILABLE and "not loaded yet" in details
+
+
+@needs_grpc
+def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
+    """keras-preact-serve --grpc-port with batching holding 8 gRPC requests (a 1 s batching timeout),
+    then SIGTERM: all 8 get their predictions, then the process exits 0."""
+    process = subprocess.Popen(
+        [sys.executable, "-m", "keras_preact.serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
+         "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
+        stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
+    try:
+        assert "Serving model 'cifar' version 1" in process.stdout.readline()
+        line = process.stdout.readline()
+        assert line.startswith("gRPC (TF Serving's PredictionService and ModelService) at 127.0.0.1:"), line
+        port = int(line.rsplit(":", 1)[1])
+        pool = images(8, seed=21)
+        replies = [None] * 8
+
+        def client(i):
+            replies[i] = predict(port, {"images": pool[i:i + 1]}, timeout=60)
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)  # all 8 wait in the batcher's queue
+        process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert process.wait(timeout=60) == 0
+    finally:
+        process.kill()
+    reference = tf.saved_model.load(str(exported)).signatures["serving_default"](images=tf.constant(pool))
+    for i, reply in enumerate(replies):
+        assert reply is not None and reply["classes"][0].tolist() == reference["classes"][i].numpy().tolist(), i
+
+
+@pytest.mark.notf
+@pytest.mark.skipif(HAS_GRPC, reason="what happens without TensorFlow or the grpc extra")
+def test_grpc_port_without_tensorflow_is_refused_in_one_line_before_any_work(tmp_path):
+    """The gRPC check comes first: the missing directory is not even looked at."""
+    result = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(tmp_path / "absent"),
+                             "--grpc-port", "0"], capture_output=True, text=True, timeout=120, env=ENV)
+    assert result.returncode == 2 and result.stdout == ""
+    assert result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith("keras-preact-serve: error: --grpc-port (TF Serving's gRPC API) needs TensorFlow")
+    assert "not installed: tensorflow" in result.stderr and "pip install 'keras-preact[grpc]'" in result.stderr
