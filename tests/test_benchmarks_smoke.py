@@ -7,6 +7,7 @@ CPU backend (eager calls, XLA compiles), so CI runs them under TensorFlow only (
 """
 
 import dataclasses
+import json
 import re
 import sys
 from pathlib import Path
@@ -154,3 +155,20 @@ def test_export_runtimes_times_every_installed_format_on_equal_outputs(capsys):
     assert [(r[1].strip(), r[2].strip()) for r in rows] == [(b, f) for b in ("1", "2") for f in formats]
     assert all(float(r[-1]) <= 1e-5 and float(r[3].replace(",", "")) > 0 for r in rows)
     assert [r[6].strip() for r in rows if r[2].strip() == "saved_model"] == ["1.00x", "1.00x"]
+
+
+def test_remat_memory_reports_a_refused_policy_with_its_message(tmp_path, capsys):
+    """benchmarks/remat_memory.py runs the real keras-preact-train per policy; one that ends badly is a row
+    with its exit status and the line that says why, and the table's ratios are to the no-remat run."""
+    from benchmarks import remat_memory
+
+    out = tmp_path / "remat"
+    assert remat_memory.main(["--preset", "synthetic-resnet8", "--batch-size", "4", "--epochs", "1",
+                              "--steps-per-epoch", "1", "--policies", "segments:0", "--out", str(out)]) == 0
+    (row,) = json.loads(out.with_name("remat.json").read_text())
+    assert row["policy"] == "segments:0" and row["exit_status"] == 2 and row["peak_rss_gib"] > 0
+    assert row["failure"].startswith("keras-preact-train: error: Invalid remat='segments:0'")
+    assert "| segments:0 |" in out.with_name("remat.md").read_text()
+    base = {"policy": "none", "exit_status": 0, "peak_rss_gib": 2.0, "seconds_per_step": 1.0}
+    units = {"policy": "units", "exit_status": 0, "peak_rss_gib": 0.5, "seconds_per_step": 1.3, "wall_seconds": 9}
+    assert "| units | 0.5 | 0.25x | 1.3 | 1.30x | 9 | ok |" in remat_memory.table([{**base, "wall_seconds": 8}, units])

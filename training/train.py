@@ -393,10 +393,29 @@ def _reported(what):
     except (KeyboardInterrupt, TrainingDiverged, run_state.DiskFullError):  # ours: already one line
         raise
     except Exception as e:  # noqa: BLE001 - any backend error, summarised; the cause stays chained
-        first = (str(e).strip().splitlines() or [""])[0]
+        lines = str(e).strip().splitlines() or [""]
+        out_of_memory = is_out_of_memory(e)
+        first = next((line.strip() for line in lines if out_of_memory and any(
+            text in line for text in OUT_OF_MEMORY_MESSAGES)), lines[0])  # TF's OOM line is not its first
         if len(first) > 300:
             first = first[:300] + " ..."
-        raise TrainingFailed(f"{what} failed: {type(e).__name__}: {first}") from e
+        hint = OUT_OF_MEMORY_HINT if out_of_memory else ""
+        raise TrainingFailed(f"{what} failed: {type(e).__name__}: {first}{hint}") from e
+
+
+# How each backend says it ran out of memory: TensorFlow's ResourceExhaustedError ("OOM when allocating"),
+# XLA's RESOURCE_EXHAUSTED status (JAX), torch.OutOfMemoryError, Python's MemoryError (numpy, PyTorch on CPU).
+OUT_OF_MEMORY_TYPES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
+OUT_OF_MEMORY_MESSAGES = ("RESOURCE_EXHAUSTED", "OOM when allocating", "Out of memory", "out of memory",
+                          "DefaultCPUAllocator: not enough memory")
+OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (README, \"Training the "
+                      "deepest networks on one device\") or a smaller --batch-size")
+
+
+def is_out_of_memory(error):
+    """Whether ``error`` is a backend's out-of-memory error (``OUT_OF_MEMORY_TYPES``/``_MESSAGES``)."""
+    names = {cls.__name__ for cls in type(error).__mro__}
+    return bool(names & set(OUT_OF_MEMORY_TYPES)) or any(text in str(error) for text in OUT_OF_MEMORY_MESSAGES)
 
 
 def export(run_dir, export_dir):
