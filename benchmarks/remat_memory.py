@@ -30,11 +30,13 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 RSS = re.compile(r"Maximum resident set size \(kbytes\): (\d+)")
 
 
-def run_policy(policy, args, work):
-    run_dir = pathlib.Path(work) / policy.replace(":", "-")
+def run_policy(policy, args, work, batch_size=None):
+    """One process of keras-preact-train; ``batch_size`` 1 with policy "none" is the baseline row."""
+    batch_size = batch_size or args.batch_size
+    run_dir = pathlib.Path(work) / f"{policy.replace(':', '-')}-batch{batch_size}"
     command = [sys.executable, "-m", "training.cli", "--preset", args.preset, "--backend", args.backend,
-               "--dataset", "synthetic", "--synthetic-train-size", str(args.batch_size * args.steps_per_epoch),
-               "--synthetic-test-size", str(args.batch_size), "--batch-size", str(args.batch_size),
+               "--dataset", "synthetic", "--synthetic-train-size", str(batch_size * args.steps_per_epoch),
+               "--synthetic-test-size", str(batch_size), "--batch-size", str(batch_size),
                "--epochs", str(args.epochs), "--no-export", "--run-dir", str(run_dir)]
     if policy != "none":
         command += ["--remat", policy]
@@ -43,7 +45,7 @@ def run_policy(policy, args, work):
     done = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True, env=env, cwd=REPO)
     wall = time.perf_counter() - start
     rss = RSS.search(done.stderr)
-    row = {"policy": policy, "exit_status": done.returncode, "wall_seconds": round(wall, 1),
+    row = {"policy": policy, "batch_size": batch_size, "exit_status": done.returncode, "wall_seconds": round(wall, 1),
            "peak_rss_gib": round(int(rss.group(1)) / 2**20, 3) if rss else None,
            "command": " ".join(command[1:])}
     history = run_dir / "history.csv"
@@ -63,14 +65,26 @@ def ratio(row, base, key):
 
 
 def table(rows):
-    base = next((row for row in rows if row["policy"] == "none" and row["exit_status"] == 0), None)
-    lines = ["| --remat | peak RSS (GiB) | x none | s/step | x none | wall (s) | status |",
-             "|---|---|---|---|---|---|---|"]
+    """Markdown: per policy, peak RSS, the step's memory (peak RSS less the batch-1 baseline's: the Python
+    process, TensorFlow/JAX, the graph and weights, which no policy changes), s/step, each over none's."""
+    base = next((row for row in rows if row["policy"] == "none" and row["exit_status"] == 0
+                 and row.get("batch_size") != 1), None)
+    floor = next((row for row in rows if row.get("batch_size") == 1 and row["exit_status"] == 0), None)
+    for row in rows:
+        if floor and row["exit_status"] == 0 and row is not floor:
+            row["step_memory_gib"] = round(row["peak_rss_gib"] - floor["peak_rss_gib"], 3)
+    lines = ["| --remat | batch | peak RSS (GiB) | x none | step memory (GiB) | x none | s/step | x none | wall (s) "
+             "| status |", "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ok = row["exit_status"] == 0
-        lines.append(f"| {row['policy']} | {row['peak_rss_gib']} | {ratio(row, base, 'peak_rss_gib') if ok else '-'} | "
-                     f"{row.get('seconds_per_step', '-')} | {ratio(row, base, 'seconds_per_step')} | {row['wall_seconds']} | "
-                     f"{'ok' if ok else 'exit ' + str(row['exit_status']) + ': ' + row['failure']} |")
+        baseline = row is floor
+        cells = [row["policy"] + (" (baseline)" if baseline else ""), row.get("batch_size", "-"),
+                 row["peak_rss_gib"], ratio(row, base, "peak_rss_gib") if ok and not baseline else "-",
+                 row.get("step_memory_gib", "-"), ratio(row, base, "step_memory_gib"),
+                 row.get("seconds_per_step", "-"), ratio(row, base, "seconds_per_step") if not baseline else "-",
+                 row["wall_seconds"],
+                 "ok" if ok else f"exit {row['exit_status']}: {row['failure']}"]
+        lines.append("| " + " | ".join(str(cell) for cell in cells) + " |")
     return "\n".join(lines)
 
 
@@ -82,6 +96,8 @@ def main(argv=None):
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=3)
     parser.add_argument("--policies", nargs="+", default=["none", "units", "segments:4", "stages"])
+    parser.add_argument("--baseline", action="store_true",
+                        help="first run no remat at batch 1: the memory no policy changes (step memory = peak - it)")
     parser.add_argument("--out", type=pathlib.Path, help="write OUT.json and OUT.md")
     args = parser.parse_args(argv)
     for name, value in (("--batch-size", args.batch_size), ("--epochs", args.epochs),
@@ -90,6 +106,9 @@ def main(argv=None):
             parser.error(f"{name} must be a positive integer, got {value}")
     rows = []
     with tempfile.TemporaryDirectory() as work:
+        if args.baseline:
+            rows.append(run_policy("none", args, work, batch_size=1))
+            print(json.dumps(rows[-1]), flush=True)
         for policy in args.policies:
             rows.append(run_policy(policy, args, work))
             print(json.dumps(rows[-1]), flush=True)

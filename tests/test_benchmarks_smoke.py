@@ -171,4 +171,7 @@ def test_remat_memory_reports_a_refused_policy_with_its_message(tmp_path, capsys
     assert "| segments:0 |" in out.with_name("remat.md").read_text()
     base = {"policy": "none", "exit_status": 0, "peak_rss_gib": 2.0, "seconds_per_step": 1.0}
     units = {"policy": "units", "exit_status": 0, "peak_rss_gib": 0.5, "seconds_per_step": 1.3, "wall_seconds": 9}
-    assert "| units | 0.5 | 0.25x | 1.3 | 1.30x | 9 | ok |" in remat_memory.table([{**base, "wall_seconds": 8}, units])
+    floor = {"policy": "none", "batch_size": 1, "exit_status": 0, "peak_rss_gib": 0.25, "wall_seconds": 5}
+    text = remat_memory.table([floor, {**base, "batch_size": 64, "wall_seconds": 8}, {**units, "batch_size": 64}])
+    assert "| none (baseline) | 1 | 0.25 | - | - | - | - | - | 5 | ok |" in text
+    assert "| units | 64 | 0.5 | 0.25x | 0.25 | 0.14x | 1.3 | 1.30x | 9 | ok |" in text
