@@ -7,7 +7,13 @@ do not depend on it. Runs on every backend, with or without TensorFlow."""
 import contextlib
 import functools
 import importlib
+import importlib.util
 import json
+import os
+import pathlib
+import subprocess
+import sys
+import types
 
 import keras
 import numpy as np
@@ -20,7 +26,7 @@ from keras_preact.models import PreActResNetBackbone, cifar_resnet, create_model
 from keras_preact.models import remat as remat_lib
 from keras_preact.models.remat import REMAT_POLICIES, parse_remat, unit_groups
 from keras_preact.testing import run_config_echo_test, to_numpy
-from training import cli, configs
+from training import backends, cli, configs
 from training.manifest import model_fingerprint
 
 # The math runs on every backend (core, notf); the argument plumbing, plain Python and the same on each,
@@ -31,6 +37,7 @@ BACKEND = keras.backend.backend()
 DEPTH = 29 if BACKEND == "jax" else 164
 POLICIES = ["units", "stages", "segments:4"]  # 4 does not divide the units: a shorter last segment
 TOLERANCE = 1e-5
+REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
 def test_policies_group_the_units():
@@ -287,3 +294,48 @@ def test_keras_preact_train_remat_trains_the_same_weights(tmp_path, monkeypatch)
     assert remat_manifest["model"] == plain_manifest["model"]
     for a, b in zip(model.weights, plain.weights, strict=True):
         np.testing.assert_allclose(to_numpy(a.value), to_numpy(b.value), rtol=0, atol=1e-5, err_msg=a.path)
+
+
+# ------------------------------------------------------------------------------ JAX's CPU schedule
+@pytest.mark.notf
+def test_remat_on_jax_sets_the_cpu_scheduler_flag_unless_the_user_did(monkeypatch):
+    """keras-preact-train --remat on JAX adds the XLA flag without which XLA's CPU schedule keeps the
+    activations; a user's own setting of that flag wins, other flags stay, other backends are untouched."""
+    flag = f"{backends.XLA_CPU_SCHEDULER_FLAG}=false"
+    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", types.SimpleNamespace(_backends={}))
+    environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
+    assert "XLA_FLAGS += " + flag in backends.xla_flags_for_remat("jax", "segments:18", environ)
+    assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {flag}"
+    for backend, remat, environ in (("jax", None, {}), ("tensorflow", "units", {}), ("torch", "units", {}),
+                                    ("jax", "units", {"XLA_FLAGS": f"{backends.XLA_CPU_SCHEDULER_FLAG}=true"})):
+        before = dict(environ)
+        assert backends.xla_flags_for_remat(backend, remat, environ) is None
+        assert environ == before
+    # JAX's CPU client started already (a notebook, a test process): too late; the line says how instead.
+    monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", types.SimpleNamespace(_backends={"cpu": object()}))
+    environ = {}
+    note = backends.xla_flags_for_remat("jax", "units", environ)
+    assert note.startswith("[remat] warning: JAX has started already") and f"XLA_FLAGS={flag}" in note
+    assert environ == {}
+
+
+@pytest.mark.notf
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
+    """benchmarks/remat_memory_plan.py, its own JAX process as a user runs it: XLA's compiled plan of
+    keras-preact-train's step keeps fewer temporaries with ``units`` than without, and peak adds up."""
+    out = tmp_path / "plan"
+    command = [sys.executable, str(REPO / "benchmarks" / "remat_memory_plan.py"), "--preset", "synthetic-resnet8",
+               "--depth", "20", "--batch-sizes", "32", "--policies", "none", "units", "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    none, units = json.loads(out.with_name("plan.json").read_text())
+    assert (none["policy"], units["policy"]) == ("none", "units") and none["backend"] == "cpu"
+    assert units["temp_bytes"] < 0.9 * none["temp_bytes"]
+    for row in (none, units):
+        assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
+    assert "| synthetic-resnet8 | 20 | 32 | units |" in out.with_name("plan.md").read_text()
+    refused = subprocess.run([*command[:2], "--preset", "synthetic-resnet8", "--policies", "segments:0"],
+                             capture_output=True, text=True, timeout=120, env={**os.environ, "KERAS_BACKEND": "jax"})
+    assert refused.returncode == 2 and "--policies: Invalid remat='segments:0'" in refused.stderr

@@ -18,6 +18,10 @@ import sys
 BACKENDS = ("tensorflow", "jax", "torch")
 CPU_FASTEST_FIRST = ("tensorflow", "torch", "jax")
 ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/accel0")
+# XLA's default CPU schedule (concurrency-optimized) keeps every activation alive through the backward pass,
+# so rematerialisation saves nothing on JAX's CPU backend; with this flag false, XLA's list scheduler frees
+# them (README, "Training the deepest networks on one device"). It touches XLA's CPU backend only.
+XLA_CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
 INSTALL_HINT = {"tensorflow": "pip install tensorflow", "jax": 'pip install "jax[cpu]"  (or jax[cuda12])',
                 "torch": "pip install torch  (CPU build: pip install torch --index-url "
                          "https://download.pytorch.org/whl/cpu)"}
@@ -78,3 +82,21 @@ def select(requested="auto", environ=None):
     (os.environ if environ is None else environ)["KERAS_BACKEND"] = backend
     print(f"[backend] {backend} ({reason}; --backend or KERAS_BACKEND to choose)", flush=True)
     return backend
+
+
+def xla_flags_for_remat(backend, remat, environ=None):
+    """On JAX with ``remat``: add ``XLA_CPU_SCHEDULER_FLAG=false`` to ``XLA_FLAGS`` (unless the user set that
+    flag: theirs wins) so that remat saves memory on the CPU too. The line to print, or None. XLA reads the
+    flag when JAX starts its CPU client: where that happened already, the line says how to set it instead."""
+    environ = os.environ if environ is None else environ
+    flags = environ.get("XLA_FLAGS", "")
+    if backend != "jax" or not remat or XLA_CPU_SCHEDULER_FLAG in flags:
+        return None
+    flag = f"{XLA_CPU_SCHEDULER_FLAG}=false"
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    if bridge is not None and getattr(bridge, "_backends", None):
+        return (f"[remat] warning: JAX has started already, so XLA's CPU schedule keeps the activations and remat "
+                f"saves no memory on the CPU; set XLA_FLAGS={flag} before Python starts")
+    environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
+    return (f"[remat] XLA_FLAGS += {flag} (XLA's default CPU schedule keeps the activations, and remat would save "
+            f"nothing on the CPU; set the flag yourself to choose)")

@@ -133,6 +133,9 @@ def main(argv=None):
         except ValueError as e:
             parser.exit(2, f"keras-preact-train: error: {e}\n")
         return 0
+    note = backends.xla_flags_for_remat(os.environ["KERAS_BACKEND"], config.remat)
+    if note:
+        print(note, flush=True)
     try:
         train(config)
     except (TrainingDiverged, OSError) as e:
