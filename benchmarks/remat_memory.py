@@ -40,6 +40,8 @@ def run_policy(policy, args, work, batch_size=None):
                "--epochs", str(args.epochs), "--no-export", "--run-dir", str(run_dir)]
     if policy != "none":
         command += ["--remat", policy]
+    if args.jit_compile:
+        command += ["--jit-compile", args.jit_compile]
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "2"}
     start = time.perf_counter()
     done = subprocess.run(["/usr/bin/time", "-v", *command], capture_output=True, text=True, env=env, cwd=REPO)
@@ -95,6 +97,8 @@ def main(argv=None):
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--steps-per-epoch", type=int, default=3)
+    parser.add_argument("--jit-compile", choices=["auto", "true", "false"],
+                        help="keras-preact-train's --jit-compile (default: its own)")
     parser.add_argument("--policies", nargs="+", default=["none", "units", "segments:4", "stages"])
     parser.add_argument("--baseline", action="store_true",
                         help="first run no remat at batch 1: the memory no policy changes (step memory = peak - it)")
@@ -113,7 +117,8 @@ def main(argv=None):
             rows.append(run_policy(policy, args, work))
             print(json.dumps(rows[-1]), flush=True)
     text = (f"{args.preset}, batch {args.batch_size}, {args.epochs} epoch(s) x {args.steps_per_epoch} steps, "
-            f"{args.backend}; {platform.machine()}, {os.cpu_count()} cores; load average at the end "
+            f"{args.backend}{f', --jit-compile {args.jit_compile}' if args.jit_compile else ''}; "
+            f"{platform.machine()}, {os.cpu_count()} cores; load average at the end "
             f"{os.getloadavg()[0]:.2f}\n\n{table(rows)}\n")
     print(text)
     if args.out:
