@@ -257,6 +257,18 @@ def test_serving_frontends_summary_takes_the_median_round_and_per_round_ratios()
     assert "| m | jpeg | rest | old | on | 16 | 80.0 (50-100) | 12.0 | 24.0 | 0 | - | 160.0 (16) | 0.50 | - | missed (>= 0.9) |" in text
 
 
+def test_serving_frontends_counts_requests_at_the_window_edges_in_part():
+    """A request in flight at an edge of the timed window counts for its share of time inside it; p50/p99
+    and errors are over the replies completed in the window."""
+    from benchmarks import serving_frontends
+
+    records = [(9.0, 11.0, "200"), (11.0, 11.5, "200"), (11.5, 13.0, "OK"), (10.5, 11.0, "503"), (7.0, 8.0, "200")]
+    figures = serving_frontends.summarize(records, 10.0, 12.0)
+    assert figures["images_per_s"] == pytest.approx((0.5 + 1 + 1 / 3) / 2)
+    assert (figures["replies"], figures["errors"]) == (3, 1)
+    assert figures["p50_ms"] == pytest.approx(1250) and figures["p99_ms"] == pytest.approx(1985)
+
+
 def test_serving_frontends_runs_old_against_new_end_to_end(tmp_path):
     """benchmarks/serving_frontends.py at its tiniest (ResNet-20, JPEG bytes, batching on, 1 and 2 clients,
     one round of 1 s cells): the http.server front end from git against today's, REST and gRPC, every
