@@ -51,6 +51,7 @@ connection, last in commit c09ad94) and today's Starlette app on uvicorn, REST a
 """
 
 import argparse
+import ctypes
 import dataclasses
 import http.client
 import importlib.util
@@ -61,7 +62,9 @@ import multiprocessing
 import os
 import pathlib
 import platform
+import queue
 import re
+import signal
 import statistics
 import subprocess
 import sys
@@ -136,7 +139,17 @@ def client(index, inbox, outbox):
     """A client process: per job from ``inbox`` ((protocol, port, path, payloads)), connect and send one
     warm-up request, put "ready", wait for (start_at, stop_at), send ``payloads`` in turn until stop_at
     (time.time()), put [(start, end, status)]. None ends it; an exception is put as "error" and ends it."""
-    while (job := inbox.get()) is not None:
+    parent = os.getppid()
+
+    def get():  # the next message; None once the benchmark process is gone, however it ended
+        while True:
+            try:
+                return inbox.get(timeout=5)
+            except queue.Empty:
+                if os.getppid() != parent:
+                    return None
+
+    while (job := get()) is not None:
         try:
             protocol, port, path, payloads = job
             send, close = connect(protocol, port, path)
@@ -144,7 +157,9 @@ def client(index, inbox, outbox):
             if status not in OK:
                 raise RuntimeError(f"the warm-up {protocol} request got {status}")
             outbox.put(("ready", index, None))
-            _, stop_at = inbox.get()
+            if (go := get()) is None:
+                return
+            _, stop_at = go
             records = []
             i = 0
             while time.time() < stop_at:
@@ -251,6 +266,15 @@ def old_tree(ref, directory):
                           text=True, check=False).stdout.strip()
 
 
+def die_with_parent():
+    """Run in a server process before exec (Linux): SIGTERM once the benchmark process dies, however it dies
+    (its own cleanup stops the servers; this is for a SIGKILL)."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def batching_flags(args):
     """The batching flags given to both front ends (each spelled out, so neither's defaults decide)."""
     return ["--enable-batching", "--batching-max-size", "32", "--batching-timeout-ms", f"{args.batching_timeout_ms:g}",
@@ -269,7 +293,8 @@ def start_servers(base, args, trees, logs):
                    "KERAS_BACKEND": "tensorflow"}
             log = pathlib.Path(logs) / f"{base.name}-{frontend}-{batching}.log"
             with open(log, "w") as stderr:
-                process = shared.launch_server(base, flags, env=env, cwd=trees[frontend], stderr=stderr)
+                process = shared.launch_server(base, flags, env=env, cwd=trees[frontend], stderr=stderr,
+                                               preexec_fn=die_with_parent if sys.platform == "linux" else None)
             servers.append(Server(frontend, batching, process, log))
     try:
         for server in servers:
@@ -704,5 +729,10 @@ def main(argv=None):
     return 0
 
 
+def terminated(signum, frame):
+    raise SystemExit(128 + signum)  # SIGTERM (e.g. from timeout): stop the servers and clients on the way out
+
+
 if __name__ == "__main__":
+    signal.signal(signal.SIGTERM, terminated)
     sys.exit(main())

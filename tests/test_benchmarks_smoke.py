@@ -272,7 +272,7 @@ def test_serving_frontends_counts_requests_at_the_window_edges_in_part():
 def test_serving_frontends_runs_old_against_new_end_to_end(tmp_path):
     """benchmarks/serving_frontends.py at its tiniest (ResNet-20, JPEG bytes, batching on, 1 and 2 clients,
     one round of 1 s cells): the http.server front end from git against today's, REST and gRPC, every
-    request answered, and the tables written. ~50 s on the 2-core VM."""
+    request answered, and the tables written. 40 s on the 2-core VM at load ~2-3 (73 s at load ~8)."""
     for module in ("tensorflow", "grpc", "tensorflow_serving"):
         pytest.importorskip(module)
     from benchmarks import serving_frontends
