@@ -49,22 +49,31 @@ def export(name, directory):
     return export_saved_model(model, directory, name=name, mean=[127.5] * 3, std=[127.5] * 3).parent
 
 
-def bodies(signature, size, count, seed):
-    """``count`` single-image request bodies: JSON uint8 pixels (default) or a base64 JPEG (bytes)."""
+def images(size, count, seed):
+    """``count`` random uint8 RGB images of ``size`` x ``size`` (the same ones for a given seed)."""
+    return np.random.default_rng(seed).integers(0, 256, (count, size, size, 3), dtype=np.uint8)
+
+
+def jpeg(pixels):
+    """The JPEG bytes (quality 90) of one uint8 RGB image."""
     from PIL import Image
 
-    rng = np.random.default_rng(seed)
-    out = []
-    for _ in range(count):
-        pixels = rng.integers(0, 256, (size, size, 3), dtype=np.uint8)
-        if signature == "default":
-            out.append(json.dumps({"instances": [pixels.tolist()]}).encode())
-        else:
-            buffer = io.BytesIO()
-            Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
-            b64 = base64.b64encode(buffer.getvalue()).decode()
-            out.append(json.dumps({"signature_name": "serving_bytes", "instances": [{"b64": b64}]}).encode())
-    return out
+    buffer = io.BytesIO()
+    Image.fromarray(pixels).save(buffer, format="JPEG", quality=90)
+    return buffer.getvalue()
+
+
+def rest_body(signature, pixels):
+    """The single-image TF Serving REST body of one image: JSON uint8 pixels (default) or a base64 JPEG (bytes)."""
+    if signature == "default":
+        return json.dumps({"instances": [pixels.tolist()]}).encode()
+    b64 = base64.b64encode(jpeg(pixels)).decode()
+    return json.dumps({"signature_name": "serving_bytes", "instances": [{"b64": b64}]}).encode()
+
+
+def bodies(signature, size, count, seed):
+    """``count`` single-image request bodies: JSON uint8 pixels (default) or a base64 JPEG (bytes)."""
+    return [rest_body(signature, pixels) for pixels in images(size, count, seed)]
 
 
 def client(port, path, payloads, ready, go, stop_at, results):
@@ -88,14 +97,24 @@ def client(port, path, payloads, ready, go, stop_at, results):
     results.put(records)
 
 
-def start_server(base, flags):
-    process = subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(base), "--port", "0", *flags],
-                               stdout=subprocess.PIPE, text=True)
+def launch_server(base, flags, **popen):
+    """The server process (``python -m keras_preact.serving.server``, any free port), not waited for."""
+    return subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(base), "--port", "0", *flags],
+                            stdout=subprocess.PIPE, text=True, **popen)
+
+
+def server_port(process):
+    """The REST port from the server's first line, once it has loaded the model."""
     line = process.stdout.readline()
     if "Serving model" not in line:
         process.kill()
         raise RuntimeError(f"the server did not start: {line!r}")
-    return process, int(line.rsplit(":", 1)[1].split("/")[0])
+    return int(line.rsplit(":", 1)[1].split("/")[0])
+
+
+def start_server(base, flags):
+    process = launch_server(base, flags)
+    return process, server_port(process)
 
 
 def measure(base, name, signature, flags, args):

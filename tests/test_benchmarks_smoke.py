@@ -9,6 +9,8 @@ CPU backend (eager calls, XLA compiles), so CI runs them under TensorFlow only (
 import dataclasses
 import json
 import re
+import shutil
+import subprocess
 import sys
 from pathlib import Path
 
@@ -175,3 +177,124 @@ def test_remat_memory_reports_a_refused_policy_with_its_message(tmp_path, capsys
     text = remat_memory.table([floor, {**base, "batch_size": 64, "wall_seconds": 8}, {**units, "batch_size": 64}])
     assert "| none (baseline) | 1 | 0.25 | - | - | - | - | - | 5 | ok |" in text
     assert "| units | 64 | 0.5 | 0.25x | 0.25 | 0.14x | 1.3 | 1.30x | 9 | ok |" in text
+
+
+def _old_frontend_available():
+    """git and the commit holding the http.server front end (benchmarks/serving_frontends.py's --old-ref)."""
+    from benchmarks import serving_frontends
+
+    if shutil.which("git") is None:
+        return False
+    found = subprocess.run(["git", "-C", str(serving_frontends.REPO), "cat-file", "-e",
+                            f"{serving_frontends.OLD_REF}^{{commit}}"], capture_output=True, check=False)
+    return found.returncode == 0
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--models", "resnet18"], r"argument --models: invalid model 'resnet18'"),
+        (["--models", "cifar_resnet20:png"], r"argument --models: invalid input 'png' for cifar_resnet20"),
+        (["--models", "cifar_resnet20", "cifar_resnet20:jpeg"], r"argument --models: a model named twice"),
+        (["--clients", "0"], r"argument --clients: 0 is not a positive int"),
+        (["--duration", "-1"], r"argument --duration: -1 is not a positive float"),
+        (["--batching-timeout-ms", "-2"], r"argument --batching-timeout-ms: -2 is not a number >= 0"),
+        (["--frontends", "old", "--protocols", "grpc"], r"argument --protocols: grpc is served by the new front end only"),
+        (["--protocols", "soap"], r"argument --protocols: invalid choice: 'soap'"),
+        (["--out", "."], r"argument --out: \. is a directory"),
+    ],
+)
+def test_serving_frontends_refuses_bad_arguments_naming_them(argv, message, capsys):
+    from benchmarks import serving_frontends
+
+    with pytest.raises(SystemExit) as exit_info:
+        serving_frontends.parse_args(argv)
+    assert exit_info.value.code == 2
+    assert re.search(message, capsys.readouterr().err)
+
+
+def test_serving_frontends_refuses_an_old_ref_without_the_http_server_front_end(capsys):
+    """Before any work: a ref git does not know, and one whose server is not http.server, each in one line."""
+    from benchmarks import serving_frontends
+
+    if not _old_frontend_available():
+        pytest.skip("needs git and this checkout's history")
+    for ref, message in (("no-such-ref", r"--old-ref no-such-ref: git archive failed in .*: fatal: "),
+                         ("HEAD", r"--old-ref HEAD: its keras_preact/serving/server.py is not the http.server")):
+        with pytest.raises(SystemExit) as exit_info:
+            serving_frontends.main(["--old-ref", ref])
+        assert exit_info.value.code == 2
+        assert re.search(message, capsys.readouterr().err)
+
+
+def test_serving_frontends_summary_takes_the_median_round_and_per_round_ratios():
+    """Three rounds of one cell, old and new: images/s, p50, p99 from the median round by images/s;
+    efficiency and new/old the medians of the ratios within each round."""
+    from benchmarks import serving_frontends
+
+    def row(frontend, round_index, ips, p50, reference):
+        return {"model": "m", "input": "jpeg", "protocol": "rest", "frontend": frontend, "batching": "on",
+                "clients": 16, "round": round_index, "images_per_s": ips, "p50_ms": p50, "p99_ms": 2 * p50,
+                "errors": 0, "batch_per_call": None, "reference_batch": 16, "reference_images_per_s": reference,
+                "efficiency": ips / reference}
+
+    served = [row("old", 1, 100, 10, 200), row("new", 1, 150, 8, 200),
+              row("old", 2, 50, 30, 100), row("new", 2, 90, 20, 100),
+              row("old", 3, 80, 12, 160), row("new", 3, 160, 7, 160)]
+    reference = [{"model": "m", "input": "jpeg", "batch": 16, "round": r, "images_per_s": ips, "ms_per_call": 1}
+                 for r, ips in ((1, 200), (2, 100), (3, 160))]
+    old, new = serving_frontends.summary(served, reference, max_clients=16)
+    assert (old["images_per_s"], old["p50_ms"], old["images_per_s_range"]) == (80, 12, [50, 100])
+    assert (new["images_per_s"], new["p50_ms"], new["p99_ms"]) == (150, 8, 16)
+    assert old["efficiency"] == 0.5 and new["efficiency"] == 0.9  # medians of 0.5/0.5/0.5 and 0.75/0.9/1.0
+    assert old["new_over_old"] is None and new["new_over_old"] == 1.8  # median of 1.5, 1.8, 2.0
+    assert old["reference_images_per_s"] == 160 and old["goal_row"] and new["goal_row"]
+    text = serving_frontends.markdown(
+        {"machine": "x", "load_average_start": "1", "load_average_end": "1", "tensorflow": "t", "python": "p",
+         "old": "c09ad94 x", "new": "abc (working tree)", "batching_flags": ["--enable-batching"], "rounds": 3,
+         "warmup": 1, "duration": 2, "max_clients": 16}, [old, new], reference)
+    assert "| m | jpeg | rest | new | on | 16 | 150.0 (90-160) | 8.0 | 16.0 | 0 | - | 160.0 (16) | 0.90 | 1.80 | met (>= 0.9) |" in text
+    assert "| m | jpeg | rest | old | on | 16 | 80.0 (50-100) | 12.0 | 24.0 | 0 | - | 160.0 (16) | 0.50 | - | missed (>= 0.9) |" in text
+
+
+def test_serving_frontends_counts_requests_at_the_window_edges_in_part():
+    """A request in flight at an edge of the timed window counts for its share of time inside it; p50/p99
+    and errors are over the replies completed in the window."""
+    from benchmarks import serving_frontends
+
+    records = [(9.0, 11.0, "200"), (11.0, 11.5, "200"), (11.5, 13.0, "OK"), (10.5, 11.0, "503"), (7.0, 8.0, "200")]
+    figures = serving_frontends.summarize(records, 10.0, 12.0)
+    assert figures["images_per_s"] == pytest.approx((0.5 + 1 + 1 / 3) / 2)
+    assert (figures["replies"], figures["errors"]) == (3, 1)
+    assert figures["p50_ms"] == pytest.approx(1250) and figures["p99_ms"] == pytest.approx(1985)
+
+
+def test_serving_frontends_runs_old_against_new_end_to_end(tmp_path):
+    """benchmarks/serving_frontends.py at its tiniest (ResNet-20, JPEG bytes, batching on, 1 and 2 clients,
+    one round of 1 s cells): the http.server front end from git against today's, REST and gRPC, every
+    request answered, and the tables written. 40 s on the 2-core VM at load ~2-3 (73 s at load ~8)."""
+    for module in ("tensorflow", "grpc", "tensorflow_serving"):
+        pytest.importorskip(module)
+    from benchmarks import serving_frontends
+
+    if not _old_frontend_available():
+        pytest.skip(f"needs git and commit {serving_frontends.OLD_REF} (the old front end) in this checkout")
+    out = tmp_path / "frontends"
+    assert serving_frontends.main(["--models", "cifar_resnet20:jpeg", "--batching", "on", "--clients", "1", "2",
+                                   "--rounds", "1", "--duration", "1", "--warmup", "0.3", "--out", str(out)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["frontends.json", "frontends.md"]
+    report = json.loads(out.with_name("frontends.json").read_text())
+    rows = report["summary"]
+    assert [(r["protocol"], r["frontend"], r["clients"]) for r in rows] == [
+        ("rest", "old", 1), ("rest", "old", 2), ("rest", "new", 1), ("grpc", "new", 1), ("rest", "new", 2),
+        ("grpc", "new", 2)]
+    for r in rows:
+        assert r["errors"] == 0 and r["images_per_s"] > 0 and 0 < r["p50_ms"] <= r["p99_ms"], r
+        assert r["reference_batch"] == r["clients"] and 0 < r["efficiency"] == pytest.approx(
+            r["images_per_s"] / r["reference_images_per_s"]), r
+    assert [r["goal_row"] for r in rows] == [False, True, False, False, True, True]
+    assert [r["new_over_old"] is not None for r in rows] == [False, False, True, False, True, False]
+    assert report["meta"]["old"].startswith(serving_frontends.OLD_REF)
+    assert [(r["batch"], r["input"]) for r in report["in_process"]] == [(1, "jpeg"), (2, "jpeg")]
+    text = out.with_name("frontends.md").read_text()
+    assert "| cifar_resnet20 | jpeg | grpc | new | on | 2 |" in text and "(>= 0.9) |" in text
