@@ -90,6 +90,20 @@ def rest_predict(port, body):
     return reply["predictions"]
 
 
+def batch_size_metric(port, signature):
+    """(model calls, examples) of ``signature`` in the served Prometheus batch-size histogram."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/monitoring/prometheus/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    values = {}
+    for line in text.splitlines():
+        for field in ("count", "sum"):
+            if line.startswith(f"keras_preact_serving_batch_size_{field}{{") and f'signature="{signature}"' in line:
+                values[field] = float(line.rsplit(" ", 1)[1])
+    return values.get("count", 0.0), values.get("sum", 0.0)
+
+
 def images(n, seed=0):
     return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
@@ -126,6 +140,11 @@ def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
     _, call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(request, 30)
     channel.close()
     assert {k: v for k, v in call.trailing_metadata() if k == "x-batch-size"} == ({"x-batch-size": "3"} if batching else {})
+    # Every model call is in the batch-size histogram, gRPC's too, with batching or without.
+    before = batch_size_metric(rest_port, "serving_float")
+    predict(grpc_port, {"images": images(2).astype(np.float32)}, "serving_float")
+    count, total = (after - earlier for after, earlier in zip(batch_size_metric(rest_port, "serving_float"), before))
+    assert (count, total) == (1, 2)
     # JPEG is lossy: the bytes signature saw other pixels than the pixel signatures, yet agrees with REST above.
     assert not np.allclose(predict(grpc_port, cases[2][1], "serving_bytes")["probabilities"],
                            predict(grpc_port, cases[0][1])["probabilities"], atol=1e-6)

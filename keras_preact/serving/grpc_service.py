@@ -162,7 +162,7 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
             signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request,
                                                              **state.limits.model_limits())
             if state.batcher is None:
-                outputs = await run_in_threadpool(model.predict, signature_name, inputs)
+                outputs = await run_in_threadpool(state.predict, model, signature_name, inputs)
             else:
                 result = await state.batcher.submit(signature_name, inputs)
                 context.set_trailing_metadata((("x-batch-id", str(result.call)),
