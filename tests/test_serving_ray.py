@@ -302,6 +302,8 @@ def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):
                           ([str(tmp_path), "--replicas", "0"], "Invalid replicas=0: expected a positive integer"),
                           ([str(tmp_path), "--merge-wait-s", "-1"], "Invalid merge_wait_s=-1.0: expected a number >= 0"),
                           ([str(tmp_path), "--port", "0"], "invalid port 0: expected 1-65535"),
+                          ([str(tmp_path), "--max-replicas-per-node", "0"],
+                           "Invalid max_replicas_per_node=0: expected None (no limit) or an integer from 1 to 100"),
                           ([str(tmp_path), "--address", "auto", "--num-cpus", "2"], "not with --address")):
         with pytest.raises(SystemExit) as exit_info:
             main_ray(args)
@@ -318,6 +320,52 @@ def test_entry_point_refuses_a_runtime_the_version_cannot_use(exported, capsys):
     assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
         "Invalid runtime='onnx': the version holds no onnx export (it holds saved_model).")
     assert not ray.is_initialized()
+
+
+def test_max_replicas_per_node_reaches_the_deployment_and_is_checked(exported):
+    from keras_preact.serving.ray_serve import build_app
+
+    assert build_app(exported.parent)._bound_deployment._replica_config.max_replicas_per_node is None
+    app = build_app(exported.parent, replicas=4, max_replicas_per_node=2)
+    assert app._bound_deployment._replica_config.max_replicas_per_node == 2
+    for value in (0, 101, True, 1.5, "1"):
+        with pytest.raises(ValueError) as error:
+            build_app(exported.parent, max_replicas_per_node=value)
+        assert str(error.value) == (f"Invalid max_replicas_per_node={value!r}: expected None (no limit) or an integer "
+                                    "from 1 to 100.")
+
+
+def test_entry_point_refuses_more_replicas_than_its_own_one_node_ray_takes(exported, capsys):
+    import ray
+
+    with pytest.raises(SystemExit) as exit_info:
+        main_ray([str(exported.parent), "--replicas", "3", "--max-replicas-per-node", "2"])
+    assert exit_info.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(
+        "--replicas 3 with --max-replicas-per-node 2 needs 2 nodes: the Ray instance started here is one (deploy "
+        "onto a cluster with --address)")
+    assert not ray.is_initialized()
+
+
+def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_per_node(exported, monkeypatch,
+                                                                                          capsys):
+    """Ray Serve would leave a replica pending, and serve.run with it, without a word from the command:
+    it says so up front (Ray itself stubbed: a cluster of 2 live nodes and a dead one)."""
+    from keras_preact.serving import ray_serve
+
+    calls = []
+    monkeypatch.setattr(ray_serve.ray, "init", lambda **kwargs: calls.append(("init", kwargs)))
+    monkeypatch.setattr(ray_serve.ray, "nodes", lambda: [{"Alive": True}, {"Alive": True}, {"Alive": False}])
+    monkeypatch.setattr(ray_serve.ray, "shutdown", lambda: calls.append(("shutdown",)))
+    monkeypatch.setattr(ray_serve.serve, "start", lambda **kwargs: ray_serve._stop(None, None))  # as Ctrl-C
+    monkeypatch.setattr(ray_serve.serve, "delete", lambda name: calls.append(("delete", name)))
+    monkeypatch.setattr(signal, "signal", lambda *args: None)  # this process's handlers stay pytest's
+    assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "3", "--max-replicas-per-node", "1"]) == 0
+    assert capsys.readouterr().err == (
+        "keras-preact-serve-ray: warning: --replicas 3 with --max-replicas-per-node 1 needs 3 nodes and the cluster "
+        "has 2: 1 replica(s) wait for nodes to join, and this command until they run (the others serve meanwhile)\n")
+    assert calls == [("init", {"address": "auto"}), ("delete", "cifar"), ("shutdown",)]
+    assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "4", "--max-replicas-per-node", "2"]) == 0
+    assert capsys.readouterr().err == ""
 
 
 def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, capsys):

@@ -1,6 +1,7 @@
 """Scale-out serving on Ray Serve: TF Serving's REST API from several replicas of an export.
 
     keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--host 127.0.0.1] [--address auto]
+                           [--max-replicas-per-node 1]
 
 Every replica mounts the ASGI application of ``keras-preact-serve`` (``keras_preact.serving.app``,
 ``@serve.ingress``): the same paths, formats, errors and request limits (``RequestLimits``; Ray Serve's
@@ -13,7 +14,12 @@ receives within ``merge_wait_s`` of each other are merged into one model call of
 ``X-Replica-Id`` (the Ray Serve replica), ``X-Batch-Id`` (that replica's model call) and
 ``X-Batch-Size`` (the examples that call ran). Without ``--address`` the command starts a one-machine
 Ray instance (no dashboard) and stops it on exit; with ``--address auto`` it deploys onto a running Ray
-cluster and deletes its application on exit.
+cluster and deletes its application on exit. ``--max-replicas-per-node`` (Ray Serve's
+``max_replicas_per_node``, 1-100; default no limit) caps the replicas Ray places on one node: with 1, and
+at least ``--replicas`` nodes, every replica runs on its own node, and a replica that Ray replaces after a
+crash goes to a node without one. Replicas beyond nodes x that cap wait for nodes to join, and the
+command with them (Ray Serve's ``serve.run`` returns once every replica runs): it warns when the cluster
+has too few nodes, and refuses a cap that leaves replicas off the one-node Ray instance it starts itself.
 """
 
 import argparse
@@ -36,6 +42,7 @@ DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
 DEFAULT_MERGE_BATCH_SIZE = 32
 DEFAULT_MERGE_WAIT_S = 0.005
+MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
 
 
 def replica_headers():
@@ -48,17 +55,24 @@ class TFServingReplica:
 
 
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
-              merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, limits=None, runtime="auto", **limit_values):
+              merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
+              runtime="auto", **limit_values):
     """The Ray Serve application for the latest version under ``model_base`` (for ``serve.run``); every
     argument is checked, and the version folder found, before anything starts. ``limits`` and
     ``limit_values`` as ``server.make_server``'s. Each replica reads ``model_base`` by its absolute
-    path: on a cluster, a file system every node sees."""
+    path: on a cluster, a file system every node sees. ``max_replicas_per_node``: None (no limit) or
+    1-100, the most replicas Ray Serve places on one node."""
     limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
     check_positive("replicas", replicas)
     check_positive("merge_batch_size", merge_batch_size)
     for argument, value in (("merge_wait_s", merge_wait_s), ("replica_cpus", replica_cpus)):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
             raise ValueError(f"Invalid {argument}={value!r}: expected a number >= 0.")
+    if max_replicas_per_node is not None and (
+            isinstance(max_replicas_per_node, bool) or not isinstance(max_replicas_per_node, int)
+            or not 1 <= max_replicas_per_node <= MAX_REPLICAS_PER_NODE):
+        raise ValueError(f"Invalid max_replicas_per_node={max_replicas_per_node!r}: expected None (no limit) or an "
+                         f"integer from 1 to {MAX_REPLICAS_PER_NODE}.")
     model_base = pathlib.Path(model_base).resolve()
     _, path = latest_version_dir(model_base)
     choose_runtimes(formats_in(path), runtime)  # the runtime is valid and installed here (else Value/ImportError)
@@ -70,8 +84,14 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,
+        max_replicas_per_node=max_replicas_per_node,
     )
     return deployment.bind()
+
+
+def nodes_needed(replicas, max_replicas_per_node):
+    """The nodes ``replicas`` replicas need at most ``max_replicas_per_node`` (None: no limit) on a node."""
+    return 1 if max_replicas_per_node is None else math.ceil(replicas / max_replicas_per_node)
 
 
 def build_parser():
@@ -93,6 +113,9 @@ def build_parser():
     parser.add_argument("--merge-wait-s", type=float, default=DEFAULT_MERGE_WAIT_S,
                         help="seconds the oldest request waits for more to merge (the batcher's timeout)")
     parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
+    parser.add_argument("--max-replicas-per-node", type=int, default=None,
+                        help=f"most replicas Ray places on one node, 1-{MAX_REPLICAS_PER_NODE} (default: no limit; 1 "
+                             "spreads the replicas one per node)")
     parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance started here (default: all)")
     parser.add_argument("--object-store-memory", type=int, default=None,
                         help="bytes of the object store of the Ray instance started here (default: Ray's)")
@@ -118,7 +141,7 @@ def main(argv=None):
         app = build_app(
             args.model_base_path, model_name=args.model_name, replicas=args.replicas,
             merge_batch_size=args.merge_batch_size, merge_wait_s=args.merge_wait_s, replica_cpus=args.replica_cpus,
-            limits=RequestLimits.from_args(args), runtime=args.runtime,
+            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime,
         )
     except ValueError as error:
         parser.error(str(error))
@@ -128,6 +151,10 @@ def main(argv=None):
     model_name = model_name_or_default(model_base, args.model_name)
     version, path = latest_version_dir(model_base)
     local = args.address is None
+    needed = nodes_needed(args.replicas, args.max_replicas_per_node)
+    if local and needed > 1:
+        parser.error(f"--replicas {args.replicas} with --max-replicas-per-node {args.max_replicas_per_node} needs "
+                     f"{needed} nodes: the Ray instance started here is one (deploy onto a cluster with --address)")
     if local:
         # A Ray instance started here reports no usage statistics to Ray's servers unless asked to
         # (RAY_USAGE_STATS_ENABLED=1); a cluster joined with --address keeps its own setting.
@@ -135,6 +162,13 @@ def main(argv=None):
         ray.init(num_cpus=args.num_cpus, object_store_memory=args.object_store_memory, include_dashboard=False)
     else:
         ray.init(address=args.address)
+        nodes = sum(node["Alive"] for node in ray.nodes())
+        if needed > nodes:
+            waiting = args.replicas - nodes * args.max_replicas_per_node
+            print(f"{parser.prog}: warning: --replicas {args.replicas} with --max-replicas-per-node "
+                  f"{args.max_replicas_per_node} needs {needed} nodes and the cluster has {nodes}: {waiting} "
+                  "replica(s) wait for nodes to join, and this command until they run (the others serve meanwhile)",
+                  file=sys.stderr, flush=True)
     for signum in (signal.SIGINT, signal.SIGTERM):  # either stops serving and the Ray instance started here
         signal.signal(signum, _stop)
     try:
