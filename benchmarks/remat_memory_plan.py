@@ -8,11 +8,12 @@ outputs, what the donated arguments alias, and XLA's temporary buffers (the acti
 backward pass and the workspace). ``peak`` = arguments + outputs - aliased + temporaries: the device memory
 the step needs. Nothing runs, so sizes that no machine here could hold are planned too.
 
-This machine has no GPU: the plans come from XLA's *CPU* backend (JAX ``cpu``), compiled with
-``--xla_cpu_enable_concurrency_optimized_scheduler=false`` as ``keras-preact-train --remat`` sets it (the
-default CPU schedule keeps the activations whatever the policy). A GPU compile schedules and fuses on its
-own, so for a GPU they are a projection: the "fits" columns hold them against an 80 GB H100 (79.6 GiB
-seen by CUDA; JAX preallocates 75% of it unless ``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
+This machine has no GPU: the plans come from XLA's *CPU* backend (JAX ``cpu``), compiled with the flags
+``keras-preact-train --remat`` sets on a CPU (``training.backends.XLA_CPU_REMAT_FLAGS``: without them XLA's CPU
+compile merges the recomputation back into the forward pass, and keeps the activations whatever the
+policy). A GPU compile schedules and fuses on its own, so for a GPU they are a projection: the "fits"
+columns hold them against an 80 GB H100 (79.6 GiB seen by CUDA; JAX preallocates 75% of it unless
+``XLA_PYTHON_CLIENT_MEM_FRACTION`` says otherwise).
 
     PYTHONPATH=. KERAS_BACKEND=jax python benchmarks/remat_memory_plan.py \\
         --preset t3-cifar10-resnet164-preact --batch-sizes 64 128 256 512 \\
@@ -117,7 +118,7 @@ def main(argv=None):
             parser.error(f"--policies: {error}")
     os.environ["KERAS_BACKEND"] = "jax"
     # The schedule keras-preact-train --remat compiles with, for every row (none too: one schedule, one table).
-    backends.xla_flags_for_remat("jax", "units")
+    backends.xla_flags_for_remat("jax", "units", accelerator=False)
     rows = []
     for preset in args.preset:
         for batch_size in args.batch_sizes:

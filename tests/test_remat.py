@@ -298,24 +298,30 @@ def test_keras_preact_train_remat_trains_the_same_weights(tmp_path, monkeypatch)
 
 # ------------------------------------------------------------------------------ JAX's CPU schedule
 @pytest.mark.notf
-def test_remat_on_jax_sets_the_cpu_scheduler_flag_unless_the_user_did(monkeypatch):
-    """keras-preact-train --remat on JAX adds the XLA flag without which XLA's CPU schedule keeps the
-    activations; a user's own setting of that flag wins, other flags stay, other backends are untouched."""
-    flag = f"{backends.XLA_CPU_SCHEDULER_FLAG}=false"
+def test_remat_on_jax_cpu_sets_the_xla_flags_unless_the_user_did(monkeypatch):
+    """keras-preact-train --remat on JAX without an accelerator adds the XLA flags without which XLA's CPU
+    compile undoes remat; a user's own setting of a flag wins, other flags stay; other backends, no remat
+    or an accelerator leave XLA_FLAGS as it was."""
+    cse, scheduler = "--xla_disable_hlo_passes=cse", "--xla_cpu_enable_concurrency_optimized_scheduler=false"
     monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", types.SimpleNamespace(_backends={}))
     environ = {"XLA_FLAGS": "--xla_force_host_platform_device_count=2"}
-    assert "XLA_FLAGS += " + flag in backends.xla_flags_for_remat("jax", "segments:18", environ)
-    assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {flag}"
-    for backend, remat, environ in (("jax", None, {}), ("tensorflow", "units", {}), ("torch", "units", {}),
-                                    ("jax", "units", {"XLA_FLAGS": f"{backends.XLA_CPU_SCHEDULER_FLAG}=true"})):
+    note = backends.xla_flags_for_remat("jax", "segments:18", environ, accelerator=False)
+    assert note.startswith(f"[remat] XLA_FLAGS += {scheduler} {cse} ")
+    assert environ["XLA_FLAGS"] == f"--xla_force_host_platform_device_count=2 {scheduler} {cse}"
+    environ = {"XLA_FLAGS": "--xla_disable_hlo_passes=fusion"}
+    assert backends.xla_flags_for_remat("jax", "units", environ, accelerator=False)
+    assert environ["XLA_FLAGS"] == f"--xla_disable_hlo_passes=fusion {scheduler}"
+    for backend, remat, accelerator, environ in (
+            ("jax", None, False, {}), ("tensorflow", "units", False, {}), ("torch", "units", False, {}),
+            ("jax", "units", True, {}), ("jax", "units", False, {"XLA_FLAGS": f"{cse} {scheduler[:-5]}true"})):
         before = dict(environ)
-        assert backends.xla_flags_for_remat(backend, remat, environ) is None
+        assert backends.xla_flags_for_remat(backend, remat, environ, accelerator=accelerator) is None
         assert environ == before
     # JAX's CPU client started already (a notebook, a test process): too late; the line says how instead.
     monkeypatch.setitem(sys.modules, "jax._src.xla_bridge", types.SimpleNamespace(_backends={"cpu": object()}))
     environ = {}
-    note = backends.xla_flags_for_remat("jax", "units", environ)
-    assert note.startswith("[remat] warning: JAX has started already") and f"XLA_FLAGS={flag}" in note
+    note = backends.xla_flags_for_remat("jax", "units", environ, accelerator=False)
+    assert note.startswith("[remat] warning: JAX has started already") and f'XLA_FLAGS="{scheduler} {cse}"' in note
     assert environ == {}
 
 
@@ -323,7 +329,8 @@ def test_remat_on_jax_sets_the_cpu_scheduler_flag_unless_the_user_did(monkeypatc
 @pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
 def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
     """benchmarks/remat_memory_plan.py, its own JAX process as a user runs it: XLA's compiled plan of
-    keras-preact-train's step keeps fewer temporaries with ``units`` than without, and peak adds up."""
+    keras-preact-train's step (with the CPU flags keras-preact-train sets) keeps fewer temporaries with
+    ``units`` than without, and peak adds up."""
     out = tmp_path / "plan"
     command = [sys.executable, str(REPO / "benchmarks" / "remat_memory_plan.py"), "--preset", "synthetic-resnet8",
                "--depth", "20", "--batch-sizes", "32", "--policies", "none", "units", "--out", str(out)]

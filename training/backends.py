@@ -18,10 +18,13 @@ import sys
 BACKENDS = ("tensorflow", "jax", "torch")
 CPU_FASTEST_FIRST = ("tensorflow", "torch", "jax")
 ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/accel0")
-# XLA's default CPU schedule (concurrency-optimized) keeps every activation alive through the backward pass,
-# so rematerialisation saves nothing on JAX's CPU backend; with this flag false, XLA's list scheduler frees
-# them (README, "Training the deepest networks on one device"). It touches XLA's CPU backend only.
-XLA_CPU_SCHEDULER_FLAG = "--xla_cpu_enable_concurrency_optimized_scheduler"
+# XLA's CPU compiler undoes rematerialisation: it drops jax.checkpoint's optimization barriers, so its
+# common-subexpression elimination merges the recomputation back into the forward pass, and its default
+# (concurrency-optimized) schedule keeps the activations alive anyway. With CSE off and the memory-minimizing
+# schedule, the compiled step keeps what the policy says (README, "Training the deepest networks on one
+# device"; BENCHMARKS.md, "Rematerialisation"). Both are flags of XLA's CPU compile only: not set where an
+# accelerator is present, where remat works as compiled (CSE off would slow its step).
+XLA_CPU_REMAT_FLAGS = {"--xla_cpu_enable_concurrency_optimized_scheduler": "false", "--xla_disable_hlo_passes": "cse"}
 INSTALL_HINT = {"tensorflow": "pip install tensorflow", "jax": 'pip install "jax[cpu]"  (or jax[cuda12])',
                 "torch": "pip install torch  (CPU build: pip install torch --index-url "
                          "https://download.pytorch.org/whl/cpu)"}
@@ -84,19 +87,20 @@ def select(requested="auto", environ=None):
     return backend
 
 
-def xla_flags_for_remat(backend, remat, environ=None):
-    """On JAX with ``remat``: add ``XLA_CPU_SCHEDULER_FLAG=false`` to ``XLA_FLAGS`` (unless the user set that
-    flag: theirs wins) so that remat saves memory on the CPU too. The line to print, or None. XLA reads the
-    flag when JAX starts its CPU client: where that happened already, the line says how to set it instead."""
+def xla_flags_for_remat(backend, remat, environ=None, *, accelerator=None):
+    """On JAX with ``remat`` and no accelerator: add ``XLA_CPU_REMAT_FLAGS`` to ``XLA_FLAGS``, each unless the
+    user set that flag (theirs wins), so that remat saves memory on the CPU. The line to print, or None. XLA
+    reads them when JAX starts its CPU client: where that happened already, the line says how to set them."""
     environ = os.environ if environ is None else environ
+    accelerator = has_accelerator() if accelerator is None else accelerator
     flags = environ.get("XLA_FLAGS", "")
-    if backend != "jax" or not remat or XLA_CPU_SCHEDULER_FLAG in flags:
+    added = [f"{name}={value}" for name, value in XLA_CPU_REMAT_FLAGS.items() if name not in flags]
+    if backend != "jax" or not remat or accelerator or not added:
         return None
-    flag = f"{XLA_CPU_SCHEDULER_FLAG}=false"
     bridge = sys.modules.get("jax._src.xla_bridge")
     if bridge is not None and getattr(bridge, "_backends", None):
-        return (f"[remat] warning: JAX has started already, so XLA's CPU schedule keeps the activations and remat "
-                f"saves no memory on the CPU; set XLA_FLAGS={flag} before Python starts")
-    environ["XLA_FLAGS"] = f"{flags} {flag}".strip()
-    return (f"[remat] XLA_FLAGS += {flag} (XLA's default CPU schedule keeps the activations, and remat would save "
-            f"nothing on the CPU; set the flag yourself to choose)")
+        return (f"[remat] warning: JAX has started already, so XLA's CPU compile undoes remat (no memory saved); set "
+                f"XLA_FLAGS=\"{' '.join(added)}\" before Python starts")
+    environ["XLA_FLAGS"] = " ".join([flags, *added]).strip()
+    return (f"[remat] XLA_FLAGS += {' '.join(added)} (XLA's CPU compile would merge the recomputation back into the "
+            f"forward pass and keep the activations; set these flags yourself to choose)")
