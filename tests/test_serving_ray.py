@@ -43,6 +43,21 @@ def run_entry_point(*args, env=None, **kwargs):
         "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO, **(env or {})}, **kwargs}
 
 
+def stop_entry_point(process):
+    """SIGTERM to the entry point: (its exit status, or None after 120 s; what it left running in its
+    session, killed). Everything Ray started runs in the command's session: nothing of it may be left."""
+    process.send_signal(signal.SIGTERM)
+    try:
+        returncode = process.wait(timeout=120)
+    except subprocess.TimeoutExpired:
+        returncode = None
+    leftover = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(process.pid)], capture_output=True,
+                              text=True).stdout.strip()
+    for pid in [int(row.split()[0]) for row in leftover.splitlines()]:
+        os.kill(pid, signal.SIGKILL)
+    return returncode, leftover
+
+
 def free_port():
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
@@ -98,16 +113,7 @@ def served(exported, tmp_path_factory):
             log.read_text()[-4000:]
         yield port, tf.saved_model.load(str(exported)).signatures
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            returncode = process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        # Everything Ray started runs in the command's session: nothing of it may be left.
-        leftover = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(process.pid)], capture_output=True,
-                                  text=True).stdout.strip()
-        for pid in [int(row.split()[0]) for row in leftover.splitlines()]:
-            os.kill(pid, signal.SIGKILL)
+        returncode, leftover = stop_entry_point(process)
         assert returncode == 0 and leftover == "", (returncode, leftover, log.read_text()[-4000:])
 
 

@@ -36,7 +36,7 @@ from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from test_serving import images  # noqa: E402
-from test_serving_ray import REPO, free_port, run_entry_point  # noqa: E402
+from test_serving_ray import REPO, free_port, run_entry_point, stop_entry_point  # noqa: E402
 
 from keras_preact.export import export_saved_model  # noqa: E402
 from keras_preact.serving.servable import Servable  # noqa: E402
@@ -131,15 +131,7 @@ def served(cluster, exported, tmp_path_factory):
             in line, log.read_text()[-4000:]
         yield port
     finally:
-        process.send_signal(signal.SIGTERM)
-        try:
-            returncode = process.wait(timeout=120)
-        except subprocess.TimeoutExpired:
-            returncode = None
-        leftover = subprocess.run(["ps", "-o", "pid=,args=", "--sid", str(process.pid)], capture_output=True,
-                                  text=True).stdout.strip()
-        for pid in [int(row.split()[0]) for row in leftover.splitlines()]:
-            os.kill(pid, signal.SIGKILL)
+        returncode, leftover = stop_entry_point(process)
         deleted = "cifar" not in serve.status().applications
         assert returncode == 0 and leftover == "" and deleted, (returncode, leftover, log.read_text()[-4000:])
 
