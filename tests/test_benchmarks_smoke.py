@@ -115,8 +115,13 @@ def test_benchmark_refuses_a_reference_with_other_parameters():
     ],
 )
 def test_bad_arguments_are_refused_before_any_work(argv, message, capsys):
+    assert_refused(core_speed.parse_args, argv, message, capsys)
+
+
+def assert_refused(parse_args, argv, message, capsys):
+    """``parse_args(argv)`` exits 2 with ``message`` (a regular expression) on stderr."""
     with pytest.raises(SystemExit) as exit_info:
-        core_speed.parse_args(argv)
+        parse_args(argv)
     assert exit_info.value.code == 2
     assert re.search(message, capsys.readouterr().err)
 
@@ -207,10 +212,7 @@ def _old_frontend_available():
 def test_serving_frontends_refuses_bad_arguments_naming_them(argv, message, capsys):
     from benchmarks import serving_frontends
 
-    with pytest.raises(SystemExit) as exit_info:
-        serving_frontends.parse_args(argv)
-    assert exit_info.value.code == 2
-    assert re.search(message, capsys.readouterr().err)
+    assert_refused(serving_frontends.parse_args, argv, message, capsys)
 
 
 def test_serving_frontends_refuses_an_old_ref_without_the_http_server_front_end(capsys):
