@@ -346,3 +346,26 @@ def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
     refused = subprocess.run([*command[:2], "--preset", "synthetic-resnet8", "--policies", "segments:0"],
                              capture_output=True, text=True, timeout=120, env={**os.environ, "KERAS_BACKEND": "jax"})
     assert refused.returncode == 2 and "--policies: Invalid remat='segments:0'" in refused.stderr
+
+
+@pytest.mark.notf
+@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+def test_jax_memory_plan_for_an_h100_that_is_not_here(tmp_path):
+    """``remat_memory_plan.py --target h100``: XLA's GPU compiler plans the step for an H100 on a machine
+    without one. With JAX's CUDA plugin installed, ``units`` keeps under half of none's temporaries (the GPU
+    compile keeps the recomputation); without it, the run is refused before any work, naming the install."""
+    out = tmp_path / "plan"
+    command = [sys.executable, str(REPO / "benchmarks" / "remat_memory_plan.py"), "--target", "h100", "--preset",
+               "synthetic-resnet8", "--depth", "20", "--batch-sizes", "32", "--policies", "none", "units",
+               "--out", str(out)]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)})
+    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
+        assert done.returncode == 2 and not out.with_name("plan.json").exists()
+        assert "--target h100" in done.stderr and 'pip install "jax[cuda12]"' in done.stderr
+        return
+    assert done.returncode == 0, done.stderr[-2000:]
+    none, units = json.loads(out.with_name("plan.json").read_text())
+    assert {none["backend"], units["backend"], none["target"]} == {"cuda", "h100"}
+    assert units["temp_bytes"] < 0.5 * none["temp_bytes"]
+    assert "XLA's GPU compiler for an H100 80GB" in out.with_name("plan.md").read_text()
