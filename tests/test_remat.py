@@ -326,7 +326,7 @@ def test_remat_on_jax_cpu_sets_the_xla_flags_unless_the_user_did(monkeypatch):
 
 
 @pytest.mark.notf
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan, its own JAX process: run once, in the JAX pass")
 def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
     """benchmarks/remat_memory_plan.py, its own JAX process as a user runs it: XLA's compiled plan of
     keras-preact-train's step (with the CPU flags keras-preact-train sets) keeps fewer temporaries with
@@ -349,7 +349,7 @@ def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
 
 
 @pytest.mark.notf
-@pytest.mark.skipif(importlib.util.find_spec("jax") is None, reason="needs JAX")
+@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan, its own JAX process: run once, in the JAX pass")
 def test_jax_memory_plan_for_an_h100_that_is_not_here(tmp_path):
     """``remat_memory_plan.py --target h100``: XLA's GPU compiler plans the step for an H100 on a machine
     without one. With JAX's CUDA plugin installed, ``units`` keeps under half of none's temporaries (the GPU
