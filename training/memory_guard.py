@@ -16,9 +16,11 @@ ancestors); else the machine's ``/proc/meminfo`` (MemTotal - MemAvailable of Mem
 or at least the machine's memory, is no limit. Where neither can be read (not Linux) the guard is off and
 says so once.
 
-Cost: a poll reads three to five small files under /proc and /sys: measured about 0.1-0.2 ms of CPU, so
-0.1-0.2% of one core at 10 polls a second. Growth faster than one poll (a single allocation larger than
-what is left) can still reach the OOM killer first. Standard library only.
+Cost: a poll reads /proc/meminfo, or a limited cgroup's three files (which cgroups have a limit is found once
+per ``watch``). Measured on a busy 2-core machine: 0.07-0.08 ms of CPU per poll back to back, 0.4-0.5 ms per
+poll from the sleeping thread (its wake-up included): under 0.5% of one core at 10 polls a second. Growth
+faster than one poll (a single allocation larger than what is left) can still reach the OOM killer first.
+Standard library only.
 """
 
 import contextlib
