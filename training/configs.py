@@ -113,6 +113,8 @@ class Config:
     export_dir: str = "saved_models"
     skip_bad_images: bool = False  # folder data: skip unreadable image files (and report them) instead of failing
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
+    # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
+    memory_limit: float = 0.95  # training.memory_guard
 
     def replace(self, **overrides):
         return dataclasses.replace(self, **overrides)
@@ -380,6 +382,10 @@ def validate(config, *, needs_data=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"Invalid {field}={value!r}: a finite non-negative number is required.")
     _check_unit_options(config.unit_options)
+    limit = config.memory_limit
+    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (limit == 0 or 0 < limit <= 1):
+        raise ValueError(f"Invalid memory_limit={limit!r} (--memory-limit): 0 (the memory guard off) or a "
+                         "fraction 0 < f <= 1 of the memory limit is required (default 0.95).")
     if config.batch_size > INT32_MAX:
         raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
     if config.steps_per_execution > 1:

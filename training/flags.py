@@ -25,6 +25,7 @@ CHOICES = {
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
+METAVARS = {"memory_limit": "FRACTION"}  # other fields: their name in capitals
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
     "dataset": "a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'",
@@ -50,6 +51,9 @@ HELP = {
     "health_every": "log per-stage gradient norms, update ratios, activation stats every N steps",
     "export": "export a SavedModel at the end (default: on for the default preset)",
     "unit_options": "residual-unit options as JSON, e.g. '{\"ordering\": \"original\"}'",
+    "memory_limit": "stop the run with one line when the host memory in use reaches this fraction of the "
+    "limit (the cgroup's, else the machine's), before Linux's OOM killer ends it without a word; default "
+    "0.95, 0: off",
     "remat": "recompute activations in the backward pass to save memory (same loss, gradients and weights): "
     "units (keep each residual unit's input), stages (each stage's input) or segments:K (the input of "
     "every K consecutive units); default none. README: Training the deepest networks on one device",
@@ -96,7 +100,8 @@ def add_config_flags(parser, exclude=()):
         elif kind is dict:
             group.add_argument(*names, dest=field.name, type=_json_object, metavar="JSON", help=help_text)
         else:
-            metavar = ("H", "W") if nargs == 2 else None if field.name in CHOICES else field.name.upper()
+            metavar = (("H", "W") if nargs == 2 else None if field.name in CHOICES
+                       else METAVARS.get(field.name, field.name.upper()))
             group.add_argument(*names, dest=field.name, type=kind, nargs=nargs, choices=CHOICES.get(field.name),
                                metavar=metavar, help=help_text)
     return group

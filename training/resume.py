@@ -4,8 +4,8 @@ with the run's manifest (``config.json``).
 Fields that change the model or the data stream (architecture, depth, unit options, data set,
 normalization, batch, seed, schedule, ...) must match, or ``check`` raises one line listing each
 difference (the manifest is left as it was). The fields in ``MAY_CHANGE`` (verbosity, checkpoint
-frequency, ``--health-every``, compilation, rematerialisation, export options, where the run lives) may
-change; the new values are printed and the manifest records them.
+frequency, ``--health-every``, compilation, rematerialisation, ``--memory-limit``, export options, where the
+run lives) may change; the new values are printed and the manifest records them.
 """
 
 import dataclasses
@@ -16,7 +16,7 @@ from .manifest import FILENAME, RunManifest
 from .run_dir import read_backup
 
 MAY_CHANGE = ("paper", "verbose", "checkpoint_every", "health_every", "jit_compile", "steps_per_execution",
-              "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir")
+              "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir", "memory_limit")
 
 
 def _plain(config):

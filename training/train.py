@@ -22,7 +22,8 @@ The backup is restored before anything else, so a run killed after training (eva
 export) finishes those phases from the trained weights, and a finished run re-run does nothing
 (``training/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
-checkpoint, which is kept.
+checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``training.memory_guard`` ends the
+process with one line (exit 1) when host memory in use reaches ``config.memory_limit`` of the limit.
 """
 
 import sys
@@ -41,7 +42,7 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, pipelines, plots, resume, run_lock, run_state, schedules, sources, timing
+from . import configs, distribute, memory_guard, pipelines, plots, resume, run_lock, run_state, schedules, sources, timing
 from . import export as export_lib
 from .manifest import RunManifest, input_config_for, model_fingerprint
 from .model import build_model
@@ -302,7 +303,7 @@ def fit(run):
     print(describe(run), flush=True)
     started = time.time()
     for initial_epoch, epochs, steps in _fit_phases(run.start_step, resolved.steps_per_epoch, resolved.total_steps):
-        with _reported("model.fit"):
+        with _reported("model.fit"), memory_guard.watch("model.fit", config.memory_limit):
             run.model.fit(
                 train_stream(backup.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
                 validation_data=run.test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
@@ -351,7 +352,7 @@ def run_metrics(run, evaluation):
 def finalise(run):
     """Evaluate, save ``model.keras``; the chief writes metrics and curves, then exports."""
     config = run.config
-    with _reported("model.evaluate"):
+    with _reported("model.evaluate"), memory_guard.watch("model.evaluate", config.memory_limit):
         evaluation = run.model.evaluate(run.test_stream, verbose=0, return_dict=True)
     metrics = run_metrics(run, evaluation)
     # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
