@@ -285,3 +285,24 @@ def test_a_killed_replica_fails_at_most_the_requests_in_flight_and_ray_places_a_
     assert sorted(actor.node_id for actor in replacement.values()) == sorted(node.node_id for node in nodes)
     assert parent_pid(replacement[new_id].pid) == nodes[1].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
     replies_from_every_replica(port, replacement, reference)
+
+
+def test_without_address_it_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, exported, reference, tmp_path):
+    """Without ``--address``, keras-preact-serve-ray starts its own Ray instance even while a cluster runs on
+    this machine: Ray's default joins the latest cluster started here and then refuses ``--num-cpus`` (seen in
+    CI, where this module's cluster was up beside tests/test_serving_ray.py's local server)."""
+    port = free_port()
+    log = tmp_path / "serve.log"
+    command, options = run_entry_point(str(exported.parent), "--replicas", "1", "--num-cpus", "1",
+                                       "--object-store-memory", str(100 * 2**20), "--port", str(port))
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+                                   **options)
+    try:
+        ready, _, _ = select.select([process.stdout], [], [], 300)
+        line = process.stdout.readline() if ready else ""
+        assert f"on 1 Ray Serve replica(s) at http://127.0.0.1:{port}" in line, log.read_text()[-4000:]
+        assert_correct(send(port, 0), reference)
+    finally:
+        returncode, leftover = stop_entry_point(process)
+        assert returncode == 0 and leftover == "", (returncode, leftover, log.read_text()[-4000:])

@@ -159,7 +159,10 @@ def main(argv=None):
         # A Ray instance started here reports no usage statistics to Ray's servers unless asked to
         # (RAY_USAGE_STATS_ENABLED=1); a cluster joined with --address keeps its own setting.
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        ray.init(num_cpus=args.num_cpus, object_store_memory=args.object_store_memory, include_dashboard=False)
+        # address="local": a Ray instance of its own, even where another runs on this machine (without it, Ray
+        # joins the latest cluster started here, and refuses --num-cpus for it).
+        ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
+                 include_dashboard=False)
     else:
         ray.init(address=args.address)
         nodes = sum(node["Alive"] for node in ray.nodes())
