@@ -138,7 +138,8 @@ def main(argv=None):
         parser.error(f"KERAS_BACKEND={os.environ['KERAS_BACKEND']}: the plan is XLA's, so it needs KERAS_BACKEND=jax")
     if any(size < 1 for size in args.batch_sizes):
         parser.error(f"--batch-sizes must be positive integers, got {args.batch_sizes}")
-    if TARGETS[args.target] is not None:
+    gpu = TARGETS[args.target] is not None
+    if gpu:
         if not has_gpu_plugin():
             parser.error(f"--target {args.target} compiles for a GPU that need not be here, with JAX's CUDA plugin, "
                          f"which is not installed: pip install \"jax[cuda12]\" (no GPU or driver needed)")
@@ -159,7 +160,7 @@ def main(argv=None):
             parse_remat(None if policy == "none" else policy)
         except ValueError as error:
             parser.error(f"--policies: {error}")
-    if args.target == "cpu":
+    if not gpu:
         # The schedule keras-preact-train --remat compiles with, for every row (none too: one schedule, one table).
         backends.xla_flags_for_remat("jax", "units", accelerator=False)
     sharding = target_sharding(args.target)
@@ -175,7 +176,7 @@ def main(argv=None):
                 if args.out:
                     args.out.parent.mkdir(parents=True, exist_ok=True)
                     write_atomic(args.out.with_name(args.out.name + ".json"), json.dumps(rows, indent=1))
-    compiler = ("XLA's GPU compiler for an H100 80GB, deviceless (no GPU here: a projection)" if args.target == "h100"
+    compiler = ("XLA's GPU compiler for an H100 80GB, deviceless (no GPU here: a projection)" if gpu
                 else f"XLA's CPU compiler (JAX {rows[0]['backend']} backend)")
     text = (f"XLA memory plans of the training step, {compiler}, XLA_FLAGS="
             f"{os.environ.get('XLA_FLAGS', '')!r}; {platform.machine()}, {os.cpu_count()} cores\n\n{table(rows)}\n")
