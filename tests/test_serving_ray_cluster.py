@@ -10,6 +10,13 @@ user runs it against ``ray start``. Each node has the CPUs for both replicas, so
 127.0.0.1:<port> (SO_REUSEPORT: the kernel hands each new connection to one of them), and each proxy
 routes to the replica on its own node while that one is alive.
 
+A node that loses its last replica has its proxy drained: ``/-/healthz`` answers 503, and once
+``RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S`` (30 s) has passed with no request in it, the controller stops
+it; a new proxy starts when a replica is placed there again. A load balancer that health-checks each node
+stops sending to a draining proxy; the kernel's SO_REUSEPORT does not, so a proxy stopped while the
+replacement replica is still starting resets the connections queued to it (seen in CI, where the
+replacement took 48 s). The nodes here keep a draining proxy for longer than the recovery can take.
+
 Where a replica runs is Ray's word: the GCS actor table (``ray._private.state.actors``: name, state, node
 id, PID; Ray's state API needs the dashboard), matched to the replies' ``X-Replica-Id`` and checked
 against the process tree (a replica's process is a child of its node's raylet).
@@ -96,6 +103,8 @@ def cluster():
         patch.setattr(ray_constants, "ENABLE_RAY_CLUSTER", False)
         patch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])))
         patch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")
+        # No health-checking load balancer in front of the proxies here (module docstring).
+        patch.setenv("RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S", str(3 * RECOVERY_TIMEOUT_S))
         cluster = Cluster(initialize_head=True, head_node_args={**NODE, "include_dashboard": False})
         try:
             nodes = [cluster.head_node, cluster.add_node(**NODE)]
