@@ -29,6 +29,8 @@ import typing
 from keras_preact.layers.options import check_choice
 from keras_preact.models.presets import FAMILY_INPUTS
 
+from . import memory_guard
+
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
 TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
 NORMALIZATIONS = {
@@ -114,7 +116,7 @@ class Config:
     skip_bad_images: bool = False  # folder data: skip unreadable image files (and report them) instead of failing
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
-    memory_limit: float = 0.95  # training.memory_guard
+    memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
 
     def replace(self, **overrides):
         return dataclasses.replace(self, **overrides)
@@ -382,10 +384,7 @@ def validate(config, *, needs_data=True):
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
             raise ValueError(f"Invalid {field}={value!r}: a finite non-negative number is required.")
     _check_unit_options(config.unit_options)
-    limit = config.memory_limit
-    if isinstance(limit, bool) or not isinstance(limit, (int, float)) or not (limit == 0 or 0 < limit <= 1):
-        raise ValueError(f"Invalid memory_limit={limit!r} (--memory-limit): 0 (the memory guard off) or a "
-                         "fraction 0 < f <= 1 of the memory limit is required (default 0.95).")
+    memory_guard.check_fraction(config.memory_limit)
     if config.batch_size > INT32_MAX:
         raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
     if config.steps_per_execution > 1:

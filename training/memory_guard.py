@@ -1,13 +1,17 @@
-"""Stop a training that outgrows host memory with one line, before Linux's OOM killer ends it without a word.
+"""Stop a training or evaluation that outgrows host memory with one line, before Linux's OOM killer ends it
+without a word.
 
 On a CPU host the backends rarely raise an out-of-memory error: memory grows until the kernel's OOM killer
 sends SIGKILL and nothing is printed. ``watch(what, fraction)`` (around ``model.fit`` and ``model.evaluate``
-in ``training.train``) runs a daemon thread that reads the memory in use every ``INTERVAL_S`` seconds and,
-once it reaches ``fraction`` of the limit, prints one line on stderr and ends the process at once with
-``os._exit(1)``, the exit code of every failed ``keras-preact-train`` (Ray's memory monitor does the same,
-``RAY_memory_usage_threshold``, default 0.95). Every file of a run is written to a temporary name and
-renamed, so a target is complete or absent; a temporary cut off mid-write is removed by the next run in
-that directory, as after a SIGKILL.
+in ``training.train``, around ``model.evaluate`` in ``training.evaluate``) runs a daemon thread that reads
+the memory in use every ``INTERVAL_S`` seconds and, once it reaches ``fraction`` of the limit, prints one
+line on stderr and ends the process at once with ``os._exit(1)``, the exit code of a failed run of
+``keras-preact-train`` and of ``keras-preact-evaluate`` (a bad argument exits 2). Ray's memory monitor does
+the same (``RAY_memory_usage_threshold``, default 0.95). The line starts with the command's ``prefix``
+("[train]" by default, "[evaluate]") and carries its ``remedies`` (by default training's,
+``training.train.OUT_OF_MEMORY_HINT``); ``check_fraction`` is both commands' ``--memory-limit`` check.
+Every file of a run is written to a temporary name and renamed, so a target is complete or absent; a
+temporary cut off mid-write is removed by the next run in that directory, as after a SIGKILL.
 
 Memory in use and the limit: the process's memory cgroup where a limit is set (cgroup v2 ``memory.max`` /
 ``memory.current``, v1 ``memory.limit_in_bytes`` / ``memory.usage_in_bytes``, each less the reclaimable
@@ -33,7 +37,10 @@ import threading
 
 DEFAULT_FRACTION = 0.95  # Ray's RAY_memory_usage_threshold
 INTERVAL_S = 0.1
-EXIT_CODE = 1  # keras-preact-train's exit code for a failed run (training.cli)
+EXIT_CODE = 1  # the exit code of a failed run: keras-preact-train's (training.cli) and keras-preact-evaluate's
+PREFIX = "[train]"  # the line's first word: the command's (training.evaluate passes "[evaluate]")
+FRACTION_RULE = (f"0 (the memory guard off) or a fraction 0 < f <= 1 of the memory limit is required "
+                 f"(default {DEFAULT_FRACTION:g})")
 NO_LIMIT = 2**60  # cgroup v1 writes 2**63 - 4096 for "no limit"; anything this large is none
 THREAD_NAME = "keras-preact-memory-guard"
 GIB = 2**30
@@ -174,6 +181,14 @@ def process_rss(root="/"):
     return None
 
 
+def check_fraction(value, name="memory_limit"):
+    """``value`` when it is a ``--memory-limit``: 0 (the guard off) or a number 0 < f <= 1 (not a bool, not
+    NaN); else ``ValueError`` naming ``name`` and the flag, with ``FRACTION_RULE``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (value == 0 or 0 < value <= 1):
+        raise ValueError(f"Invalid {name}={value!r} (--memory-limit): {FRACTION_RULE}.")
+    return value
+
+
 def threshold_bytes(limit, fraction):
     """The bytes in use at which the guard stops the run: ``ceil(fraction * limit)``."""
     return math.ceil(fraction * limit)
@@ -184,16 +199,20 @@ def trips(memory, fraction):
     return memory.used >= threshold_bytes(memory.limit, fraction)
 
 
-def message(what, memory, fraction, rss):
-    """The one line the guard prints."""
-    from .train import OUT_OF_MEMORY_HINT  # training.train loads Keras: only when the line is written
+def message(what, memory, fraction, rss, *, prefix=PREFIX, remedies=None):
+    """The one line the guard prints: ``prefix`` first (the command's), ``remedies`` (text starting " -- ")
+    after the numbers; ``None``: training's, ``training.train.OUT_OF_MEMORY_HINT``."""
+    if remedies is None:
+        from .train import OUT_OF_MEMORY_HINT  # training.train loads Keras: only when the line is written
+
+        remedies = OUT_OF_MEMORY_HINT
 
     rss_text = f"{rss / GIB:.2f} GiB" if rss is not None else "unknown"
     return (
-        f"[train] error: out of host memory during {what}: {memory.left / GIB:.2f} GiB left of "
+        f"{prefix} error: out of host memory during {what}: {memory.left / GIB:.2f} GiB left of "
         f"{memory.limit / GIB:.2f} GiB ({memory.source}; {memory.used / memory.limit:.0%} in use reached "
         f"--memory-limit {fraction:g}), this process's RSS {rss_text}; stopped before the kernel's OOM killer "
-        f"would end the run without a word{OUT_OF_MEMORY_HINT}; --memory-limit FRACTION changes the threshold "
+        f"would end the run without a word{remedies}; --memory-limit FRACTION changes the threshold "
         f"(default {DEFAULT_FRACTION:g}), --memory-limit 0 switches this guard off"
     )
 
@@ -209,10 +228,13 @@ def _exit_now(line):
 
 class MemoryGuard:
     """The polling thread of ``watch``; ``poll()`` is one reading and decision (``exit`` is called with the
-    line when it trips: ``_exit_now`` unless a test gives its own). ``reader``: ``memory_reader(root)``."""
+    line when it trips: ``_exit_now`` unless a test gives its own). ``reader``: ``memory_reader(root)``;
+    ``prefix``, ``remedies``: the line's (``message``)."""
 
-    def __init__(self, what, fraction, *, root="/", reader=None, interval=INTERVAL_S, exit=_exit_now):
+    def __init__(self, what, fraction, *, root="/", reader=None, interval=INTERVAL_S, exit=_exit_now,
+                 prefix=PREFIX, remedies=None):
         self.what, self.fraction, self.root, self.interval, self.exit = what, fraction, root, interval, exit
+        self.prefix, self.remedies = prefix, remedies
         self.reader = reader or memory_reader(root) or (lambda: None)
         self._stop = threading.Event()
         self._thread = None
@@ -222,7 +244,8 @@ class MemoryGuard:
         memory = self.reader()
         if memory is None or not trips(memory, self.fraction):
             return False
-        self.exit(message(self.what, memory, self.fraction, process_rss(self.root)))
+        self.exit(message(self.what, memory, self.fraction, process_rss(self.root), prefix=self.prefix,
+                          remedies=self.remedies))
         return True
 
     def _run(self):
@@ -245,9 +268,10 @@ _said_off = False
 
 
 @contextlib.contextmanager
-def watch(what, fraction, *, root="/"):
+def watch(what, fraction, *, root="/", prefix=PREFIX, remedies=None):
     """Guard the block (``what``: "model.fit", "model.evaluate"); ``fraction`` 0 is off. Where no memory can
-    be read, says once that the guard is off and runs the block unguarded."""
+    be read, says once (starting with ``prefix``) that the guard is off and runs the block unguarded.
+    ``prefix`` and ``remedies``: the command's words in the line (``message``)."""
     global _said_off
     if not fraction:
         yield None
@@ -256,11 +280,11 @@ def watch(what, fraction, *, root="/"):
     if reader is None:
         if not _said_off:
             _said_off = True
-            print("[train] memory guard off: neither a cgroup memory limit nor /proc/meminfo is readable here "
+            print(f"{prefix} memory guard off: neither a cgroup memory limit nor /proc/meminfo is readable here "
                   "(not Linux); a run that outgrows memory may end without a word", file=sys.stderr, flush=True)
         yield None
         return
-    guard = MemoryGuard(what, fraction, root=root, reader=reader).start()
+    guard = MemoryGuard(what, fraction, root=root, reader=reader, prefix=prefix, remedies=remedies).start()
     try:
         yield guard
     finally:
