@@ -14,6 +14,11 @@ images at the model's input size (crop fraction 1.0: CIFAR) are normalized array
 (``pipelines.numpy_array_eval``), others go through ``keras_preact.preprocessing.eval_view`` (resize,
 centre crop; needs TensorFlow), both with the model's own mean/std, measured by ``model.evaluate`` with
 training's metrics. Every argument is checked before anything is loaded.
+
+While ``model.evaluate`` runs, ``training.memory_guard`` ends the process with one line (``[evaluate] error:
+out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit`` of the
+limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, before anything is loaded, or
+data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
 if __name__ == "__main__":  # python -m training.evaluate: quiet start-up as the console scripts, before Keras loads
@@ -32,7 +37,7 @@ import numpy as np
 from keras_preact.preprocessing import InputConfig
 from keras_preact.scratch import atomic_path
 
-from . import pipelines, sources
+from . import memory_guard, pipelines, sources
 from .manifest import RunManifest
 
 
@@ -206,8 +211,13 @@ def evaluation_data(target, data, batch_size):
 
 
 # ------------------------------------------------------------------------------------- evaluate
-def evaluate(target, data, batch_size=128, verbose=1):
-    """``{"top1", "top5" (more than 5 classes), "loss", "images"}`` by ``model.evaluate`` (Keras' progress bar)."""
+OUT_OF_MEMORY_HINT = " -- out of memory: evaluate with a smaller --batch-size"  # the memory guard's remedies
+
+
+def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
+    """``{"top1", "top5" (more than 5 classes), "loss", "images"}`` by ``model.evaluate`` (Keras' progress bar).
+    ``memory_limit``: the memory guard's fraction around ``model.evaluate`` (its line names this command's
+    flags: ``main`` passes ``--memory-limit``; 0, the default for other callers, is off)."""
     import keras
 
     model = target.load()
@@ -218,7 +228,9 @@ def evaluate(target, data, batch_size=128, verbose=1):
     if num_classes > 5:
         metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
     model.compile(loss="sparse_categorical_crossentropy", metrics=metrics)
-    result = model.evaluate(evaluation_data(target, data, batch_size), verbose=verbose, return_dict=True)
+    inputs = evaluation_data(target, data, batch_size)
+    with memory_guard.watch("model.evaluate", memory_limit, prefix="[evaluate]", remedies=OUT_OF_MEMORY_HINT):
+        result = model.evaluate(inputs, verbose=verbose, return_dict=True)
     metrics = {"top1": float(result["accuracy"]), "loss": float(result["loss"]), "images": data.size}
     if "top5_accuracy" in result:
         metrics["top5"] = float(result["top5_accuracy"])
@@ -251,6 +263,14 @@ def _positive_int(text):
     return int(text)
 
 
+def _memory_limit(text):
+    """``--memory-limit``: ``memory_guard.check_fraction``'s rule, as argparse says a bad value."""
+    try:
+        return memory_guard.check_fraction(float(text))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: {memory_guard.FRACTION_RULE}") from None
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-evaluate",
@@ -264,6 +284,11 @@ def build_parser():
     parser.add_argument("--batch-size", type=_positive_int, default=128, help="default 128")
     parser.add_argument("--cache-dir", default=None, help="where decoded folder images are cached (as training)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the metrics to PATH (JSON)")
+    parser.add_argument("--memory-limit", type=_memory_limit, default=memory_guard.DEFAULT_FRACTION,
+                        metavar="FRACTION",
+                        help="stop with one line (exit 1) when the host memory in use reaches this fraction of "
+                        "the limit (the cgroup's, else the machine's), before Linux's OOM killer ends the run "
+                        f"without a word; default {memory_guard.DEFAULT_FRACTION:g}, 0: off")
     return parser
 
 
@@ -284,7 +309,7 @@ def main(argv=None):
         fail(error)
     print(f"[evaluate] {target.label} on {data.label}", flush=True)
     try:
-        metrics = evaluate(target, data, args.batch_size)
+        metrics = evaluate(target, data, args.batch_size, memory_limit=args.memory_limit)
     except ValueError as error:
         fail(error)
     print(summary(target, data, metrics), flush=True)
