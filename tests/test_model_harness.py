@@ -1,12 +1,15 @@
 """Every registered network through the same checks (timm's tests/test_models.py, keras-hub's
 ``run_backbone_test``): forward and backward, ``.keras`` round trip, mixed precision, pyramid
-outputs, channels_first. The largest networks run under the ``slow`` marker."""
+outputs, channels_first. The largest networks run under the ``slow`` marker, and so does channels_first
+of a network deeper than another of its design (family and block)."""
 
 import numpy as np
 import pytest
 
 from keras_preact import testing
 from keras_preact.models import create_model, list_models, model_spec
+from keras_preact.models.cifar import cifar_depth_block
+from keras_preact.models.imagenet import IMAGENET_DEPTHS
 
 pytestmark = pytest.mark.core
 
@@ -20,8 +23,27 @@ def _small_input(name):
     return model_spec(name).test_input_size
 
 
-def _models():
-    return [pytest.param(n, marks=pytest.mark.slow) if model_spec(n).slow else n for n in list_models()]
+def _models(slow=()):
+    """Every registered network; the large ones (and ``slow``) under the ``slow`` marker."""
+    return [pytest.param(n, marks=pytest.mark.slow) if model_spec(n).slow or n in slow else n for n in list_models()]
+
+
+def _block(name):
+    """The unit a registered network is built of, by its builder's own depth tables."""
+    arguments = model_spec(name).arguments
+    if model_spec(name).family == "cifar":
+        return cifar_depth_block(arguments["depth"], arguments.get("block"))[0]
+    return IMAGENET_DEPTHS[arguments["depth"]][0]
+
+
+def _deeper_of_a_design():
+    """The networks with a shallower one of the same family and block in the registry. ``data_format`` is a
+    property of the layers: the shallowest network of each design checks it, the deeper ones only add
+    XLA compile time on TensorFlow's CPU (ResNet-164: ~60 s), so they run with the ``slow`` ones."""
+    shallowest = {}
+    for name in sorted(list_models(), key=lambda n: model_spec(n).arguments["depth"]):
+        shallowest.setdefault((model_spec(name).family, _block(name)), name)
+    return set(list_models()) - set(shallowest.values())
 
 
 def _batch(name, rng):
@@ -60,7 +82,16 @@ def test_mixed_precision(name, rng):
     )
 
 
-@pytest.mark.parametrize("name", _models())
+def test_channels_first_covers_every_design():
+    designs = {(model_spec(n).family, _block(n)) for n in list_models()}
+    checked = {(model_spec(n).family, _block(n)) for n in set(list_models()) - _deeper_of_a_design()}
+    assert checked == designs == {("cifar", "basic"), ("cifar", "bottleneck"), ("cifar", "one_layer"),
+                                  ("imagenet", "basic"), ("imagenet", "bottleneck")}
+    assert {n for n in list_models() if not model_spec(n).slow} - _deeper_of_a_design() == {
+        "cifar_resnet20", "cifar_resnet164", "cifar_resnet110_1layer", "imagenet_resnet18", "imagenet_resnet50"}
+
+
+@pytest.mark.parametrize("name", _models(slow=_deeper_of_a_design()))
 def test_channels_first(name, rng):
     images, _ = _batch(name, rng)
     # Over hundreds of units the NHWC and NCHW kernels' different summation orders add up to ~1e-3

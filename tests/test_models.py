@@ -40,9 +40,34 @@ REFERENCE_PARAMS = [
 ]
 
 
+# Each registered network at its registered classes, built once for the two tests below (ResNet-1001 and
+# -1202 take ~30 s each to build on a CI core): one pytest-xdist worker runs both (`--dist loadgroup`).
+BUILT_ONCE = pytest.mark.xdist_group("test_models-registered-builds")
+
+
+@pytest.fixture(scope="module")
+def build():
+    """``create_model(name, **kwargs)``, each (name, kwargs) built once per module."""
+    built = {}
+
+    def build(name, **kwargs):
+        key = (name, tuple(sorted(kwargs.items())))
+        if key not in built:
+            built[key] = create_model(name, **kwargs)
+        return built[key]
+
+    yield build
+    built.clear()
+
+
+def registered_classes(name):
+    return {"num_classes": 10} if model_spec(name).family == "cifar" else {}
+
+
+@BUILT_ONCE
 @pytest.mark.parametrize("name, kwargs, expected", REFERENCE_PARAMS)
-def test_trainable_parameters_equal_official_code(name, kwargs, expected):
-    assert trainable_params(create_model(name, **kwargs)) == expected
+def test_trainable_parameters_equal_official_code(name, kwargs, expected, build):
+    assert trainable_params(build(name, **kwargs)) == expected
 
 
 def test_tf_slim_layout_matches_keras_applications_count():
@@ -66,10 +91,11 @@ def test_one_layer_skip_resnet110_parameters():
     assert [u.block for u in units(model)] == ["one_layer"] * 108 and len(units(model)[0].weights) == 5
 
 
+@BUILT_ONCE
 @pytest.mark.parametrize("name", list_models())
-def test_every_registered_model_builds_with_documented_units(name):
+def test_every_registered_model_builds_with_documented_units(name, build):
     spec = model_spec(name)
-    model = create_model(name, input_shape=(64, 64, 3) if spec.family == "imagenet" else (32, 32, 3))
+    model = build(name, **registered_classes(name))
     layers_per_unit = {"one_layer": 1, "basic": 2, "bottleneck": 3}[units(model)[0].block]
     assert layers_per_unit * len(units(model)) + 2 == spec.arguments["depth"]  # stem conv + units + classifier
     assert model.output_shape == (None, 10 if spec.family == "cifar" else 1000)

@@ -21,6 +21,9 @@ import numpy as np
 import pytest
 
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
+# One pytest-xdist worker runs the whole module (`--dist loadgroup` in .ci/run): its module fixtures start
+# Ray Serve once, not once per worker.
+pytestmark = pytest.mark.xdist_group("ray-local-server")
 
 from test_serving import BAD_REQUESTS, MAX_BATCH, MAX_BODY, images, request
 

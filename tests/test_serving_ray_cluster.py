@@ -38,6 +38,7 @@ import pytest
 
 pytest.importorskip("tensorflow", reason="needs TensorFlow")
 ray = pytest.importorskip("ray", reason="needs Ray Serve: pip install keras-preact[ray]")
+pytestmark = pytest.mark.xdist_group("ray-cluster")  # the cluster starts once (`--dist loadgroup`)
 
 from ray import serve  # noqa: E402
 from ray._private import ray_constants  # noqa: E402
