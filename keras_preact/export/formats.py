@@ -19,7 +19,6 @@ the rest before any work. ``export_saved_model`` is ``export_model`` with the Sa
 
 import dataclasses
 import importlib.util
-import inspect
 import os
 import shutil
 
@@ -248,15 +247,21 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
     return target
 
 
-def export_saved_model(model, export_dir="saved_models", **options):
+def export_saved_model(model, export_dir="saved_models", *, name=None, version=None, class_names=None,
+                       input_config=None, mean=None, std=None, top_k=5, image_size=None, crop_fraction=None,
+                       interpolation=None):
     """Write ``model`` to ``export_dir/<name>/<version>/`` as a SavedModel for TF Serving: ``export_model``
-    with ``formats=("saved_model",)``, whose other arguments it takes (documented there). Returns the
-    version directory written, a ``pathlib.Path``."""
-    if "formats" in options:
-        raise TypeError("export_saved_model() writes the SavedModel alone; use export_model(..., formats=...) "
-                        "for other formats.")
-    return export_model(model, export_dir, formats=("saved_model",), **options)
+    with ``formats=("saved_model",)``; the other arguments are ``export_model``'s (documented there).
 
+    Returns:
+        The version directory written, a ``pathlib.Path``.
 
-_EXPORT_ARGUMENTS = inspect.signature(export_model).parameters.values()
-export_saved_model.__signature__ = inspect.Signature([p for p in _EXPORT_ARGUMENTS if p.name != "formats"])
+    Examples:
+
+    >>> from keras_preact.models import create_model
+    >>> from keras_preact.export import export_saved_model
+    >>> version_dir = export_saved_model(create_model("cifar_resnet20"), "saved_models")  # doctest: +SKIP
+    """
+    return export_model(model, export_dir, formats=("saved_model",), name=name, version=version,
+                        class_names=class_names, input_config=input_config, mean=mean, std=std, top_k=top_k,
+                        image_size=image_size, crop_fraction=crop_fraction, interpolation=interpolation)

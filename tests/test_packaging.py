@@ -1,0 +1,95 @@
+"""What ``pip install keras-preact`` brings, and what importing the library loads.
+
+The model library needs Keras and numpy only; everything else is an extra (pyproject.toml), imported
+lazily where it is used. The README's two environments are one ``pip install -e ".[...]"`` line each,
+and ``.ci/run`` installs them exactly so (no ``--no-deps``).
+"""
+
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+
+pytestmark = pytest.mark.notf
+
+REPO = pathlib.Path(__file__).resolve().parent.parent
+PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
+REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
+# The library's modules: importing all of them must load none of the extras below.
+LIBRARY_MODULES = ["keras_preact", "keras_preact.layers", "keras_preact.models", "keras_preact.applications",
+                   "keras_preact.export", "keras_preact.analysis", "keras_preact.preprocessing"]
+EXTRAS_MODULES = ["matplotlib", "PIL", "tensorflow_datasets", "tensorboard", "onnx", "onnxruntime", "openvino",
+                  "ray", "starlette", "uvicorn", "grpc", "serving", "training"]
+BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
+
+
+def requirement_name(requirement):
+    return REQUIREMENT_NAME.match(requirement).group(1).lower().replace("_", "-")
+
+
+def test_the_library_requires_keras_and_numpy_only():
+    names = sorted(requirement_name(r) for r in PYPROJECT["project"]["dependencies"])
+    assert names == ["keras", "numpy"]
+
+
+def test_no_extra_pulls_an_unbounded_torch():
+    """An unpinned torch resolves to a CUDA build with several GB of NVIDIA wheels, even on a CPU machine."""
+    for extra, requirements in PYPROJECT["project"]["optional-dependencies"].items():
+        for requirement in requirements:
+            if requirement_name(requirement) == "torch":
+                assert re.search(r"<\s*2\.14\b", requirement), (extra, requirement)
+
+
+def requirements_of(extra, seen=None):
+    """The package names an extra brings, following ``keras-preact[...]`` references."""
+    seen = set() if seen is None else seen
+    seen.add(extra)
+    names = set()
+    for requirement in PYPROJECT["project"]["optional-dependencies"][extra]:
+        inner = re.match(r"keras-preact\[([^\]]+)\]", requirement)
+        if inner is None:
+            names.add(requirement_name(requirement))
+            continue
+        for name in inner.group(1).split(","):
+            if name not in seen:
+                names |= requirements_of(name, seen)
+    return names
+
+
+def test_the_tensorflow_free_environment_has_no_tensorflow_package():
+    """``[dev-notf]``, and every extra it names, brings no TensorFlow package; it has both other backends."""
+    names = requirements_of("dev-notf")
+    assert not {n for n in names if n.startswith("tensorflow") or n in ("tensorboard", "tf2onnx")}, names
+    assert {"jax", "torch"} <= names
+
+
+@pytest.mark.parametrize("extra", ["dev", "dev-notf"])
+def test_ci_installs_each_environment_as_the_readme_says(extra):
+    line = f'pip install -e ".[{extra}]"'
+    readme, ci = (REPO / "README.md").read_text(), (REPO / ".ci" / "run").read_text()
+    assert line in readme
+    assert f'-m {line}' in ci
+    assert "--no-deps" not in ci
+
+
+def loaded_after(imports, backend):
+    """Which of the extras' and the other backends' modules are loaded after ``imports``, in a new process."""
+    watched = EXTRAS_MODULES + [m for b, m in BACKEND_MODULES.items() if b != backend]
+    code = ("import json, sys\n" + "".join(f"import {m}\n" for m in imports)
+            + f"print(json.dumps(sorted(m for m in {watched!r} if m in sys.modules)))")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
+                            env={**os.environ, "KERAS_BACKEND": backend})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return set(json.loads(result.stdout.strip().splitlines()[-1]))
+
+
+def test_importing_the_library_loads_no_extra_and_no_app():
+    """Beyond what ``import keras`` loads itself where installed (PIL, matplotlib, TensorFlow's tf.data)."""
+    backend = os.environ.get("KERAS_BACKEND", "tensorflow")
+    assert loaded_after(LIBRARY_MODULES, backend) - loaded_after(["keras"], backend) == set()
