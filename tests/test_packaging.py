@@ -93,3 +93,15 @@ def test_importing_the_library_loads_no_extra_and_no_app():
     """Beyond what ``import keras`` loads itself where installed (PIL, matplotlib, TensorFlow's tf.data)."""
     backend = os.environ.get("KERAS_BACKEND", "tensorflow")
     assert loaded_after(LIBRARY_MODULES, backend) - loaded_after(["keras"], backend) == set()
+
+
+def test_a_missing_extra_is_named_in_one_line():
+    """Without matplotlib, the analysis figures fail in one line naming the extra (the library imports it)."""
+    code = ("import sys\nsys.modules['matplotlib'] = None\n"
+            "from keras_preact.analysis import plot_gradient_norms\n"
+            "try:\n    plot_gradient_norms({'a': None}, 'x.png')\n"
+            "except ImportError as error:\n    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300)
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert result.stdout.strip().splitlines()[-1] == (
+        'keras_preact.analysis draws its figures with matplotlib: pip install "keras-preact[analysis]"')

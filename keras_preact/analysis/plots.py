@@ -6,9 +6,14 @@ import numpy as np
 
 from keras_preact import scratch
 
+MISSING_MATPLOTLIB = 'keras_preact.analysis draws its figures with matplotlib: pip install "keras-preact[analysis]"'
+
 
 def _pyplot():
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise ImportError(MISSING_MATPLOTLIB) from None
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
