@@ -39,7 +39,7 @@ import numpy as np  # noqa: E402
 
 from benchmarks import reference_models  # noqa: E402
 from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
-from keras_preact.testing import trainable_params  # noqa: E402
+from tests.support import trainable_params  # noqa: E402
 
 GOAL_RATIO = 0.97
 SAME_FUNCTION_ATOL = 1e-3  # on softmax outputs; bitwise equal on CPU, GPU kernels may reorder sums

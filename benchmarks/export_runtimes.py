@@ -19,7 +19,7 @@ import numpy as np
 
 from keras_preact.export import FORMATS, check_formats, export_model, load
 from keras_preact.models import create_model, get_input_config
-from keras_preact.telemetry import decline_usage_telemetry
+from tests.support import decline_usage_telemetry
 
 
 def parse_model(text):

@@ -53,7 +53,7 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # training/ and benchmarks/ are not installed
 
-from keras_preact.telemetry import decline_usage_telemetry  # noqa: E402
+from tests.support import decline_usage_telemetry  # noqa: E402
 from training import evaluate as ev  # noqa: E402
 from training import sources  # noqa: E402
 

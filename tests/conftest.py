@@ -8,7 +8,7 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402
 
-from keras_preact.telemetry import decline_usage_telemetry  # noqa: E402
+from support import decline_usage_telemetry  # noqa: E402
 
 decline_usage_telemetry()
 

@@ -6,7 +6,7 @@ import pytest
 
 from keras_preact import applications
 from keras_preact.applications import from_keras_applications
-from keras_preact.testing import to_numpy, trainable_params
+from support import to_numpy, trainable_params
 
 pytestmark = pytest.mark.core
 

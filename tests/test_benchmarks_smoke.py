@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is n
 from benchmarks import core_speed  # noqa: E402
 from benchmarks import reference_models as rm  # noqa: E402
 from keras_preact.models import cifar_resnet, imagenet_resnet  # noqa: E402
-from keras_preact.testing import trainable_params  # noqa: E402
+from support import trainable_params  # noqa: E402
 
 # name: (ours, plain reference) at a small input; one per shortcut/stride path of the references.
 PAIRS = {

@@ -17,7 +17,7 @@ import pytest
 from keras_preact.models import create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import sha256_of
-from keras_preact.testing import randomize_statistics, to_numpy
+from support import randomize_statistics, to_numpy
 from training import evaluate as evaluate_lib
 from training.manifest import RunManifest
 

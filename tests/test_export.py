@@ -13,8 +13,8 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_saved_model
-from keras_preact.testing import CLASS_NAMES, MEAN, STD
-from keras_preact.testing import make_export_model as make_model
+from support import CLASS_NAMES, MEAN, STD
+from support import make_export_model as make_model
 
 TOP_K = 3
 

@@ -13,7 +13,7 @@ import pytest
 
 from keras_preact.export import FORMATS, OUTPUT_NAMES, ServingContract, serving_model
 from keras_preact.preprocessing import InputConfig
-from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model
+from support import CLASS_NAMES, MEAN, STD, make_export_model
 
 DEFAULT = ServingContract(InputConfig(input_size=(32, 32, 3), mean=MEAN, std=STD), top_k=5)
 CHANGED = ServingContract(

@@ -20,7 +20,7 @@ import pytest
 from keras_preact.export import FORMATS, check_formats, export_model, load
 from keras_preact.export import formats as formats_lib
 from keras_preact.preprocessing import InputConfig
-from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model
+from support import CLASS_NAMES, MEAN, STD, make_export_model
 from training import export as export_lib
 from training.configs import get_config
 from training.manifest import RunManifest, input_config_for

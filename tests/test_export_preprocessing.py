@@ -16,7 +16,7 @@ tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 from keras_preact.export import export_saved_model
 from keras_preact.models import create_model, get_input_config
 from keras_preact.preprocessing import InputConfig, eval_view, normalize
-from keras_preact.testing import (
+from support import (
     encode_image,
     make_position_sensitive_classifier,
     photo_like,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import keras_preact as kp
-from keras_preact.testing import to_numpy
+from support import to_numpy
 
 # Collected (not selected) in CI's TensorFlow-free environment; [dev] installs it in the other.
 keras_hub = pytest.importorskip("keras_hub")

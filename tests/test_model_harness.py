@@ -6,7 +6,7 @@ of a network deeper than another of its design (family and block)."""
 import numpy as np
 import pytest
 
-from keras_preact import testing
+import support
 from keras_preact.models import create_model, list_models, model_spec
 from keras_preact.models.cifar import cifar_depth_block
 from keras_preact.models.imagenet import IMAGENET_DEPTHS
@@ -63,21 +63,21 @@ def test_forward_backward_and_saving(name, rng):
     images, labels = _batch(name, rng)
     model = create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name))
     assert model.output_shape == (None, NUM_CLASSES)
-    testing.run_forward_backward_test(model, images, labels, inference=name not in INFERENCE_OVERFLOWS_UNTRAINED)
-    testing.run_saving_test(model, images)
+    support.run_forward_backward_test(model, images, labels, inference=name not in INFERENCE_OVERFLOWS_UNTRAINED)
+    support.run_saving_test(model, images)
 
 
 @pytest.mark.parametrize("name", _models())
 def test_pyramid_outputs(name, rng):
     images, _ = _batch(name, rng)
     backbone = create_model(name, include_top=False, input_shape=(None, None, 3))
-    testing.run_pyramid_outputs_test(backbone, images)
+    support.run_pyramid_outputs_test(backbone, images)
 
 
 @pytest.mark.parametrize("name", _models())
 def test_mixed_precision(name, rng):
     images, _ = _batch(name, rng)
-    testing.run_mixed_precision_test(
+    support.run_mixed_precision_test(
         lambda: create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name)), images
     )
 
@@ -97,7 +97,7 @@ def test_channels_first(name, rng):
     # Over hundreds of units the NHWC and NCHW kernels' different summation orders add up to ~1e-3
     # on the probabilities (measured: 1.3e-3 and, with other random weights, 3.6e-3 at ResNet-1001);
     # a wrong layout or weight gives ~1e-1.
-    testing.run_channels_first_test(
+    support.run_channels_first_test(
         lambda **kw: create_model(name, num_classes=NUM_CLASSES, **{"input_shape": _small_input(name), **kw}),
         images,
         atol=6e-3 if model_spec(name).slow else 1e-5,

@@ -21,7 +21,7 @@ from keras_preact.models import (
     register_model,
 )
 from keras_preact.models.registry import unregister_model
-from keras_preact.testing import run_config_echo_test, run_saving_test, to_numpy, trainable_params
+from support import run_config_echo_test, run_saving_test, to_numpy, trainable_params
 
 pytestmark = pytest.mark.core
 

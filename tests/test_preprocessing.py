@@ -18,7 +18,7 @@ from keras_preact.preprocessing import (
     decode_image,
     image_format,
 )
-from keras_preact.testing import encode_image, photo_like
+from support import encode_image, photo_like
 
 IMAGENET_224 = InputConfig()  # crop 224 of a shorter side of 256
 IMAGENET_320 = IMAGENET_224.at_test_size(320)  # the 320 x 320 test: shorter side 320, crop_fraction 1.0

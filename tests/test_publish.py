@@ -8,7 +8,7 @@ import pytest
 
 from keras_preact.models import cifar_resnet, create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
-from keras_preact.testing import randomize_statistics, to_numpy
+from support import randomize_statistics, to_numpy
 from training import publish
 from training.manifest import RunManifest
 

@@ -25,7 +25,7 @@ from keras_preact.layers import ResidualUnit
 from keras_preact.models import PreActResNetBackbone, cifar_resnet, create_model, imagenet_resnet
 from keras_preact.models import remat as remat_lib
 from keras_preact.models.remat import REMAT_POLICIES, parse_remat, unit_groups
-from keras_preact.testing import run_config_echo_test, to_numpy
+from support import run_config_echo_test, to_numpy
 from training import backends, cli, configs
 from training.manifest import model_fingerprint
 

@@ -37,7 +37,7 @@ def test_tables_cover_the_paper():
 def test_the_one_layer_rows_train_the_registered_one_layer_network(label):
     """Table 3's "ResNet-110 (1-layer skip)" presets build the registry's network (same parameters)."""
     from keras_preact.models import create_model
-    from keras_preact.testing import trainable_params
+    from support import trainable_params
     from training import model as model_lib
     from training.configs import PRESETS
 

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit
-from keras_preact.testing import (
+from support import (
     run_config_echo_test,
     run_saving_test,
     to_numpy,

@@ -19,8 +19,8 @@ tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 from keras_preact.export import export_saved_model
 from keras_preact.serving.server import main as server_main
 from keras_preact.serving.server import make_server
-from keras_preact.testing import CLASS_NAMES, MEAN, STD
-from keras_preact.testing import make_export_model as make_model
+from support import CLASS_NAMES, MEAN, STD
+from support import make_export_model as make_model
 
 MAX_BATCH = 16
 MAX_BODY = 1_000_000

@@ -41,8 +41,8 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
     from keras_preact.export import export_saved_model
-    from keras_preact.testing import CLASS_NAMES, MEAN, STD
-    from keras_preact.testing import make_export_model as make_model
+    from support import CLASS_NAMES, MEAN, STD
+    from support import make_export_model as make_model
 
     base = tmp_path_factory.mktemp("saved_models")
     return export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)

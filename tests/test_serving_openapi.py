@@ -61,7 +61,7 @@ def export_served(tmp_path_factory):
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     from keras_preact.export import export_saved_model
     from keras_preact.serving.server import make_server
-    from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model
+    from support import CLASS_NAMES, MEAN, STD, make_export_model
 
     base = tmp_path_factory.mktemp("saved_models")
     path = export_saved_model(make_export_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD,

@@ -33,8 +33,8 @@ from keras_preact.serving import main_ray
 from keras_preact.serving.rest import RequestError
 from keras_preact.serving.servable import Servable
 from keras_preact.serving.server import make_server
-from keras_preact.testing import CLASS_NAMES, MEAN, STD
-from keras_preact.testing import make_export_model as make_model
+from support import CLASS_NAMES, MEAN, STD
+from support import make_export_model as make_model
 
 ENTRY_POINT = "import sys; from keras_preact.serving import main_ray; sys.exit(main_ray())"
 REPO = str(pathlib.Path(keras_preact.__file__).parents[1])

@@ -48,8 +48,8 @@ from test_serving_ray import REPO, free_port, run_entry_point, stop_entry_point 
 
 from keras_preact.export import export_saved_model  # noqa: E402
 from keras_preact.serving.servable import Servable  # noqa: E402
-from keras_preact.testing import CLASS_NAMES, MEAN, STD  # noqa: E402
-from keras_preact.testing import make_export_model as make_model  # noqa: E402
+from support import CLASS_NAMES, MEAN, STD  # noqa: E402
+from support import make_export_model as make_model  # noqa: E402
 
 NODE = {"num_cpus": 2, "object_store_memory": ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES,
         "node_ip_address": "127.0.0.1"}

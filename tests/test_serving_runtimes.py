@@ -18,8 +18,8 @@ tf = pytest.importorskip("tensorflow", reason="the SavedModel side of these test
 from keras_preact.export import export_model, load  # noqa: E402
 from keras_preact.serving import servable  # noqa: E402
 from keras_preact.serving.server import make_server  # noqa: E402
-from keras_preact.testing import CLASS_NAMES, MEAN, STD  # noqa: E402
-from keras_preact.testing import make_export_model as make_model  # noqa: E402
+from support import CLASS_NAMES, MEAN, STD  # noqa: E402
+from support import make_export_model as make_model  # noqa: E402
 
 ARTIFACTS = ("onnx", "litert", "openvino")
 

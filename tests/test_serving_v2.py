@@ -21,7 +21,7 @@ from test_serving_metrics import Model, Running, labels, started
 from tritonclient.utils import InferenceServerException
 
 from keras_preact.serving import app, server
-from keras_preact.testing import CLASS_NAMES, MEAN, STD
+from support import CLASS_NAMES, MEAN, STD
 
 BATCHING = [None, dict(max_batch_size=8, timeout=0.01, max_queue=64)]
 
@@ -232,7 +232,7 @@ def test_not_ready_until_warmed_up():
 def exported(tmp_path_factory):
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     from keras_preact.export import export_saved_model
-    from keras_preact.testing import make_export_model
+    from support import make_export_model
 
     base = tmp_path_factory.mktemp("saved_models")
     return export_saved_model(make_export_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD,

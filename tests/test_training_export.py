@@ -6,7 +6,7 @@ import json
 import numpy as np
 import pytest
 
-from keras_preact.testing import CLASS_NAMES, MEAN, STD, make_export_model
+from support import CLASS_NAMES, MEAN, STD, make_export_model
 from training import export as export_lib
 from training.configs import get_config
 from training.manifest import FORMAT, RunManifest, config_from_run, input_config_for

@@ -18,7 +18,7 @@ from keras_preact.models import (
 )
 from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import SUFFIX, WEIGHTS_DIR, WeightsSpec, sha256_of
-from keras_preact.testing import randomize_statistics, run_saving_test, to_numpy
+from support import randomize_statistics, run_saving_test, to_numpy
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 

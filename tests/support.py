@@ -1,6 +1,10 @@
-"""Reusable checks for layers and models, in the manner of keras-hub's ``TestCase.run_*_test`` and timm's
+"""The test suite's shared checks and fixtures (not part of the library).
+
+Reusable checks for layers and models, in the manner of keras-hub's ``TestCase.run_*_test`` and timm's
 ``tests/test_models.py``: each ``run_*_test`` function is one check on one layer or network (config echo,
-saving, forward/backward, pyramid outputs, mixed precision, channels-first), plus the helpers they share."""
+saving, forward/backward, pyramid outputs, mixed precision, channels-first), plus the helpers they share;
+the export and serving tests' models and images; and ``decline_usage_telemetry`` for test and benchmark
+processes. Tests import it as ``support`` (pytest puts tests/ on the path), benchmarks as ``tests.support``."""
 
 import inspect
 import os
@@ -24,38 +28,18 @@ def zero_branch(unit):
         conv.kernel.assign(np.zeros(conv.kernel.shape, "float32"))
 
 
-def _tf_vjp(fn, x, upstream):
-    import tensorflow as tf
-
-    x = tf.convert_to_tensor(x)
-    with tf.GradientTape() as tape:
-        tape.watch(x)
-        y = fn(x)
-    return tape.gradient(y, x, output_gradients=tf.convert_to_tensor(upstream))
-
-
-def _jax_vjp(fn, x, upstream):
-    import jax
-
-    _, vjp = jax.vjp(fn, jax.numpy.asarray(x))
-    return vjp(jax.numpy.asarray(upstream))[0]
-
-
-def _torch_vjp(fn, x, upstream):
-    import torch
-
-    x = torch.tensor(x, requires_grad=True)
-    y = fn(x)
-    y.backward(torch.tensor(upstream))
-    return x.grad
-
-
-VJP = {"tensorflow": _tf_vjp, "jax": _jax_vjp, "torch": _torch_vjp}
-
-
 def vector_jacobian_product(fn, x, upstream):
-    """``upstream^T d fn / d x`` with the current backend's autodiff."""
-    return to_numpy(VJP[keras.backend.backend()](fn, x, upstream))
+    """``upstream^T d fn / d x`` with the current backend's autodiff (the library's one autodiff table,
+    ``keras_preact.analysis.autodiff``): the gradient of ``sum(fn(x) * upstream)``."""
+    from keras_preact.analysis.autodiff import get_autodiff
+
+    upstream = keras.ops.convert_to_tensor(np.asarray(upstream, "float32"))
+
+    def objective(x):
+        return keras.ops.sum(fn(x) * upstream), None
+
+    _, _, grads = get_autodiff().value_and_grad(objective, [keras.ops.convert_to_tensor(x)])
+    return to_numpy(grads[0])
 
 
 def run_config_echo_test(cls, instance):
@@ -242,3 +226,19 @@ def photo_like(height, width, seed=0):
         ramp = rng.uniform(-1, 1) * x / width + rng.uniform(-1, 1) * y / height
         channels.append(128 + 90 * blob + 60 * ramp + 20 * np.sin(x / rng.uniform(3, 12)))
     return np.clip(np.stack(channels, -1), 0, 255).astype(np.uint8)
+
+
+# ---------------------------------------------------------------------- test and benchmark processes
+def decline_usage_telemetry():
+    """Keep tests and benchmarks from reporting usage to third parties: Ray's usage statistics off in this
+    process and its children (``RAY_USAGE_STATS_ENABLED=0`` unless set), and OpenVINO's telemetry
+    declined through its own consent file (``~/intel/openvino_telemetry``, what its ``opt_in_out --opt_out``
+    writes) where no choice is recorded yet: ``import openvino`` sends an event unless declined or CI=true."""
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    try:
+        from openvino_telemetry.utils.opt_in_checker import ConsentCheckResult, OptInChecker
+    except ImportError:
+        return
+    checker = OptInChecker()
+    if checker.consent_file_base_dir() is not None and not os.path.exists(checker.consent_file()):
+        checker.update_result(ConsentCheckResult.DECLINED)
