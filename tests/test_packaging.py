@@ -132,4 +132,4 @@ def test_the_library_imports_no_app():
              for name in imported_modules(path)
              if name.split(".")[0] in APPS or name == "keras_preact.serving" or name.startswith("keras_preact.serving.")]
     assert found == []
-    assert not (REPO / "keras_preact" / "serving").exists()
+    assert not list((REPO / "keras_preact").glob("serving/**/*.py"))  # the serving app is serving/ (a stale __pycache__ may stay)
