@@ -62,7 +62,7 @@ KINDS = {  # input kind -> (signature, input name)
     "uint8_pixels": ("serving_default", "images"),
 }
 MODEL_NAME = "served"
-SERVE = "import sys; from keras_preact.serving import main; sys.exit(main())"  # the keras-preact-serve script
+SERVE = "import sys; from serving import main; sys.exit(main())"  # the keras-preact-serve script
 _READY = re.compile(r"^Serving model '(?P<name>[^']+)' version (?P<version>\S+) .* at "
                     r"http://(?P<host>[^:/]+):(?P<port>\d+)/v1/models/\S+ \[(?P<runtimes>.*)\]$")
 

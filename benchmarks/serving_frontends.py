@@ -9,12 +9,13 @@ connection, last in commit c09ad94) and today's Starlette app on uvicorn, REST a
   ImageNet pre-act ResNet-50 at 224x224, random weights).
 - The old front end is ``git archive <--old-ref> keras_preact`` extracted into a temporary directory and run
   from there (``PYTHONPATH`` and the working directory are that tree: nothing of today's package is imported);
-  the new one is this working tree's. Both run ``python -m keras_preact.serving.server BASE --runtime
-  saved_model`` (the SavedModel on TensorFlow in every row), batching off, and on with the same flags
-  (``batching_flags``). A model's servers are started once, side by side, and stay up, idle (~0.3% of a core
-  each), while the others are measured. Before any timing each server must answer as the runtime does
-  in-process (probabilities within 1e-5, every input and protocol) and show which front end it is (today's
-  answers ``/monitoring/prometheus/metrics``; the old one 404s).
+  the new one is this working tree's. Both run ``python -m <SERVER_MODULES[frontend]> BASE --runtime
+  saved_model`` (the old tree's ``keras_preact.serving.server``, today's ``serving.server``: the SavedModel
+  on TensorFlow in every row), batching off, and on with the same flags (``batching_flags``). A model's
+  servers are started once, side by side, and stay up, idle (~0.3% of a core each), while the others are
+  measured. Before any timing each server must answer as the runtime does in-process (probabilities within
+  1e-5, every input and protocol) and show which front end it is (today's answers
+  ``/monitoring/prometheus/metrics``; the old one 404s).
 - Clients: ``max(--clients)`` client processes, started once (spawn; no TensorFlow in them). In a cell each
   holds one connection (HTTP/1.1 keep-alive, or its own gRPC channel) with one request in flight, and sends
   prepared single-image requests back to back, reading each reply whole. REST: TF Serving's predict body, the
@@ -82,6 +83,8 @@ from benchmarks import serving_batching as shared  # noqa: E402
 
 OLD_REF = "c09ad94"  # the last commit with the http.server front end
 FRONTENDS = ("old", "new")
+# Each front end's server module: serving lived in the library (keras_preact/serving/) until issue 34.
+SERVER_MODULES = {"old": "keras_preact.serving.server", "new": "serving.server"}
 PROTOCOLS = ("rest", "grpc")
 INPUTS = ("pixels", "jpeg")
 DEFAULT_INPUTS = {"cifar_resnet20": ("pixels", "jpeg"), "imagenet_resnet50": ("jpeg",)}
@@ -293,8 +296,8 @@ def start_servers(base, args, trees, logs):
                    "KERAS_BACKEND": "tensorflow"}
             log = pathlib.Path(logs) / f"{base.name}-{frontend}-{batching}.log"
             with open(log, "w") as stderr:
-                process = shared.launch_server(base, flags, env=env, cwd=trees[frontend], stderr=stderr,
-                                               preexec_fn=die_with_parent if sys.platform == "linux" else None)
+                process = shared.launch_server(base, flags, SERVER_MODULES[frontend], env=env, cwd=trees[frontend],
+                                               stderr=stderr, preexec_fn=die_with_parent if sys.platform == "linux" else None)
             servers.append(Server(frontend, batching, process, log))
     try:
         for server in servers:
@@ -684,7 +687,7 @@ def main(argv=None):
         try:
             import tensorflow as tf
 
-            from keras_preact.serving.servable import Servable
+            from serving.servable import Servable
 
             models = []
             for name, inputs in args.models:

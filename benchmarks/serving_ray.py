@@ -120,10 +120,10 @@ def main(argv=None):
         bodies = [json.dumps({"instances": pool[i:i + 1].tolist()}).encode() for i in range(len(pool))]
         servers = {
             "keras-preact-serve (1 process)": (
-                ["-m", "keras_preact.serving.server", str(path.parent)], "Serving model"),
+                ["-m", "serving.server", str(path.parent)], "Serving model"),
             f"keras-preact-serve-ray ({args.replicas} replicas, merge <= {args.merge_batch_size}, "
             f"wait {args.merge_wait_s * 1e3:g} ms)": (
-                ["-m", "keras_preact.serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
+                ["-m", "serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
                  "--merge-batch-size", str(args.merge_batch_size), "--merge-wait-s", str(args.merge_wait_s),
                  "--object-store-memory", str(200 * 2**20)], "Serving model"),
         }

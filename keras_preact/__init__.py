@@ -1,7 +1,9 @@
 """keras-preact: pre-activation residual networks (He et al., ECCV 2016) for Keras 3.
 
 ``layers`` (the residual unit and the paper's design tables) -> ``models`` (backbone, classifier,
-registry) -> ``applications`` (keras.applications-style entry points) -> ``export``/``serving``.
+registry) -> ``applications`` (keras.applications-style entry points) -> ``export``. The apps beside
+the library, ``training`` and ``serving`` (which serves what ``export`` writes), import it; it imports
+neither.
 """
 
 from keras_preact import layers, models

@@ -1,10 +1,11 @@
-"""What ``pip install keras-preact`` brings, and what importing the library loads.
+"""What ``pip install keras-preact`` brings, what importing the library loads, and what it imports.
 
 The model library needs Keras and numpy only; everything else is an extra (pyproject.toml), imported
 lazily where it is used. The README's two environments are one ``pip install -e ".[...]"`` line each,
 and ``.ci/run`` installs them exactly so (no ``--no-deps``).
 """
 
+import ast
 import json
 import os
 import pathlib
@@ -105,3 +106,30 @@ def test_a_missing_extra_is_named_in_one_line():
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == (
         'keras_preact.analysis draws its figures with matplotlib: pip install "keras-preact[analysis]"')
+
+
+APPS = ("serving", "training", "keras_preact_training")  # the apps beside the library, by any name
+
+
+def imported_modules(path):
+    """Every module name an import statement in ``path`` names (relative imports resolved; for
+    ``from m import n`` both ``m`` and ``m.n``), wherever the statement is (functions included)."""
+    package = list(path.relative_to(REPO).with_suffix("").parts[:-1])
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = package[:len(package) - node.level + 1] if node.level else []
+            module = ".".join(base + ([node.module] if node.module else []))
+            yield module
+            yield from (f"{module}.{alias.name}" for alias in node.names)
+
+
+def test_the_library_imports_no_app():
+    """Nothing in ``keras_preact/`` imports the serving or the training app: they import the library."""
+    found = [(str(path.relative_to(REPO)), name)
+             for path in sorted((REPO / "keras_preact").rglob("*.py"))
+             for name in imported_modules(path)
+             if name.split(".")[0] in APPS or name == "keras_preact.serving" or name.startswith("keras_preact.serving.")]
+    assert found == []
+    assert not list((REPO / "keras_preact").glob("serving/**/*.py"))  # the serving app is serving/ (a stale __pycache__ may stay)

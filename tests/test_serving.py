@@ -17,8 +17,8 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact.export import export_saved_model
-from keras_preact.serving.server import main as server_main
-from keras_preact.serving.server import make_server
+from serving.server import main as server_main
+from serving.server import make_server
 from support import CLASS_NAMES, MEAN, STD
 from support import make_export_model as make_model
 
@@ -237,13 +237,13 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(served, batching
     flags = ["--enable-batching", "--batching-max-size", "8", "--batching-timeout-ms", "1.5",
              "--batching-max-queue", "10", "--batching-threads", "2"] if batching else ["--no-enable-batching"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    bad = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(tmp_path), "--port", "0"],
+    bad = subprocess.run([sys.executable, "-m", "serving.server", str(tmp_path), "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "no numeric version folder" in bad.stderr
     model = make_model(seed=1)
     export_saved_model(model, tmp_path / "models", name="m", class_names=CLASS_NAMES, mean=MEAN, std=STD)
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_preact.serving.server", str(tmp_path / "models" / "m"), "--port", "0",
+        [sys.executable, "-m", "serving.server", str(tmp_path / "models" / "m"), "--port", "0",
          "--model-name", "resnet", *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
@@ -262,7 +262,7 @@ def test_sigterm_answers_what_the_console_server_holds_then_exits_0(exported):
     import signal
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_preact.serving.server", str(exported.parent), "--port", "0", "--enable-batching",
+        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--enable-batching",
          "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:

@@ -1,4 +1,4 @@
-"""keras_preact.serving.batching.Batcher on a numpy predict: merging, splitting, bounds, errors, shutdown.
+"""serving.batching.Batcher on a numpy predict: merging, splitting, bounds, errors, shutdown.
 
 Runtime-agnostic, so these run without TensorFlow; the server with batching is tested in test_serving.py.
 """
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from keras_preact.serving.batching import Batcher
-from keras_preact.serving.rest import RequestError
+from serving.batching import Batcher
+from serving.rest import RequestError
 
 pytestmark = pytest.mark.notf
 

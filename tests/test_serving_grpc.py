@@ -51,7 +51,7 @@ def exported(tmp_path_factory):
 @pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
 def served(exported, request):
     """(REST port, gRPC port) of one make_server, batching off then on."""
-    from keras_preact.serving.server import make_server
+    from serving.server import make_server
 
     server = make_server(exported.parent, port=0, grpc_port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
                          enable_batching=request.param)
@@ -230,7 +230,7 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
 def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_unavailable(exported):
     """max_connections bounds the RPCs in flight (RESOURCE_EXHAUSTED beyond); once shutdown begins, a new
     RPC gets UNAVAILABLE while those in flight are answered."""
-    from keras_preact.serving.server import make_server
+    from serving.server import make_server
 
     server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
                          batching_timeout_ms=1500, batching_max_size=64)
@@ -266,8 +266,8 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
 def test_a_model_not_loaded_yet_is_unavailable():
     import asyncio
 
-    from keras_preact.serving import grpc_service
-    from keras_preact.serving.app import ServingState
+    from serving import grpc_service
+    from serving.app import ServingState
 
     state = ServingState(lambda: None)  # not started: no model yet
 
@@ -289,7 +289,7 @@ def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
     """keras-preact-serve --grpc-port with batching holding 8 gRPC requests (a 1 s batching timeout),
     then SIGTERM: all 8 get their predictions, then the process exits 0."""
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_preact.serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
+        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
          "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     try:
@@ -322,7 +322,7 @@ def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
 @pytest.mark.skipif(HAS_GRPC, reason="what happens without TensorFlow or the grpc extra")
 def test_grpc_port_without_tensorflow_is_refused_in_one_line_before_any_work(tmp_path):
     """The gRPC check comes first: the missing directory is not even looked at."""
-    result = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(tmp_path / "absent"),
+    result = subprocess.run([sys.executable, "-m", "serving.server", str(tmp_path / "absent"),
                              "--grpc-port", "0"], capture_output=True, text=True, timeout=120, env=ENV)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr

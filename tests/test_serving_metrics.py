@@ -18,8 +18,8 @@ import pytest
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
-from keras_preact.serving import app, rest, server
-from keras_preact.serving.metrics import ServingMetrics
+from serving import app, rest, server
+from serving.metrics import ServingMetrics
 
 pytestmark = pytest.mark.notf
 

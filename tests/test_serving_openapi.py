@@ -1,4 +1,4 @@
-"""The serving API's OpenAPI document (``keras_preact.serving.openapi``): the committed
+"""The serving API's OpenAPI document (``serving.openapi``): the committed
 ``docs/openapi.json`` is current and is what a server serves once its model's name, version and example
 bodies are taken out; and schemathesis, fuzzing a real export's server from the served document on
 loopback (positive and negative cases, bounded in examples and time), finds no 5xx and no reply the
@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from test_serving_metrics import Model, started
 
-from keras_preact.serving import openapi
+from serving import openapi
 
 EXAMPLES_PER_OPERATION = 25  # at most, per generation mode (17 operations x 2 modes): about 400 requests, 20 s
 TIME_BUDGET_S = 120  # the whole fuzzing run; CI's bound, should the machine be slow
@@ -41,7 +41,7 @@ def served_document(port):
 def test_the_committed_document_is_current_and_served():
     committed = json.loads(openapi.COMMITTED.read_text())
     assert committed == json.loads(json.dumps(openapi.document())), \
-        "docs/openapi.json is stale: run python -m keras_preact.serving.openapi"
+        "docs/openapi.json is stale: run python -m serving.openapi"
     running = started(Model())
     try:
         doc = served_document(running.port)
@@ -60,7 +60,7 @@ def test_the_committed_document_is_current_and_served():
 def export_served(tmp_path_factory):
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     from keras_preact.export import export_saved_model
-    from keras_preact.serving.server import make_server
+    from serving.server import make_server
     from support import CLASS_NAMES, MEAN, STD, make_export_model
 
     base = tmp_path_factory.mktemp("saved_models")

@@ -47,7 +47,7 @@ from test_serving import images  # noqa: E402
 from test_serving_ray import REPO, free_port, run_entry_point, stop_entry_point  # noqa: E402
 
 from keras_preact.export import export_saved_model  # noqa: E402
-from keras_preact.serving.servable import Servable  # noqa: E402
+from serving.servable import Servable  # noqa: E402
 from support import CLASS_NAMES, MEAN, STD  # noqa: E402
 from support import make_export_model as make_model  # noqa: E402
 

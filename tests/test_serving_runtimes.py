@@ -16,8 +16,8 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
 
 from keras_preact.export import export_model, load  # noqa: E402
-from keras_preact.serving import servable  # noqa: E402
-from keras_preact.serving.server import make_server  # noqa: E402
+from serving import servable  # noqa: E402
+from serving.server import make_server  # noqa: E402
 from support import CLASS_NAMES, MEAN, STD  # noqa: E402
 from support import make_export_model as make_model  # noqa: E402
 
@@ -135,7 +135,7 @@ def test_an_onnx_only_version_serves_serving_default_alone(exported):
 def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(exported, tmp_path):
     every, onnx_only = exported
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(every.parent), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "serving.server", str(every.parent), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
@@ -143,7 +143,7 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
     finally:
         process.terminate()
         process.wait(timeout=30)
-    refused = subprocess.run([sys.executable, "-m", "keras_preact.serving.server", str(onnx_only.parent),
+    refused = subprocess.run([sys.executable, "-m", "serving.server", str(onnx_only.parent),
                               "--runtime", "saved_model"], capture_output=True, text=True, timeout=120, env=env)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
         "Invalid runtime='saved_model': the version holds no saved_model export (it holds onnx).")

@@ -20,7 +20,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 from test_serving_metrics import Model, Running, labels, started
 from tritonclient.utils import InferenceServerException
 
-from keras_preact.serving import app, server
+from serving import app, server
 from support import CLASS_NAMES, MEAN, STD
 
 BATCHING = [None, dict(max_batch_size=8, timeout=0.01, max_queue=64)]

@@ -192,7 +192,7 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
     saved_model_only = tmp_path / "saved_models" / "m" / "1"
     saved_model_only.mkdir(parents=True)
     (saved_model_only / "saved_model.pb").write_bytes(b"")
-    serve = subprocess.run([sys.executable, "-c", "import sys, keras_preact.serving as s; sys.exit(s.main(sys.argv[1:]))",
+    serve = subprocess.run([sys.executable, "-c", "import sys, serving as s; sys.exit(s.main(sys.argv[1:]))",
                             str(saved_model_only.parent)], cwd=REPO, env=env(), capture_output=True, text=True,
                            timeout=120)
     assert serve.returncode == 2 and serve.stderr.strip().splitlines() == [
@@ -215,7 +215,7 @@ def serve_onnx_without_tensorflow(run_dir, tmp_path):
     assert export.returncode == 0, export.stderr[-3000:]
     version_dir = pathlib.Path(export.stdout.strip().splitlines()[-1])
     assert sorted(p.name for p in version_dir.iterdir()) == ["assets", "model.onnx"]
-    process = subprocess.Popen([sys.executable, "-m", "keras_preact.serving.server", str(version_dir.parent),
+    process = subprocess.Popen([sys.executable, "-m", "serving.server", str(version_dir.parent),
                                 "--port", "0", "--model-name", "m"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     try:

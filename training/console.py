@@ -99,19 +99,3 @@ def evaluate(argv=None):
 
     return main(argv)
 
-
-def serve(argv=None):
-    """``keras-preact-serve`` (starts without TensorFlow where none is installed; where it is, the export
-    module loads it on any backend, so it loads here, quietly)."""
-    quiet_tensorflow_start_up()
-    from keras_preact.serving import main
-
-    return main(argv)
-
-
-def serve_ray(argv=None):
-    """``keras-preact-serve-ray``."""
-    quiet_tensorflow_start_up()
-    from keras_preact.serving import main_ray
-
-    return main_ray(argv)

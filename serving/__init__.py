@@ -1,5 +1,10 @@
-"""TF Serving's REST API for exported models: one ASGI application (``app``), served locally on uvicorn
-(``keras-preact-serve``) and by Ray Serve replicas (``keras-preact-serve-ray``)."""
+"""The serving app: TF Serving's REST API for exported models: one ASGI application (``app``), served
+locally on uvicorn (``keras-preact-serve``) and by Ray Serve replicas (``keras-preact-serve-ray``).
+
+An app beside the model library, as ``training`` is: it serves the artefacts ``keras_preact.export``
+writes and calls no model code. It imports the library (``keras_preact.export``, ``.preprocessing``);
+nothing in ``keras_preact`` imports it. Its console scripts start in ``serving.console``. Installed
+under this same name, ``serving`` (extras ``[serve]``, ``[grpc]``, ``[ray]``)."""
 
 import sys
 
@@ -27,7 +32,7 @@ def main(argv=None):
     exports have no runtime installed is refused in one line naming what to install, as is a
     missing Starlette or uvicorn."""
     try:
-        from keras_preact.serving import server
+        from serving import server
     except ImportError as error:
         if _missing("keras-preact-serve", error) is None:
             raise
@@ -39,7 +44,7 @@ def main_ray(argv=None):
     """The ``keras-preact-serve-ray`` console script: without Ray Serve or TensorFlow, one line says what
     to install."""
     try:
-        from keras_preact.serving import ray_serve
+        from serving import ray_serve
     except ImportError as error:
         if _missing("keras-preact-serve-ray", error) is None:
             raise

@@ -20,8 +20,8 @@ import struct
 
 import numpy as np
 
-from keras_preact.serving import rest
-from keras_preact.serving.rest import RequestError
+from serving import rest
+from serving.rest import RequestError
 
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor data extension
 DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",

@@ -19,8 +19,8 @@ import numpy as np
 
 from keras_preact.export.contract import ServingContract
 from keras_preact.export.formats import FORMATS
-from keras_preact.serving import rest
-from keras_preact.serving.rest import RequestError
+from serving import rest
+from serving.rest import RequestError
 
 # Fastest first on CPU (BENCHMARKS.md, "Export runtimes": CIFAR ResNet-20 and ResNet-50, batch 1 and 64):
 # OpenVINO f32 fastest in 3 of 4 cells, ONNX Runtime in the 4th; LiteRT beat the SavedModel only on the

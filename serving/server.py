@@ -1,12 +1,12 @@
 """A local server for an exported model's base directory that speaks TF Serving's REST API.
 
     keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
-    python -m keras_preact.serving.server saved_models/<name> ...
+    python -m serving.server saved_models/<name> ...
 
 It loads the latest numeric version folder (as TF Serving's default version policy does), with the
 SavedModel's signatures on TensorFlow and ``serving_default`` on the fastest runtime installed for the
-formats the version holds (``--runtime``; ``keras_preact.serving.servable``), and serves the ASGI
-application of ``keras_preact.serving.app`` (routes, request limits, errors: the same one Ray Serve
+formats the version holds (``--runtime``; ``serving.servable``), and serves the ASGI
+application of ``serving.app`` (routes, request limits, errors: the same one Ray Serve
 mounts) on uvicorn, an event loop: thousands of idle connections cost a few kB each, not a thread.
 
 Connections are bounded by ``BoundedH11Protocol`` (uvicorn's h11 protocol, which by itself times out
@@ -17,9 +17,9 @@ seconds to send the whole request, headers and body; then it gets a 408 (or, idl
 requests are answered in order. SIGTERM or SIGINT stops accepting, closes idle connections, lets the
 requests in flight finish (at most ``DRAIN_TIMEOUT`` seconds) and drains the batcher, then exits 0.
 With ``--enable-batching``, concurrent predict requests are merged into batched model calls
-(``keras_preact.serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
+(``serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
 ``--batching-max-queue`` (503 beyond), ``--batching-threads``). ``--grpc-port`` also serves TF Serving's
-gRPC API (``keras_preact.serving.grpc_service``) on the same event loop, model, batcher and limits,
+gRPC API (``serving.grpc_service``) on the same event loop, model, batcher and limits,
 drained with REST on SIGTERM; it needs TensorFlow and ``pip install 'keras-preact[grpc]'``. Predictions
 run the exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
 ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
@@ -40,14 +40,14 @@ import uvicorn
 from uvicorn._compat import asyncio_run
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from keras_preact.serving import batching, rest
-from keras_preact.serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
-from keras_preact.serving.servable import RUNTIMES, Servable
+from serving import batching, rest
+from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
+from serving.servable import RUNTIMES, Servable
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
-GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact.serving.grpc_service imports
+GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what serving.grpc_service imports
 
 
 def raw_reply(status, message):
@@ -196,7 +196,7 @@ class Server:
         self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
         self.grpc_address = None
         if grpc_port is not None:
-            from keras_preact.serving import grpc_service
+            from serving import grpc_service
 
             async def bind():  # a grpc.aio server belongs to the loop it is created in
                 return grpc_service.create_server(state, host, grpc_port)

@@ -1,5 +1,5 @@
 """The serving application's HTTP API as an OpenAPI 3.0 document, served at ``/openapi.json`` and committed
-as ``docs/openapi.json`` (``python -m keras_preact.serving.openapi`` writes it).
+as ``docs/openapi.json`` (``python -m serving.openapi`` writes it).
 
 ``document()`` is the committed, model-independent document: the model's name and version are path
 parameters. ``document(model)``, what a running server serves, names the served model's name and version
@@ -16,7 +16,7 @@ import sys
 import keras_preact
 
 PATH = "/openapi.json"
-COMMITTED = pathlib.Path(__file__).resolve().parents[2] / "docs" / "openapi.json"
+COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
 JSON = "application/json"
 
 
@@ -129,7 +129,7 @@ def _model_paths(prefix, ops):
 
 def document(model=None):
     """The OpenAPI document (module docstring); ``model``: the served ``servable.Servable`` or None."""
-    from keras_preact.serving import metrics
+    from serving import metrics
 
     paths = {
         **_model_paths("/v1/models/{model_name}", {
@@ -189,7 +189,7 @@ def _name_the_model(doc, model):
 
 
 def _v2_datatype(spec):
-    from keras_preact.serving import v2
+    from serving import v2
 
     return v2.datatype_of_spec(spec)
 

@@ -17,7 +17,7 @@ with others along the batch axis and run as one call, and each caller gets its o
   requests runs again alone: every caller gets its own result or its own error, never another's.
 - ``close()`` runs what is queued, then joins every thread; later calls get a 503.
 
-``submit`` is ``predict`` for an event loop (the ASGI app, ``keras_preact.serving.app``): the caller
+``submit`` is ``predict`` for an event loop (the ASGI app, ``serving.app``): the caller
 awaits its slot without holding a thread, and learns which model call ran it (``BatchResult``).
 """
 
@@ -29,7 +29,7 @@ import time
 
 import numpy as np
 
-from keras_preact.serving.rest import RequestError
+from serving.rest import RequestError
 
 DEFAULT_MAX_BATCH_SIZE = 32
 DEFAULT_TIMEOUT = 0.0

@@ -3,7 +3,7 @@
     keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--host 127.0.0.1] [--address auto]
                            [--max-replicas-per-node 1]
 
-Every replica mounts the ASGI application of ``keras-preact-serve`` (``keras_preact.serving.app``,
+Every replica mounts the ASGI application of ``keras-preact-serve`` (``serving.app``,
 ``@serve.ingress``): the same paths, formats, errors and request limits (``RequestLimits``; Ray Serve's
 proxy owns the connections, so ``--request-timeout`` bounds a body's arrival in the app and idle
 kept-alive connections in the proxy, and there is no ``--max-connections``). The app's lifespan loads
@@ -35,8 +35,8 @@ import threading
 import ray
 from ray import serve
 
-from keras_preact.serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
-from keras_preact.serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
+from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
+from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1

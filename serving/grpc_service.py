@@ -30,8 +30,8 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from keras_preact.serving import rest
-from keras_preact.serving.rest import RequestError
+from serving import rest
+from serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
 STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status

@@ -1,6 +1,6 @@
 """TF Serving's REST API as one ASGI application (Starlette): served by ``keras-preact-serve`` on uvicorn
-(``keras_preact.serving.server``) and mounted unchanged by every Ray Serve replica (``@serve.ingress``,
-``keras_preact.serving.ray_serve``). Routing, request limits, errors and replies are written here alone.
+(``serving.server``) and mounted unchanged by every Ray Serve replica (``@serve.ingress``,
+``serving.ray_serve``). Routing, request limits, errors and replies are written here alone.
 
 On the paths TF Serving uses:
 
@@ -11,7 +11,7 @@ On the paths TF Serving uses:
 - ``GET /monitoring/prometheus/metrics``: Prometheus metrics (``metrics.ServingMetrics``: requests,
   latency, batch sizes, queue depth), from a registry of this application's own;
 
-and KServe's Open Inference Protocol (v2, ``keras_preact.serving.v2``; Triton's binary tensor data
+and KServe's Open Inference Protocol (v2, ``serving.v2``; Triton's binary tensor data
 extension, so ``tritonclient.http`` works unchanged): ``GET /v2`` (server metadata), ``GET /v2/health/live``
 (200 unless loading the model failed), ``GET /v2/health/ready`` (200 once the model is loaded and warmed
 up, ``warm_up``; 503 before), ``GET /v2/models/<name>[/versions/<v>]`` (model metadata),
@@ -48,9 +48,9 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
 
 import keras_preact
-from keras_preact.serving import batching, metrics, openapi, rest, v2
-from keras_preact.serving.metrics import ServingMetrics
-from keras_preact.serving.rest import RequestError
+from serving import batching, metrics, openapi, rest, v2
+from serving.metrics import ServingMetrics
+from serving.rest import RequestError
 
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
