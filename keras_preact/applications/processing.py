@@ -66,8 +66,9 @@ def preprocess_input(x, model=None, data_format=None):
 
     Args:
         x: images, ``[..., H, W, C]`` (channels_last) or ``[..., C, H, W]``: a NumPy array (a NumPy
-            array comes back) or a backend tensor; already at the model's input size (resize and crop
-            them with ``keras_preact.preprocessing.eval_view``).
+            array comes back, bit for bit what export and evaluation compute) or a backend tensor (a
+            tensor comes back); already at the model's input size (resize and crop them with
+            ``keras_preact.preprocessing.eval_view``).
         model: a model carrying an ``input_config`` (every builder's classifier does), a registered
             model name (``"cifar_resnet20"``) or an ``InputConfig``. Required: models differ (CIFAR's
             statistics, ImageNet's, Keras' ResNetV2 weights' [-1, 1]).
