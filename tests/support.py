@@ -183,11 +183,12 @@ def randomize_statistics(model, seed=0):
 
 
 def make_export_model(seed=0, name="resnet8"):
-    """A CIFAR ResNet-8 (10 classes, 32 x 32) with random statistics: the export and serving tests' model."""
+    """A CIFAR ResNet-8 (10 classes, 32 x 32) with random statistics: the export and serving tests' model.
+    It carries no input config (``input_config=None``): those tests give export its preprocessing."""
     from keras_preact.models import cifar_resnet
 
     keras.utils.set_random_seed(seed)
-    return randomize_statistics(cifar_resnet(8, 10, name=name), seed)
+    return randomize_statistics(cifar_resnet(8, 10, name=name, input_config=None), seed)
 
 
 def make_position_sensitive_classifier(input_size, num_classes=5, seed=0, name="tiny"):

@@ -13,8 +13,9 @@ import pytest
 
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
+from keras_preact.applications import PreActResNet18
 from keras_preact.export import export_saved_model
-from keras_preact.models import create_model, get_input_config
+from keras_preact.models import PreActResNetClassifier, create_model, get_input_config, imagenet_resnet
 from keras_preact.preprocessing import InputConfig, eval_view, normalize
 from support import (
     encode_image,
@@ -111,6 +112,30 @@ def test_a_registry_model_exports_with_its_own_input_config_and_class_names(tmp_
     written = InputConfig.from_dict(json.loads((path / "assets" / "preprocessing.json").read_text()))
     assert written == config.replace(interpolation="bicubic", crop_fraction=1.0)
     assert (path / "assets" / "class_names.txt").read_text().split() == ["x", "y", "z"]
+
+
+# ResNet-18 with 10 classes at 224, built each way a user can: each carries ImageNet's input config.
+IMAGENET18 = {
+    "imagenet_resnet": lambda: imagenet_resnet(18, num_classes=10, input_shape=(224, 224, 3)),
+    "create_model": lambda: create_model("imagenet_resnet18", num_classes=10),
+    "PreActResNet18": lambda: PreActResNet18(classes=10),
+    "classifier class": lambda: PreActResNetClassifier(
+        imagenet_resnet(18, include_top=False, input_shape=(224, 224, 3)), 10),
+}
+
+
+@pytest.mark.parametrize("build", sorted(IMAGENET18))
+def test_every_way_to_build_an_imagenet_model_serves_its_evaluation_view(build, tmp_path):
+    """Exported with ``mean``/``std`` only, a 224 ResNet-18 serves ``serving_bytes`` of a 500 x 375 photo
+    through ImageNet's evaluation view (shorter side 256, centre 224), whichever way it was built: the
+    input config comes with the model (``imagenet_resnet`` once built none, and served another crop)."""
+    keras.utils.clear_session()
+    keras.utils.set_random_seed(0)
+    model = randomize_statistics(IMAGENET18[build]())
+    path = export_saved_model(model, tmp_path, name="resnet18", mean=IMAGENET.mean, std=IMAGENET.std, top_k=1)
+    served = tf.saved_model.load(str(path)).signatures["serving_bytes"](image_bytes=tf.constant(JPEGS[:1]))
+    np.testing.assert_allclose(served["probabilities"].numpy()[0], evaluated(model, JPEGS[0], IMAGENET),
+                               atol=2e-3, rtol=0)
 
 
 @pytest.mark.parametrize("kwargs, argument", [

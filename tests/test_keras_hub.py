@@ -57,12 +57,9 @@ from keras_hub.src.tests.test_case import TestCase as HubTestCase  # noqa: E402
 
 class TestKerasHubBackboneHarness(HubTestCase):
     def test_run_backbone_test_with_dtype_given_directly(self):
-        from unittest import mock
-
+        """Unpatched: the backbone has keras-hub's ``token_embedding`` (None: an image backbone)."""
         init_kwargs = dict(stackwise_units=[1, 1, 1], stackwise_filters=[8, 16, 32], stackwise_strides=[1, 2, 2],
                            unit_options={"block": "basic", "shortcut_type": "B"}, input_shape=(16, 16, 3))
         images = keras.ops.convert_to_tensor(np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32"))
-        # token_embedding: keras-hub's attribute for text backbones (None for vision ones).
-        with mock.patch.object(kp.models.PreActResNetBackbone, "token_embedding", None, create=True):
-            self.run_backbone_test(cls=kp.models.PreActResNetBackbone, init_kwargs=init_kwargs, input_data=images,
-                                   expected_output_shape=(2, 4, 4, 32), run_quantization_check=False)
+        self.run_backbone_test(cls=kp.models.PreActResNetBackbone, init_kwargs=init_kwargs, input_data=images,
+                               expected_output_shape=(2, 4, 4, 32), run_quantization_check=False)

@@ -13,7 +13,6 @@ from keras_preact.models import (
     PreActResNetBackbone,
     PreActResNetClassifier,
     cifar_resnet,
-    cifar_resnet20,
     create_model,
     imagenet_resnet,
     list_models,
@@ -106,18 +105,21 @@ def test_a_registered_model_takes_its_input_config_size(name):
     assert create_model(name).input_shape[1:] == model_spec(name).input_config.input_size
 
 
-def test_every_registered_model_has_a_helper():
+def test_every_registered_model_is_built_by_name_and_the_applications_are_written_out():
+    """One way to build a named network, ``create_model(name)``; no module function per name."""
     from keras_preact import applications
     from keras_preact.models.presets import MODEL_PRESETS
 
-    for name in list_models():
-        assert getattr(kp.models, name).__name__ == name
-    assert set(MODEL_PRESETS) <= set(kp.models.__all__)  # the package's own, for `import *` and docs
+    assert set(MODEL_PRESETS) <= set(list_models())
+    assert not set(list_models()) & (set(kp.models.__all__) | set(dir(kp.models)))
     assert set(applications.__all__) >= {f"PreActResNet{d}" for d in (18, 34, 50, 101, 152, 200)}
+    for depth in (18, 34, 50, 101, 152, 200):
+        entry = getattr(applications, f"PreActResNet{depth}")
+        assert entry.__name__ == f"PreActResNet{depth}" and "He et al. 2016" in entry.__doc__
 
 
 def test_cifar_first_units_follow_official_code():
-    basic = cifar_resnet20().backbone
+    basic = create_model("cifar_resnet20").backbone
     first = basic.get_layer("stage1_unit1")
     assert first.preactivate_shortcut is True and first.shortcut_type == "A"
     assert basic.get_layer("stage1_unit2").preactivate_shortcut is None
@@ -151,7 +153,7 @@ def test_block_override_and_ambiguous_depths():
 
 
 def test_stochastic_depth_grows_linearly():
-    model = cifar_resnet20(drop_path_rate=0.2)
+    model = create_model("cifar_resnet20", drop_path_rate=0.2)
     rates = [unit.drop_path_rate for unit in units(model)]
     np.testing.assert_allclose(rates, np.linspace(0, 0.2, 9))
 
@@ -159,10 +161,10 @@ def test_stochastic_depth_grows_linearly():
 def test_headless_pooling_and_input_tensor():
     features = imagenet_resnet(18, include_top=False, pooling="avg", input_shape=(None, None, 3))
     assert features.output_shape == (None, 512)
-    maps = cifar_resnet20(include_top=False)
+    maps = create_model("cifar_resnet20", include_top=False)
     assert isinstance(maps, PreActResNetBackbone) and maps.output_shape == (None, 8, 8, 64)
     tensor = keras.Input((32, 32, 3))
-    assert cifar_resnet20(input_tensor=tensor).inputs[0] is tensor
+    assert create_model("cifar_resnet20", input_tensor=tensor).inputs[0] is tensor
 
 
 def test_backbone_and_classifier_configs_echo_every_argument():
@@ -200,11 +202,8 @@ def test_register_model_adds_a_named_network():
     try:
         assert "test_tiny_net" in list_models("test_*")
         assert units(create_model("test_tiny_net", num_classes=3))[0].ordering == "original"
-        # The one call is the whole addition: a function of keras_preact.models, importable by name.
-        from keras_preact.models import test_tiny_net
-
-        assert test_tiny_net.__name__ == "test_tiny_net" and "test_tiny_net" in dir(kp.models)
-        assert units(kp.models.test_tiny_net(num_classes=3))[0].ordering == "original"
+        # The one call is the whole addition: create_model builds it by name (no module attribute is made).
+        assert not hasattr(kp.models, "test_tiny_net")
         assert (spec.test_input_size, spec.slow) == ((32, 32, 3), False)  # defaults: its input, not slow
         with pytest.raises(ValueError, match="already registered"):
             register_model("test_tiny_net", family="cifar", arguments={}, input_config=spec.input_config)
@@ -214,8 +213,8 @@ def test_register_model_adds_a_named_network():
     finally:
         unregister_model("test_tiny_net")
     assert "test_tiny_net" not in list_models()
-    with pytest.raises(AttributeError, match="test_tiny_net"):
-        kp.models.test_tiny_net  # noqa: B018
+    with pytest.raises(ValueError, match="test_tiny_net"):
+        create_model("test_tiny_net")
 
 
 def test_cifar_model_saving_round_trip(rng):
@@ -226,7 +225,7 @@ def test_cifar_model_saving_round_trip(rng):
 @pytest.mark.parametrize("policy", ["mixed_bfloat16", "mixed_float16"])
 def test_mixed_precision_float32_output(policy, rng):
     keras.config.set_dtype_policy(policy)
-    for model in (cifar_resnet20(), imagenet_resnet(18, input_shape=(64, 64, 3))):
+    for model in (create_model("cifar_resnet20"), imagenet_resnet(18, input_shape=(64, 64, 3))):
         x = rng.uniform(size=(2, *model.input_shape[1:])).astype("float32")
         y = model(x, training=False)
         assert keras.backend.standardize_dtype(y.dtype) == "float32"

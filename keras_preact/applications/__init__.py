@@ -1,21 +1,38 @@
-"""Keras-Applications-style entry points and conversion from keras.applications ResNetV2.
+"""Keras-Applications-style entry points, ``PreActResNet18`` ... ``PreActResNet200`` (He et al. 2016), their
+``preprocess_input``/``decode_predictions`` (from the model's own input config and class names), and
+conversion from keras.applications ResNetV2.
 
-``PreActResNet{depth}`` exists for every registered ``imagenet_resnet{depth}`` (18, 34, 50, 101, 152, 200)."""
+Examples:
+
+>>> from keras_preact.applications import PreActResNet50, preprocess_input
+>>> model = PreActResNet50(classes=10)
+>>> x = preprocess_input([[[[124.0, 117.0, 104.0]]]], model)  # ImageNet's statistics, not [-1, 1]
+"""
 
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.applications.preact_resnet import (
-    APPLICATIONS,
     KERAS_IMAGENET_WEIGHTS,
+    PreActResNet18,
+    PreActResNet34,
+    PreActResNet50,
+    PreActResNet101,
+    PreActResNet152,
+    PreActResNet200,
     preact_resnet,
-    preprocess_input,
 )
-
-globals().update(APPLICATIONS)
+from keras_preact.applications.processing import decode_predictions, preprocess_input, preprocess_input_resnet_v2
 
 __all__ = [
     "KERAS_IMAGENET_WEIGHTS",
+    "PreActResNet18",
+    "PreActResNet34",
+    "PreActResNet50",
+    "PreActResNet101",
+    "PreActResNet152",
+    "PreActResNet200",
+    "decode_predictions",
     "from_keras_applications",
     "preact_resnet",
     "preprocess_input",
-    *APPLICATIONS,
+    "preprocess_input_resnet_v2",
 ]

@@ -1,15 +1,16 @@
-"""Keras-Applications-style entry points: ``PreActResNet18`` ... ``PreActResNet200``."""
+"""Keras-Applications-style entry points: ``PreActResNet18`` ... ``PreActResNet200`` (He et al. 2016,
+"Identity Mappings in Deep Residual Networks"), with keras.applications' arguments."""
 
-import functools
+import hashlib
 import os
-import socket
+import urllib.request
 
 import keras
 
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
-from keras_preact.models.registry import list_models, model_spec
+from keras_preact.models.presets import IMAGENET_INPUT
 
 # Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
 KERAS_IMAGENET_WEIGHTS = {
@@ -17,6 +18,17 @@ KERAS_IMAGENET_WEIGHTS = {
     101: "ResNet101V2",
     152: "ResNet152V2",
 }
+# Where keras.applications' ResNetV2 downloads them, and their md5 (with the top, without): keras'
+# applications/resnet.py BASE_WEIGHTS_PATH and WEIGHTS_HASHES.
+KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+KERAS_WEIGHTS_MD5 = {
+    50: ("3ef43a0b657b3be2300d5770ece849e0", "fac2f116257151a9d068a22e544a4917"),
+    101: ("6343647c601c52e1368623803854d971", "c0ed64b8031c3730f411d2eb4eea35b5"),
+    152: ("a49b44d1979771252814e80f8ec446f9", "ed17cf2e0169df9d443503ef94b23b33"),
+}
+# What Keras' ResNetV2 weights expect: pixels scaled to [-1, 1] (``preprocess_input_resnet_v2``), the
+# standard ImageNet evaluation crop.
+KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5))
 DOWNLOAD_TIMEOUT_S = 30
 
 
@@ -37,23 +49,54 @@ def _input_shape(input_shape, input_tensor, include_top, weights):
     return input_shape
 
 
-def _keras_imagenet_source(depth, include_top, input_shape, timeout=DOWNLOAD_TIMEOUT_S):
-    """keras.applications ResNet{depth}V2 with weights='imagenet', failing fast when offline."""
-    builder = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])
-    cache = os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")), "models")
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(timeout)
+def keras_weights_file(depth, include_top):
+    """The file name of Keras' ResNet{depth}V2 ImageNet weights (with or without the top)."""
+    return f"resnet{depth}v2_weights_tf_dim_ordering_tf_kernels{'' if include_top else '_notop'}.h5"
+
+
+def _md5(path):
+    digest = hashlib.md5(usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _download(url, path, md5, timeout):
+    """``url`` to ``path`` through a ``.part`` file, every socket operation under ``timeout`` seconds;
+    the md5 checked before the file takes its name."""
+    part = f"{path}.part"
     try:
-        return builder(weights="imagenet", include_top=include_top, input_shape=input_shape)
-    except Exception as e:  # keras.utils.get_file raises a bare Exception on URL failures
-        raise OSError(
-            f"Could not load the Keras ImageNet weights of {KERAS_IMAGENET_WEIGHTS[depth]} through "
-            f"keras.utils.get_file ({type(e).__name__}: {e}). On an offline machine, copy the file "
-            f"(resnet{depth}v2_weights_tf_dim_ordering_tf_kernels{'' if include_top else '_notop'}.h5 "
-            f"from keras-applications' releases) into {cache} and retry."
-        ) from e
+        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
+            while block := response.read(1 << 20):
+                f.write(block)
+        if _md5(part) != md5:
+            raise OSError(f"{url} gave a file whose md5 is not {md5}")
+        os.replace(part, path)
     finally:
-        socket.setdefaulttimeout(previous)
+        if os.path.exists(part):
+            os.remove(part)
+
+
+def _keras_imagenet_source(depth, include_top, input_shape, timeout=DOWNLOAD_TIMEOUT_S):
+    """keras.applications ResNet{depth}V2 with Keras' ImageNet weights, from keras' cache
+    (``$KERAS_HOME/models``) or downloaded there with a ``timeout``: offline it fails fast, saying what to do."""
+    name, file = KERAS_IMAGENET_WEIGHTS[depth], keras_weights_file(depth, include_top)
+    md5 = KERAS_WEIGHTS_MD5[depth][0 if include_top else 1]
+    cache = os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")), "models")
+    path = os.path.join(cache, file)
+    if not (os.path.isfile(path) and _md5(path) == md5):
+        try:
+            os.makedirs(cache, exist_ok=True)
+            _download(KERAS_WEIGHTS_URL + file, path, md5, timeout)
+        except Exception as e:  # URLError, timeouts, a refused or short download
+            raise OSError(
+                f"Could not load the Keras ImageNet weights of {name}: downloading {KERAS_WEIGHTS_URL + file} "
+                f"failed within {timeout} s per read ({type(e).__name__}: {e}). On an offline machine, copy "
+                f"{file} (from keras-applications' releases, md5 {md5}) into {cache} and retry."
+            ) from e
+    builder = getattr(keras.applications, name)
+    return builder(weights=path, include_top=include_top, input_shape=input_shape)
 
 
 def _check_weights(weights, depth, layout, include_top, classes, unit_options):
@@ -97,20 +140,29 @@ def preact_resnet(
     name=None,
     layout=None,
     remat=None,
+    dtype=None,
     **unit_options,
 ):
-    """An ImageNet pre-activation ResNet with keras.applications' argument semantics.
+    """An ImageNet pre-activation ResNet (He et al. 2016, Table 5) with keras.applications' argument
+    semantics: ``imagenet_resnet(depth, ...)``, the same model for the same arguments.
 
     ``weights``: ``None``, ``"imagenet"`` (Keras' published ResNetV2 weights, depth 50/101/152; the
-    model then uses ``layout="tf_slim"`` and expects ``preprocess_input``'s [-1, 1] pixels), or a path
-    to a weights file. ``layout``: ``"fb"`` (default without ImageNet weights) or ``"tf_slim"``.
-    ``remat``: rematerialisation of the residual units in training (``None``, ``"units"``,
-    ``"stages"``, ``"segments:<k>"``; see ``PreActResNetBackbone``); any weights load with any value.
+    model then uses ``layout="tf_slim"`` and carries their input config, [-1, 1] pixels:
+    ``preprocess_input(x, model)``), or a path to a weights file. ``layout``: ``"fb"`` (default without
+    ImageNet weights) or ``"tf_slim"``. ``remat``: rematerialisation of the residual units in training
+    (``None``, ``"units"``, ``"stages"``, ``"segments:<k>"``; see ``PreActResNetBackbone``); any
+    weights load with any value. ``dtype``: every layer's dtype policy (e.g. ``"mixed_bfloat16"``).
+
+    Examples:
+
+    >>> from keras_preact.applications import preact_resnet
+    >>> features = preact_resnet(50, include_top=False, pooling="avg", input_shape=(160, 160, 3))
     """
     opt.check_choice("layout", layout, (None, *LAYOUTS))
     _check_weights(weights, depth, layout, include_top, classes, unit_options)
     input_shape = _input_shape(input_shape, input_tensor, include_top, weights)
     layout = layout or ("tf_slim" if weights == "imagenet" else "fb")
+    extra = {"input_config": KERAS_RESNET_V2_INPUT} if weights == "imagenet" else {}
     model = imagenet_resnet(
         depth,
         classes,
@@ -122,6 +174,8 @@ def preact_resnet(
         classifier_activation=classifier_activation,
         name=name or f"preact_resnet{depth}",
         remat=remat,
+        dtype=dtype,
+        **extra,
         **unit_options,
     )
     if weights == "imagenet":
@@ -132,33 +186,84 @@ def preact_resnet(
     return model
 
 
-def _entry_point(model_name):
-    """``PreActResNet{depth}`` from the registered ``imagenet_resnet{depth}``."""
-    spec = model_spec(model_name)
-    depth = spec.arguments["depth"]
-    builder = functools.partial(preact_resnet, depth)
-    builder.__name__ = builder.__qualname__ = f"PreActResNet{depth}"
-    builder.__doc__ = (
-        f"Pre-activation ResNet-{depth} ({spec.paper}; fb.resnet.torch layout), keras.applications "
-        f"semantics; input {spec.input_config.input_size}. See ``preact_resnet`` for the arguments."
-    )
-    return builder
+# keras.applications' signature, one function per depth; the paper's depths (Table 5 and fb.resnet.torch).
+def PreActResNet18(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                   classifier_activation="softmax", name="preact_resnet18", **kwargs):
+    """Pre-activation ResNet-18 (He et al. 2016, "Identity Mappings in Deep Residual Networks";
+    fb.resnet.torch ``preresnet.lua``): basic units, 2-2-2-2. Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> model = PreActResNet18(classes=10)  # imagenet_resnet(18, num_classes=10): 224, centre crop of 256
+    """
+    return preact_resnet(18, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)
 
 
-def entry_points():
-    """``{"PreActResNet{depth}": function}`` for every registered ImageNet network of a plain depth."""
-    found = {}
-    for name in list_models("imagenet_resnet*"):
-        arguments = model_spec(name).arguments
-        if set(arguments) == {"depth"}:
-            found[f"PreActResNet{arguments['depth']}"] = _entry_point(name)
-    return found
+def PreActResNet34(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                   classifier_activation="softmax", name="preact_resnet34", **kwargs):
+    """Pre-activation ResNet-34 (He et al. 2016, "Identity Mappings in Deep Residual Networks";
+    fb.resnet.torch ``preresnet.lua``): basic units, 3-4-6-3. Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> features = PreActResNet34(include_top=False, pooling="avg", input_shape=(128, 128, 3))
+    """
+    return preact_resnet(34, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)
 
 
-APPLICATIONS = entry_points()
-globals().update(APPLICATIONS)  # PreActResNet18 ... PreActResNet200, from the registry
+def PreActResNet50(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                   classifier_activation="softmax", name="preact_resnet50", **kwargs):
+    """Pre-activation ResNet-50 (He et al. 2016, "Identity Mappings in Deep Residual Networks";
+    fb.resnet.torch ``preresnet.lua``): bottleneck units, 3-4-6-3. ``weights="imagenet"``: Keras'
+    ResNet50V2 weights (TF-slim layout). Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> model = PreActResNet50(weights="imagenet")  # doctest: +SKIP
+    >>> probabilities = model(preprocess_input(images, model))  # doctest: +SKIP
+    """
+    return preact_resnet(50, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)
 
 
-def preprocess_input(x):
-    """Pixels in [0, 255] to [-1, 1], the input of Keras' ResNetV2 ImageNet weights."""
-    return keras.applications.resnet_v2.preprocess_input(x)
+def PreActResNet101(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                    classifier_activation="softmax", name="preact_resnet101", **kwargs):
+    """Pre-activation ResNet-101 (He et al. 2016, "Identity Mappings in Deep Residual Networks",
+    Sec. 4.1): bottleneck units, 3-4-23-3. ``weights="imagenet"``: Keras' ResNet101V2 weights.
+    Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> backbone = PreActResNet101(include_top=False, input_shape=(None, None, 3))
+    """
+    return preact_resnet(101, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)
+
+
+def PreActResNet152(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                    classifier_activation="softmax", name="preact_resnet152", **kwargs):
+    """Pre-activation ResNet-152 (He et al. 2016, "Identity Mappings in Deep Residual Networks",
+    Table 5): bottleneck units, 3-8-36-3. ``weights="imagenet"``: Keras' ResNet152V2 weights.
+    Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> model = PreActResNet152(classes=100, remat="stages")
+    """
+    return preact_resnet(152, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)
+
+
+def PreActResNet200(include_top=True, weights=None, input_tensor=None, input_shape=None, pooling=None, classes=1000,
+                    classifier_activation="softmax", name="preact_resnet200", **kwargs):
+    """Pre-activation ResNet-200 (He et al. 2016, "Identity Mappings in Deep Residual Networks",
+    Table 5): bottleneck units, 3-24-36-3. Arguments: ``preact_resnet``'s.
+
+    Examples:
+
+    >>> model = PreActResNet200(dtype="mixed_bfloat16")
+    """
+    return preact_resnet(200, include_top, weights, input_tensor, input_shape, pooling, classes,
+                         classifier_activation, name, **kwargs)

@@ -1,9 +1,21 @@
 """Networks: ``PreActResNetBackbone`` (headless, ``pyramid_outputs``), ``PreActResNetClassifier``, the
-CIFAR 6n+2 / 9n+2 / 3n+2 and ImageNet 18-200 builders, and the registry of named networks.
+CIFAR 6n+2 / 9n+2 / 3n+2 and ImageNet 18-200 builders, and the registry of named networks (He et al.
+2016, "Identity Mappings in Deep Residual Networks").
 
-Every registered network is also a function of this module, ``cifar_resnet20(num_classes=10)``,
-``create_model`` bound to its name: the registry is the only list (``presets.MODEL_PRESETS``, and any
-``register_model`` call, whose network is a function here from then on)."""
+A registered network is built by name, ``create_model("cifar_resnet20", num_classes=100)``: its family
+builder (``cifar_resnet``/``imagenet_resnet``) with the registered arguments. Every path (the registry,
+the builders, the backbone and classifier classes, ``keras_preact.applications``) gives the same model
+for the same arguments, its input config and class names included.
+
+Examples:
+
+>>> from keras_preact.models import PreActResNetClassifier, create_model, imagenet_resnet
+>>> a = create_model("imagenet_resnet18", num_classes=10)
+>>> b = imagenet_resnet(18, num_classes=10)
+>>> c = PreActResNetClassifier(imagenet_resnet(18, include_top=False), 10)
+>>> a.input_config == b.input_config == c.input_config
+True
+"""
 
 from keras_preact.models.backbone import PreActResNetBackbone
 from keras_preact.models.cifar import CIFAR_DEPTHS, cifar_resnet
@@ -14,7 +26,6 @@ from keras_preact.models.registry import (
     create_model,
     get_input_config,
     list_models,
-    model_function,
     model_spec,
     register_model,
 )
@@ -31,19 +42,6 @@ __all__ = [
     "get_input_config",
     "imagenet_resnet",
     "list_models",
-    "model_function",
     "model_spec",
     "register_model",
 ]
-__all__ += list_models()  # the registered networks' functions (__getattr__ below)
-
-
-def __getattr__(name):
-    """A registered network's function (PEP 562): ``keras_preact.models.cifar_resnet20``."""
-    if name in list_models():
-        return model_function(name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__():
-    return sorted(set(globals()) | set(list_models()))

@@ -222,7 +222,17 @@ class PreActResNetBackbone(keras.Model):
             ``"stages"`` (each stage from its input) or ``"segments:<k>"`` (runs of k consecutive
             units). Same loss, gradients and weights; less memory, more compute. Not part of the
             model's math: inference and export run without it.
+
+    Examples:
+
+    >>> from keras_preact.models import PreActResNetBackbone
+    >>> backbone = PreActResNetBackbone([2, 2, 2], [16, 32, 64], [1, 2, 2], input_shape=(32, 32, 3))
+    >>> sorted(backbone.pyramid_outputs)
+    ['P0', 'P1', 'P2']
     """
+
+    # keras-hub's Backbone attribute: a text backbone's token embedding layer, None for an image backbone.
+    token_embedding = None
 
     def __init__(
         self,

@@ -3,7 +3,8 @@ units for 3n+2 (Table 3's "1-layer skip")."""
 
 from keras_preact.layers import options as opt
 from keras_preact.models.backbone import check_unit_options, unit_name
-from keras_preact.models.network import build_network, network_arguments, shows_network_arguments
+from keras_preact.models.classifier import FAMILY
+from keras_preact.models.network import build_network
 
 # Per block: layers per unit (for depth = layers * 3n + 2), output channels per stage, and the
 # official code's defaults (fb.resnet.torch preresnet.lua for basic, resnet-pre-act.lua for bottleneck).
@@ -50,21 +51,38 @@ def _check_cifar_unit(config):
         )
 
 
-@shows_network_arguments
-def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), **unit_options):
-    """A CIFAR ResNet as in the official code (paper Sec. 4-5, Table 3).
+def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), include_top=True, pooling=None,
+                 classifier_activation="softmax", dropout=0.0, drop_path_rate=0.0, input_tensor=None, data_format=None,
+                 dtype=None, remat=None, input_config=FAMILY, class_names=None, name=None, **unit_options):
+    """A CIFAR pre-activation ResNet as in the official code (He et al. 2016, "Identity Mappings in Deep
+    Residual Networks", Sec. 4-5, Table 3; fb.resnet.torch ``preresnet.lua``).
 
     Stem: one 3x3 conv 3->16; stages of n units with 16/32/64 output channels (basic, one-layer) or
     64/128/256 (bottleneck), strides 1/2/2; after the last unit the ordering's final ops (BN-ReLU for
-    pre-activation), global average pooling, a dense classifier.
+    pre-activation), global average pooling, a dense classifier. The first unit of every stage
+    pre-activates its shortcut as the official code does (``both_preact``); option A for basic nets, B
+    for bottleneck nets; the bottleneck puts the stride on its first 1x1 conv (resnet-pre-act.lua).
 
-    The first unit of every stage pre-activates its shortcut as the official code does
-    (``both_preact``); option A for basic nets, B for bottleneck nets; the bottleneck puts the
-    stride on its first 1x1 conv (resnet-pre-act.lua). Every default can be overridden through
-    ``unit_options`` (any ``ResidualUnit`` argument). The input, head and regularisation arguments
-    (``include_top``, ``pooling``, ``dropout``, ``drop_path_rate``, ...) are ``network.build_network``'s.
+    Args:
+        depth: 6n+2 (basic units), 9n+2 (bottleneck) or, with ``block="one_layer"``, 3n+2.
+        num_classes: classes of the dense layer (with ``include_top``).
+        block: ``"basic"``, ``"bottleneck"`` or ``"one_layer"``; default by depth (the paper's choice).
+        input_shape: image shape in ``data_format`` order; height and width may be ``None``.
+        include_top, pooling, classifier_activation, input_tensor: keras.applications' head semantics:
+            the classifier, else the backbone (``pooling=None``) or its ``"avg"``/``"max"`` pooled features.
+        dropout: rate before the dense layer. drop_path_rate: stochastic depth, 0 to this over the units.
+        data_format, dtype, remat: the ``PreActResNetBackbone``'s (``dtype``: every layer's policy).
+        input_config: what the classifier carries, at its input size; default CIFAR's
+            (``presets.CIFAR_INPUT``: fb.resnet.torch's statistics, the whole image). class_names: its classes.
+        name: the model's name. unit_options: any ``ResidualUnit`` argument, overriding the defaults above.
+
+    Examples:
+
+    >>> from keras_preact.models import cifar_resnet
+    >>> model = cifar_resnet(164, num_classes=100, drop_path_rate=0.1)
+    >>> model.input_config.input_size
+    (32, 32, 3)
     """
-    shared, unit_options = network_arguments(unit_options)
     block, n = cifar_depth_block(depth, block)
     spec = CIFAR_BLOCKS[block]
     unit_options = {
@@ -78,7 +96,10 @@ def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), 
                     stem="cifar", stem_filters=STEM_FILTERS, unit_options=unit_options,
                     unit_overrides={unit_name(s, 0): {"preactivate_shortcut": True} for s in range(3)})
     return build_network(backbone, default_name=f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar",
-                         num_classes=num_classes, input_shape=input_shape, **shared)
+                         num_classes=num_classes, input_shape=input_shape, input_tensor=input_tensor,
+                         include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
+                         dropout=dropout, drop_path_rate=drop_path_rate, data_format=data_format, dtype=dtype,
+                         remat=remat, input_config=input_config, class_names=class_names, name=name)
 
 
 CIFAR_DEPTHS = tuple(sorted(PAPER_DEPTHS))

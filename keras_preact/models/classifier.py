@@ -4,9 +4,11 @@ import keras
 
 from keras_preact.layers import options as opt
 from keras_preact.models.backbone import check_model_kwargs
+from keras_preact.models.presets import FAMILY_INPUTS
 from keras_preact.preprocessing import InputConfig
 
 POOLINGS = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
+FAMILY = "family"  # input_config's default: the backbone family's (its stem's) input config
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
@@ -21,15 +23,25 @@ class PreActResNetClassifier(keras.Model):
         dropout: rate before the dense layer (0: none, the paper's).
         activation: of the output, ``"softmax"`` (default) or ``None``/``"linear"`` for logits.
         input_config: what the model expects (``keras_preact.preprocessing.InputConfig`` or its
-            ``to_dict()``): size, pixel mean/std, evaluation crop. ``create_model`` sets the registry's;
-            export and ``keras-preact-evaluate`` use it. Kept in ``get_config`` (``.keras`` files).
+            ``to_dict()``): size, pixel mean/std, evaluation crop; export, ``keras-preact-evaluate`` and
+            ``applications.preprocess_input`` use it. Default ``"family"``: the input config of the
+            backbone's family (its ``stem``, ``presets.FAMILY_INPUTS``) at the backbone's input size, as
+            every builder attaches it; ``None``: none. Kept in ``get_config`` (``.keras`` files).
         class_names: one name per class (index = label), e.g. the trained weights'; kept likewise.
         dtype: dtype policy of every layer but the float32 output, as keras-hub's; default the backbone's.
             A backbone in another policy is replaced by a copy in this one (its config and weights).
+
+    Examples:
+
+    >>> from keras_preact.models import PreActResNetClassifier, imagenet_resnet
+    >>> backbone = imagenet_resnet(18, include_top=False, input_shape=(224, 224, 3))
+    >>> model = PreActResNetClassifier(backbone, 10)  # the same model as imagenet_resnet(18, 10)
+    >>> model.input_config.resize_size, model.input_config.crop_size
+    (256, (224, 224))
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
-                 input_config=None, class_names=None, dtype=None, name=None, **kwargs):
+                 input_config=FAMILY, class_names=None, dtype=None, name=None, **kwargs):
         check_model_kwargs(type(self).__name__, kwargs)
         if not isinstance(backbone, keras.Model) or not hasattr(backbone, "pyramid_outputs"):
             raise ValueError(f"Invalid backbone={backbone!r}: a keras_preact PreActResNetBackbone is required.")
@@ -55,7 +67,8 @@ class PreActResNetClassifier(keras.Model):
         self.backbone = backbone
         self.head_layers = head
         self.num_classes, self.pooling, self.dropout, self.activation = num_classes, pooling, dropout, activation
-        self.input_config, self.class_names = input_config, class_names
+        self.input_config = family_input_config(backbone) if input_config == FAMILY else input_config
+        self.class_names = class_names
 
     @property
     def input_config(self):
@@ -131,6 +144,24 @@ def backbone_in_policy(backbone, dtype):
     return copy
 
 
+def input_config_at(config, backbone):
+    """``config`` at the backbone's input size (unchanged where that size is dynamic)."""
+    shape = channels_last_shape(backbone)
+    if None in shape or shape == config.input_size:
+        return config
+    return config.replace(input_size=shape)
+
+
+def family_input_config(backbone):
+    """The input config of the backbone's family (``presets.FAMILY_INPUTS`` of its ``stem``: CIFAR's whole
+    image or ImageNet's centre 224 of 256, with their pixel statistics) at its input size; None for an
+    input whose channel count is not the family's."""
+    config = FAMILY_INPUTS[backbone.stem]
+    if channels_last_shape(backbone)[-1] != config.input_size[-1]:
+        return None
+    return input_config_at(config, backbone)
+
+
 def channels_last_shape(backbone):
     """The backbone's image shape as ``(height, width, channels)`` (an InputConfig's ``input_size``)."""
     shape = tuple(backbone.image_shape)
@@ -144,14 +175,24 @@ def check_head(include_top, pooling, num_classes, argument="num_classes"):
 
 
 def with_head(backbone, *, include_top, pooling, num_classes, classifier_activation, dropout=0.0,
-              input_tensor=None, name=None):
+              input_tensor=None, input_config=FAMILY, class_names=None, name=None):
     """keras.applications' semantics on a backbone: the classifier with ``include_top``, else the
-    backbone itself (``pooling=None``) or pooled features; ``input_tensor`` wraps it on that tensor."""
+    backbone itself (``pooling=None``) or pooled features; ``input_tensor`` wraps it on that tensor.
+    The classifier carries ``input_config`` at the backbone's input size (default its family's)."""
+    if input_config not in (FAMILY, None):
+        if isinstance(input_config, dict):
+            input_config = InputConfig.from_dict(input_config)
+        if isinstance(input_config, InputConfig):
+            input_config = input_config_at(input_config, backbone)
     if include_top:
         model = PreActResNetClassifier(backbone, num_classes, pooling="avg", dropout=dropout,
-                                       activation=classifier_activation, name=name)
+                                       activation=classifier_activation, input_config=input_config,
+                                       class_names=class_names, name=name)
     elif pooling is not None:
-        model = PreActResNetClassifier(backbone, None, pooling=pooling, name=name)
+        if class_names is not None:
+            raise ValueError(f"Invalid class_names={class_names!r:.200} with include_top=False: the model has no "
+                             "classes.")
+        model = PreActResNetClassifier(backbone, None, pooling=pooling, input_config=input_config, name=name)
     else:
         model = backbone
     if input_tensor is None:

@@ -4,7 +4,8 @@ import dataclasses
 
 from keras_preact.layers import options as opt
 from keras_preact.models.backbone import check_unit_options, unit_name
-from keras_preact.models.network import build_network, network_arguments, shows_network_arguments
+from keras_preact.models.classifier import FAMILY
+from keras_preact.models.network import build_network
 
 IMAGENET_DEPTHS = {
     18: ("basic", (2, 2, 2, 2)),
@@ -60,18 +61,38 @@ def _unit_overrides(spec, units, ordering, stem_ops):
     return overrides
 
 
-@shows_network_arguments
-def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 224, 3), **unit_options):
-    """An ImageNet pre-activation ResNet (paper Table 5; fb.resnet.torch ``preresnet.lua``).
+def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 224, 3), include_top=True,
+                    pooling=None, classifier_activation="softmax", dropout=0.0, drop_path_rate=0.0, input_tensor=None,
+                    data_format=None, dtype=None, remat=None, input_config=FAMILY, class_names=None, name=None,
+                    **unit_options):
+    """An ImageNet pre-activation ResNet (He et al. 2016, "Identity Mappings in Deep Residual Networks",
+    Table 5; fb.resnet.torch ``preresnet.lua``).
 
     Stem 7x7/2 conv, BN-ReLU, 3x3/2 max-pool; four stages of 64/128/256/512 (basic) or
     256/512/1024/2048 (bottleneck) output channels; final BN-ReLU, global average pooling, dense.
-    Shortcut type B and the stride on the 3x3 conv, as the official code (``UnitConfig``'s defaults). ``layout="tf_slim"``
-    reproduces keras.applications ResNetV2 (see ``Layout``). ``unit_options``: any
-    ``ResidualUnit`` argument. The input, head and regularisation arguments (``include_top``,
-    ``pooling``, ``dropout``, ``drop_path_rate``, ...) are ``network.build_network``'s.
+    Shortcut type B and the stride on the 3x3 conv, as the official code (``UnitConfig``'s defaults).
+
+    Args:
+        depth: 18, 34 (basic units), 50, 101, 152 or 200 (bottleneck).
+        num_classes: classes of the dense layer (with ``include_top``).
+        layout: ``"fb"`` (fb.resnet.torch) or ``"tf_slim"`` (keras.applications ResNetV2; see ``Layout``).
+        input_shape: image shape in ``data_format`` order; height and width may be ``None``.
+        include_top, pooling, classifier_activation, input_tensor: keras.applications' head semantics:
+            the classifier, else the backbone (``pooling=None``) or its ``"avg"``/``"max"`` pooled features.
+        dropout: rate before the dense layer. drop_path_rate: stochastic depth, 0 to this over the units.
+        data_format, dtype, remat: the ``PreActResNetBackbone``'s (``dtype``: every layer's policy).
+        input_config: what the classifier carries, at its input size; default ImageNet's
+            (``presets.IMAGENET_INPUT``: shorter side 256, centre 224, fb.resnet.torch's statistics).
+        class_names: its classes. name: the model's name.
+        unit_options: any ``ResidualUnit`` argument, overriding the defaults above.
+
+    Examples:
+
+    >>> from keras_preact.models import imagenet_resnet
+    >>> model = imagenet_resnet(50, num_classes=10, dtype="mixed_bfloat16")
+    >>> model.input_config.resize_size
+    256
     """
-    shared, unit_options = network_arguments(unit_options)
     if depth not in IMAGENET_DEPTHS:
         raise ValueError(
             f"Invalid depth={depth!r}: ImageNet nets have depth "
@@ -88,4 +109,7 @@ def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 2
                     stem_bias=spec.stem_bias, stem_ops=spec.stem_ops, stride_on_last_unit=spec.stride_on_last_unit,
                     unit_options=unit_options, unit_overrides=_unit_overrides(spec, units, ordering, spec.stem_ops))
     return build_network(backbone, default_name=f"preact_resnet{depth}", num_classes=num_classes,
-                         input_shape=input_shape, **shared)
+                         input_shape=input_shape, input_tensor=input_tensor, include_top=include_top, pooling=pooling,
+                         classifier_activation=classifier_activation, dropout=dropout, drop_path_rate=drop_path_rate,
+                         data_format=data_format, dtype=dtype, remat=remat, input_config=input_config,
+                         class_names=class_names, name=name)

@@ -1,7 +1,8 @@
 """The package's named networks as data: builder arguments, input config, paper reference, trained weights.
 
-One entry per network (timm's ``default_cfgs``, keras-hub's presets); ``registry`` registers them,
-and the ``cifar_resnet20``-style helpers and the ``PreActResNet50``-style applications come from it.
+One entry per network (timm's ``default_cfgs``, keras-hub's presets); ``registry`` registers them and
+``create_model(name)`` builds them. ``FAMILY_INPUTS`` is each family's input config, the one every builder's
+classifier carries by default.
 
 Trained weights are an entry's ``weights`` mapping (``CIFAR_WEIGHTS``), added in the same change as their
 file in ``keras_preact/weights/``.

@@ -2,17 +2,23 @@
 
 ``register_model`` adds a named network; ``list_models``/``create_model``/``model_spec`` read them.
 The package's own networks are declared as data in ``presets.MODEL_PRESETS``. A classifier built by
-``create_model`` carries its ``input_config`` (and, with trained ``weights``, its ``class_names``).
+``create_model`` carries its ``input_config`` (and, with trained ``weights``, its ``class_names``), as
+its family builder's does: ``create_model(name, **overrides)`` is ``builder(**arguments, **overrides)``.
+
+Examples:
+
+>>> from keras_preact.models import create_model, list_models
+>>> list_models("cifar_resnet1*")
+['cifar_resnet1001', 'cifar_resnet110', 'cifar_resnet110_1layer', 'cifar_resnet1202', 'cifar_resnet164']
+>>> model = create_model("cifar_resnet20", num_classes=100, dtype="mixed_bfloat16")
 """
 
 import dataclasses
 import fnmatch
-import functools
 from collections.abc import Callable
 
 from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
-from keras_preact.models.classifier import PreActResNetClassifier, channels_last_shape
 from keras_preact.models.imagenet import imagenet_resnet
 from keras_preact.models.presets import MODEL_PRESETS
 from keras_preact.preprocessing import InputConfig
@@ -38,15 +44,16 @@ class ModelSpec:
     slow: bool = False
 
     def build(self, weights=None, **overrides):
-        """The network, carrying its input config; its input shape defaults to ``input_config.input_size``.
-        ``weights``: a name of ``self.weights`` (checked before anything is built) or None."""
+        """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
+        ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
+        ``weights``: a name of ``self.weights`` (checked before anything is built) or None; the model
+        then carries their ``class_names``."""
         spec = weights_lib.choose(self.name, self.weights, weights)
         path = None if spec is None else spec.checked_path(self.name)
         if spec is not None:
             overrides = self._weights_overrides(spec, overrides)
-        model = self.builder(**{"input_shape": tuple(self.input_config.input_size), **self.arguments, **overrides})
-        if isinstance(model, PreActResNetClassifier):
-            model.input_config = self._carried_input_config(model)
+        model = self.builder(**{"input_shape": tuple(self.input_config.input_size), "input_config": self.input_config,
+                                **self.arguments, **overrides})
         if spec is not None:
             _load(model, path, spec, self.name)
         return model
@@ -60,18 +67,11 @@ class ModelSpec:
         if not overrides.get("include_top", True) or "input_tensor" in overrides:
             raise ValueError(f"Invalid include_top/input_tensor with weights={spec.name!r}: the weights are a whole "
                              "classifier's; build it with its head and use model.backbone.")
-        return {**overrides, "num_classes": classes}
-
-    def _carried_input_config(self, model):
-        """The registry's input config at the model's input size (another ``input_shape`` override)."""
-        shape = channels_last_shape(model.backbone)
-        if None in shape or shape == self.input_config.input_size:
-            return self.input_config
-        return self.input_config.replace(input_size=shape)
+        return {**overrides, "num_classes": classes, "class_names": spec.class_names}
 
 
 def _load(model, path, spec, model_name):
-    """``model.load_weights(path)``, with the class names; a file that does not fit, in one line."""
+    """``model.load_weights(path)``; a file that does not fit, in one line."""
     try:
         model.load_weights(path)
     except ValueError as error:
@@ -87,14 +87,14 @@ _REGISTRY = {}
 def register_model(name, *, family, arguments, input_config, paper="", weights=None, test_input_size=None,
                    slow=False):
     """Register a network built by ``family``'s builder (``"cifar"``/``"imagenet"``) with ``arguments``;
-    from then on it is also ``keras_preact.models.<name>``.
+    from then on ``create_model(name)`` builds it.
 
     ``weights``: its trained weights, ``{name: {"file", "sha256", "class_names", "dataset", "top1", ...}}``
     (``weights.WeightsSpec``'s fields; ``file`` relative to ``keras_preact/weights/`` or absolute).
     ``test_input_size`` (default ``input_config.input_size``) and ``slow``: how test suites check it.
     """
     if not isinstance(name, str) or not name.isidentifier():
-        raise ValueError(f"Invalid name={name!r}: a Python identifier is required (it names a function).")
+        raise ValueError(f"Invalid name={name!r}: a Python identifier is required.")
     if name in _REGISTRY:
         raise ValueError(f"Invalid name={name!r}: a model of that name is already registered.")
     if family not in FAMILIES:
@@ -130,26 +130,29 @@ def model_spec(name):
     return _REGISTRY[name]
 
 
-def create_model(name, weights=None, **kwargs):
-    """Build a named network, e.g. ``create_model("cifar_resnet164", num_classes=100)``; ``weights``:
-    the name of its registered trained weights (``model_spec(name).weights``), checked by sha256."""
-    return model_spec(name).build(weights=weights, **kwargs)
+def create_model(name, weights=None, **overrides):
+    """A registered network (He et al. 2016's pre-activation ResNets): its family builder
+    (``cifar_resnet``/``imagenet_resnet``) called with its registered arguments and ``overrides`` (any
+    argument of that builder: ``num_classes``, ``input_shape``, ``dtype``, unit options, ...).
+
+    ``weights``: the name of its registered trained weights (``model_spec(name).weights``), checked by
+    sha256; the model then carries their ``class_names``. The classifier carries the registry's
+    ``input_config`` at its input size.
+
+    Examples:
+
+    >>> from keras_preact.models import create_model
+    >>> model = create_model("cifar_resnet164", num_classes=100)
+    >>> trained = create_model("cifar_resnet20", weights="cifar10")
+    >>> trained.class_names[:2]
+    ('airplane', 'automobile')
+    """
+    return model_spec(name).build(weights=weights, **overrides)
 
 
 def get_input_config(name):
     """The ``InputConfig`` of a named network (input size, pixel statistics, evaluation crop)."""
     return model_spec(name).input_config
-
-
-def model_function(name):
-    """``create_model`` bound to ``name``, with its own ``__name__`` and docstring."""
-    spec = model_spec(name)
-    builder = functools.partial(create_model, name)
-    builder.__name__ = builder.__qualname__ = name
-    trained = f"; weights: {', '.join(map(repr, spec.weights))}" if spec.weights else ""
-    builder.__doc__ = (f"{name}: {spec.family} network {spec.arguments} ({spec.paper}{trained}); "
-                       f"see ``{spec.builder.__name__}``.")
-    return builder
 
 
 for _name, _entry in MODEL_PRESETS.items():
