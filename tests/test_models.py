@@ -87,7 +87,7 @@ def test_one_layer_skip_resnet110_parameters():
     expected += 2 * 64 + 64 * 10 + 10  # final BN, dense
     model = create_model("cifar_resnet110_1layer")
     assert trainable_params(model) == expected
-    assert [u.block for u in units(model)] == ["one_layer"] * 108 and len(units(model)[0].weights) == 5
+    assert [u.options.block for u in units(model)] == ["one_layer"] * 108 and len(units(model)[0].weights) == 5
 
 
 @BUILT_ONCE
@@ -95,7 +95,7 @@ def test_one_layer_skip_resnet110_parameters():
 def test_every_registered_model_builds_with_documented_units(name, build):
     spec = model_spec(name)
     model = build(name, **registered_classes(name))
-    layers_per_unit = {"one_layer": 1, "basic": 2, "bottleneck": 3}[units(model)[0].block]
+    layers_per_unit = {"one_layer": 1, "basic": 2, "bottleneck": 3}[units(model)[0].options.block]
     assert layers_per_unit * len(units(model)) + 2 == spec.arguments["depth"]  # stem conv + units + classifier
     assert model.output_shape == (None, 10 if spec.family == "cifar" else 1000)
 
@@ -121,19 +121,19 @@ def test_every_registered_model_is_built_by_name_and_the_applications_are_writte
 def test_cifar_first_units_follow_official_code():
     basic = create_model("cifar_resnet20").backbone
     first = basic.get_layer("stage1_unit1")
-    assert first.preactivate_shortcut is True and first.shortcut_type == "A"
-    assert basic.get_layer("stage1_unit2").preactivate_shortcut is None
+    assert first.options.preactivate_shortcut is True and first.options.shortcut_type == "A"
+    assert basic.get_layer("stage1_unit2").options.preactivate_shortcut is None
     assert basic.get_layer("stage2_unit1").strides == 2
     bottleneck = cifar_resnet(164).backbone
-    unit = bottleneck.get_layer("stage2_unit1")
-    assert unit.block == "bottleneck" and unit.shortcut_type == "B" and unit.stride_position == "first"
+    options = bottleneck.get_layer("stage2_unit1").options
+    assert options.block == "bottleneck" and options.shortcut_type == "B" and options.stride_position == "first"
     assert bottleneck.get_layer("final_norm") is not None  # extra BN-ReLU after the last unit
 
 
 def test_imagenet_first_unit_skips_preactivation_after_stem():
     model = imagenet_resnet(50, input_shape=(64, 64, 3)).backbone
-    assert model.get_layer("stage1_unit1").skip_preactivation
-    assert not model.get_layer("stage2_unit1").skip_preactivation
+    assert model.get_layer("stage1_unit1").options.skip_preactivation
+    assert not model.get_layer("stage2_unit1").options.skip_preactivation
     assert model.get_layer("stage2_unit1").strides == 2
     assert model.get_layer("stem_norm") is not None
 
@@ -146,15 +146,15 @@ def test_every_ordering_builds_a_network(ordering):
 
 
 def test_block_override_and_ambiguous_depths():
-    assert units(cifar_resnet(110))[0].block == "basic"  # 110 is 6n+2, 9n+2 and 3n+2
-    assert units(cifar_resnet(164))[0].block == "bottleneck"
+    assert units(cifar_resnet(110))[0].options.block == "basic"  # 110 is 6n+2, 9n+2 and 3n+2
+    assert units(cifar_resnet(164))[0].options.block == "bottleneck"
     assert len(units(cifar_resnet(29, block="bottleneck"))) == 9
     assert len(units(cifar_resnet(11, block="one_layer"))) == 9
 
 
 def test_stochastic_depth_grows_linearly():
     model = create_model("cifar_resnet20", drop_path_rate=0.2)
-    rates = [unit.drop_path_rate for unit in units(model)]
+    rates = [unit.options.drop_path_rate for unit in units(model)]
     np.testing.assert_allclose(rates, np.linspace(0, 0.2, 9))
 
 
@@ -201,7 +201,7 @@ def test_register_model_adds_a_named_network():
                           input_config=model_spec("cifar_resnet20").input_config, paper="test")
     try:
         assert "test_tiny_net" in list_models("test_*")
-        assert units(create_model("test_tiny_net", num_classes=3))[0].ordering == "original"
+        assert units(create_model("test_tiny_net", num_classes=3))[0].options.ordering == "original"
         # The one call is the whole addition: create_model builds it by name (no module attribute is made).
         assert not hasattr(kp.models, "test_tiny_net")
         assert (spec.test_input_size, spec.slow) == ((32, 32, 3), False)  # defaults: its input, not slow

@@ -44,7 +44,7 @@ def test_the_one_layer_rows_train_the_registered_one_layer_network(label):
     config = PRESETS[f"t3-cifar10-resnet110-1layer-{label}"]
     ours = model_lib.build_classifier(config, 10)
     units = [layer for layer in ours.backbone.layers if layer.name.startswith("stage")]
-    assert len(units) == 108 and {unit.block for unit in units} == {"one_layer"}
+    assert len(units) == 108 and {unit.options.block for unit in units} == {"one_layer"}
     assert trainable_params(ours) == trainable_params(create_model("cifar_resnet110_1layer", num_classes=10))
 
 

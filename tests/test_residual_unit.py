@@ -1,12 +1,14 @@
 """ResidualUnit: exact math of every design of paper Table 1 / Table 2, config, saving, errors."""
 
+import ast
+import inspect
 import itertools
 
 import keras
 import numpy as np
 import pytest
 
-from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit
+from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit, residual_unit
 from support import (
     run_config_echo_test,
     run_saving_test,
@@ -297,3 +299,54 @@ def test_option_a_cannot_reduce_channels():
     unit = ResidualUnit(16, shortcut_type="A")
     with pytest.raises(ValueError, match="shortcut_type='A'"):
         unit.build((None, 8, 8, 32))
+
+
+# The weights-layout views kept before issue 34 (item 5) for files written in an older layout.
+LEGACY_VIEWS = ("_before", "_after", "_after_addition", "_convs", "_projection", "_projection_norm", "_gate")
+
+
+def _class_body(source, name):
+    return next(node for node in ast.parse(source).body if isinstance(node, ast.ClassDef) and node.name == name).body
+
+
+def test_the_unit_is_what_its_class_body_says():
+    """A reader of ``ResidualUnit`` sees all of it: every attribute of the class is defined in its class body
+    (none added afterwards, as by a loop of ``setattr``), ``__init__``'s signature is the one written in the
+    source (no ``__signature__`` made at run time), and no legacy weights-layout view is left."""
+    body = _class_body(inspect.getsource(residual_unit), "ResidualUnit")
+    written = {node.name for node in body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+    written |= {t.id for node in body if isinstance(node, ast.Assign) for t in node.targets if isinstance(t, ast.Name)}
+    defined = {name for name in vars(ResidualUnit) if not (name.startswith("__") and name.endswith("__"))}
+    assert defined <= written, f"set outside the class body: {sorted(defined - written)}"
+    assert "__signature__" not in vars(ResidualUnit.__init__)
+
+    init = next(node for node in body if isinstance(node, ast.FunctionDef) and node.name == "__init__").args
+    positional = [a.arg for a in init.args]
+    keyword_only = [a.arg for a in init.kwonlyargs]
+    signature = inspect.signature(ResidualUnit.__init__)
+    assert list(signature.parameters) == [*positional, *keyword_only, init.kwarg.arg]
+    written_defaults = {a.arg: ast.literal_eval(d) for a, d in zip(init.args[::-1], init.defaults[::-1])}
+    written_defaults |= {a.arg: ast.literal_eval(d) for a, d in zip(init.kwonlyargs, init.kw_defaults) if d is not None}
+    assert {n: p.default for n, p in signature.parameters.items() if p.default is not p.empty} == written_defaults
+
+    unit = ResidualUnit(16, shortcut="exclusive_gating", ordering="original")
+    unit.build((None, 8, 8, 16))
+    names = set(dir(ResidualUnit)) | set(dir(unit))
+    assert not [n for n in names if "legacy" in n] and not names & set(LEGACY_VIEWS)
+
+
+def test_every_sublayer_is_saved_once_from_the_units_one_list(tmp_path):
+    """The saved layout (pinned in tests/data/weights_layout.json): each weight under
+    ``residual_unit/_sublayers/<class>[_<rank>]``, in the order ``build`` makes the sublayers."""
+    import h5py
+
+    inputs = keras.Input((8, 8, 16))
+    model = keras.Model(inputs, ResidualUnit(32, strides=2, ordering="original", shortcut="exclusive_gating")(inputs))
+    path = tmp_path / "unit.weights.h5"
+    model.save_weights(path)
+    with h5py.File(path, "r") as f:
+        keys = []
+        f.visititems(lambda key, obj: keys.append(key) if isinstance(obj, h5py.Dataset) else None)
+    assert len(keys) == len(model.weights) and all(k.startswith("layers/residual_unit/_sublayers/") for k in keys)
+    convs = sorted({k.split("/")[3] for k in keys if "/conv2d" in k})
+    assert convs == ["conv2d", "conv2d_1", "conv2d_2", "conv2d_3"]  # conv1, conv2, projection, gate

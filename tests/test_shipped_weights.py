@@ -7,11 +7,16 @@ decoded by Pillow as the TensorFlow-free path does) it gives the probabilities r
 ``tests/shipped_weights_probe.json``. The slow test evaluates the whole test split with
 ``keras-preact-evaluate`` and must reproduce the registry's top-1 within 0.05 points.
 
+``cifar_resnet20/cifar10`` was written in the weights layout of the units before issue 34 and converted
+once to the current layout (``keras_preact/weights/README.md``): its values are those the old layout
+held, bit for bit (``CONVERTED_VALUES_SHA256``).
+
 Re-record the probe after shipping new weights (on TensorFlow)::
 
     KERAS_BACKEND=tensorflow python tests/test_shipped_weights.py
 """
 
+import hashlib
 import io
 import json
 import os
@@ -32,6 +37,11 @@ CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 PROBE_FILE = pathlib.Path(__file__).with_name("shipped_weights_probe.json")
 PER_CLASS = 10
 SHIPPED = [(name, weights) for name in list_models() for weights in model_spec(name).weights]
+# sha256 of the weights' values (float32 bytes, in ``model.weights`` order) as the code of the old layout
+# (main at 6dabd6a) loaded them from the file before its conversion (sha256 0a711325d52c...).
+CONVERTED_VALUES_SHA256 = {
+    "cifar_resnet20/cifar10": "ae15eda190f4b7e18ffbcc2648e3185f3cc3e2e35ce89d734066e6637520de2c",
+}
 
 
 def _cifar_members(split, per_class=None):
@@ -92,6 +102,16 @@ def test_shipped_weights_load_carry_their_config_and_give_the_recorded_outputs(n
     predicted = [trained.class_names[k] for k in probabilities.argmax(-1)]
     accuracy = np.mean([p == t for p, t in zip(predicted, labels)])
     assert accuracy == recorded["accuracy"] and accuracy >= 0.8  # trained weights, not a fresh draw
+
+
+@pytest.mark.parametrize("key", sorted(CONVERTED_VALUES_SHA256))
+def test_converted_weights_hold_the_values_of_the_file_they_were_converted_from(key):
+    import keras
+
+    name, weights = key.split("/")
+    model = create_model(name, weights=weights)
+    values = b"".join(np.ascontiguousarray(keras.ops.convert_to_numpy(v), np.float32).tobytes() for v in model.weights)
+    assert hashlib.sha256(values).hexdigest() == CONVERTED_VALUES_SHA256[key]
 
 
 @pytest.mark.parametrize("name, weights", SHIPPED)

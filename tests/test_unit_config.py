@@ -20,9 +20,20 @@ def test_the_unit_echoes_every_option_and_reads_it_from_its_config():
     assert UnitConfig(**{n: config[n] for n in UnitConfig.names()}) == unit.options
     parameters = inspect.signature(ResidualUnit.__init__).parameters  # what the config-echo test checks
     assert [p for p in parameters if p in UnitConfig.names()] == list(UnitConfig.names())
-    assert (unit.ordering, unit.dropout_rate, unit.block) == ("original", 0.1, "basic")  # views of unit.options
+    assert (unit.options.ordering, unit.options.dropout_rate, unit.options.block) == ("original", 0.1, "basic")
     with pytest.raises(AttributeError):
-        unit.ordering = "full_preact"  # read-only: the options are set once
+        unit.options.ordering = "full_preact"  # read-only: the options are set once
+
+
+def test_the_units_written_signature_is_unit_configs_fields_with_their_defaults():
+    """``ResidualUnit.__init__`` names every option (written out, not made at run time) with ``UnitConfig``'s
+    default, keyword-only, between ``strides`` and ``data_format``."""
+    parameters = inspect.signature(ResidualUnit.__init__).parameters
+    assert list(parameters) == ["self", "filters", "strides", *UnitConfig.names(), "data_format", "kwargs"]
+    for field in dataclasses.fields(UnitConfig):
+        assert parameters[field.name].kind is inspect.Parameter.KEYWORD_ONLY, field.name
+        assert parameters[field.name].default == field.default, field.name
+    assert ResidualUnit(16).options == UnitConfig()
 
 
 def test_defaults_and_shortcut_options_are_resolved_once():

@@ -1,9 +1,10 @@
-"""Files written by earlier versions keep loading: the saved-weights layout is pinned (``weights_layout.py``).
+"""Saved files keep loading: the saved-weights layout is pinned (``weights_layout.py``).
 
 For each model of ``weights_layout.models()``: the weights' paths, shapes and order, their keys in a
 ``.weights.h5`` file, the outputs for the same weights and (TensorFlow) the initial weights under a seed
-are those recorded from the code that wrote the published weights. A ``.keras`` file it wrote, with one
-unit of every design, loads (whole, and by ``load_weights``) and gives its outputs.
+are those recorded in ``tests/data/weights_layout.json`` (the layout of the shipped weights). A ``.keras``
+file in that layout, with one unit of every design, loads (whole, and by ``load_weights``) and gives its
+outputs.
 """
 
 import json

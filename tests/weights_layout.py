@@ -1,11 +1,17 @@
-"""The saved-weights layout of representative models, pinned against the code that wrote published weights.
+"""The saved-weights layout of representative models, pinned so that a change of it is deliberate.
 
 Keras addresses a weight in a ``.weights.h5`` / ``.keras`` file by the attribute path that reaches its layer
-(``layers/residual_unit/_convs/conv2d/vars/0``), so a refactor of ``ResidualUnit`` can silently make
+(``layers/residual_unit/_sublayers/conv2d/vars/0``), so a refactor of ``ResidualUnit`` can silently make
 every saved file unloadable. ``tests/data/weights_layout.json`` records, for the models below, each weight's
 path and shape (in ``model.weights`` order), its key in the weights file, its initial values under a fixed
 seed (sum and sum of squares, TensorFlow) and the model's outputs for deterministic weights.
 ``tests/test_weights_layout.py`` checks the current code against it.
+
+The layout changed once, deliberately (issue 34, item 5): the units' weights moved from the views kept for
+older files (``_before/container_1/batch_normalization``, ``_convs/conv2d_1``, ...) to the unit's one list
+of sublayers (``_sublayers/batch_normalization_1``, ``_sublayers/conv2d_1``); only ``file_keys`` changed in
+the record (the weights' paths, order, initial values and the outputs are those recorded before), and the
+shipped weights and ``tests/data/units_v1.keras`` were converted (same values, same config).
 
 Regenerate only from the code whose files must keep loading (``PYTHONPATH=<that checkout> python
 tests/weights_layout.py``); ``tests/data/units_v1.keras`` is written by the same run.

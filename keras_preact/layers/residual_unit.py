@@ -8,7 +8,6 @@ the tables of ``options.py``, into a ``UnitPlan`` of ``Step`` records that ``cal
 
 import dataclasses
 import functools
-import inspect
 
 import keras
 from keras import ops
@@ -92,24 +91,71 @@ class ResidualUnit(keras.layers.Layer):
     Args:
         filters: output channels of the unit (a bottleneck's inner width is ``filters // 4``).
         strides: spatial stride of the unit.
+        block, ordering, shortcut, shortcut_type, shortcut_scale, residual_scale, gate_bias_init,
+            shortcut_dropout_rate, preactivate_shortcut, skip_preactivation, stride_position, output_bias,
+            normalization, norm_epsilon, norm_momentum, norm_groups, activation, dropout_rate, drop_path_rate,
+            zero_init_residual, kernel_initializer, kernel_regularizer: the unit's design, keyword-only; their
+            meaning and validation are ``UnitConfig``'s (same names, same defaults). They are kept, validated,
+            as ``unit.options`` (a frozen ``UnitConfig``): ``unit.options.ordering``.
         data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
-        **options: keyword-only, the unit's design, ``UnitConfig``'s fields (``block``, ``ordering``, ``shortcut``,
-            ``shortcut_type``, ... with their defaults and meaning there); kept as ``unit.options`` and
-            readable as attributes (``unit.ordering``). Other keywords are Keras' (``name``, ``dtype``).
+        **kwargs: Keras' layer arguments (``name``, ``dtype``, ...).
 
-    Once built, the sublayers are reached through the plan: ``convs()``, ``norm(place, conv)``,
-    ``projection()``, ``gate()``, ``steps(kind, place)``, ``plan()``. They are methods, not properties: Keras
-    saves a sublayer under the attribute that reaches it, and the saved-weights layout is fixed.
+    ``build`` turns the options, through the tables of ``options.py``, into a ``UnitPlan`` of ``Step``
+    records (pre-activation, branch, shortcut, addition); ``call`` runs them. Once built, the sublayers are
+    reached through the plan: ``convs()``, ``norm(place, conv)``, ``projection()``, ``gate()``,
+    ``steps(kind, place)``, ``plan()``.
+
+    Saved weights (``.weights.h5``, ``.keras``): every sublayer is kept, in the order ``build`` makes it, in
+    one list, ``_sublayers``; a file addresses a sublayer's weights by its class and its rank among that
+    class in the list (``residual_unit/_sublayers/conv2d_1/vars/0``: the second convolution made). The
+    layout is pinned by ``tests/test_weights_layout.py``.
     """
 
-    def __init__(self, filters, strides=1, *, data_format=None, **kwargs):
-        options = {name: kwargs.pop(name) for name in UnitConfig.names() if name in kwargs}
+    def __init__(
+        self,
+        filters,
+        strides=1,
+        *,
+        block="basic",
+        ordering="full_preact",
+        shortcut="identity",
+        shortcut_type="B",
+        shortcut_scale=None,
+        residual_scale=None,
+        gate_bias_init=None,
+        shortcut_dropout_rate=None,
+        preactivate_shortcut=None,
+        skip_preactivation=False,
+        stride_position="3x3",
+        output_bias=False,
+        normalization="batch",
+        norm_epsilon=1e-5,
+        norm_momentum=0.9,
+        norm_groups=32,
+        activation="relu",
+        dropout_rate=0.0,
+        drop_path_rate=0.0,
+        zero_init_residual=False,
+        kernel_initializer="he_normal_fan_out",
+        kernel_regularizer=None,
+        data_format=None,
+        **kwargs,
+    ):
         super().__init__(**kwargs)
         if not isinstance(filters, int) or filters < 1:
             raise ValueError(f"Invalid filters={filters!r}: a positive integer is required.")
         if not isinstance(strides, int) or strides < 1:
             raise ValueError(f"Invalid strides={strides!r}: a positive integer is required.")
-        self.options = UnitConfig(**options)
+        self.options = UnitConfig(
+            block=block, ordering=ordering, shortcut=shortcut, shortcut_type=shortcut_type,
+            shortcut_scale=shortcut_scale, residual_scale=residual_scale, gate_bias_init=gate_bias_init,
+            shortcut_dropout_rate=shortcut_dropout_rate, preactivate_shortcut=preactivate_shortcut,
+            skip_preactivation=skip_preactivation, stride_position=stride_position, output_bias=output_bias,
+            normalization=normalization, norm_epsilon=norm_epsilon, norm_momentum=norm_momentum,
+            norm_groups=norm_groups, activation=activation, dropout_rate=dropout_rate,
+            drop_path_rate=drop_path_rate, zero_init_residual=zero_init_residual,
+            kernel_initializer=kernel_initializer, kernel_regularizer=kernel_regularizer,
+        )
         if filters % self.options.width_divisor:
             raise ValueError(f"Invalid filters={filters} for block={self.options.block!r}: must be a multiple "
                              f"of {self.options.width_divisor}.")
@@ -123,7 +169,7 @@ class ResidualUnit(keras.layers.Layer):
 
     # ----------------------------------------------------------------------------------- build
     def _track(self, layer):
-        """Every sublayer is tracked as it is made: their order is ``weights``' order."""
+        """Keep a sublayer as it is made, in ``_sublayers`` (see the class docstring: the saved layout)."""
         self._sublayers.append(layer)
         return layer
 
@@ -214,21 +260,25 @@ class ResidualUnit(keras.layers.Layer):
             raise ValueError("ResidualUnit needs a known number of input channels.")
         o, order = self.options, self.options.ordering_spec
         shape_changes, projects = self._check_shapes(in_channels)
-        shared = (shape_changes or projects) if o.preactivate_shortcut is None else o.preactivate_shortcut
-        shared = shared and order.is_preactivation and not o.skip_preactivation
+        # The sublayers are made in this order, which is the order of ``weights``, of the keys of a saved
+        # file and of the initializers' random draws (pinned by tests/test_weights_layout.py).
         self._sublayers = []
-        # Made in the order of earlier versions (the order of their weights and of their random draws).
+
+        # 1. The branch F, conv by conv (Fig. 4): the ordering's "before" ops, a pad, the conv, its "after" ops.
         per_conv = self._branch_steps(in_channels)
+        # 2. Dropout before every conv but the first, and drop path on the whole of F.
         dropout = self._track(keras.layers.Dropout(o.dropout_rate, dtype=self.dtype_policy))
         drop_path = self._track(keras.layers.Dropout(o.drop_path_rate, noise_shape=(None, 1, 1, 1),
                                                      dtype=self.dtype_policy))
+        # 3. What follows the addition h + F.
         addition = self._token_steps(order.after_addition, self.filters, "addition", None, "addition")
+        # 4. The shortcut h: a projection, option A's subsampling and zero channels, or the identity;
+        #    then a gate g (Fig. 2c/d), a dropout (Fig. 2f) or a constant scaling (Fig. 2b) from Table 1.
         shortcut = self._shortcut_steps(in_channels, shape_changes, projects)
         gate = self._gate_layer()
-        options = o.shortcut_options
-        if "shortcut_dropout_rate" in options:
-            rate = options["shortcut_dropout_rate"]
-            layer = self._track(keras.layers.Dropout(rate, dtype=self.dtype_policy))
+        shortcut_options = o.shortcut_options
+        if "shortcut_dropout_rate" in shortcut_options:
+            layer = self._track(keras.layers.Dropout(shortcut_options["shortcut_dropout_rate"], dtype=self.dtype_policy))
             shortcut.append(Step("shortcut_dropout", "shortcut", None, layer))
 
         branch = []
@@ -237,9 +287,15 @@ class ResidualUnit(keras.layers.Layer):
             branch += before + dropped + rest
         if o.drop_path_rate:
             branch.append(Step("drop_path", "branch", None, drop_path))
-        if "shortcut_scale" in options:  # constant scaling (Fig. 2b)
-            shortcut.append(Step("scale", "shortcut", None, functools.partial(_scale, factor=options["shortcut_scale"])))
-            branch.append(Step("scale", "branch", None, functools.partial(_scale, factor=options["residual_scale"])))
+        if "shortcut_scale" in shortcut_options:
+            shortcut_scale = functools.partial(_scale, factor=shortcut_options["shortcut_scale"])
+            residual_scale = functools.partial(_scale, factor=shortcut_options["residual_scale"])
+            shortcut.append(Step("scale", "shortcut", None, shortcut_scale))
+            branch.append(Step("scale", "branch", None, residual_scale))
+
+        # 5. A pre-activation shared by both paths: the first conv's "before" ops, moved out of F.
+        shared = (shape_changes or projects) if o.preactivate_shortcut is None else o.preactivate_shortcut
+        shared = shared and order.is_preactivation and not o.skip_preactivation
         preactivation = per_conv[0][0] if shared else []
         self._plan = UnitPlan(
             preactivation=tuple(preactivation), branch=tuple(branch[len(preactivation):]), shortcut=tuple(shortcut),
@@ -300,42 +356,3 @@ class ResidualUnit(keras.layers.Layer):
     def gate(self):
         """The gating shortcuts' 1x1 conv g(x) (Fig. 2c/d), or None."""
         return self.plan().gate
-
-    # ------------------------------------------------------------- the saved-weights layout
-    # A weights file (.weights.h5, .keras) addresses a sublayer by the attribute path that reaches it
-    # and its place in a list ("_before/container_1/batch_normalization": the norm before the second
-    # conv). These read-only views give the files written by every version so far their layout; nothing
-    # else reads them. Pinned by tests/test_weights_layout.py.
-    def _legacy(self, kind, place=None):
-        return [] if self._plan is None else [s.op for s in self.steps(kind, place)]
-
-    def _legacy_per_conv(self, place):
-        steps = [] if self._plan is None else self.steps("norm", place)
-        return [[s.op for s in steps if s.conv == i] for i in range(len(self.options.kernel_sizes))]
-
-    _before = property(lambda self: self._legacy_per_conv("before"))
-    _after = property(lambda self: self._legacy_per_conv("after"))
-    _after_addition = property(lambda self: self._legacy("norm", "addition"))
-    _convs = property(lambda self: self._legacy("conv"))
-    _projection = property(lambda self: next(iter(self._legacy("projection")), None))
-    _projection_norm = property(lambda self: next(iter(self._legacy("norm", "shortcut")), None))
-    _gate = property(lambda self: None if self._plan is None else self._plan.gate)
-
-
-def _option(name):
-    return property(lambda self: getattr(self.options, name), doc=f"``self.options.{name}`` (``UnitConfig``).")
-
-
-for _name in UnitConfig.names():  # unit.ordering, unit.block, ...: read-only views of unit.options
-    setattr(ResidualUnit, _name, _option(_name))
-
-
-def _signature():
-    """``__init__``'s signature with every option named (help(), and the config-echo test, see them)."""
-    *params, data_format, kwargs = inspect.signature(ResidualUnit.__init__).parameters.values()
-    options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default)
-               for f in dataclasses.fields(UnitConfig)]
-    return inspect.signature(ResidualUnit.__init__).replace(parameters=[*params, *options, data_format, kwargs])
-
-
-ResidualUnit.__init__.__signature__ = _signature()

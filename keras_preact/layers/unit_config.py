@@ -1,6 +1,7 @@
 """``UnitConfig``: every option of a residual unit, once: its default, its validation, its config value.
 
-``ResidualUnit`` takes these options as keyword arguments and keeps them as ``unit.options``; the
+``ResidualUnit`` takes these options as keyword arguments (its ``__init__`` writes out the same names and
+defaults; ``tests/test_unit_config.py`` holds them equal) and keeps them as ``unit.options``; the
 backbone validates ``unit_options`` with it and makes its stem and final norm/activation from it; the
 builders (``cifar_resnet``, ``imagenet_resnet``) validate their merged options with it and read it.
 The tables the options select from are in ``options.py``.

@@ -37,7 +37,7 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 # top1/top5: keras-preact-evaluate on the 10,000 test images of the CIFAR-10 JPEG folder (REPRODUCTION.md).
 CIFAR_WEIGHTS = {
     20: {"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", class_names=CIFAR10_CLASSES,
-                         sha256="0a711325d52cb46b7f9445ace45f60456d6bb04291a0efa4b6e54241710599e8",
+                         sha256="6aeb6521bc177ba861a83cdc221121bc98d0b5751002b59bb5ef419d4f588804",
                          dataset="CIFAR-10 as JPEG q75 (../shared/data/cifar10-jpeg.tar.gz)", top1=0.8637, top5=0.9957,
                          source="keras-preact-train --preset cifar10-folder-resnet20-converged (TensorFlow, seed 0)")},
 }
