@@ -36,8 +36,9 @@ def child(args):
     sys.path.insert(0, str(REPO))
     import keras
 
-    from training import configs, pipelines, schedules, sources
-    from training import model as model_lib
+    from training.data import pipelines, sources
+    from training.recipe import configs, schedules
+    from training.recipe import model as model_lib
 
     _, pipeline = VARIANTS[args.child]
     overrides = dict(depth=20, batch_size=args.batch_size, pipeline=pipeline, verbose="0")

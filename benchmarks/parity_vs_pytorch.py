@@ -39,8 +39,8 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ and training/ are not installed
 
 from benchmarks import train_speed_vs_pytorch as speed  # noqa: E402
-from training.plots import read_history  # noqa: E402
-from training.run_dir import write_json, write_text  # noqa: E402
+from training.run.plots import read_history  # noqa: E402
+from training.run.run_dir import write_json, write_text  # noqa: E402
 
 REFERENCE = "reference-torch"
 BOUND_POINTS = 0.5  # issue "Trained for real": each keras-preact mean within 0.5 points of the reference's

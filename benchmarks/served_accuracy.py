@@ -18,7 +18,7 @@ MODEL is what ``keras-preact-evaluate`` takes (a registry name with ``--weights`
 4. Every test image sent through TF Serving's REST API (``POST /v1/models/<name>:predict``, row format
    ``{"signature_name", "instances"}``) twice: the original file bytes to ``serving_bytes``
    (``{"b64": ...}`` per image), and decoded uint8 pixels to ``serving_default``, decoded exactly as
-   the evaluation decodes them (``training.sources``: ``keras_preact.preprocessing.decode_image``, Pillow without
+   the evaluation decodes them (``training.data.sources``: ``keras_preact.preprocessing.decode_image``, Pillow without
    TensorFlow; images not at the model's input size get the client-side evaluation view
    ``keras_preact.preprocessing.eval_view``, rounded to uint8). Top-1 is each reply's ``classes[0]``.
    ``serving_bytes`` is a SavedModel signature: an ONNX, LiteRT or OpenVINO export holds
@@ -55,7 +55,7 @@ sys.path.insert(0, str(ROOT))  # training/ and benchmarks/ are not installed
 
 from tests.support import decline_usage_telemetry  # noqa: E402
 from training import evaluate as ev  # noqa: E402
-from training import sources  # noqa: E402
+from training.data import sources  # noqa: E402
 
 KINDS = {  # input kind -> (signature, input name)
     "jpeg_bytes": ("serving_bytes", "image_bytes"),
@@ -114,8 +114,8 @@ def test_split(data_dir, limit, cache_dir, target):
 
 def decoder_name():
     if importlib.util.find_spec("tensorflow") is not None:
-        return "keras_preact.preprocessing.decode_image (accurate IDCT, as training.sources decodes)"
-    return "Pillow Image.open(...).convert('RGB') (training.sources without TensorFlow)"
+        return "keras_preact.preprocessing.decode_image (accurate IDCT, as training.data.sources decodes)"
+    return "Pillow Image.open(...).convert('RGB') (training.data.sources without TensorFlow)"
 
 
 # ---------------------------------------------------------------------------------------- model

@@ -37,7 +37,7 @@ def main():
     p.add_argument("--subset", type=int)
     args = p.parse_args()
 
-    from training.configs import get_config
+    from training.recipe.configs import get_config
     from training.train import train
 
     root = extract(args.cache)

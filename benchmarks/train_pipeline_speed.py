@@ -48,8 +48,9 @@ def main():
     import numpy as np
 
     from benchmarks.train_cifar10_folder import extract
-    from training import configs, pipelines, schedules, sources
-    from training import model as model_lib
+    from training.data import pipelines, sources
+    from training.recipe import configs, schedules
+    from training.recipe import model as model_lib
 
     if args.synthetic:
         config = configs.get_config("synthetic-resnet8", depth=args.depth, batch_size=args.batch_size)

@@ -153,7 +153,7 @@ def seconds_to_accuracy(result, target):
 def prepare(args):
     """Decode and cache the JPEGs once for both trainers, outside the timed runs."""
     # Any installed backend decodes (the CLI's own choice); the cache is shared by both environments.
-    code = f"from training import backends; backends.select(); from training import sources; sources.folder({args.data_dir!r})"
+    code = f"from training.machine import backends; backends.select(); from training.data import sources; sources.folder({args.data_dir!r})"
     subprocess.run([interpreter(args, "notf"), "-c", code], cwd=REPO, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     ref = REPO / "benchmarks" / "reference_torch_cifar.py"

@@ -19,7 +19,7 @@ from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import sha256_of
 from support import randomize_statistics, to_numpy
 from training import evaluate as evaluate_lib
-from training.manifest import RunManifest
+from training.run.manifest import RunManifest
 
 NAME = "test_eval_tiny"
 CLASSES = [f"c{k}" for k in range(6)]  # more than 5: top-5 is measured too

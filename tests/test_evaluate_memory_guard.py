@@ -20,8 +20,8 @@ import pytest
 
 from keras_preact.models import create_model, get_input_config
 from training import evaluate as evaluate_lib
-from training import memory_guard
-from training.manifest import RunManifest
+from training.machine import memory_guard
+from training.run.manifest import RunManifest
 
 pytestmark = pytest.mark.notf
 
@@ -91,7 +91,7 @@ def test_a_bad_memory_limit_fails_first_naming_the_flag(tmp_path, monkeypatch, c
 
 def test_train_and_evaluate_share_the_check():
     """One rule, one wording: the value training's config refuses is the value evaluate's flag refuses."""
-    from training import configs
+    from training.recipe import configs
 
     for bad in (-1, 1.5, float("nan"), True, "0.9"):
         with pytest.raises(ValueError, match=r"^Invalid memory_limit=.* \(--memory-limit\): 0 \(the memory guard "

@@ -22,8 +22,8 @@ from keras_preact.export import formats as formats_lib
 from keras_preact.preprocessing import InputConfig
 from support import CLASS_NAMES, MEAN, STD, make_export_model
 from training import export as export_lib
-from training.configs import get_config
-from training.manifest import RunManifest, input_config_for
+from training.recipe.configs import get_config
+from training.run.manifest import RunManifest, input_config_for
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BACKEND = keras.backend.backend()

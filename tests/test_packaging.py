@@ -34,6 +34,19 @@ def requirement_name(requirement):
     return REQUIREMENT_NAME.match(requirement).group(1).lower().replace("_", "-")
 
 
+def test_every_package_installs_under_its_checkout_name():
+    """No ``package-dir`` mapping (``training/`` installs as ``training``, as it is imported in a checkout),
+    and every folder with an ``__init__.py`` under a listed top-level package is listed, so a non-editable
+    install holds every module the checkout has (the training app's rooms included)."""
+    setuptools = PYPROJECT["tool"]["setuptools"]
+    assert "package-dir" not in setuptools
+    listed = set(setuptools["packages"])
+    assert "training" in listed
+    for top in {name.split(".")[0] for name in listed}:
+        found = {".".join(path.parent.relative_to(REPO).parts) for path in (REPO / top).rglob("__init__.py")}
+        assert found <= listed, sorted(found - listed)
+
+
 def test_the_library_requires_keras_and_numpy_only():
     names = sorted(requirement_name(r) for r in PYPROJECT["project"]["dependencies"])
     assert names == ["keras", "numpy"]

@@ -10,7 +10,7 @@ from keras_preact.models import cifar_resnet, create_model, get_input_config, re
 from keras_preact.models.registry import unregister_model
 from support import randomize_statistics, to_numpy
 from training import publish
-from training.manifest import RunManifest
+from training.run.manifest import RunManifest
 
 NAME = "test_publish_tiny"
 CLASSES = [f"c{k}" for k in range(6)]

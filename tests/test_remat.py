@@ -26,8 +26,10 @@ from keras_preact.models import PreActResNetBackbone, cifar_resnet, create_model
 from keras_preact.models import remat as remat_lib
 from keras_preact.models.remat import REMAT_POLICIES, parse_remat, unit_groups
 from support import run_config_echo_test, to_numpy
-from training import backends, cli, configs
-from training.manifest import model_fingerprint
+from training import cli
+from training.machine import backends
+from training.recipe import configs
+from training.run.manifest import model_fingerprint
 
 # The math runs on every backend (core, notf); the argument plumbing, plain Python and the same on each,
 # in the TensorFlow pass only (building ImageNet networks op by op is slow on JAX).

@@ -21,7 +21,7 @@ def test_tables_cover_the_paper():
     assert [r.label for r in one_layer] == ["cifar10 ResNet-110 (1-layer skip) original",
                                            "cifar10 ResNet-110 (1-layer skip) preact"]
     assert {r.paper_depth for r in one_layer} == {110}
-    from training.configs import EXPERIMENTS, PRESETS
+    from training.recipe.configs import EXPERIMENTS, PRESETS
 
     assert all(r.preset in PRESETS for t in TABLES.values() for r in t)
     # One table: every row is an experiment of configs.EXPERIMENTS, with its label and paper number.
@@ -38,8 +38,8 @@ def test_the_one_layer_rows_train_the_registered_one_layer_network(label):
     """Table 3's "ResNet-110 (1-layer skip)" presets build the registry's network (same parameters)."""
     from keras_preact.models import create_model
     from support import trainable_params
-    from training import model as model_lib
-    from training.configs import PRESETS
+    from training.recipe import model as model_lib
+    from training.recipe.configs import PRESETS
 
     config = PRESETS[f"t3-cifar10-resnet110-1layer-{label}"]
     ours = model_lib.build_classifier(config, 10)

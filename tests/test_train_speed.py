@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 
 from keras_preact.models import create_model
-from training import backends, cli
-from training.optimizers import TorchSGD
+from training import cli
+from training.machine import backends
+from training.recipe.optimizers import TorchSGD
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
@@ -95,7 +96,7 @@ def test_reference_learning_rate_is_keras_cosine_decay_with_warmup():
 def test_reference_piecewise_rate_is_the_converged_presets_schedule():
     """The paper's recipe scaled to 50 epochs: warm-up 0.01 to iteration 122, 0.1, /10 at 9,750 and 14,625."""
     from benchmarks import reference_torch_cifar as ref
-    from training import configs, schedules
+    from training.recipe import configs, schedules
 
     config = configs.get_config("cifar10-folder-resnet20-converged", needs_data=False)
     resolved = schedules.resolve(config, 50000)

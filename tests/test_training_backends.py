@@ -17,9 +17,11 @@ import keras
 import numpy as np
 import pytest
 
-from training import augment, cli, configs, pipelines, sources
-from training import run_dir as run_files
+from training import cli
 from training import train as train_lib
+from training.data import pipelines, sources
+from training.recipe import augment, configs
+from training.run import run_dir as run_files
 
 pytestmark = pytest.mark.notf
 

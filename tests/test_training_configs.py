@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from training import configs, schedules
+from training.recipe import configs, schedules
 
 pytestmark = pytest.mark.core
 
@@ -110,7 +110,8 @@ def test_every_config_field_is_a_flag_of_both_commands():
     import argparse
     import dataclasses
 
-    from training import cli, flags, reproduce
+    from training import cli, reproduce
+    from training.recipe import flags
 
     fields = {f.name for f in dataclasses.fields(configs.Config)} - set(flags.NOT_FLAGS)
     train_dests = {a.dest for a in cli.build_parser()._actions}  # noqa: SLF001 - argparse has no public list

@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from training import console
+from training.machine import start_up
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 
@@ -28,22 +28,22 @@ CPP_LINE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|\d{4}-\d\d-\d\d 
 
 def test_start_up_lines_below_the_level_are_dropped_and_nothing_else():
     text = ABSL_NOTE + INFO + PYTHON + WARNING + ERROR + TSL_INFO
-    assert console.drop_start_up_lines(text, 0) == text
-    assert console.drop_start_up_lines(text, 1) == PYTHON + WARNING + ERROR
-    assert console.drop_start_up_lines(text, 2) == PYTHON + ERROR
-    assert console.drop_start_up_lines(text, 3) == PYTHON
-    assert console.drop_start_up_lines(b"no newline at the end", 3) == b"no newline at the end"
+    assert start_up.drop_start_up_lines(text, 0) == text
+    assert start_up.drop_start_up_lines(text, 1) == PYTHON + WARNING + ERROR
+    assert start_up.drop_start_up_lines(text, 2) == PYTHON + ERROR
+    assert start_up.drop_start_up_lines(text, 3) == PYTHON
+    assert start_up.drop_start_up_lines(b"no newline at the end", 3) == b"no newline at the end"
 
 
 def test_the_level_is_a_default_the_user_overrides(monkeypatch):
     monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    console.quiet_tensorflow_start_up()  # Keras is loaded in this process: only the level is set
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == console.DEFAULT_LOG_LEVEL == "3"
+    start_up.quiet_tensorflow_start_up()  # Keras is loaded in this process: only the level is set
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == start_up.DEFAULT_LOG_LEVEL == "3"
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
-    console.quiet_tensorflow_start_up()
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" and console.log_level() == 0
+    start_up.quiet_tensorflow_start_up()
+    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" and start_up.log_level() == 0
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "two")
-    assert console.log_level() == 0
+    assert start_up.log_level() == 0
 
 
 def run(args, level=None, **extra_env):
@@ -72,8 +72,7 @@ def console_scripts():
     section = (REPO / "pyproject.toml").read_text().split("\n[project.scripts]\n")[1].split("\n[")[0]
     scripts = dict(re.fullmatch(r'([\w-]+) = "([\w.:]+)"', line).groups()
                    for line in section.splitlines() if line and not line.startswith("#"))
-    # Installed, training/ is keras_preact_training; in a checkout it is training.
-    return {name: target.replace("keras_preact_training", "training") for name, target in scripts.items()}
+    return scripts
 
 
 def test_every_console_script_starts_through_the_quiet_start():

@@ -20,7 +20,8 @@ TRAIN = """
 import json, sys
 sys.path.insert(0, {repo!r})
 {setup}
-from training import configs, train
+from training import train
+from training.recipe import configs
 config = configs.get_config("synthetic-resnet8", depth=8, image_size=(16, 16), synthetic_train_size=128,
     synthetic_test_size=32, batch_size={batch}, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0",
     jit_compile={jit!r}, export=False, run_dir={run_dir!r}, distribute={distribute!r})
@@ -224,7 +225,8 @@ def test_tf_multi_worker_resumes_after_a_worker_is_killed(tmp_path):
 
 UNPATCHED = """
 import sys
-from training import cli, compat
+from training import cli
+from training.machine import compat
 compat.apply_multiworker_fix = lambda: False
 sys.exit(cli.main(sys.argv[1:]))
 """
@@ -232,9 +234,9 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def test_keras_still_needs_the_multiworker_fix(tmp_path):
     """Fails loudly once the installed Keras trains under MultiWorkerMirroredStrategy without
-    ``training.compat``: then set ``compat.FIXED_IN`` (or delete the module)."""
+    ``training.machine.compat``: then set ``compat.FIXED_IN`` (or delete the module)."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    from training import compat
+    from training.machine import compat
 
     if not compat.needs_multiworker_fix():
         pytest.skip(f"Keras {compat.keras_version()} is past compat.FIXED_IN={compat.FIXED_IN}")
@@ -244,7 +246,7 @@ def test_keras_still_needs_the_multiworker_fix(tmp_path):
     import keras
 
     assert procs[0].returncode != 0, (
-        f"Keras {keras.version()} trained under MultiWorkerMirroredStrategy without training/compat.py: "
+        f"Keras {keras.version()} trained under MultiWorkerMirroredStrategy without training/machine/compat.py: "
         f"{compat.UPSTREAM_ISSUE} is fixed. Set compat.FIXED_IN = {compat.keras_version()} (or remove the module)."
     )
     assert "PerReplica" in outs[0], outs[0][-2000:]

@@ -8,8 +8,8 @@ import pytest
 
 from support import CLASS_NAMES, MEAN, STD, make_export_model
 from training import export as export_lib
-from training.configs import get_config
-from training.manifest import FORMAT, RunManifest, config_from_run, input_config_for
+from training.recipe.configs import get_config
+from training.run.manifest import FORMAT, RunManifest, config_from_run, input_config_for
 
 tf = pytest.importorskip("tensorflow")  # SavedModels; the TensorFlow-free refusal is tested in test_training_backends
 

@@ -14,8 +14,10 @@ import zipfile
 
 import pytest
 
-from training import cli, configs, run_lock, run_state
+from training import cli
 from training import export as export_cli
+from training.recipe import configs
+from training.run import run_lock, run_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
@@ -172,7 +174,7 @@ def test_config_file_values_are_checked_against_the_config_types_with_dry_run_to
 @pytest.mark.notf
 def test_a_run_manifest_with_a_wrong_type_is_named_before_any_work(tmp_path, capsys):
     from keras_preact.preprocessing import InputConfig
-    from training.manifest import RunManifest
+    from training.run.manifest import RunManifest
 
     config = dataclasses.asdict(configs.get_config(depth=8))
     manifest = RunManifest(name="x", class_names=("a", "b"), config={**config, "seed": "x"},

@@ -1,6 +1,6 @@
 """The host-memory guard (issue 26): a run that outgrows memory ends with one line, not by the OOM killer.
 
-``training.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys trees),
+``training.machine.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys trees),
 trips at ``ceil(fraction * limit)`` bytes in use, and ``keras-preact-train --memory-limit`` drives it around
 ``model.fit`` and ``model.evaluate``.
 """
@@ -13,8 +13,9 @@ import threading
 
 import pytest
 
-from training import configs, memory_guard
 from training import train as train_lib
+from training.machine import memory_guard
+from training.recipe import configs
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 
@@ -169,7 +170,7 @@ def test_memory_limit_is_a_config_field_checked_before_any_work():
         with pytest.raises(ValueError, match=r"memory_limit=.*\(--memory-limit\): 0 \(the memory guard off\) or a "
                                              r"fraction 0 < f <= 1"):
             configs.get_config("synthetic-resnet8", memory_limit=bad)
-    from training import resume
+    from training.run import resume
 
     assert "memory_limit" in resume.MAY_CHANGE  # a resume may change it
 

@@ -8,9 +8,11 @@ import numpy as np
 import pytest
 
 from keras_preact.analysis.autodiff import get_autodiff
-from training import cli, configs, pipelines, schedules, sources
-from training import model as model_lib
-from training.optimizers import TorchSGD
+from training import cli
+from training.data import pipelines, sources
+from training.recipe import configs, schedules
+from training.recipe import model as model_lib
+from training.recipe.optimizers import TorchSGD
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 
@@ -127,7 +129,7 @@ def test_pixel_mean_is_the_mean_training_image():
         pipelines.pixel_stats(config)
     # On the device the same mean image is subtracted (then the pad-crop-flip, training only).
     from keras_preact.models import cifar_resnet
-    from training import augment
+    from training.recipe import augment
 
     classifier = cifar_resnet(8, 10, input_shape=(8, 8, 3))
     model = augment.device_training_model(classifier, augmentation="cifar", mean=mean, std=std, seed=0)
@@ -200,16 +202,16 @@ def test_export_carries_the_mean_image(tmp_path):
 
 
 def test_compat_variable_index():
-    """``training.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
+    """``training.machine.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
     against Keras ``compat.CHECKED_AGAINST``): every variable, Keras or backend, maps to its position."""
-    from training import compat
+    from training.machine import compat
 
     model = tiny_model()
     optimizer = TorchSGD(0.1, momentum=0.9, coupled_weight_decay=1e-4)
     optimizer.build(model.trainable_variables)
     assert hasattr(keras.optimizers.Optimizer, "_get_variable_index"), (
         f"Keras {keras.version()} has no Optimizer._get_variable_index (checked against "
-        f"{compat.CHECKED_AGAINST}): update training/compat.py's variable_index.")
+        f"{compat.CHECKED_AGAINST}): update training/machine/compat.py's variable_index.")
     for i, variable in enumerate(model.trainable_variables):
         assert compat.variable_index(optimizer, variable) == i
         if keras.backend.backend() == "tensorflow":  # update_step may get the backend's variable there

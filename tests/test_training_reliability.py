@@ -14,9 +14,12 @@ import keras
 import numpy as np
 import pytest
 
-from training import cli, configs, run_state, sources
-from training import run_dir as run_files
+from training import cli
 from training import train as train_lib
+from training.data import sources
+from training.recipe import configs
+from training.run import run_dir as run_files
+from training.run import run_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,

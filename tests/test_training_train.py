@@ -8,10 +8,14 @@ import keras
 import numpy as np
 import pytest
 
-from training import cli, configs, distribute, manifest, pipelines, schedules, sources
-from training import model as model_lib
-from training import run_dir as run_files
+from training import cli
 from training import train as train_lib
+from training.data import pipelines, sources
+from training.machine import distribute
+from training.recipe import configs, schedules
+from training.recipe import model as model_lib
+from training.run import manifest
+from training.run import run_dir as run_files
 
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
             batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,

@@ -1,8 +1,9 @@
 """Training recipes for every experiment of He et al. 2016 ("Identity Mappings in Deep Residual Networks").
 
-Installed as ``keras_preact_training`` (this folder; ``training`` in a checkout). Python API::
+The training app, beside the model library ``keras_preact``. Its import name is ``training``, the same in a
+checkout and installed (``pip install keras-preact[train]``). Python API::
 
-    from training.configs import get_config
+    from training.recipe.configs import get_config
     from training.train import train
 
     result = train(get_config("t2-resnet110-full-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg", epochs=2))
@@ -11,11 +12,51 @@ Installed as ``keras_preact_training`` (this folder; ``training`` in a checkout)
 CLI: ``keras-preact-train --help`` (``python -m training.cli``), ``keras-preact-export RUN_DIR``,
 ``keras-preact-evaluate MODEL --data-dir DIR``, ``python -m training.reproduce --table 2``.
 
-Modules, in the order data flows: ``configs`` (the ``Config`` dataclass and ``PRESETS``, one entry per
-experiment of the paper); ``sources`` (synthetic / image-folder / TFDS data) -> ``pipelines`` (tf.data,
-numpy and on-device input) with ``augment``; ``model`` (the network and its compilation) with
-``optimizers`` and ``schedules``; ``distribute``; ``run_dir``, ``run_state`` and ``manifest`` (the run
-directory, its backups and its ``config.json``); ``train`` (the ``model.fit`` loop); ``cli``,
-``export``, ``evaluate``, ``reproduce``, ``plots``; ``console`` starts every console script (TensorFlow's
-C++ start-up lines hidden). Nothing in ``keras_preact`` imports this package.
+Layout. The top level holds what a user runs, each module a job with its Python API and its command line;
+the four rooms hold what the jobs are made of::
+
+    training/
+      train.py          train(config): the model.fit loop; a run directory in, metrics out
+      cli.py            keras-preact-train: train's command line (--backend picked before Keras loads)
+      export.py         export_run(run_dir) / keras-preact-export: SavedModel, ONNX, LiteRT, OpenVINO
+      evaluate.py       keras-preact-evaluate: top-1/top-5 of a registry name, a run or a .keras file
+      publish.py        python -m training.publish: a run's weights as a registry network's
+      reproduce.py      python -m training.reproduce: a table of the paper, ours beside theirs
+      console.py        the console scripts' entry points (pyproject.toml [project.scripts])
+      machine/          where a run runs (it imports no other room)
+        start_up.py     TensorFlow's C++ start-up lines hidden; run_module (standard library only)
+        backends.py     which Keras backend (standard library only: decided before Keras loads)
+        compat.py       every use of a Keras internal, with the version it was checked against
+        distribute.py   --distribute: one device, MirroredStrategy, MultiWorkerMirroredStrategy
+        memory_guard.py host memory watched: one line before the kernel's OOM killer (standard library only)
+      recipe/           what is trained and how: the paper's recipe
+        configs.py      Config and PRESETS (one per experiment), validated
+        flags.py        Config's fields as command-line flags
+        schedules.py    learning-rate schedules
+        optimizers.py   TorchSGD (optim.sgd step for step)
+        augment.py      CIFAR augmentation and normalization inside the compiled step
+        model.py        the network, wrapped for model.fit and compiled
+      data/             what it is trained on
+        sources.py      synthetic / image-folder / TFDS data
+        pipelines.py    tf.data, numpy and on-device input streams
+      run/              a run directory's life: created, locked, backed up, resumed, recorded
+        run_state.py    what a killed run left, disk-full checks, the test kill hook
+        run_dir.py      the directory and its atomic writes; backups
+        run_lock.py     one owner per run directory
+        manifest.py     config.json (RunManifest): the one description of a run
+        resume.py       a resume checked against the manifest
+        timing.py       each epoch's training and evaluation seconds
+        plots.py        training curves (history.csv -> PNG)
+
+Rules (tests/test_training_layout.py checks them from the source):
+
+- No module imports one that imports it back, directly or through others, counting imports inside
+  functions and ``__main__`` blocks.
+- Rooms import downwards only, in the order ``machine`` < ``recipe`` < ``data``, ``run``: a room module
+  imports its own room and the rooms before it (``data`` and ``run`` do not import each other), never the
+  top level. The top-level jobs import any room and each other (``train`` calls ``export``).
+- ``__init__`` files import nothing, so ``import training.console`` (the console scripts, the serving
+  app's too) loads no Keras: ``machine/start_up.py`` is standard library only, and every job's
+  ``python -m`` block calls its ``run_module`` before its imports load Keras.
+- Nothing in ``keras_preact`` imports this package.
 """

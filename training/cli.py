@@ -2,7 +2,7 @@
 
 Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...) over a preset;
 ``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. ``--backend`` picks the
-Keras backend (``training/backends.py``), so this module imports Keras only once that is decided: the
+Keras backend (``training/machine/backends.py``), so this module imports Keras only once that is decided: the
 modules that load Keras are imported inside the functions.
 """
 
@@ -10,12 +10,13 @@ import argparse
 import os
 import sys
 
-from . import backends, console
+from .machine import backends, start_up
 
 
 def describe_recipe(config):
     """What ``--dry-run`` prints: the run's iterations, its lr at every change, the optimizer."""
-    from . import configs, schedules, sources
+    from .data import sources
+    from .recipe import configs, schedules
 
     assumed = ""
     if config.dataset == "synthetic":
@@ -53,14 +54,14 @@ def describe_recipe(config):
 
 
 def _preset_table():
-    from . import configs
+    from .recipe import configs
 
     width = max(map(len, configs.PRESETS))
     return "\n".join(f"  {name:<{width}}  {preset.paper}" for name, preset in configs.PRESETS.items())
 
 
 def build_parser():
-    from . import configs, flags
+    from .recipe import configs, flags
 
     p = argparse.ArgumentParser(
         prog="keras-preact-train",
@@ -85,8 +86,8 @@ def build_parser():
 
 
 def config_from_args(args, parser):
-    from . import configs, flags
-    from .manifest import config_from_run
+    from .recipe import configs, flags
+    from .run.manifest import config_from_run
 
     if args.preset and args.preset_name and args.preset != args.preset_name:
         parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
@@ -120,8 +121,8 @@ def main(argv=None):
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
-    console.quiet_tensorflow_start_up()  # the backend chosen, Keras loads: without TensorFlow's C++ lines
-    from . import run_state
+    start_up.quiet_tensorflow_start_up()  # the backend chosen, Keras loads: without TensorFlow's C++ lines
+    from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 
     parser = build_parser()

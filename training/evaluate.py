@@ -15,16 +15,16 @@ images at the model's input size (crop fraction 1.0: CIFAR) are normalized array
 centre crop; needs TensorFlow), both with the model's own mean/std, measured by ``model.evaluate`` with
 training's metrics. Every argument is checked before anything is loaded.
 
-While ``model.evaluate`` runs, ``training.memory_guard`` ends the process with one line (``[evaluate] error:
+While ``model.evaluate`` runs, ``training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
 out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit`` of the
 limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, before anything is loaded, or
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
 if __name__ == "__main__":  # python -m training.evaluate: quiet start-up as the console scripts, before Keras loads
-    from .console import run_module
+    from .machine.start_up import run_module
 
-    raise SystemExit(run_module("evaluate"))
+    raise SystemExit(run_module("training.evaluate"))
 
 import argparse
 import dataclasses
@@ -37,8 +37,9 @@ import numpy as np
 from keras_preact.preprocessing import InputConfig
 from keras_preact.scratch import atomic_path
 
-from . import memory_guard, pipelines, sources
-from .manifest import RunManifest
+from .data import pipelines, sources
+from .machine import memory_guard
+from .run.manifest import RunManifest
 
 
 @dataclasses.dataclass

@@ -12,9 +12,9 @@ The formats are checked (known, writable from the Keras backend, installed) befo
 """
 
 if __name__ == "__main__":  # python -m training.export: quiet start-up as the console scripts, before Keras loads
-    from .console import run_module
+    from .machine.start_up import run_module
 
-    raise SystemExit(run_module("export"))
+    raise SystemExit(run_module("training.export"))
 
 import argparse
 import errno
@@ -23,8 +23,8 @@ import pathlib
 import sys
 import zipfile
 
-from . import run_lock, run_state
-from .manifest import RunManifest, model_fingerprint
+from .run import run_lock, run_state
+from .run.manifest import RunManifest, model_fingerprint
 
 
 def load_run_model(path):

@@ -12,9 +12,9 @@ add to ``keras_preact/models/presets.py``. Every check runs before anything is w
 """
 
 if __name__ == "__main__":  # python -m training.publish: quiet start-up as the console scripts, before Keras loads
-    from .console import run_module
+    from .machine.start_up import run_module
 
-    raise SystemExit(run_module("publish"))
+    raise SystemExit(run_module("training.publish"))
 
 import argparse
 import json
@@ -25,7 +25,7 @@ import numpy as np
 from keras_preact.models import weights as weights_lib
 from keras_preact.scratch import atomic_path
 
-from .manifest import RunManifest
+from .run.manifest import RunManifest
 
 
 def _weight_layout(model):

@@ -5,7 +5,7 @@
     python -m training.reproduce --table 3 --budget paper --seeds 5 --dataset cifar10 --data-dir DIR
 
 For every row of the table and every seed it calls the training Python API
-(``training.train.train(training.configs.get_config(preset, **overrides))``), one run directory per
+(``training.train.train(training.recipe.configs.get_config(preset, **overrides))``), one run directory per
 run under ``OUT/runs/`` (a finished run, i.e. one with ``metrics.json``, is reused, so an interrupted
 reproduction resumes). It then writes ``OUT/table{N}.md`` (our median, mean +- std and the paper's
 number side by side), ``OUT/table{N}.json`` (every run's metrics) and ``OUT/table{N}_curves.png``
@@ -17,9 +17,9 @@ ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proport
 """
 
 if __name__ == "__main__":  # python -m training.reproduce: quiet start-up as the console scripts, before Keras loads
-    from .console import run_module
+    from .machine.start_up import run_module
 
-    raise SystemExit(run_module("reproduce"))
+    raise SystemExit(run_module("training.reproduce"))
 
 import argparse
 import dataclasses
@@ -29,10 +29,10 @@ import statistics
 
 from keras_preact.analysis.plots import save_figure
 
-from . import configs, flags
-from .configs import FAIL
-from .plots import read_history
-from .run_dir import write_text
+from .recipe import configs, flags
+from .recipe.configs import FAIL
+from .run.plots import read_history
+from .run.run_dir import write_text
 
 # Set per row or by the budget (--depth, --epochs, --seeds), not by a config flag.
 REPRODUCE_OWNS = ("depth", "epochs", "seed", "run_dir", "unit_options")
@@ -217,11 +217,11 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
               epochs=None, overrides=None):
     """Run the rows of ``table`` for ``seeds`` seeds and write the table, JSON and curves.
 
-    ``overrides``: extra ``training.configs.Config`` fields for every run (``dataset``,
+    ``overrides``: extra ``training.recipe.configs.Config`` fields for every run (``dataset``,
     ``data_dir``, ``subset``, ``batch_size``...). Every config is built and validated before the
     first run starts. Returns ``{"table": path, "json": path, "curves": path, "results": [...]}``.
     """
-    from .configs import get_config
+    from .recipe.configs import get_config
 
     if str(table) not in TABLES:
         raise ValueError(f"Invalid table={table!r}. Allowed values: {', '.join(map(repr, TABLES))}.")

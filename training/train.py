@@ -2,7 +2,7 @@
 
 Python API::
 
-    from training.configs import get_config
+    from training.recipe.configs import get_config
     from training.train import train
 
     result = train(get_config("t3-cifar10-resnet164-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg"))
@@ -20,9 +20,9 @@ moment) and the run resumes from the last backup (every ``checkpoint_every`` ste
 end) at the exact global step, with the exact data stream, and ends with the same epochs and steps.
 The backup is restored before anything else, so a run killed after training (evaluation, ``model.keras``,
 export) finishes those phases from the trained weights, and a finished run re-run does nothing
-(``training/run_state.py``).
+(``training/run/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
-checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``training.memory_guard`` ends the
+checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``training.machine.memory_guard`` ends the
 process with one line (exit 1) when host memory in use reaches ``config.memory_limit`` of the limit.
 """
 
@@ -42,12 +42,16 @@ import keras
 
 from keras_preact import scratch
 
-from . import configs, distribute, memory_guard, pipelines, plots, resume, run_lock, run_state, schedules, sources, timing
 from . import export as export_lib
-from .manifest import RunManifest, input_config_for, model_fingerprint
-from .model import build_model
-from .plots import read_history
-from .run_dir import AtomicBackup, prepare_run_dir, read_backup, save_model, write_json
+from .data import pipelines, sources
+from .machine import distribute, memory_guard
+from .machine.memory_guard import OUT_OF_MEMORY_HINT
+from .recipe import configs, schedules
+from .recipe.model import build_model
+from .run import plots, resume, run_lock, run_state, timing
+from .run.manifest import RunManifest, input_config_for, model_fingerprint
+from .run.plots import read_history
+from .run.run_dir import AtomicBackup, prepare_run_dir, read_backup, save_model, write_json
 
 
 class TrainingDiverged(RuntimeError):
@@ -96,9 +100,9 @@ def _verbose(config):
 
 
 def train(config, data=None):
-    """Train ``config`` (a ``training.configs.Config``); returns the final metrics and ``run_dir``.
+    """Train ``config`` (a ``training.recipe.configs.Config``); returns the final metrics and ``run_dir``.
 
-    ``data``: optional ``training.sources.ArrayData`` to train on instead of ``config.dataset``.
+    ``data``: optional ``training.data.sources.ArrayData`` to train on instead of ``config.dataset``.
     Raises ValueError (naming the bad argument) before any training for bad input, and
     ``TrainingDiverged`` when the loss becomes non-finite.
 
@@ -132,7 +136,7 @@ class Run:
     writes its own history, backups and ``model.keras`` in ``files_dir`` (the chief's is ``run_dir``)."""
 
     config: configs.Config
-    dist: object  # training.distribute's distribution
+    dist: object  # training.machine.distribute's distribution
     run_dir: pathlib.Path
     data: object = None
     resolved: schedules.ResolvedSchedule = None
@@ -409,8 +413,7 @@ def _reported(what):
 OUT_OF_MEMORY_TYPES = ("ResourceExhaustedError", "OutOfMemoryError", "MemoryError")
 OUT_OF_MEMORY_MESSAGES = ("RESOURCE_EXHAUSTED", "OOM when allocating", "Out of memory", "out of memory",
                           "DefaultCPUAllocator: not enough memory")
-OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (README, \"Training the "
-                      "deepest networks on one device\") or a smaller --batch-size")
+# OUT_OF_MEMORY_HINT, the remedies this error ends with, is memory_guard's: its line names the same.
 
 
 def is_out_of_memory(error):

@@ -9,7 +9,8 @@ line on stderr and ends the process at once with ``os._exit(1)``, the exit code 
 ``keras-preact-train`` and of ``keras-preact-evaluate`` (a bad argument exits 2). Ray's memory monitor does
 the same (``RAY_memory_usage_threshold``, default 0.95). The line starts with the command's ``prefix``
 ("[train]" by default, "[evaluate]") and carries its ``remedies`` (by default training's,
-``training.train.OUT_OF_MEMORY_HINT``); ``check_fraction`` is both commands' ``--memory-limit`` check.
+``OUT_OF_MEMORY_HINT``, which ``training.train``'s out-of-memory error carries too); ``check_fraction`` is
+both commands' ``--memory-limit`` check.
 Every file of a run is written to a temporary name and renamed, so a target is complete or absent; a
 temporary cut off mid-write is removed by the next run in that directory, as after a SIGKILL.
 
@@ -44,6 +45,9 @@ FRACTION_RULE = (f"0 (the memory guard off) or a fraction 0 < f <= 1 of the memo
 NO_LIMIT = 2**60  # cgroup v1 writes 2**63 - 4096 for "no limit"; anything this large is none
 THREAD_NAME = "keras-preact-memory-guard"
 GIB = 2**30
+# Training's remedies: the default of the guard's line, and what training.train's out-of-memory error ends with.
+OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (README, \"Training the "
+                      "deepest networks on one device\") or a smaller --batch-size")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -201,12 +205,9 @@ def trips(memory, fraction):
 
 def message(what, memory, fraction, rss, *, prefix=PREFIX, remedies=None):
     """The one line the guard prints: ``prefix`` first (the command's), ``remedies`` (text starting " -- ")
-    after the numbers; ``None``: training's, ``training.train.OUT_OF_MEMORY_HINT``."""
+    after the numbers; ``None``: training's, ``OUT_OF_MEMORY_HINT``."""
     if remedies is None:
-        from .train import OUT_OF_MEMORY_HINT  # training.train loads Keras: only when the line is written
-
         remedies = OUT_OF_MEMORY_HINT
-
     rss_text = f"{rss / GIB:.2f} GiB" if rss is not None else "unknown"
     return (
         f"{prefix} error: out of host memory during {what}: {memory.left / GIB:.2f} GiB left of "

@@ -17,7 +17,7 @@ import numpy as np
 
 from keras_preact.preprocessing import InputConfig, decode_image, eval_view, resize_shorter_side
 
-from .configs import NORMALIZATIONS, PIXEL_MEAN
+from ..recipe.configs import NORMALIZATIONS, PIXEL_MEAN
 from .sources import ArrayData, DataError, StreamData, has_tensorflow, require_tensorflow
 
 # Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
@@ -181,7 +181,7 @@ def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_
     """Infinite generator of (images, labels) numpy batches; batch k depends only on (seed, k).
 
     ``raw=True`` (``pipeline="device"``): uint8 batches, neither augmented nor normalised here (the
-    training model does both on the device, ``training.augment``).
+    training model does both on the device, ``training.recipe.augment``).
     """
     n = data.train_size
     step = start_step

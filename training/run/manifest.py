@@ -16,7 +16,8 @@ import pathlib
 from keras_preact.models.presets import FAMILY_INPUTS
 from keras_preact.preprocessing import InputConfig
 
-from . import configs, run_state
+from ..recipe import configs
+from . import run_state
 
 FORMAT = "keras-preact-run/2"
 FILENAME = "config.json"
@@ -93,7 +94,7 @@ class RunManifest:
         return tuple(self.input_config.input_size[:2])
 
     def training_config(self, source=None):
-        """The run's ``training.configs.Config`` (checked and validated), to re-run it; ``source`` names
+        """The run's ``training.recipe.configs.Config`` (checked and validated), to re-run it; ``source`` names
         the file in messages."""
         missing = [k for k in ("name", "normalization") if k not in self.config]
         if missing:
