@@ -8,6 +8,7 @@ difference. On PyTorch also the ATen operator table of
 table shows what Keras adds (layout copies, unfused batch-norm arithmetic, per-op dispatch).
 
     KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5
+    KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --normalization keras  # before issue 35
 """
 
 import argparse
@@ -26,15 +27,35 @@ from training.recipe import configs, schedules  # noqa: E402
 from training.recipe import model as model_lib  # noqa: E402
 
 BATCH = 128
+NORMALIZATIONS = ("fused", "keras")
 
 
-def keras_step(steps):
+def use_normalization(kind):
+    """Models built from now on get, as ``normalization="batch"``, the library's ``BatchNormalization``
+    (``"fused"``: the backend's fused training kernel, the default) or Keras' own (``"keras"``: the
+    library before issue 35)."""
+    from keras_preact.layers import BatchNormalization, options
+
+    layer = {"fused": BatchNormalization, "keras": keras.layers.BatchNormalization}[kind]
+    options.NORMALIZATIONS["batch"] = lambda axis, epsilon, momentum, groups, **kw: layer(
+        axis=axis, epsilon=epsilon, momentum=momentum, **kw)
+
+
+def build_step_model(normalization="fused"):
+    """The compiled model of ``keras-preact-train``'s short CIFAR preset and one random batch."""
+    use_normalization(normalization)
     config = configs.get_config("cifar10-folder-resnet20-short", data_dir="unused")
     resolved = schedules.resolve(config, 50000)
     _, model = model_lib.build_model(config, 10, resolved, pipeline="numpy")  # float input, as tf_data
+    use_normalization("fused")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, BATCH)
+    return model, x, y
+
+
+def keras_step(steps, normalization="fused"):
+    model, x, y = build_step_model(normalization)
     for _ in range(3):
         model.train_on_batch(x, y)
         model.predict_on_batch(x)
@@ -90,10 +111,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rows", type=int, default=14, help="operators listed (PyTorch)")
+    p.add_argument("--normalization", choices=NORMALIZATIONS, default="fused",
+                   help="normalization='batch' as the library's BatchNormalization or Keras' own (before issue 35)")
     args = p.parse_args(argv)
     backend = keras.backend.backend()
-    model, x, y, timings = keras_step(args.steps)
-    print(f"backend {backend}, keras {keras.__version__}, batch {BATCH}, {args.steps} steps after 3 warm-up steps")
+    model, x, y, timings = keras_step(args.steps, args.normalization)
+    print(f"backend {backend}, keras {keras.__version__}, batch {BATCH}, {args.steps} steps after 3 warm-up steps, "
+          f"{args.normalization} batch normalization")
     for name, ms in timings.items():
         print(f"  {name:<28} {ms:8.1f} ms  ({BATCH / ms * 1000:7.1f} img/s)")
     print(f"  {'the rest of the step':<28} {timings['train step'] - timings['forward (predict_on_batch)']:8.1f} ms")

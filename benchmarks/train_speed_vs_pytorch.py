@@ -25,7 +25,20 @@ Two environments: ``--python`` runs the TensorFlow candidates, ``--notf-python``
 virtual environment, e.g. ``.venv-notf/bin/python``) the JAX, PyTorch and reference ones; with one
 interpreter, candidates whose backend is missing are skipped with a note.
 
+``--normalizations keras fused``: each ``keras-preact-train`` candidate with Keras' own
+``BatchNormalization`` (the library before issue 35; name suffix ``/keras-bn``) and with the library's
+(the backend's fused training kernel, the default).
+
+``--steps-only``: no data and no training loop: per backend one process alternating, round by round,
+a ``train_on_batch`` step of the same compiled model (``benchmarks/profile_train_step.py``'s: the short
+CIFAR preset, batch 128, random images) with each normalization and, where torch is installed in that
+environment, the plain PyTorch reference's step (channels_last, ``nn.BatchNorm2d``); ms per step
+(median, min-max over rounds) and the median of the per-round ratios to the reference in the same
+process (TensorFlow's environment has no torch: its ratio is to the reference's median in the other).
+
     python benchmarks/train_speed_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python
+    python benchmarks/train_speed_vs_pytorch.py --steps-only --normalizations keras fused \
+        --backends tensorflow jax torch --notf-python .venv-notf/bin/python --rounds 5 --steps 3
 """
 
 import argparse
@@ -56,15 +69,95 @@ def candidates(args):
                 continue
             if backend in ("jax", "torch") and pipeline == "tf_data":
                 continue  # tf.data needs TensorFlow: not in the TensorFlow-free environment
-            name = f"keras-preact-train/{backend}/{pipeline}"
-            argv = ["-m", "training.cli", "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
-                    "--pipeline", pipeline, "--backend", backend, *args.train_args]
-            found[name] = ("tf" if backend in ("tensorflow", "auto") else "notf", argv, {})
+            for normalization in args.normalizations:
+                if normalization == "keras" and backend == "auto":
+                    continue  # Keras' layer is put in before Keras loads, with the backend named
+                name = f"keras-preact-train/{backend}/{pipeline}" + ("/keras-bn" if normalization == "keras" else "")
+                entry = ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "training.cli"]
+                argv = [*entry, "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
+                        "--pipeline", pipeline, "--backend", backend, *args.train_args]
+                found[name] = ("tf" if backend in ("tensorflow", "auto") else "notf", argv, {})
     reference = [str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir]
     found[REFERENCE] = ("notf", reference, {})
     if args.torch_compile:
         found[REFERENCE + "-compile"] = ("notf", [*reference, "--compile"], {})
     return found
+
+
+def keras_bn_entry(backend):
+    """``python -c`` code running ``keras-preact-train`` with Keras' own BatchNormalization as "batch"."""
+    return (f"import os, runpy; os.environ['KERAS_BACKEND'] = {backend!r}; "
+            "from benchmarks.profile_train_step import use_normalization; use_normalization('keras'); "
+            "runpy.run_module('training.cli', run_name='__main__', alter_sys=True)")
+
+
+def step_child(args):
+    """In this process (KERAS_BACKEND set): rounds of ``--steps`` train steps per candidate; one JSON line."""
+    import importlib.util
+
+    import keras
+
+    from benchmarks.profile_train_step import build_step_model, reference_step
+
+    steps = {}
+    for normalization in args.normalizations:
+        model, x, y = build_step_model(normalization)
+        steps[normalization] = lambda model=model, x=x, y=y: model.train_on_batch(x, y)
+    if importlib.util.find_spec("torch") is not None:
+        steps[REFERENCE] = reference_step()
+    times = {name: [] for name in steps}
+    for step in steps.values():
+        for _ in range(2):  # warm-up (compilation, tracing) beyond build_step_model's
+            step()
+    order = list(steps)
+    for r in range(args.rounds):
+        for name in order[r % len(order):] + order[: r % len(order)]:
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                steps[name]()
+            times[name].append(1000 * (time.perf_counter() - start) / args.steps)
+    print("STEP-FIGURES " + json.dumps({"backend": keras.backend.backend(), "times": times}), flush=True)
+
+
+def steps_only(args):
+    figures = {}
+    for backend in [b for b in args.backends if b != "auto"]:
+        python = args.python if backend == "tensorflow" or not args.notf_python else args.notf_python
+        module = backend
+        if not available(python, module):
+            print(f"[skip] {backend}: not installed in {python}")
+            continue
+        env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend}
+        argv = [python, str(pathlib.Path(__file__).resolve()), "--step-child", "--rounds", str(args.rounds),
+                "--steps", str(args.steps), "--normalizations", *args.normalizations]
+        done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
+        lines = [line for line in done.stdout.splitlines() if line.startswith("STEP-FIGURES ")]
+        if done.returncode != 0 or not lines:
+            raise SystemExit(f"{backend} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
+        figures[backend] = json.loads(lines[0].split(" ", 1)[1])["times"]
+        print(f"{backend}: " + ", ".join(f"{n} {statistics.median(t):.0f} ms" for n, t in figures[backend].items()),
+              flush=True)
+    references = [t for times in figures.values() for t in times.get(REFERENCE, [])]
+    print(f"\ntrain_on_batch, batch 128, ms per step: median (min-max) of {args.rounds} rounds of {args.steps} "
+          "steps, candidates alternating in one process per backend.\n")
+    print("| backend | normalization | ms/step | vs plain PyTorch, median of per-round ratios (min-max) |")
+    print("|---|---|---|---|")
+    summary = {}
+    for backend, times in figures.items():
+        for name, t in times.items():
+            if name == REFERENCE:
+                ratios, where = [1.0], ""
+            elif REFERENCE in times:
+                ratios, where = [g / f for f, g in zip(t, times[REFERENCE])], ""
+            else:
+                ratios = [statistics.median(references) / f for f in t]
+                where = " (reference in another process)"
+            summary[f"{backend}/{name}"] = {"ms": t, "ratio": ratios}
+            label = "plain PyTorch reference" if name == REFERENCE else name
+            print(f"| {backend} | {label} | {statistics.median(t):.0f} ({min(t):.0f}-{max(t):.0f}) | "
+                  f"{statistics.median(ratios):.2f}x ({min(ratios):.2f}-{max(ratios):.2f}){where} |")
+    if args.json:
+        pathlib.Path(args.json).write_text(json.dumps(summary, indent=2))
 
 
 def interpreter(args, key):
@@ -177,13 +270,20 @@ def versions(python):
 
 def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--data-dir", required=True, help="the CIFAR-10 image folder (train/, test/)")
+    p.add_argument("--data-dir", default=None, help="the CIFAR-10 image folder (train/, test/)")
     p.add_argument("--python", default=sys.executable, help="interpreter with TensorFlow (default: this one)")
     p.add_argument("--notf-python", default=None, help="interpreter of a TensorFlow-free environment")
     p.add_argument("--backends", nargs="+", default=["auto", "tensorflow", "jax", "torch"],
                    choices=["auto", "tensorflow", "jax", "torch"])
     p.add_argument("--pipelines", nargs="+", default=["tf_data", "device", "numpy"],
                    choices=["tf_data", "device", "numpy"])
+    p.add_argument("--normalizations", nargs="+", default=["fused"], choices=["fused", "keras"],
+                   help="normalization='batch' as the library's BatchNormalization (fused, the default) and/or "
+                        "Keras' own (keras: the library before issue 35)")
+    p.add_argument("--steps-only", action="store_true",
+                   help="in-process train_on_batch steps per backend instead of whole training runs (no data)")
+    p.add_argument("--steps", type=int, default=3, help="--steps-only: steps per candidate per round")
+    p.add_argument("--step-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--torch-compile", action="store_true", help="also the reference under torch.compile")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is not counted)")
@@ -200,6 +300,10 @@ def parse_args(argv=None):
         p.error("--rounds, --epochs and --steps-per-epoch must be >= 1")
     if args.to_accuracy is not None and not 0 < args.to_accuracy < 1:
         p.error(f"--to-accuracy must be in (0, 1), got {args.to_accuracy}")
+    if args.steps_only or args.step_child:
+        return args
+    if args.data_dir is None:
+        p.error("--data-dir is required (except with --steps-only)")
     if not (pathlib.Path(args.data_dir) / "train").is_dir():
         p.error(f"--data-dir {args.data_dir} has no train/ folder")
     return args
@@ -207,6 +311,11 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
+    if args.step_child:
+        return step_child(args)
+    if args.steps_only:
+        print("machine:", describe_machine(args))
+        return steps_only(args)
     names = candidates(args)
     for name in list(names):
         key, _, _ = names[name]

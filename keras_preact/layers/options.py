@@ -9,6 +9,8 @@ import math
 
 import keras
 
+from keras_preact.layers.batch_normalization import BatchNormalization
+
 
 @dataclasses.dataclass(frozen=True)
 class Ordering:
@@ -107,7 +109,7 @@ def _group_norm(channels_axis, epsilon, groups, **kwargs):
 
 
 NORMALIZATIONS = {
-    "batch": lambda axis, epsilon, momentum, groups, **kw: keras.layers.BatchNormalization(
+    "batch": lambda axis, epsilon, momentum, groups, **kw: BatchNormalization(
         axis=axis, epsilon=epsilon, momentum=momentum, **kw
     ),
     # GroupNorm's group count is gcd(norm_groups, channels) so every width of a net is valid.

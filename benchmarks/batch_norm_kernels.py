@@ -1,0 +1,134 @@
+"""Training-mode batch normalization alone, forward + backward: Keras' path against the backend's kernel.
+
+The measurement behind ``keras_preact.layers.BatchNormalization``'s per-backend choice
+(``FUSED_TRAINING``). For the three activation shapes of pre-act ResNet-20 at batch 128
+(channels_last), milliseconds per forward + backward of the normalization in training mode, executed as
+the backend executes a Keras training step:
+
+- torch (eager): Keras' ``BatchNormalization`` against ``torch.nn.functional.batch_norm``;
+- tensorflow (``tf.function``, and with ``--jit`` under XLA): Keras' layer against
+  ``tf.compat.v1.nn.fused_batch_norm`` (``FusedBatchNormV3``);
+- jax (``jax.jit``, i.e. XLA): Keras' layer against a floor, one multiply-add of the same tensors
+  (what any fused normalization must at least read and write) — JAX has no batch-norm primitive.
+
+Rounds alternate the candidates in one process; it prints the median and min-max ms per shape.
+
+    KERAS_BACKEND=torch python benchmarks/batch_norm_kernels.py
+"""
+
+import argparse
+import statistics
+import time
+
+import keras
+import numpy as np
+
+SHAPES = ((128, 32, 32, 16), (128, 16, 16, 32), (128, 8, 8, 64))
+
+
+def timed(fn, repeats):
+    fn()
+    start = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def keras_layer(shape):
+    layer = keras.layers.BatchNormalization(momentum=0.9, epsilon=1e-5)
+    layer.build(shape)
+    return layer
+
+
+def torch_candidates(x, shape):
+    import torch
+    import torch.nn.functional as F
+
+    layer = keras_layer(shape)
+    x = torch.tensor(x, requires_grad=True)
+    upstream = torch.ones_like(x)
+    gamma = torch.ones(shape[-1], requires_grad=True)
+    beta = torch.zeros(shape[-1], requires_grad=True)
+
+    def keras_path():
+        torch.autograd.grad(layer(x, training=True), [x, layer.gamma.value, layer.beta.value], upstream)
+
+    def fused():
+        mean, var = torch.zeros(shape[-1]), torch.ones(shape[-1])
+        y = F.batch_norm(torch.movedim(x, -1, 1), mean, var, gamma, beta, True, 1.0, 1e-5)
+        torch.autograd.grad(torch.movedim(y, 1, -1), [x, gamma, beta], upstream)
+
+    return {"keras": keras_path, "F.batch_norm": fused}
+
+
+def tensorflow_candidates(x, shape, jit):
+    import tensorflow as tf
+
+    layer = keras_layer(shape)
+    x = tf.constant(x)
+    gamma, beta = tf.Variable(tf.ones(shape[-1])), tf.Variable(tf.zeros(shape[-1]))
+
+    @tf.function(jit_compile=jit)
+    def keras_path():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y = layer(x, training=True)
+        return tape.gradient(y, [x, layer.gamma.value, layer.beta.value])
+
+    @tf.function(jit_compile=jit)
+    def fused():
+        with tf.GradientTape() as tape:
+            tape.watch(x)
+            y, mean, var = tf.compat.v1.nn.fused_batch_norm(x, gamma, beta, epsilon=1e-5, is_training=True)
+        return tape.gradient(y, [x, gamma, beta]), mean, var
+
+    return {"keras": lambda: keras_path()[0].numpy(), "fused_batch_norm": lambda: fused()[0][0].numpy()}
+
+
+def jax_candidates(x, shape):
+    import jax
+    import jax.numpy as jnp
+
+    layer = keras_layer(shape)
+    x = jnp.asarray(x)
+    gamma, beta = jnp.ones(shape[-1]), jnp.zeros(shape[-1])
+    state = [v.value for v in layer.non_trainable_variables]
+
+    def keras_loss(x, gamma, beta):
+        y, _ = layer.stateless_call([gamma, beta], state, x, training=True)
+        return jnp.sum(y)
+
+    def floor_loss(x, gamma, beta):
+        return jnp.sum(x * gamma + beta)
+
+    keras_grad = jax.jit(jax.grad(keras_loss, argnums=(0, 1, 2)))
+    floor_grad = jax.jit(jax.grad(floor_loss, argnums=(0, 1, 2)))
+    return {"keras": lambda: keras_grad(x, gamma, beta)[0].block_until_ready(),
+            "multiply-add floor": lambda: floor_grad(x, gamma, beta)[0].block_until_ready()}
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--repeats", type=int, default=10, help="calls per candidate per round")
+    p.add_argument("--jit", action="store_true", help="tensorflow: compile both with XLA")
+    args = p.parse_args(argv)
+    backend = keras.backend.backend()
+    rng = np.random.default_rng(0)
+    print(f"backend {backend}, keras {keras.__version__}; ms per forward + backward, median (min-max) of "
+          f"{args.rounds} alternating rounds of {args.repeats} calls")
+    for shape in SHAPES:
+        x = rng.normal(size=shape).astype("float32")
+        make = {"torch": torch_candidates, "jax": jax_candidates,
+                "tensorflow": lambda x, s: tensorflow_candidates(x, s, args.jit)}[backend]
+        candidates = make(x, shape)
+        times = {name: [] for name in candidates}
+        for _ in range(args.rounds):
+            for name, fn in candidates.items():
+                times[name].append(timed(fn, args.repeats))
+        row = ", ".join(f"{n} {statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" for n, t in times.items())
+        print(f"  {shape}: {row}")
+
+
+if __name__ == "__main__":
+    main()
