@@ -22,6 +22,7 @@ saying so.
 import dataclasses
 import math
 import numbers
+import struct
 
 IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads (and Pillow's names)
 # The leading bytes of each accepted format (the prefixes tf.io.decode_image itself recognises).
@@ -198,6 +199,50 @@ def image_format(data):
     """The format name (``IMAGE_FORMATS``) whose magic bytes ``data`` starts with, or None."""
     head = bytes(data[:8])
     return next((name for name, magic in IMAGE_MAGIC.items() if head.startswith(magic)), None)
+
+
+def _gif_sub_blocks_end(data, pos):
+    """The offset after the sub-blocks starting at ``pos`` (each a length byte and its bytes, a 0 last)."""
+    while pos < len(data):
+        size = data[pos]
+        pos += 1 + size
+        if size == 0:
+            return pos
+    raise ValueError("The GIF ends inside its first frame.")
+
+
+def gif_first_frame(data):
+    """``(gif, (width, height))``: a GIF's bytes cut after its first frame (the trailer appended) and
+    that frame's size, read from the block structure alone: nothing is decompressed, and the cost is
+    the bytes up to the end of the first frame.
+
+    ``tf.io.decode_image(expand_animations=False)`` keeps the first frame of a GIF, but giflib reads and
+    decompresses every frame first (``DGifSlurp``): 1,500 frames of 1024 x 1024 in a 2.8 MB file cost
+    seconds and gigabytes. The cut GIF decodes to the same first frame. Returns ``data`` itself when
+    nothing but the trailer follows its first frame; ValueError when it is not a GIF or ends before its
+    first frame does."""
+    data = bytes(data)
+    if len(data) < 13 or not data.startswith((b"GIF87a", b"GIF89a")):
+        raise ValueError("Not a GIF: no GIF87a/GIF89a header.")
+    flags, pos = data[10], 13
+    if flags & 0x80:  # the global colour table
+        pos += 3 << ((flags & 7) + 1)
+    while pos < len(data):
+        block = data[pos]
+        if block == 0x21:  # an extension: its label, then sub-blocks
+            pos = _gif_sub_blocks_end(data, pos + 2)
+        elif block == 0x2C:  # an image: its descriptor, local colour table, LZW code size, sub-blocks
+            if pos + 10 > len(data):
+                break
+            size = struct.unpack_from("<HH", data, pos + 5)
+            flags, pos = data[pos + 9], pos + 10
+            if flags & 0x80:
+                pos += 3 << ((flags & 7) + 1)
+            end = _gif_sub_blocks_end(data, pos + 1)
+            return (data if data[end:] == b";" else data[:end] + b";"), size
+        else:  # the trailer, or a block giflib refuses too
+            raise ValueError(f"The GIF has no frame (block 0x{block:02x} before any image).")
+    raise ValueError("The GIF ends before its first frame.")
 
 
 def is_encoded_image(encoded):

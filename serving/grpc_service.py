@@ -64,7 +64,8 @@ def check_model_spec(model, model_spec):
 
 def _tensor(spec, proto, max_batch_size):
     """The array of one input's ``TensorProto``: dtype and shape checked from its header (and the batch
-    against the limit) before its values are read, then the REST input's checks (``rest.to_array``)."""
+    against the limit) before its values are read, integers sent in a wider typed field (``int_val``
+    holds int32 for DT_UINT8) against the dtype's range, then the REST input's checks (``rest.to_array``)."""
     expected = tf.dtypes.as_dtype(spec.dtype)
     if proto.dtype != expected.as_datatype_enum:
         try:
@@ -80,6 +81,12 @@ def _tensor(spec, proto, max_batch_size):
         raise RequestError(f"Input '{spec.name}' has shape {list(shape)}; the signature expects {wanted}.")
     if shape[0] > max_batch_size:
         raise RequestError(f"Batch size {shape[0]} exceeds the limit of {max_batch_size}.", 413)
+    if expected.is_integer:  # typed values wider than the dtype (e.g. DT_UINT8 in int_val): REST's range check
+        values = {tf.int64: proto.int64_val, tf.uint32: proto.uint32_val, tf.uint64: proto.uint64_val}.get(
+            expected, proto.int_val)
+        low, high = expected.min, expected.max
+        if len(values) and (min(values) < low or max(values) > high):
+            raise RequestError(f"Input '{spec.name}' values must lie in [{low}, {high}] ({expected.name}).")
     try:
         array = tf.make_ndarray(proto)
     except (ValueError, TypeError) as error:

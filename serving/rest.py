@@ -16,7 +16,7 @@ import json
 
 import numpy as np
 
-from keras_preact.preprocessing import IMAGE_FORMATS, image_format
+from keras_preact.preprocessing import IMAGE_FORMATS, gif_first_frame, image_format
 
 
 class RequestError(Exception):
@@ -209,7 +209,11 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
     (nothing is decoded): the format from the leading bytes (``keras_preact.preprocessing``'s magic
     bytes, the formats the exported graph decodes), then Pillow reads the header for each image's pixel
     count and aspect ratio (the in-graph resize of the shorter side scales with it), and the request's
-    total pixel count."""
+    total pixel count. A GIF is replaced in its array by its first frame alone
+    (``keras_preact.preprocessing.gif_first_frame``, read from its block structure, nothing decoded), the
+    frame the model keeps anyway: the graph's decoder reads every frame of an animation before keeping
+    one, so a small file of many large frames would cost seconds and gigabytes. That frame's own size
+    counts against the pixel limit too (a frame may declare more than the GIF's canvas)."""
     import io
 
     from PIL import Image, UnidentifiedImageError
@@ -228,6 +232,15 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
                                    f"the limit is {max_image_pixels} pixels per image.", 413) from None
             except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
                 raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.") from None
+            if fmt == "GIF":
+                try:
+                    first, frame = gif_first_frame(data)
+                except ValueError as error:
+                    raise RequestError(f"Input '{name}'[{index}] is not a GIF image: {error}") from None
+                if first is not data:
+                    array.flat[index] = first
+                if frame[0] * frame[1] > width * height:
+                    width, height = frame
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
             if width < 1 or height < 1 or width * height > max_image_pixels:
                 raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.",

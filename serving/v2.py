@@ -76,7 +76,9 @@ def _object(value, what):
 
 def parse_request(body, header_length):
     """(JSON header, binary section) of an infer request body; ``header_length`` is the
-    ``Inference-Header-Content-Length`` header's value or None."""
+    ``Inference-Header-Content-Length`` header's value or None. The header's shape is checked here,
+    before any tensor is decoded or the model runs: each field's JSON type (a 400 naming the field), and
+    each input's values sent one way, ``data`` or ``parameters.binary_data_size``, not both."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -94,13 +96,16 @@ def parse_request(body, header_length):
         name, datatype, shape = entry.get("name"), entry.get("datatype"), entry.get("shape")
         if not isinstance(name, str):
             raise RequestError("Each input must have a 'name' string.")
-        if datatype not in DATATYPES:
+        if not isinstance(datatype, str) or datatype not in DATATYPES:
             raise RequestError(f"Input '{name}' has datatype {datatype!r}: expected one of {', '.join(DATATYPES)}.")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} "
                                "non-negative integers.")
-        _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
+        parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
+        if "data" in entry and "binary_data_size" in parameters:
+            raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values "
+                               "one way.")
         names.append(name)
     if len(set(names)) != len(names):
         raise RequestError(f"Input names must be distinct; got {names}.")
@@ -108,6 +113,8 @@ def parse_request(body, header_length):
     outputs = request.get("outputs", [])
     if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
         raise RequestError("'outputs' must be a list of objects with a 'name'.")
+    for output in outputs:
+        _object(output.get("parameters", {}), f"Output '{output['name']}''s 'parameters'")
     if "id" in request and not isinstance(request["id"], str):
         raise RequestError("'id' must be a string.")
     return request, binary

@@ -227,6 +227,34 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
 
 
 @needs_grpc
+@pytest.mark.parametrize("value", [300, -1, 256])
+def test_uint8_values_out_of_range_are_invalid_argument_naming_the_range(served, value):
+    """Issue 36, case 7: DT_UINT8 pixels sent in ``int_val`` (int32 on the wire) beyond [0, 255] were
+    INTERNAL (an OverflowError); they are INVALID_ARGUMENT with REST's message (REST: 400)."""
+    rest_port, port, _ = served
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "cifar"
+    tensor = request.inputs["images"]
+    tensor.dtype = tf.uint8.as_datatype_enum
+    tensor.tensor_shape.dim.extend([tensor.tensor_shape.Dim(size=d) for d in (1, 32, 32, 3)])
+    tensor.int_val.extend([7] * (32 * 32 * 3 - 1) + [value])
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    try:
+        code, details = _code(lambda: prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, 30))
+        assert (code, details) == (grpc.StatusCode.INVALID_ARGUMENT,
+                                   "Input 'images' values must lie in [0, 255] (uint8)."), details
+        tensor.int_val[-1] = 255
+        assert prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict(request, 30).outputs
+    finally:
+        channel.close()
+    conn = http.client.HTTPConnection("127.0.0.1", rest_port, timeout=60)
+    conn.request("POST", "/v1/models/cifar:predict", body=json.dumps({"instances": [[[[value] * 3] * 32] * 32]}))
+    response = conn.getresponse()
+    assert (response.status, json.loads(response.read())) == (400, {"error": details})
+    conn.close()
+
+
+@needs_grpc
 def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_unavailable(exported):
     """max_connections bounds the RPCs in flight (RESOURCE_EXHAUSTED beyond); once shutdown begins, a new
     RPC gets UNAVAILABLE while those in flight are answered."""

@@ -148,6 +148,32 @@ def test_errors_are_v2_json_with_the_rest_status(numpy_served):
     assert (code, json.loads(reply)) == (200, {"name": "m", "ready": True})
 
 
+@pytest.mark.notf
+def test_malformed_request_fields_are_400_naming_them_before_the_model_runs(numpy_served):
+    """Issue 36, case 6: a datatype that is not a string (was a 500, TypeError), outputs' parameters that
+    are not an object (was a 500 after the model ran), and an input with both JSON 'data' and binary data
+    (was a 200 with 'data' silently ignored) are each a 400 naming the field, and the model never runs."""
+    running, _ = numpy_served
+    model = running.state.model
+    x = {"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}
+    cases = [
+        ({"inputs": [{**x, "datatype": ["FP32"]}]}, b"", "Input 'x' has datatype ['FP32']: expected one of BOOL"),
+        ({"inputs": [x], "outputs": [{"name": "y", "parameters": ["binary_data"]}]}, b"",
+         "Output 'y''s 'parameters' must be a JSON object."),
+        ({"inputs": [{**x, "parameters": {"binary_data_size": 8}}]}, struct.pack("<2f", 5, 6),
+         "Input 'x' has both 'data' and parameters.binary_data_size"),
+    ]
+    for request, binary, message in cases:
+        header = json.dumps(request).encode()
+        calls = len(model.calls)
+        code, _, reply = raw(running.port, "POST", "/v2/models/m/infer", header + binary,
+                             {"Inference-Header-Content-Length": str(len(header))})
+        assert (code, len(model.calls)) == (400, calls) and message in json.loads(reply)["error"], reply
+    header = json.dumps({"inputs": [x], "outputs": [{"name": "y", "parameters": {"binary_data": False}}]}).encode()
+    code, _, reply = raw(running.port, "POST", "/v2/models/m/infer", header)
+    assert code == 200 and json.loads(reply)["outputs"][0]["data"] == [3.0], reply
+
+
 def pngs(*sizes):
     from PIL import Image
 
