@@ -150,6 +150,9 @@ def route(state, method, path, call):
     if match["name"] != model.name:
         raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
     call.model = model.name
+    failed = [str(f.version) for f in getattr(model, "failed", ())]  # newer versions that did not load
+    if method == "GET" and verb is None and failed and match["version"] in (*failed, str(model.version)):
+        return json.dumps(model.status(match["version"])).encode()
     if match["version"] is not None and match["version"] != str(model.version):
         raise RequestError(
             f"Servable not found for request: Specific({match['name']}, {match['version']}); "
@@ -275,7 +278,8 @@ class ServingState:
             if self.ready.is_set():
                 return
             model = self._load()
-            warm_up(model)
+            if not getattr(model, "warmed_up", False):  # a Servable warms up as it loads
+                warm_up(model)
             self.headers = dict(self._identify()) if self._identify else {}
             if self.batching is not None:
                 self.batcher = batching.Batcher(functools.partial(self.predict, model), **self.batching)

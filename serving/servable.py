@@ -13,6 +13,7 @@ SavedModel alone says in one line what to install.
 """
 
 import importlib.util
+import logging
 import pathlib
 
 import numpy as np
@@ -31,6 +32,7 @@ PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
 # The file that marks each format in a version folder, and the modules that run it: the export's table.
 ARTIFACTS = {name: FORMATS[name].files[0] for name in RUNTIME_SPEED_ORDER}
 RUNTIME_MODULES = {name: FORMATS[name].runtime_modules for name in RUNTIME_SPEED_ORDER}
+logger = logging.getLogger(__name__)
 
 
 def _installed(fmt):
@@ -43,19 +45,25 @@ def formats_in(version_dir):
     return tuple(f for f in RUNTIME_SPEED_ORDER if (pathlib.Path(version_dir) / ARTIFACTS[f]).is_file())
 
 
-def latest_version_dir(model_base):
-    """(version, path) of the highest numeric version folder holding an export under ``model_base``."""
+def version_dirs(model_base):
+    """[(version, path), ...] of the numeric version folders holding an export under ``model_base``,
+    newest first; ValueError in one line when there is none."""
     base = pathlib.Path(model_base)
     if not base.is_dir():
         raise ValueError(f"Invalid model_base_path={str(base)!r}: not a directory.")
-    versions = sorted((int(p.name), p) for p in base.iterdir() if p.name.isdigit() and formats_in(p))
+    versions = sorted(((int(p.name), p) for p in base.iterdir() if p.name.isdigit() and formats_in(p)), reverse=True)
     if not versions:
         hint = " It is itself a version folder: pass its parent." if formats_in(base) else ""
         raise ValueError(
             f"Invalid model_base_path={str(base)!r}: no numeric version folder with an export "
             f"(<model_base_path>/<version>/ holding {', '.join(ARTIFACTS.values())}).{hint}"
         )
-    return versions[-1]
+    return versions
+
+
+def latest_version_dir(model_base):
+    """(version, path) of the highest numeric version folder holding an export under ``model_base``."""
+    return version_dirs(model_base)[0]
 
 
 def choose_runtimes(present, runtime="auto"):
@@ -148,34 +156,170 @@ def _tensor_info(dtype, dims):
     return {"dtype": dtype, "tensor_shape": {"dim": [{"size": str(-1 if d is None else d)} for d in dims]}}
 
 
+class VersionError(Exception):
+    """A version folder that did not load: the ``file`` (relative to the folder) to blame and a one-line
+    ``reason``; ``code`` is TF Serving's error code for its status. ``str()`` is one line."""
+
+    def __init__(self, version, path, file, reason, code="UNKNOWN"):
+        super().__init__(f"version {version} ({path}): {file}: {reason}")
+        self.version, self.path, self.file, self.reason, self.code = version, path, file, reason, code
+
+
+class NoVersionLoads(RuntimeError):
+    """No version folder under a model's base path loads: one line listing each one's ``VersionError``."""
+
+    def __init__(self, name, failures):
+        super().__init__(f"no version of model '{name}' loads: " + "; ".join(map(str, failures)))
+        self.failures = failures
+
+
+# Lines of runtime error messages that say where, not what (TensorFlow's graph traces, OpenVINO's sources).
+_NOISE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "You may be trying", "Consider setting",
+          "Exception from src", "Check '")
+
+
+def one_line(error, limit=300):
+    """``Type: message`` of an exception in one line: its first line that says what went wrong."""
+    lines = [line.strip() for line in str(error).splitlines()]
+    useful = [line for line in lines if line and not line.startswith(_NOISE)] or [line for line in lines if line]
+    text = f"{type(error).__name__}: {useful[0]}" if useful else type(error).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _named_file(error, path, default):
+    """The file under ``path`` that ``error``'s message names (relative), else ``default``."""
+    root = str(path).rstrip("/") + "/"
+    for token in str(error).replace("'", " ").replace('"', " ").replace(";", " ").split():
+        if token.startswith(root):
+            return token[len(root):].rstrip(".:,") or default
+    return default
+
+
+def check_version_files(path, formats):
+    """``(file, reason, code)`` of the first file an export in ``path`` is missing or holds damaged, for
+    the ``formats`` to be loaded (and the assets every format reads); None when whole. Cheap checks of
+    what a copy cut short leaves: a missing or empty file, unparseable JSON or XML, OpenVINO weights
+    shorter than the IR needs."""
+    import json
+    import xml.etree.ElementTree as ElementTree
+
+    from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
+    from keras_preact.preprocessing import InputConfig
+
+    path = pathlib.Path(path)
+    names, preprocessing = f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{ASSETS}/{PREPROCESSING_ASSET}"
+    required = [names, preprocessing]
+    if "saved_model" in formats:
+        required += ["saved_model.pb", "variables/variables.index"]
+    required += [ARTIFACTS[f] for f in formats if f != "saved_model"]
+    if "openvino" in formats:
+        required.append("openvino/model.bin")
+    for file in required:
+        if not (path / file).is_file():
+            return file, "missing", "NOT_FOUND"
+        if (path / file).stat().st_size == 0:
+            return file, "empty", "DATA_LOSS"
+    lines = (path / names).read_text(encoding="utf-8", errors="replace").splitlines()
+    if not lines or not all(line.strip() for line in lines):
+        return names, "an empty class name (one name per line, none blank)", "DATA_LOSS"
+    try:
+        InputConfig.from_dict(json.loads((path / preprocessing).read_text(encoding="utf-8")))
+    except (ValueError, TypeError, KeyError) as error:
+        return preprocessing, one_line(error), "DATA_LOSS"
+    if "saved_model" in formats and not any((path / "variables").glob("variables.data-*")):
+        return "variables/variables.data-*", "missing", "NOT_FOUND"
+    if "openvino" in formats:
+        try:
+            root = ElementTree.parse(path / ARTIFACTS["openvino"]).getroot()
+        except ElementTree.ParseError as error:
+            return ARTIFACTS["openvino"], one_line(error), "DATA_LOSS"
+        needed = max((int(d.get("offset")) + int(d.get("size")) for d in root.iter("data")
+                      if (d.get("offset") or "").isdigit() and (d.get("size") or "").isdigit()), default=0)
+        size = (path / "openvino/model.bin").stat().st_size
+        if size < needed:
+            return "openvino/model.bin", f"{size} bytes; the IR reads {needed}", "DATA_LOSS"
+    return None
+
+
+def _blame_saved_model(error, path):
+    """The SavedModel file a load or warm-up error comes from: the one it names, the variables when it came
+    from reading the checkpoint, else saved_model.pb."""
+    import traceback
+
+    if any("checkpoint" in frame.filename for frame in traceback.extract_tb(error.__traceback__)):
+        shards = sorted(p.name for p in (pathlib.Path(path) / "variables").glob("variables.data-*"))
+        return _named_file(error, path, f"variables/{shards[0] if len(shards) == 1 else 'variables.data-*'}")
+    return _named_file(error, path, "saved_model.pb")
+
+
 class Servable:
-    """One loaded version: ``signatures`` (name -> the format that runs it), ``input_specs``,
-    ``metadata`` and ``status()`` as TF Serving answers them, and ``predict``, which raises a 400
-    ``RequestError`` for an input the model cannot take."""
+    """The newest version that loads whole, as TF Serving's latest-version policy serves it: ``version``,
+    ``path``, ``signatures`` (name -> the format that runs it), ``input_specs``, ``metadata`` and
+    ``status()`` as TF Serving answers them, and ``predict``, which raises a 400 ``RequestError`` for an
+    input the model cannot take. Versions are tried newest first; one that fails (a file missing,
+    truncated or unparseable, a runtime's load or warm-up error) is skipped with one log line naming the
+    file and the error (once an older version loads), kept in ``failed`` (a ``VersionError`` each) and reported by ``status()`` (state END).
+    None loads: ``NoVersionLoads``, one line. The runtime choice is checked on the newest version first
+    (ValueError/ImportError, as before anything loads)."""
 
     def __init__(self, name, model_base, runtime="auto"):
         if runtime not in RUNTIMES:
             raise ValueError(f"Invalid runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}.")
         self.name = name
-        self.version, self.path = latest_version_dir(model_base)
-        self.formats = formats_in(self.path)
+        versions = version_dirs(model_base)
+        choose_runtimes(formats_in(versions[0][1]), runtime)  # the flags fit the newest version (else one line)
+        self.failed = []
+        for version, path in versions:
+            try:
+                self._load(version, path, runtime)
+            except VersionError as error:
+                self.failed.append(error)
+            except (ValueError, ImportError) as error:  # this older version lacks the runtime asked for
+                self.failed.append(VersionError(version, path, ARTIFACTS.get(runtime, "?"), one_line(error), "NOT_FOUND"))
+            else:
+                for failure in self.failed:  # logged once an older version serves (else NoVersionLoads says it)
+                    logger.warning("keras-preact-serve: skipped %s", failure)
+                return
+        raise NoVersionLoads(name, self.failed)
+
+    def _load(self, version, path, runtime):
+        from serving.app import warm_up
+
+        self.version, self.path = version, path
+        self.formats = formats_in(path)
         choice = choose_runtimes(self.formats, runtime)
+        loaded = {choice["pixels"]} | ({"saved_model"} if choice["saved_model"] else set())
+        damaged = check_version_files(path, loaded)
+        if damaged is not None:
+            raise VersionError(version, path, *damaged)
         self._runners, self.input_specs, signature_defs, self.signatures = {}, {}, {}, {}
         if choice["saved_model"]:
-            saved = SavedModelSignatures(self.path)
+            try:
+                saved = SavedModelSignatures(path)
+            except Exception as error:  # noqa: BLE001 - whatever TensorFlow raises for a damaged SavedModel
+                raise VersionError(version, path, _blame_saved_model(error, path), one_line(error)) from error
             for key in saved.input_specs:
                 self._runners[key], self.signatures[key] = saved, "saved_model"
             self.input_specs.update(saved.input_specs)
             signature_defs.update(saved.signature_defs)
         if choice["pixels"] != "saved_model":
-            artifact = ArtifactSignature(self.path, choice["pixels"])
+            try:
+                artifact = ArtifactSignature(path, choice["pixels"])  # loaded and warmed up
+            except Exception as error:  # noqa: BLE001 - whatever the runtime raises for a damaged file
+                file = _named_file(error, path, ARTIFACTS[choice["pixels"]])
+                raise VersionError(version, path, file, one_line(error)) from error
             self._runners[PIXELS_SIGNATURE], self.signatures[PIXELS_SIGNATURE] = artifact, choice["pixels"]
             self.input_specs[PIXELS_SIGNATURE] = artifact.input_spec
             signature_defs.setdefault(PIXELS_SIGNATURE, artifact.signature_def)
         self.metadata = {
-            "model_spec": {"name": name, "signature_name": "", "version": str(self.version)},
+            "model_spec": {"name": self.name, "signature_name": "", "version": str(version)},
             "metadata": {"signature_def": {"signature_def": signature_defs}},
         }
+        try:
+            warm_up(self)  # a version loads only if it answers (a table or variable read lazily may fail here)
+        except Exception as error:  # noqa: BLE001
+            raise VersionError(version, path, _blame_saved_model(error, path), one_line(error)) from error
+        self.warmed_up = True
 
     def describe(self):
         """One line: which runtime runs which signature."""
@@ -184,12 +328,13 @@ class Servable:
             by_format.setdefault(fmt, []).append(signature)
         return "; ".join(f"{', '.join(sigs)} on {fmt}" for fmt, sigs in by_format.items())
 
-    def status(self):
-        return {
-            "model_version_status": [
-                {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-            ]
-        }
+    def status(self, version=None):
+        """TF Serving's ``GetModelStatus`` reply: the served version AVAILABLE and, newest first, each newer
+        one that failed to load (state END, its error); only ``version``'s entry when given."""
+        entries = [{"version": str(f.version), "state": "END",
+                    "status": {"error_code": f.code, "error_message": str(f)}} for f in self.failed]
+        entries.append({"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}})
+        return {"model_version_status": [e for e in entries if version is None or e["version"] == str(version)]}
 
     def predict(self, signature_name, inputs):
         return self._runners[signature_name].predict(signature_name, inputs)

@@ -29,8 +29,10 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import errno
 import functools
 import http
+import os
 import signal
 import socket
 import sys
@@ -42,7 +44,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from serving import batching, rest
 from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
-from serving.servable import RUNTIMES, Servable
+from serving.servable import RUNTIMES, NoVersionLoads, Servable
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
@@ -131,6 +133,28 @@ class BoundedH11Protocol(H11Protocol):
         self.transport.close()  # the app, if it was reading the body, sees the client gone
 
 
+class PortInUse(OSError):
+    """A port another process holds (``--port`` or ``--grpc-port``): one line."""
+
+    def __init__(self, host, port, flag, reason):
+        super().__init__(errno.EADDRINUSE, f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds "
+                                           f"it or pick another port (0: any free one)")
+
+    def __str__(self):
+        return self.strerror
+
+
+def port_in_use(host, port, family=socket.AF_INET):
+    """Whether binding ``host:port`` fails with EADDRINUSE (gRPC's bind error does not say why, and logs)."""
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC binds: a port in TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as error:
+            return error.errno == errno.EADDRINUSE
+    return False
+
+
 class _Uvicorn(uvicorn.Server):
     """uvicorn's server; SIGINT and SIGTERM (caught in the main thread only) drain and return, instead
     of re-raising the signal once drained as uvicorn does, so the command exits 0. With ``grpc_server``
@@ -182,7 +206,12 @@ class Server:
     def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+        try:
+            self.socket = socket.create_server((host, port), family=family, backlog=LISTEN_BACKLOG)
+        except OSError as error:
+            if error.errno == errno.EADDRINUSE:
+                raise PortInUse(host, port, "--port", error.strerror) from None
+            raise
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(
@@ -202,6 +231,8 @@ class Server:
                 return grpc_service.create_server(state, host, grpc_port)
 
             try:
+                if grpc_port and port_in_use(host, grpc_port, family):  # before gRPC's own bind logs a C++ line
+                    raise PortInUse(host, grpc_port, "--grpc-port", os.strerror(errno.EADDRINUSE))
                 self._uvicorn.grpc_server, bound = self._loop.run_until_complete(bind())
             except BaseException:
                 self.socket.close()
@@ -341,6 +372,8 @@ def main(argv=None):
         parser.error(str(error))
     except ImportError as error:  # no runtime installed for what the version holds
         parser.exit(2, f"{parser.prog}: error: {error}\n")
+    except (NoVersionLoads, PortInUse) as error:  # each skipped version was logged in one line as it failed
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     host, port = server.server_address[:2]
     model = server.model
     print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"

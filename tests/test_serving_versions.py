@@ -1,0 +1,135 @@
+"""keras-preact-serve as TF Serving treats versions, and its start-up failures in one line (issue 36,
+cases 1, 8 and 9): a half-copied newest version is skipped (one log line naming the file and the error,
+reported in the model status) and the newest whole one served; a corrupt only version, or a port in use,
+exits 1 with one line, never a traceback. Each test runs the real entry point in a subprocess."""
+
+import http.client
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
+pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
+pytest.importorskip("openvino", reason="needs OpenVINO")
+
+from keras_preact.export import export_model  # noqa: E402
+from support import CLASS_NAMES, MEAN, STD  # noqa: E402
+from support import make_export_model as make_model  # noqa: E402
+
+ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+# keras-preact-serve's own function (pyproject.toml's script; its quiet start keeps TensorFlow's C++ lines out).
+SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+    """A whole version: SavedModel, ONNX and OpenVINO side by side (auto: serving_default on OpenVINO)."""
+    return export_model(make_model(), tmp_path_factory.mktemp("exports"), name="m",
+                        formats=("saved_model", "onnx", "openvino"), class_names=CLASS_NAMES, mean=MEAN, std=STD,
+                        top_k=3)
+
+
+def truncate(path):
+    data = path.read_bytes()
+    path.write_bytes(data[:len(data) // 2])
+
+
+def remove(path):
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+
+
+# Damage done to a copy cut short (case 1), and the file the one line must name.
+DAMAGES = {
+    "variables_removed": (lambda v: remove(v / "variables"), "variables/variables.index"),
+    "saved_model_pb_truncated": (lambda v: truncate(v / "saved_model.pb"), "saved_model.pb"),
+    "variables_data_truncated": (lambda v: truncate(next((v / "variables").glob("variables.data-*"))),
+                                 "variables/variables.data-"),
+    "openvino_xml_truncated": (lambda v: truncate(v / "openvino" / "model.xml"), "openvino/model.xml"),
+    "openvino_bin_truncated": (lambda v: truncate(v / "openvino" / "model.bin"), "openvino/model.bin"),
+    "assets_removed": (lambda v: remove(v / "assets"), "assets/class_names.txt"),
+    "class_names_empty": (lambda v: (v / "assets" / "class_names.txt").write_text(""), "assets/class_names.txt"),
+    "preprocessing_broken": (lambda v: (v / "assets" / "preprocessing.json").write_text('{"input_size": [32, 32'),
+                             "assets/preprocessing.json"),
+}
+
+
+def serve(*args):
+    return subprocess.Popen([*SERVE, *map(str, args)], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+
+
+def get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    return response.status, reply
+
+
+def lines_of(text):
+    return [line for line in text.splitlines() if line.strip()]
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGES))
+def test_a_half_copied_newest_version_is_skipped_and_the_whole_one_served(whole, tmp_path, damage):
+    damage_fn, file = DAMAGES[damage]
+    base = tmp_path / "m"
+    shutil.copytree(whole, base / "1")
+    shutil.copytree(whole, base / "2")
+    damage_fn(base / "2")
+    process = serve(base, "--port", "0")
+    try:
+        line = process.stdout.readline()
+        assert "Serving model 'm' version 1" in line, (line, process.communicate(timeout=60)[1][-3000:])
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
+        code, status = get(port, "/v1/models/m")
+        assert code == 200, status
+        failed, served = status["model_version_status"]
+        assert served == {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        assert failed["version"] == "2" and failed["state"] == "END" and failed["status"]["error_code"] != "OK"
+        assert file in failed["status"]["error_message"], failed
+        assert get(port, "/v1/models/m/versions/2") == (200, {"model_version_status": [failed]})
+        code, reply = get(port, "/v1/models/m/versions/1")
+        assert code == 200 and reply == {"model_version_status": [served]}
+    finally:
+        process.terminate()
+        _, stderr = process.communicate(timeout=60)
+    skipped = [line for line in lines_of(stderr) if "version 2" in line]
+    assert len(skipped) == 1 and file in skipped[0] and str(base / "2") in skipped[0], stderr[-3000:]
+    assert "Traceback" not in stderr, stderr[-3000:]
+
+
+def test_a_corrupt_onnx_only_version_exits_1_in_one_line(whole, tmp_path):
+    """Case 8: a truncated model.onnx served with --runtime onnx, and no other version: exit 1, one line."""
+    base = tmp_path / "m"
+    (base / "1").mkdir(parents=True)
+    shutil.copytree(whole / "assets", base / "1" / "assets")
+    shutil.copy(whole / "model.onnx", base / "1" / "model.onnx")
+    truncate(base / "1" / "model.onnx")
+    result = subprocess.run([*SERVE, str(base), "--port", "0", "--runtime", "onnx"],
+                            capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 1 and result.stdout == "", result
+    (line,) = lines_of(result.stderr)
+    assert line.startswith("keras-preact-serve: error: no version of model 'm' loads: version 1 (")
+    assert "model.onnx" in line and "Protobuf parsing failed" in line, line
+
+
+@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+def test_a_port_in_use_exits_1_in_one_line(whole, tmp_path, flag):
+    """Case 9: the REST or gRPC port held by another socket: exit 1, one line naming the port."""
+    pytest.importorskip("tensorflow_serving", reason="--grpc-port needs tensorflow-serving-api")
+    shutil.copytree(whole, tmp_path / "m" / "1", ignore=shutil.ignore_patterns("openvino", "model.onnx"))
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        ports = ["--port", port] if flag == "--port" else ["--port", "0", "--grpc-port", port]
+        result = subprocess.run([*SERVE, str(tmp_path / "m"), *map(str, ports)],
+                                capture_output=True, text=True, timeout=300, env=ENV)
+    assert result.returncode == 1 and result.stdout == "", result
+    (line,) = lines_of(result.stderr)
+    assert line.startswith(f"keras-preact-serve: error: port {port} is in use ({flag}, 127.0.0.1:{port}"), line
