@@ -41,13 +41,26 @@ def use_normalization(kind):
         axis=axis, epsilon=epsilon, momentum=momentum, **kw)
 
 
-def build_step_model(normalization="fused"):
+def use_convolution(kind):
+    """Models built from now on get the library's ``Conv2D`` (``"fast"``: no layout copies on PyTorch, the
+    default) or Keras' own (``"keras"``: the library before it) wherever the builders make a conv."""
+    from keras_preact.layers import convolution, residual_unit, unit_config
+    from keras_preact.models import backbone
+
+    layer = {"fast": convolution.Conv2D, "keras": keras.layers.Conv2D}[kind]
+    for module in (residual_unit, unit_config, backbone):
+        module.Conv2D = layer
+
+
+def build_step_model(normalization="fused", convolution="fast"):
     """The compiled model of ``keras-preact-train``'s short CIFAR preset and one random batch."""
     use_normalization(normalization)
+    use_convolution(convolution)
     config = configs.get_config("cifar10-folder-resnet20-short", data_dir="unused")
     resolved = schedules.resolve(config, 50000)
     _, model = model_lib.build_model(config, 10, resolved, pipeline="numpy")  # float input, as tf_data
     use_normalization("fused")
+    use_convolution("fast")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, BATCH)

@@ -6,4 +6,7 @@ from keras_preact.layers.options import BLOCKS, ORDERINGS, SHORTCUT_TYPES, SHORT
 from keras_preact.layers.residual_unit import ResidualUnit, Step, UnitPlan
 from keras_preact.layers.unit_config import UnitConfig
 
-__all__ = ["BatchNormalization", "Conv2D", "ResidualUnit", "Step", "UnitPlan", "UnitConfig", "ORDERINGS", "SHORTCUTS", "SHORTCUT_TYPES", "BLOCKS"]
+__all__ = [
+    "BatchNormalization", "Conv2D", "ResidualUnit", "Step", "UnitPlan", "UnitConfig", "ORDERINGS", "SHORTCUTS",
+    "SHORTCUT_TYPES", "BLOCKS",
+]
