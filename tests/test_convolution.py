@@ -110,6 +110,8 @@ def test_outputs_and_gradients_equal_keras(kernel_size, strides, padding, use_bi
     ({"kernel_size": 3, "data_format": "channels_first", "padding": "same"}, (4, 6, 9, 9)),
 ])
 def test_other_calls_take_keras_path(kwargs, shape, rng, fast_calls):
+    if kwargs.get("data_format") == "channels_first" and keras.backend.backend() == "tensorflow":
+        pytest.skip("TensorFlow's CPU Conv2D supports NHWC only (Keras' layer fails alike)")
     theirs, ours = pair(shape, rng, filters=4, **kwargs)
     x = rng.normal(size=shape).astype("float32")
     np.testing.assert_array_equal(to_numpy(ours(x)), to_numpy(theirs(x)))
