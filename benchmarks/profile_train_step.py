@@ -9,6 +9,7 @@ table shows what Keras adds (layout copies, unfused batch-norm arithmetic, per-o
 
     KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5
     KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --normalization keras  # before issue 35
+    KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --convolution keras  # Keras' Conv2D
 """
 
 import argparse
@@ -41,21 +42,34 @@ def use_normalization(kind):
         axis=axis, epsilon=epsilon, momentum=momentum, **kw)
 
 
-def build_step_model(normalization="fused"):
+def use_convolution(kind):
+    """Models built from now on get the library's ``Conv2D`` (``"fast"``: no layout copies on PyTorch, the
+    default) or Keras' own (``"keras"``: the library before it) wherever the builders make a conv."""
+    from keras_preact.layers import convolution, residual_unit, unit_config
+    from keras_preact.models import backbone
+
+    layer = {"fast": convolution.Conv2D, "keras": keras.layers.Conv2D}[kind]
+    for module in (residual_unit, unit_config, backbone):
+        module.Conv2D = layer
+
+
+def build_step_model(normalization="fused", convolution="fast"):
     """The compiled model of ``keras-preact-train``'s short CIFAR preset and one random batch."""
     use_normalization(normalization)
+    use_convolution(convolution)
     config = configs.get_config("cifar10-folder-resnet20-short", data_dir="unused")
     resolved = schedules.resolve(config, 50000)
     _, model = model_lib.build_model(config, 10, resolved, pipeline="numpy")  # float input, as tf_data
     use_normalization("fused")
+    use_convolution("fast")
     rng = np.random.default_rng(0)
     x = rng.normal(size=(BATCH, 32, 32, 3)).astype("float32")
     y = rng.integers(0, 10, BATCH)
     return model, x, y
 
 
-def keras_step(steps, normalization="fused"):
-    model, x, y = build_step_model(normalization)
+def keras_step(steps, normalization="fused", convolution="fast"):
+    model, x, y = build_step_model(normalization, convolution)
     for _ in range(3):
         model.train_on_batch(x, y)
         model.predict_on_batch(x)
@@ -113,11 +127,13 @@ def main(argv=None):
     p.add_argument("--rows", type=int, default=14, help="operators listed (PyTorch)")
     p.add_argument("--normalization", choices=NORMALIZATIONS, default="fused",
                    help="normalization='batch' as the library's BatchNormalization or Keras' own (before issue 35)")
+    p.add_argument("--convolution", choices=("fast", "keras"), default="fast",
+                   help="Conv2D as the library's (no layout copies on PyTorch) or Keras' own (before it)")
     args = p.parse_args(argv)
     backend = keras.backend.backend()
-    model, x, y, timings = keras_step(args.steps, args.normalization)
+    model, x, y, timings = keras_step(args.steps, args.normalization, args.convolution)
     print(f"backend {backend}, keras {keras.__version__}, batch {BATCH}, {args.steps} steps after 3 warm-up steps, "
-          f"{args.normalization} batch normalization")
+          f"{args.normalization} batch normalization, {args.convolution} Conv2D")
     for name, ms in timings.items():
         print(f"  {name:<28} {ms:8.1f} ms  ({BATCH / ms * 1000:7.1f} img/s)")
     print(f"  {'the rest of the step':<28} {timings['train step'] - timings['forward (predict_on_batch)']:8.1f} ms")

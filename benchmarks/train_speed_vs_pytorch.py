@@ -101,8 +101,10 @@ def step_child(args):
 
     steps = {}
     for normalization in args.normalizations:
-        model, x, y = build_step_model(normalization)
-        steps[normalization] = lambda model=model, x=x, y=y: model.train_on_batch(x, y)
+        for convolution in args.convolutions:
+            model, x, y = build_step_model(normalization, convolution)
+            name = normalization if args.convolutions == ["fast"] else f"{normalization}/{convolution}-conv"
+            steps[name] = lambda model=model, x=x, y=y: model.train_on_batch(x, y)
     if importlib.util.find_spec("torch") is not None:
         steps[REFERENCE] = reference_step()
     times = {name: [] for name in steps}
@@ -129,7 +131,8 @@ def steps_only(args):
             continue
         env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": backend}
         argv = [python, str(pathlib.Path(__file__).resolve()), "--step-child", "--rounds", str(args.rounds),
-                "--steps", str(args.steps), "--normalizations", *args.normalizations]
+                "--steps", str(args.steps), "--normalizations", *args.normalizations,
+                "--convolutions", *args.convolutions]
         done = subprocess.run(argv, cwd=REPO, env=env, capture_output=True, text=True)
         lines = [line for line in done.stdout.splitlines() if line.startswith("STEP-FIGURES ")]
         if done.returncode != 0 or not lines:
@@ -277,6 +280,9 @@ def parse_args(argv=None):
                    choices=["auto", "tensorflow", "jax", "torch"])
     p.add_argument("--pipelines", nargs="+", default=["tf_data", "device", "numpy"],
                    choices=["tf_data", "device", "numpy"])
+    p.add_argument("--convolutions", nargs="+", default=["fast"], choices=["fast", "keras"],
+                   help="--steps-only: Conv2D as the library's (fast: no layout copies on PyTorch, the default) "
+                        "and/or Keras' own (keras: the library before it)")
     p.add_argument("--normalizations", nargs="+", default=["fused"], choices=["fused", "keras"],
                    help="normalization='batch' as the library's BatchNormalization (fused, the default) and/or "
                         "Keras' own (keras: the library before issue 35)")

@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_preact.layers import options as opt
+from keras_preact.layers.convolution import Conv2D
 from keras_preact.layers.unit_config import UnitConfig
 
 
@@ -237,7 +238,7 @@ class ResidualUnit(keras.layers.Layer):
         o = self.options
         if o.shortcut_spec.gate not in opt.GATES:
             return None
-        return self._track(keras.layers.Conv2D(
+        return self._track(Conv2D(
             self.filters, 1, strides=self.strides, activation="sigmoid",
             bias_initializer=keras.initializers.Constant(o.shortcut_options["gate_bias_init"]),
             kernel_initializer=opt.get_kernel_initializer(o.kernel_initializer), kernel_regularizer=self._regularizer,

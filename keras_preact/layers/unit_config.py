@@ -12,6 +12,7 @@ import dataclasses
 import keras
 
 from keras_preact.layers import options as opt
+from keras_preact.layers.convolution import Conv2D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -164,7 +165,7 @@ class UnitConfig:
         """A conv of the unit: "same" padding unless strided (the caller pads), its own kernel initializer
         (zeros where ``zero``), ``regularizer`` (``kernel_regularizer`` resolved once per unit)."""
         initializer = keras.initializers.Zeros() if zero else opt.get_kernel_initializer(self.kernel_initializer)
-        return keras.layers.Conv2D(
+        return Conv2D(
             filters, kernel_size, strides=strides, padding="same" if strides == 1 else "valid", use_bias=use_bias,
             kernel_initializer=initializer, kernel_regularizer=regularizer, data_format=data_format, name=name,
             dtype=dtype,

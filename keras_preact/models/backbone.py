@@ -14,6 +14,7 @@ import keras
 
 from keras_preact.layers import ResidualUnit, UnitConfig
 from keras_preact.layers import options as opt
+from keras_preact.layers.convolution import Conv2D
 from keras_preact.models import remat as remat_lib
 
 UNIT_OPTIONS = UnitConfig.names()
@@ -133,7 +134,7 @@ def _stem(x, spec, unit_config, *, filters, bias, ops, axis, data_format, dtype)
     """The stem conv (``spec``), its ``ops`` (norm/act made from ``unit_config``), the max-pool."""
     if spec.explicit_padding:
         x = keras.layers.ZeroPadding2D(spec.kernel_size // 2, data_format=data_format, name="stem_pad", dtype=dtype)(x)
-    x = keras.layers.Conv2D(
+    x = Conv2D(
         filters,
         spec.kernel_size,
         strides=spec.strides,

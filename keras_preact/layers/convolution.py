@@ -1,0 +1,72 @@
+"""Keras' ``Conv2D`` without the layout copies of Keras' PyTorch ``conv`` where that is measured faster.
+
+Keras 3.15's torch ``conv()`` turns a ``channels_last`` (NHWC) input into an NCHW-contiguous tensor
+(``permute(...).contiguous()``, a copy), then back into ``channels_last`` memory
+(``contiguous(memory_format=torch.channels_last)``, a second copy), and autograd replays both copies
+for the gradient. A bare ``permute(0, 3, 1, 2)`` of an NHWC tensor already *is* a ``channels_last``
+NCHW tensor, so ``torch.nn.functional.conv2d`` can take it as it is, and its output permuted back is a
+contiguous NHWC tensor: no copy either way.
+
+``Conv2D`` here is a subclass of Keras' layer with the same constructor, variables, config and saved
+paths (Keras names a layer's weights in a file after the snake-cased class name, so the class keeps
+Keras' name: ``.keras`` and ``.weights.h5`` files move between the two layers unchanged). Its
+``convolution_op`` takes the backend's fast path when the backend has an entry in ``FAST_CONV`` and the
+call is one it covers, and Keras' own ``convolution_op`` everywhere else.
+
+The PyTorch fast path covers 4-D ``channels_last`` inputs, ``groups=1``, no dilation, and padding
+``"valid"`` (0) or ``"same"`` where Keras' ``_apply_same_padding`` would pass a symmetric padding to
+torch: stride 1 and an odd kernel (``k // 2`` each side). Anything else (even kernels or strides with
+``"same"``, ``channels_first``, dilation, groups, quantized layers, TensorFlow, JAX) is Keras' path.
+Measured with ``benchmarks/conv_kernels.py`` (forward + backward, batch 128, ResNet-20's shapes).
+"""
+
+import keras
+
+
+def _torch_conv2d(inputs, kernel, strides, padding, data_format, dilation_rate):
+    """NHWC conv2d through channels_last views; None where it does not apply."""
+    import torch
+    import torch.nn.functional as F
+
+    if data_format != "channels_last" or tuple(dilation_rate) != (1, 1):
+        return None
+    if not isinstance(inputs, torch.Tensor) or inputs.ndim != 4:
+        return None
+    kernel = keras.ops.convert_to_tensor(kernel)
+    if kernel.ndim != 4 or kernel.shape[2] != inputs.shape[3] or kernel.dtype != inputs.dtype:
+        return None  # groups > 1, or a dtype Keras' path would reconcile
+    kh, kw = kernel.shape[0], kernel.shape[1]
+    strides = tuple(strides)
+    if padding == "valid":
+        pad = (0, 0)
+    elif padding == "same" and strides == (1, 1) and kh % 2 == 1 and kw % 2 == 1:
+        pad = (kh // 2, kw // 2)
+    else:
+        return None
+    x = inputs.permute(0, 3, 1, 2)  # a view: NHWC memory seen as channels_last NCHW
+    # (kh, kw, in, out) -> (out, in, kh, kw) in channels_last memory, as Keras and torch.nn.Conv2d use it
+    # (a copy of the small kernel; the permuted view alone measured slower, benchmarks/conv_kernels.py).
+    w = kernel.permute(3, 2, 0, 1).contiguous(memory_format=torch.channels_last)
+    y = F.conv2d(x, w, stride=strides, padding=pad)
+    return y.permute(0, 2, 3, 1)  # channels_last NCHW output seen as NHWC: contiguous, no copy
+
+
+# backend name -> fast conv (inputs, kernel, strides, padding, data_format, dilation_rate) or None.
+FAST_CONV = {"torch": _torch_conv2d}
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class Conv2D(keras.layers.Conv2D):
+    """``keras.layers.Conv2D`` without Keras' layout copies on PyTorch (module docstring).
+
+    Same arguments, variables, config and weights files as Keras' layer; only how the convolution is
+    called differs.
+    """
+
+    def convolution_op(self, inputs, kernel):
+        fast = FAST_CONV.get(keras.backend.backend())
+        if fast is not None and self.groups == 1 and getattr(self, "quantization_mode", None) is None:
+            outputs = fast(inputs, kernel, self.strides, self.padding, self.data_format, self.dilation_rate)
+            if outputs is not None:
+                return outputs
+        return super().convolution_op(inputs, kernel)
