@@ -17,9 +17,15 @@ Pillow and cached as ``.npy``. Augmentation runs on whole batches in torch on th
 worker processes: on a 2-core machine they would take cores from the step).
 
 Writes ``history.csv`` (epoch, loss, accuracy, val_loss, val_accuracy, lr, train_seconds,
-eval_seconds; the columns keras-preact's ``history.csv`` has) and ``metrics.json`` to ``--out``.
+eval_seconds; the columns keras-preact's ``history.csv`` has) and ``metrics.json`` to ``--out``, and at every
+epoch end ``checkpoint.pt`` (model, optimizer, augmentation generator, history: about 2 MB for ResNet-20, written
+to a temporary name and renamed). The same command re-run on ``--out`` resumes after the last finished epoch,
+on this machine or another one that has the folder (commit ``--out``'s three small files), with the
+weights of a run that never stopped.
 
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --epochs 15 --out /tmp/ref
+    python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --total-steps 64000 \
+        --schedule piecewise --out runs/ref-paper-seed0     # the paper's length, as preset cifar10-folder-resnet20-paper
 """
 
 import argparse
@@ -29,6 +35,7 @@ import json
 import math
 import os
 import pathlib
+import signal
 import sys
 import time
 
@@ -194,6 +201,8 @@ def parse_args(argv=None):
     p.add_argument("--cache-dir", default=os.path.join(os.path.expanduser("~"), ".cache", "keras_preact"))
     p.add_argument("--depth", type=int, default=20)
     p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--total-steps", type=int, default=None,
+                   help="iterations in all (the last epoch partial), instead of --epochs; 64000 is the paper's")
     p.add_argument("--steps-per-epoch", type=int, default=None, help="default: train size // batch")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--eval-batch-size", type=int, default=None, help="default: --batch-size")
@@ -209,8 +218,8 @@ def parse_args(argv=None):
     p.add_argument("--stop-at-accuracy", type=float, default=None,
                    help="stop after the first epoch whose test accuracy reaches this (time to accuracy)")
     args = p.parse_args(argv)
-    for name in ("depth", "epochs", "batch_size"):
-        if getattr(args, name) < 1:
+    for name in ("depth", "epochs", "batch_size", "total_steps"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
     return args
 
@@ -234,21 +243,36 @@ def main(argv=None):
     step_fn = torch.compile(model) if args.compile else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     steps_per_epoch = args.steps_per_epoch or len(train_y) // args.batch_size
-    total = args.epochs * steps_per_epoch
+    total = args.total_steps or args.epochs * steps_per_epoch
+    epochs = math.ceil(total / steps_per_epoch)
     warmup = round(args.warmup_fraction * total)
     eval_batch = args.eval_batch_size or args.batch_size
     generator = torch.Generator().manual_seed(args.seed)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    rows, step, first_epoch = [], 0, 0
+    checkpoint = out / CHECKPOINT
+    if checkpoint.is_file():
+        state = torch.load(checkpoint, weights_only=False)
+        if state["run"] != _run_key(args, total):
+            raise SystemExit(f"reference_torch_cifar: --out {out} holds a run of {state['run']}, this command "
+                             f"trains {_run_key(args, total)}; pass another --out")
+        model.load_state_dict(state["model"])
+        optimizer.load_state_dict(state["optimizer"])
+        generator.set_state(state["generator"])
+        rows, step, first_epoch = state["rows"], state["step"], len(state["rows"])
+        print(f"[reference] resuming at step {step} (epoch {first_epoch}) from {checkpoint}", flush=True)
     print(f"[reference] torch {torch.__version__}, {torch.get_num_threads()} threads, pre-act ResNet-{args.depth} "
           f"({sum(p.numel() for p in model.parameters()):,} params), {len(train_y)} train images, "
-          f"{args.epochs} epochs x {steps_per_epoch} steps, batch {args.batch_size}, "
+          f"{total} iterations ({epochs} epochs x {steps_per_epoch} steps), batch {args.batch_size}, "
           f"channels_last={args.channels_last}, compile={args.compile}", flush=True)
-    rows, step, started = [], 0, time.time()
-    for epoch in range(args.epochs):
+    started = time.time()
+    stopped_early = args.stop_at_accuracy is not None and rows and rows[-1]["val_accuracy"] >= args.stop_at_accuracy
+    for epoch in range(first_epoch, 0 if stopped_early else epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
         t0, loss_sum, correct = time.perf_counter(), 0.0, 0
-        for i in range(steps_per_epoch):
+        epoch_steps = min(steps_per_epoch, total - step)
+        for i in range(epoch_steps):
             index = order[(i * args.batch_size) % len(order):][:args.batch_size]
             x = augment(normalize(train_x[index], args.channels_last), generator, args.channels_last)
             y = torch.from_numpy(train_y[index])
@@ -267,24 +291,48 @@ def main(argv=None):
         t0 = time.perf_counter()
         val_loss, val_acc = evaluate(step_fn, test_x, test_y, eval_batch, args.channels_last)
         eval_seconds = time.perf_counter() - t0
-        rows.append(dict(epoch=epoch, loss=loss_sum / steps_per_epoch,
-                         accuracy=correct / (steps_per_epoch * args.batch_size), val_loss=val_loss,
+        rows.append(dict(epoch=epoch, loss=loss_sum / epoch_steps,
+                         accuracy=correct / (epoch_steps * args.batch_size), val_loss=val_loss,
                          val_accuracy=val_acc, lr=lr, train_seconds=train_seconds, eval_seconds=eval_seconds))
-        print(f"[reference] epoch {epoch + 1}/{args.epochs}: loss {rows[-1]['loss']:.4f} acc "
+        print(f"[reference] epoch {epoch + 1}/{epochs}: loss {rows[-1]['loss']:.4f} acc "
               f"{rows[-1]['accuracy']:.4f} val_loss {val_loss:.4f} val_acc {val_acc:.4f} | train "
-              f"{steps_per_epoch * args.batch_size / train_seconds:.1f} img/s, eval "
+              f"{epoch_steps * args.batch_size / train_seconds:.1f} img/s, eval "
               f"{len(test_y) / eval_seconds:.1f} img/s", flush=True)
         _write_history(out / "history.csv", rows)
+        _save(checkpoint, dict(run=_run_key(args, total), model=model.state_dict(),
+                               optimizer=optimizer.state_dict(), generator=generator.get_state(), rows=rows,
+                               step=step))
+        if os.environ.get(TEST_KILL_ENV) == str(epoch + 1):  # test hook: a machine lost after this epoch
+            os.kill(os.getpid(), signal.SIGKILL)
         if args.stop_at_accuracy is not None and val_acc >= args.stop_at_accuracy:
             break
     metrics = dict(test_accuracy=rows[-1]["val_accuracy"], test_loss=rows[-1]["val_loss"], epochs=len(rows),
-                   steps=step, wall_time_s=round(time.time() - started, 1), torch=torch.__version__,
+                   steps=step, train_seconds=round(sum(r["train_seconds"] for r in rows), 1),
+                   eval_seconds=round(sum(r["eval_seconds"] for r in rows), 1),
+                   wall_time_s=round(time.time() - started, 1), torch=torch.__version__,
                    threads=torch.get_num_threads(), channels_last=args.channels_last, compile=args.compile,
                    depth=args.depth, seed=args.seed)
     tmp = out / f"metrics.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(metrics, indent=2))
     os.replace(tmp, out / "metrics.json")
     return metrics
+
+
+CHECKPOINT = "checkpoint.pt"
+TEST_KILL_ENV = "REFERENCE_TEST_KILL_AFTER_EPOCH"
+
+
+def _run_key(args, total):
+    """What a resume must keep: the network, data stream and recipe (not threads, not where things live)."""
+    return dict(depth=args.depth, total_steps=total, steps_per_epoch=args.steps_per_epoch,
+                batch_size=args.batch_size, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
+                seed=args.seed, channels_last=args.channels_last)
+
+
+def _save(path, state):
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
 
 
 def _write_history(path, rows):

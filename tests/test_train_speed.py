@@ -83,6 +83,63 @@ def test_reference_trains_and_writes_the_history_columns_of_ours(tmp_path):
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["steps"] == metrics["steps"] == 4
 
 
+def _reference_command(data, out, *extra):
+    return [sys.executable, str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", str(data),
+            "--out", str(out), "--cache-dir", str(out.parent / "cache"), "--total-steps", "7",
+            "--steps-per-epoch", "2", "--batch-size", "4", "--depth", "8", "--schedule", "piecewise", *extra]
+
+
+@needs_torch
+def test_reference_stopped_after_an_epoch_resumes_elsewhere_with_the_weights_of_a_straight_run(tmp_path):
+    """The reference at the paper's length spans machines too: its three files carried to another folder
+    resume there, the last epoch partial (7 iterations = 3 epochs of 2 + 1), equal to a run never stopped."""
+    import torch
+
+    data = write_folder(tmp_path / "data", per_class=4)
+    env = {**__import__("os").environ, "REFERENCE_TEST_KILL_AFTER_EPOCH": "2"}
+    killed = subprocess.run(_reference_command(data, tmp_path / "first"), env=env, capture_output=True, text=True,
+                            timeout=300)
+    assert killed.returncode == -9, killed.stderr[-2000:]
+    assert sorted(p.name for p in (tmp_path / "first").iterdir()) == ["checkpoint.pt", "history.csv"]
+    moved = tmp_path / "second"
+    moved.mkdir()
+    for name in ("checkpoint.pt", "history.csv"):
+        (moved / name).write_bytes((tmp_path / "first" / name).read_bytes())
+    resumed = subprocess.run(_reference_command(data, moved), capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "resuming at step 4 (epoch 2)" in resumed.stdout
+    straight = subprocess.run(_reference_command(data, tmp_path / "straight"), capture_output=True, text=True,
+                              timeout=300)
+    assert straight.returncode == 0, straight.stderr[-2000:]
+    a, b = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (moved, tmp_path / "straight"))
+    assert a["step"] == b["step"] == 7 and [r["epoch"] for r in a["rows"]] == [0, 1, 2, 3]
+    for key, value in b["model"].items():
+        assert torch.equal(a["model"][key], value), key
+    for column in ("loss", "val_accuracy"):
+        assert [r[column] for r in a["rows"]] == [r[column] for r in b["rows"]]
+    metrics = json.loads((moved / "metrics.json").read_text())
+    assert metrics["steps"] == 7 and metrics["epochs"] == 4
+
+    other = subprocess.run(_reference_command(data, moved, "--seed", "1"), capture_output=True, text=True, timeout=300)
+    assert other.returncode != 0 and "holds a run of" in other.stderr and "pass another --out" in other.stderr
+
+
+@needs_torch
+def test_reference_at_the_papers_length_has_the_paper_presets_schedule():
+    """--total-steps 64000 --schedule piecewise is preset cifar10-folder-resnet20-paper: warm-up to 400, /10 at
+    32k and 48k, 164 whole epochs of 390 and a last one of 40."""
+    from benchmarks import reference_torch_cifar as ref
+    from training.recipe import configs, schedules
+
+    config = configs.get_config("cifar10-folder-resnet20-paper", needs_data=False)
+    resolved = schedules.resolve(config, 50000)
+    assert (resolved.total_steps, resolved.warmup_steps, resolved.boundaries) == (64000, 400, (32000, 48000))
+    ours = schedules.make(config, resolved)
+    warmup = round(400 / 64000 * 64000)
+    for step in (0, 399, 400, 31999, 32000, 47999, 48000, 63999):
+        assert ref.piecewise_learning_rate(step, 64000, warmup) == pytest.approx(float(ours(step)), rel=1e-6)
+
+
 @needs_torch
 def test_reference_learning_rate_is_keras_cosine_decay_with_warmup():
     from benchmarks import reference_torch_cifar as ref

@@ -192,6 +192,7 @@ def prepare(run, data):
     for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)
     run.backup = read_backup(run.run_dir / "checkpoints" / "backup")  # the chief's: every worker resumes from it
+    resume.check_classes(run.run_dir, run.data.class_names, run.backup)
     if run.may_stop_finished:
         done = run_state.finished(run.run_dir, config, run.resolved.total_steps, run.backup)
         if done is not None:

@@ -5,7 +5,9 @@ Fields that change the model or the data stream (architecture, depth, unit optio
 normalization, batch, seed, schedule, ...) must match, or ``check`` raises one line listing each
 difference (the manifest is left as it was). The fields in ``MAY_CHANGE`` (verbosity, checkpoint
 frequency, ``--health-every``, compilation, rematerialisation, ``--memory-limit``, export options, where the
-run lives) may change; the new values are printed and the manifest records them.
+run and its data live) may change; the new values are printed and the manifest records them. Data found
+elsewhere must hold the run's classes (``check_classes``), so a run carried to another machine
+(``training.carry``) resumes on the same data set.
 """
 
 import dataclasses
@@ -16,7 +18,8 @@ from .manifest import FILENAME, RunManifest
 from .run_dir import read_backup
 
 MAY_CHANGE = ("paper", "verbose", "checkpoint_every", "health_every", "jit_compile", "steps_per_execution",
-              "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir", "memory_limit")
+              "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir", "memory_limit",
+              "data_dir", "manual_dir")  # where the data lives: another machine (training.carry); its classes are checked
 
 
 def _plain(config):
@@ -53,3 +56,16 @@ def check(run_dir, config):
         )
     if changes:
         print(f"[train] changed on resume, as allowed: {_listed(changes)}", flush=True)
+
+
+def check_classes(run_dir, class_names, backup):
+    """ValueError (one line) when a resumed run's data has other classes than its manifest records."""
+    run_dir = pathlib.Path(run_dir)
+    if backup is None or not (run_dir / FILENAME).is_file():
+        return
+    recorded = tuple(RunManifest.read(run_dir).class_names or ())
+    if recorded and recorded != tuple(class_names):
+        raise ValueError(
+            f"Invalid resume of run_dir={str(run_dir)!r}: the data has classes {list(class_names)}, the run was "
+            f"trained on {list(recorded)}; pass the --data-dir of the run's data set."
+        )
