@@ -14,14 +14,16 @@ typed value fields (``float_val``, ``int_val``...: ``Tensor::AsProtoField``), no
 Errors quote what the client sent only as a short repr (``_short``), and every RPC is counted in the
 metrics (``api`` ``grpc:...``, ``code`` the gRPC status name). The limits on the gRPC side:
 a message over ``max_body_bytes`` is refused by gRPC itself (RESOURCE_EXHAUSTED, before it is parsed),
-at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a connection idle for
-``request_timeout`` is closed. A tensor's dtype and shape are checked from its header, the batch
-against ``max_batch_size``, before its values are read; encoded images are bounded from their headers
-(``rest.check_encoded_images``). A model not loaded yet, or a server draining, answers UNAVAILABLE.
+at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a request message must arrive
+within ``request_timeout`` (DEADLINE_EXCEEDED: ``RequestDeadline``), a connection idle that long is
+closed. A tensor's dtype and shape are checked from its header, the batch against ``max_batch_size``,
+before its values are read; encoded images are bounded from their headers (``rest.check_encoded_images``).
+A model not loaded yet, or a server draining, answers UNAVAILABLE.
 
 Needs TensorFlow (the API's protos are TensorFlow's): ``pip install 'keras-preact[grpc]'``.
 """
 
+import asyncio
 import time
 
 import grpc
@@ -253,11 +255,40 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
     Classify = Regress = MultiInference = HandleReloadConfigRequest = _unimplemented
 
 
+class RequestDeadline(grpc.aio.ServerInterceptor):
+    """A unary RPC's request message must arrive within ``timeout`` seconds, or the RPC ends with
+    DEADLINE_EXCEEDED. gRPC counts an RPC against ``maximum_concurrent_rpcs`` from its headers on and
+    bounds neither the wait for its message nor a call without a client deadline, so clients that send
+    headers and no message would hold every slot (REST's ``server.BoundedH11Protocol`` deadline, for gRPC).
+    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself."""
+
+    def __init__(self, timeout):
+        self.timeout = timeout
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+
+        async def behavior(requests, context):
+            try:
+                request = await asyncio.wait_for(anext(requests), self.timeout)
+            except asyncio.TimeoutError:
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"The request did not arrive within {self.timeout:g} s.")
+            except StopAsyncIteration:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
+            return await handler.unary_unary(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(behavior, handler.request_deserializer, handler.response_serializer)
+
+
 def create_server(state, host, port):
     """A grpc.aio server of ``state`` bound to ``host:port`` (0: a free port), not started; call it in
     the event loop that will serve it. (server, port bound); OSError when the port cannot be bound."""
     limits = state.limits
-    server = grpc.aio.server(maximum_concurrent_rpcs=limits.max_connections, options=[
+    server = grpc.aio.server(interceptors=[RequestDeadline(limits.request_timeout)],
+                             maximum_concurrent_rpcs=limits.max_connections, options=[
         ("grpc.max_receive_message_length", limits.max_body_bytes),
         ("grpc.max_connection_idle_ms", int(limits.request_timeout * 1000)),
         ("grpc.so_reuseport", 0),  # a port in use is an error, not shared

@@ -405,6 +405,48 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
 
 
 @needs_grpc
+def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(exported):
+    """Issue 36, case 4: a Predict call whose client sends its headers and never its message (a request
+    iterator that blocks: no DATA frame) held one of the ``max_connections`` slots until the client gave
+    up; it ends with DEADLINE_EXCEEDED at the server's ``request_timeout`` (no client deadline), normal
+    calls are answered meanwhile, and once both slots were held by stuck calls, again after."""
+    from serving.server import make_server
+
+    timeout = 1.0
+    server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, request_timeout=timeout)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.grpc_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    release = threading.Event()
+
+    def nothing():  # the request message never comes (until the test ends)
+        release.wait(60)
+        yield from ()
+
+    open_stuck = channel.stream_unary("/tensorflow.serving.PredictionService/Predict",
+                                      request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                                      response_deserializer=predict_pb2.PredictResponse.FromString).future
+    try:
+        started = time.monotonic()
+        first = open_stuck(nothing())
+        time.sleep(0.2)
+        assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # a slot is free
+        second = open_stuck(nothing())  # both slots held by calls that send nothing
+        for stuck in (first, second):
+            assert stuck.exception(timeout + 5) is not None, "the stuck call was not ended by the server"
+            assert stuck.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (stuck.code(), stuck.details())
+            assert "did not arrive within 1 s" in stuck.details()
+        assert timeout <= time.monotonic() - started < timeout + 5
+        assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # the slots were freed
+    finally:
+        release.set()
+        channel.close()
+        server.shutdown()
+        server.server_close()
+
+
+@needs_grpc
 def test_a_model_not_loaded_yet_is_unavailable():
     import asyncio
 
