@@ -51,9 +51,8 @@ STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status
     503: grpc.StatusCode.UNAVAILABLE,
 }
 # TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
-PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "int32": "int_val",
-                "int16": "int_val", "int8": "int_val", "uint8": "int_val", "uint16": "int_val",
-                "uint32": "uint32_val", "uint64": "uint64_val", "bool": "bool_val"}
+PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "uint32": "uint32_val",
+                "uint64": "uint64_val", "bool": "bool_val", **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val")}
 
 
 def _short(value, limit=40):
@@ -260,10 +259,11 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
     DEADLINE_EXCEEDED. gRPC counts an RPC against ``maximum_concurrent_rpcs`` from its headers on and
     bounds neither the wait for its message nor a call without a client deadline, so clients that send
     headers and no message would hold every slot (REST's ``server.BoundedH11Protocol`` deadline, for gRPC).
-    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself."""
+    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself. Counted
+    in the metrics as REST's body that does not arrive is (no route, model or signature known yet)."""
 
-    def __init__(self, timeout):
-        self.timeout = timeout
+    def __init__(self, state):
+        self.state, self.timeout = state, state.limits.request_timeout
 
     async def intercept_service(self, continuation, handler_call_details):
         handler = await continuation(handler_call_details)
@@ -274,6 +274,7 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
             try:
                 request = await asyncio.wait_for(anext(requests), self.timeout)
             except asyncio.TimeoutError:
+                self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
                                     f"The request did not arrive within {self.timeout:g} s.")
             except StopAsyncIteration:
@@ -287,7 +288,7 @@ def create_server(state, host, port):
     """A grpc.aio server of ``state`` bound to ``host:port`` (0: a free port), not started; call it in
     the event loop that will serve it. (server, port bound); OSError when the port cannot be bound."""
     limits = state.limits
-    server = grpc.aio.server(interceptors=[RequestDeadline(limits.request_timeout)],
+    server = grpc.aio.server(interceptors=[RequestDeadline(state)],
                              maximum_concurrent_rpcs=limits.max_connections, options=[
         ("grpc.max_receive_message_length", limits.max_body_bytes),
         ("grpc.max_connection_idle_ms", int(limits.request_timeout * 1000)),

@@ -409,7 +409,8 @@ def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(expor
     """Issue 36, case 4: a Predict call whose client sends its headers and never its message (a request
     iterator that blocks: no DATA frame) held one of the ``max_connections`` slots until the client gave
     up; it ends with DEADLINE_EXCEEDED at the server's ``request_timeout`` (no client deadline), normal
-    calls are answered meanwhile, and once both slots were held by stuck calls, again after."""
+    calls are answered meanwhile, and once both slots were held by stuck calls, again after; each is counted
+    in the metrics as a REST body that does not arrive is (no route known)."""
     from serving.server import make_server
 
     timeout = 1.0
@@ -439,6 +440,9 @@ def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(expor
             assert "did not arrive within 1 s" in stuck.details()
         assert timeout <= time.monotonic() - started < timeout + 5
         assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # the slots were freed
+        total = "keras_preact_serving_requests_total"
+        counted = metric_samples(server.server_address[1])
+        assert counted[(total, frozenset(dict(model="", api="", signature="", code="DEADLINE_EXCEEDED").items()))] == 2
     finally:
         release.set()
         channel.close()
