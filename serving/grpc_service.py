@@ -11,7 +11,7 @@ error becomes a gRPC status (``STATUS_CODES``: 400 INVALID_ARGUMENT, 404 NOT_FOU
 RESOURCE_EXHAUSTED, 503 UNAVAILABLE); as in TF Serving's predict_util.cc, an unknown signature is
 FAILED_PRECONDITION, a duplicate ``output_filter`` alias INVALID_ARGUMENT, and outputs are written in the
 typed value fields (``float_val``, ``int_val``...: ``Tensor::AsProtoField``), not ``tensor_content``.
-Errors quote what the client sent only as a short repr (``_short``), and every RPC is counted in the
+Errors quote a client's strings cut at 40 characters (``_short``), and every RPC is counted in the
 metrics (``api`` ``grpc:...``, ``code`` the gRPC status name). The limits on the gRPC side:
 a message over ``max_body_bytes`` is refused by gRPC itself (RESOURCE_EXHAUSTED, before it is parsed),
 at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a request message must arrive
@@ -127,7 +127,7 @@ def decode_predict_request(model, request, call, *, max_batch_size, max_image_pi
     specs = model.input_specs[signature_name]
     if set(request.inputs) != set(specs):
         raise RequestError(f"The request must have exactly the inputs {sorted(specs)} of signature "
-                           f"'{signature_name}'; got {sorted(request.inputs)}.")
+                           f"'{signature_name}'; got {[_short(name) for name in sorted(request.inputs)[:5]]}.")
     inputs = {name: _tensor(spec, request.inputs[name], max_batch_size) for name, spec in specs.items()}
     sizes = {a.shape[0] for a in inputs.values()}
     if len(sizes) != 1:
@@ -141,8 +141,8 @@ def decode_predict_request(model, request, call, *, max_batch_size, max_image_pi
 
 def encode_predict_response(model, signature_name, outputs, output_filter):
     """The ``PredictResponse`` of ``outputs`` (``{name: array}``), only ``output_filter``'s if given."""
-    unknown = sorted(set(output_filter) - set(outputs))
-    duplicates = sorted({name for name in output_filter if output_filter.count(name) > 1})
+    unknown = [_short(name) for name in sorted(set(output_filter) - set(outputs))[:5]]
+    duplicates = sorted({_short(name) for name in output_filter if output_filter.count(name) > 1})
     if duplicates:
         raise RequestError(f"duplicate output tensor alias in output_filter: {duplicates}.")
     if unknown:

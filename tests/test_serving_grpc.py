@@ -282,7 +282,8 @@ def test_outputs_fill_the_typed_fields_and_signature_and_filter_errors_are_tf_se
 def test_metadata_errors_name_the_field_without_echoing_a_long_value(served):
     """Issue 36, case 10: a 90 kB ``metadata_field`` (100 kB on a default server) was echoed into the
     error, past gRPC's metadata limit, so the client saw only "received metadata size exceeds hard limit";
-    the error names the field and what is served, quoting at most 40 characters (a long model name alike)."""
+    the error names the field and what is served, quoting at most 40 characters (a long input name, output
+    filter or model name alike)."""
     _, port, _ = served
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
@@ -293,6 +294,16 @@ def test_metadata_errors_name_the_field_without_echoing_a_long_value(served):
         assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details[:200])
         assert "metadata_field" in details and "'signature_def'" in details and "x" * 40 in details, details
         assert "x" * 41 not in details and len(details) < 300, details
+        predict_request = predict_pb2.PredictRequest()
+        predict_request.model_spec.name = "cifar"
+        predict_request.inputs["i" * 90_000].CopyFrom(tf.make_tensor_proto(images(1)[:, :1, :1]))
+        code, details = _code(lambda: stub.Predict(predict_request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "i" * 40 in details and len(details) < 300, details[:200]
+        del predict_request.inputs["i" * 90_000]
+        predict_request.inputs["images"].CopyFrom(tf.make_tensor_proto(images(1)))
+        predict_request.output_filter[:] = ["o" * 90_000]
+        code, details = _code(lambda: stub.Predict(predict_request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "o" * 40 in details and len(details) < 300, details[:200]
         request.metadata_field[:] = ["signature_def"]
         request.model_spec.name = "m" * 90_000
         code, details = _code(lambda: stub.GetModelMetadata(request, 30))
