@@ -8,15 +8,23 @@ request's path: decoding and predicting run in the worker threads REST uses (Sta
 a batched request awaits its slot without holding a thread. The same signatures answer (an empty
 ``signature_name`` is ``serving_default``, as in TF Serving), within the same limits, and each REST
 error becomes a gRPC status (``STATUS_CODES``: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413
-RESOURCE_EXHAUSTED, 503 UNAVAILABLE); an unknown signature is NOT_FOUND. The limits on the gRPC side:
+RESOURCE_EXHAUSTED, 503 UNAVAILABLE); as in TF Serving's predict_util.cc, an unknown signature is
+FAILED_PRECONDITION, a duplicate ``output_filter`` alias INVALID_ARGUMENT, and outputs are written in the
+typed value fields (``float_val``, ``int_val``...: ``Tensor::AsProtoField``), not ``tensor_content``.
+Errors quote a client's strings cut at 40 characters (``_short``), and every RPC is counted in the
+metrics (``api`` ``grpc:...``, ``code`` the gRPC status name). The limits on the gRPC side:
 a message over ``max_body_bytes`` is refused by gRPC itself (RESOURCE_EXHAUSTED, before it is parsed),
-at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a connection idle for
-``request_timeout`` is closed. A tensor's dtype and shape are checked from its header, the batch
-against ``max_batch_size``, before its values are read; encoded images are bounded from their headers
-(``rest.check_encoded_images``). A model not loaded yet, or a server draining, answers UNAVAILABLE.
+at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a request message must arrive
+within ``request_timeout`` (DEADLINE_EXCEEDED: ``RequestDeadline``), a connection idle that long is
+closed. A tensor's dtype and shape are checked from its header, the batch against ``max_batch_size``,
+before its values are read; encoded images are bounded from their headers (``rest.check_encoded_images``).
+A model not loaded yet, or a server draining, answers UNAVAILABLE.
 
 Needs TensorFlow (the API's protos are TensorFlow's): ``pip install 'keras-preact[grpc]'``.
 """
+
+import asyncio
+import time
 
 import grpc
 import tensorflow as tf
@@ -31,6 +39,7 @@ from tensorflow_serving.apis import (
 )
 
 from serving import rest
+from serving.app import Call
 from serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -41,6 +50,15 @@ STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status
     413: grpc.StatusCode.RESOURCE_EXHAUSTED,
     503: grpc.StatusCode.UNAVAILABLE,
 }
+# TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
+PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "uint32": "uint32_val",
+                "uint64": "uint64_val", "bool": "bool_val", **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val")}
+
+
+def _short(value, limit=40):
+    """A client's string in an error message, cut at ``limit`` characters (echoed whole, a long one would
+    overflow gRPC's metadata limit, and the client see only that)."""
+    return value if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
 class _Abort(Exception):
@@ -49,16 +67,18 @@ class _Abort(Exception):
         self.code = code
 
 
-def check_model_spec(model, model_spec):
-    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its loaded version."""
+def check_model_spec(model, model_spec, call):
+    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its loaded version; ``call``
+    (an ``app.Call``) learns the model."""
     if model_spec.name != model.name:
-        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({model_spec.name}); "
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({_short(model_spec.name)}); "
                                                 f"serving model '{model.name}'.")
+    call.model = model.name
     if model_spec.HasField("version") and model_spec.version.value != model.version:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Specific({model_spec.name}, "
                                                 f"{model_spec.version.value}); loaded version is {model.version}.")
     if model_spec.version_label:
-        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: {model_spec.version_label!r} "
+        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: '{_short(model_spec.version_label)}' "
                                                 "(this server defines no labels).")
 
 
@@ -94,19 +114,20 @@ def _tensor(spec, proto, max_batch_size):
     return rest.to_array(array, spec)
 
 
-def decode_predict_request(model, request, *, max_batch_size, max_image_pixels, max_aspect_ratio,
+def decode_predict_request(model, request, call, *, max_batch_size, max_image_pixels, max_aspect_ratio,
                            max_request_pixels):
     """(signature name, ``{input: array}``) of a ``PredictRequest``, within the limits (REST's
     ``app.decode_predict`` for the protos)."""
-    check_model_spec(model, request.model_spec)
+    check_model_spec(model, request.model_spec, call)
     signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if signature_name not in model.signatures:
-        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Serving signature name: '{signature_name}' not found in signature "
-                                                f"def; available: {sorted(model.signatures)}.")
+        raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"Serving signature key \"{_short(signature_name)}\" not found; "
+                                                          f"available: {sorted(model.signatures)}.")
+    call.signature = signature_name
     specs = model.input_specs[signature_name]
     if set(request.inputs) != set(specs):
         raise RequestError(f"The request must have exactly the inputs {sorted(specs)} of signature "
-                           f"'{signature_name}'; got {sorted(request.inputs)}.")
+                           f"'{signature_name}'; got {[_short(name) for name in sorted(request.inputs)[:5]]}.")
     inputs = {name: _tensor(spec, request.inputs[name], max_batch_size) for name, spec in specs.items()}
     sizes = {a.shape[0] for a in inputs.values()}
     if len(sizes) != 1:
@@ -120,7 +141,10 @@ def decode_predict_request(model, request, *, max_batch_size, max_image_pixels, 
 
 def encode_predict_response(model, signature_name, outputs, output_filter):
     """The ``PredictResponse`` of ``outputs`` (``{name: array}``), only ``output_filter``'s if given."""
-    unknown = sorted(set(output_filter) - set(outputs))
+    unknown = [_short(name) for name in sorted(set(output_filter) - set(outputs))[:5]]
+    duplicates = sorted({_short(name) for name in output_filter if output_filter.count(name) > 1})
+    if duplicates:
+        raise RequestError(f"duplicate output tensor alias in output_filter: {duplicates}.")
     if unknown:
         raise RequestError(f"output_filter names {unknown}, not outputs of signature '{signature_name}' "
                            f"(its outputs: {sorted(outputs)}).")
@@ -129,8 +153,20 @@ def encode_predict_response(model, signature_name, outputs, output_filter):
     response.model_spec.version.value = model.version
     response.model_spec.signature_name = signature_name
     for name in output_filter or sorted(outputs):
-        response.outputs[name].CopyFrom(tf.make_tensor_proto(outputs[name]))
+        as_proto_field(outputs[name], response.outputs[name])
     return response
+
+
+def as_proto_field(array, proto):
+    """Write ``array`` into the ``TensorProto`` ``proto`` as TF Serving does (``Tensor::AsProtoField``):
+    its values in the dtype's typed field, which clients read directly (``.float_val``)."""
+    field = PROTO_FIELDS.get(array.dtype.name)
+    if field is None:  # strings: make_tensor_proto already fills string_val
+        proto.CopyFrom(tf.make_tensor_proto(array))
+        return
+    proto.dtype = tf.as_dtype(array.dtype).as_datatype_enum
+    proto.tensor_shape.CopyFrom(tf.TensorShape(array.shape).as_proto())
+    getattr(proto, field).extend(array.ravel().tolist())
 
 
 def signature_def_map(model):
@@ -147,26 +183,32 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         self.state = state
         self._metadata = None
 
-    async def _answer(self, context, work):
-        model = self.state.model
-        if model is None:
-            await context.abort(grpc.StatusCode.UNAVAILABLE, "The model is not loaded yet; retry later.")
+    async def _answer(self, context, api, work):
+        """``work(model, call)``'s reply, or its error as a status; counted and timed in the metrics."""
+        call, started, code = Call(api), time.perf_counter(), grpc.StatusCode.OK
         try:
-            return await work(model)
+            if self.state.model is None:
+                raise _Abort(grpc.StatusCode.UNAVAILABLE, "The model is not loaded yet; retry later.")
+            reply = await work(self.state.model, call)
         except _Abort as error:
-            await context.abort(error.code, str(error))
+            code, details = error.code, str(error)
         except RequestError as error:
-            await context.abort(STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error))
+            code, details = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)
         except RecursionError:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "Invalid request: values nested too deeply.")
+            code, details = grpc.StatusCode.INVALID_ARGUMENT, "Invalid request: values nested too deeply."
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
-            await context.abort(grpc.StatusCode.INTERNAL, f"Internal error: {type(error).__name__}: {error}")
+            code, details = grpc.StatusCode.INTERNAL, f"Internal error: {type(error).__name__}: {error}"
+        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name,
+                                           time.perf_counter() - started)
+        if code != grpc.StatusCode.OK:
+            await context.abort(code, details)
+        return reply
 
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
         state = self.state
 
-        async def predict(model):
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request,
+        async def predict(model, call):
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call,
                                                              **state.limits.model_limits())
             if state.batcher is None:
                 outputs = await run_in_threadpool(state.predict, model, signature_name, inputs)
@@ -178,15 +220,16 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
             return await run_in_threadpool(encode_predict_response, model, signature_name, outputs,
                                            list(request.output_filter))
 
-        return await self._answer(context, predict)
+        return await self._answer(context, "grpc:predict", predict)
 
     async def GetModelMetadata(self, request, context):  # noqa: N802
-        async def metadata(model):
-            check_model_spec(model, request.model_spec)
+        async def metadata(model, call):
+            check_model_spec(model, request.model_spec, call)
             fields = list(request.metadata_field)
             if fields != ["signature_def"]:
-                raise RequestError(f"Invalid metadata_field={fields!r}: the one metadata field served is "
-                                   "['signature_def'].")
+                sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
+                raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
+                                   "metadata field served is 'signature_def'.")
             if self._metadata is None:
                 self._metadata = signature_def_map(model)
             response = get_model_metadata_pb2.GetModelMetadataResponse()
@@ -195,14 +238,14 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
             response.metadata["signature_def"].Pack(self._metadata)
             return response
 
-        return await self._answer(context, metadata)
+        return await self._answer(context, "grpc:metadata", metadata)
 
     async def GetModelStatus(self, request, context):  # noqa: N802
-        async def status(model):
-            check_model_spec(model, request.model_spec)
+        async def status(model, call):
+            check_model_spec(model, request.model_spec, call)
             return json_format.ParseDict(model.status(), get_model_status_pb2.GetModelStatusResponse())
 
-        return await self._answer(context, status)
+        return await self._answer(context, "grpc:status", status)
 
     async def _unimplemented(self, request, context):
         await context.abort(grpc.StatusCode.UNIMPLEMENTED, "Not supported: the signatures are predict signatures "
@@ -211,11 +254,42 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
     Classify = Regress = MultiInference = HandleReloadConfigRequest = _unimplemented
 
 
+class RequestDeadline(grpc.aio.ServerInterceptor):
+    """A unary RPC's request message must arrive within ``timeout`` seconds, or the RPC ends with
+    DEADLINE_EXCEEDED. gRPC counts an RPC against ``maximum_concurrent_rpcs`` from its headers on and
+    bounds neither the wait for its message nor a call without a client deadline, so clients that send
+    headers and no message would hold every slot (REST's ``server.BoundedH11Protocol`` deadline, for gRPC).
+    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself. Counted
+    in the metrics as REST's body that does not arrive is (no route, model or signature known yet)."""
+
+    def __init__(self, state):
+        self.state, self.timeout = state, state.limits.request_timeout
+
+    async def intercept_service(self, continuation, handler_call_details):
+        handler = await continuation(handler_call_details)
+        if handler is None or handler.request_streaming or handler.response_streaming:
+            return handler
+
+        async def behavior(requests, context):
+            try:
+                request = await asyncio.wait_for(anext(requests), self.timeout)
+            except asyncio.TimeoutError:
+                self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
+                                    f"The request did not arrive within {self.timeout:g} s.")
+            except StopAsyncIteration:
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
+            return await handler.unary_unary(request, context)
+
+        return grpc.stream_unary_rpc_method_handler(behavior, handler.request_deserializer, handler.response_serializer)
+
+
 def create_server(state, host, port):
     """A grpc.aio server of ``state`` bound to ``host:port`` (0: a free port), not started; call it in
     the event loop that will serve it. (server, port bound); OSError when the port cannot be bound."""
     limits = state.limits
-    server = grpc.aio.server(maximum_concurrent_rpcs=limits.max_connections, options=[
+    server = grpc.aio.server(interceptors=[RequestDeadline(state)],
+                             maximum_concurrent_rpcs=limits.max_connections, options=[
         ("grpc.max_receive_message_length", limits.max_body_bytes),
         ("grpc.max_connection_idle_ms", int(limits.request_timeout * 1000)),
         ("grpc.so_reuseport", 0),  # a port in use is an error, not shared

@@ -19,9 +19,10 @@ import prometheus_client
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 PATH = "/monitoring/prometheus/metrics"  # TF Serving's (--monitoring_config_file's default path)
-# The routes counted: TF Serving REST ("v1:...") and the Open Inference Protocol ("v2:..."); "" otherwise.
+# The routes counted: TF Serving REST ("v1:..."), the Open Inference Protocol ("v2:...") and TF Serving's gRPC
+# API ("grpc:...", whose ``code`` is the gRPC status name, e.g. "OK"); "" otherwise.
 API_NAMES = ("v1:status", "v1:metadata", "v1:predict", "v2:server_metadata", "v2:model_metadata", "v2:model_ready",
-             "v2:infer", "")
+             "v2:infer", "grpc:status", "grpc:metadata", "grpc:predict", "")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 examples
 
@@ -33,7 +34,7 @@ class ServingMetrics:
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         prefix = "keras_preact_serving_"
         self.requests = prometheus_client.Counter(
-            prefix + "requests", "Requests answered, by model, API route, signature and HTTP status code.",
+            prefix + "requests", "Requests answered, by model, API route, signature and HTTP status code (gRPC: status name).",
             ["model", "api", "signature", "code"], registry=self.registry)
         self.latency = prometheus_client.Histogram(
             prefix + "request_latency_seconds", "Seconds from a request's arrival to its reply.",

@@ -191,7 +191,8 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
     cases = [
         (lambda: predict(port, good, model="other"), s.NOT_FOUND, "Latest(other)"),
         (lambda: predict(port, good, version=7), s.NOT_FOUND, "Specific(cifar, 7)"),
-        (lambda: predict(port, good, "serving_nothing"), s.NOT_FOUND, "'serving_nothing' not found"),
+        (lambda: predict(port, good, "serving_nothing"), s.FAILED_PRECONDITION,
+         'Serving signature key "serving_nothing" not found'),
         (lambda: predict(port, {"images": images(1).astype(np.float32)}), s.INVALID_ARGUMENT,
          "must be a uint8 tensor; got float32"),
         (lambda: predict(port, {"images": np.zeros((1, 16, 16, 3), np.uint8)}), s.INVALID_ARGUMENT,
@@ -224,6 +225,130 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
     assert _code(lambda: stub.GetModelMetadata(metadata_request, 30))[0] == s.INVALID_ARGUMENT
     channel.close()
     assert predict(port, good)["probabilities"].shape == (1, 10)
+
+
+def metric_samples(port):
+    """{(sample name, frozenset of labels): value} of the served Prometheus metrics."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    conn.request("GET", "/monitoring/prometheus/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return {(sample.name, frozenset(sample.labels.items())): sample.value
+            for family in text_string_to_metric_families(text) for sample in family.samples}
+
+
+@needs_grpc
+def test_outputs_fill_the_typed_fields_and_signature_and_filter_errors_are_tf_servings(served):
+    """Issue 36, case 13: outputs in ``float_val``/``int_val``/``string_val`` as TF Serving's
+    ``AsProtoField`` writes them (``tensor_content`` was used), ``tf.make_ndarray`` still reads them; an
+    unknown signature is FAILED_PRECONDITION (was NOT_FOUND), a duplicate ``output_filter`` alias
+    INVALID_ARGUMENT (was accepted), as in TF Serving's predict_util.cc."""
+    _, port, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = "cifar"
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(images(2)))
+    try:
+        response = stub.Predict(request, 30)
+        expected = predict(port, {"images": images(2)})
+        probabilities = response.outputs["probabilities"]
+        assert probabilities.tensor_content == b"" and len(probabilities.float_val) == 20
+        np.testing.assert_array_equal(np.reshape(probabilities.float_val, (2, 10)), expected["probabilities"])
+        classes = response.outputs["classes"]
+        typed = classes.int64_val if classes.dtype == tf.int64.as_datatype_enum else classes.int_val
+        assert classes.tensor_content == b"" and list(typed) == expected["classes"].ravel().tolist()
+        assert len(response.outputs["class_names"].string_val) == expected["class_names"].size
+        for name, tensor in response.outputs.items():
+            assert tensor.tensor_content == b"", name
+            np.testing.assert_array_equal(tf.make_ndarray(tensor), expected[name])
+
+        request.output_filter[:] = ["scores"]
+        assert sorted(stub.Predict(request, 30).outputs) == ["scores"]
+        request.output_filter[:] = ["scores", "classes", "scores"]
+        code, details = _code(lambda: stub.Predict(request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "duplicate output tensor alias" in details, details
+        del request.output_filter[:]
+        request.model_spec.signature_name = "serving_nothing"
+        code, details = _code(lambda: stub.Predict(request, 30))
+        assert code == grpc.StatusCode.FAILED_PRECONDITION and "serving_nothing" in details, details
+    finally:
+        channel.close()
+
+
+@needs_grpc
+def test_metadata_errors_name_the_field_without_echoing_a_long_value(served):
+    """Issue 36, case 10: a 90 kB ``metadata_field`` (100 kB on a default server) was echoed into the
+    error, past gRPC's metadata limit, so the client saw only "received metadata size exceeds hard limit";
+    the error names the field and what is served, quoting at most 40 characters (a long input name, output
+    filter or model name alike)."""
+    _, port, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["x" * 90_000])
+    request.model_spec.name = "cifar"
+    try:
+        code, details = _code(lambda: stub.GetModelMetadata(request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT, (code, details[:200])
+        assert "metadata_field" in details and "'signature_def'" in details and "x" * 40 in details, details
+        assert "x" * 41 not in details and len(details) < 300, details
+        predict_request = predict_pb2.PredictRequest()
+        predict_request.model_spec.name = "cifar"
+        predict_request.inputs["i" * 90_000].CopyFrom(tf.make_tensor_proto(images(1)[:, :1, :1]))
+        code, details = _code(lambda: stub.Predict(predict_request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "i" * 40 in details and len(details) < 300, details[:200]
+        del predict_request.inputs["i" * 90_000]
+        predict_request.inputs["images"].CopyFrom(tf.make_tensor_proto(images(1)))
+        predict_request.output_filter[:] = ["o" * 90_000]
+        code, details = _code(lambda: stub.Predict(predict_request, 30))
+        assert code == grpc.StatusCode.INVALID_ARGUMENT and "o" * 40 in details and len(details) < 300, details[:200]
+        request.metadata_field[:] = ["signature_def"]
+        request.model_spec.name = "m" * 90_000
+        code, details = _code(lambda: stub.GetModelMetadata(request, 30))
+        assert code == grpc.StatusCode.NOT_FOUND and len(details) < 300 and "serving model 'cifar'" in details, \
+            (code, details[:200])
+    finally:
+        channel.close()
+
+
+@needs_grpc
+def test_grpc_requests_are_counted_and_timed_in_the_metrics(served):
+    """Issue 36, case 11: gRPC requests were missing from ``requests_total`` and the latency histogram;
+    each is counted under ``api="grpc:..."`` with its gRPC status name as ``code``, success or failure."""
+    rest_port, port, _ = served
+    before = metric_samples(rest_port)
+    predict(port, {"images": images(1)})
+    predict(port, {"images": images(2)})
+    assert _code(lambda: predict(port, {"images": images(1).astype(np.float32)}))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    assert _code(lambda: predict(port, {"images": images(1)}, model="other"))[0] == grpc.StatusCode.NOT_FOUND
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    metadata_request = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+    metadata_request.model_spec.name = "cifar"
+    prediction_service_pb2_grpc.PredictionServiceStub(channel).GetModelMetadata(metadata_request, 30)
+    status_request = get_model_status_pb2.GetModelStatusRequest()
+    status_request.model_spec.name = "cifar"
+    model_service_pb2_grpc.ModelServiceStub(channel).GetModelStatus(status_request, 30)
+    channel.close()
+    after = metric_samples(rest_port)
+
+    def grown(name, **values):
+        key = (name, frozenset(values.items()))
+        return after.get(key, 0) - before.get(key, 0)
+
+    total, latency = "keras_preact_serving_requests_total", "keras_preact_serving_request_latency_seconds"
+    predicted = dict(model="cifar", api="grpc:predict", signature="serving_default")
+    assert grown(total, **predicted, code="OK") == 2
+    assert grown(total, **predicted, code="INVALID_ARGUMENT") == 1
+    assert grown(total, model="", api="grpc:predict", signature="", code="NOT_FOUND") == 1
+    assert grown(total, model="cifar", api="grpc:metadata", signature="", code="OK") == 1
+    assert grown(total, model="cifar", api="grpc:status", signature="", code="OK") == 1
+    assert grown(latency + "_count", **predicted) == 3
+    assert grown(latency + "_bucket", **predicted, le="+Inf") == 3
+    assert 0 < grown(latency + "_sum", **predicted) < 90
+    assert grown(latency + "_count", model="", api="grpc:predict", signature="") == 1
+    assert grown(latency + "_count", model="cifar", api="grpc:metadata", signature="") == 1
 
 
 @needs_grpc
@@ -288,6 +413,52 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
         server.shutdown()
         server.server_close()
     assert [h["probabilities"].shape for h in held] == [(1, 10), (1, 10)]
+
+
+@needs_grpc
+def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(exported):
+    """Issue 36, case 4: a Predict call whose client sends its headers and never its message (a request
+    iterator that blocks: no DATA frame) held one of the ``max_connections`` slots until the client gave
+    up; it ends with DEADLINE_EXCEEDED at the server's ``request_timeout`` (no client deadline), normal
+    calls are answered meanwhile, and once both slots were held by stuck calls, again after; each is counted
+    in the metrics as a REST body that does not arrive is (no route known)."""
+    from serving.server import make_server
+
+    timeout = 1.0
+    server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, request_timeout=timeout)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    port = server.grpc_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    release = threading.Event()
+
+    def nothing():  # the request message never comes (until the test ends)
+        release.wait(60)
+        yield from ()
+
+    open_stuck = channel.stream_unary("/tensorflow.serving.PredictionService/Predict",
+                                      request_serializer=predict_pb2.PredictRequest.SerializeToString,
+                                      response_deserializer=predict_pb2.PredictResponse.FromString).future
+    try:
+        started = time.monotonic()
+        first = open_stuck(nothing())
+        time.sleep(0.2)
+        assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # a slot is free
+        second = open_stuck(nothing())  # both slots held by calls that send nothing
+        for stuck in (first, second):
+            assert stuck.exception(timeout + 5) is not None, "the stuck call was not ended by the server"
+            assert stuck.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (stuck.code(), stuck.details())
+            assert "did not arrive within 1 s" in stuck.details()
+        assert timeout <= time.monotonic() - started < timeout + 5
+        assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # the slots were freed
+        total = "keras_preact_serving_requests_total"
+        counted = metric_samples(server.server_address[1])
+        assert counted[(total, frozenset(dict(model="", api="", signature="", code="DEADLINE_EXCEEDED").items()))] == 2
+    finally:
+        release.set()
+        channel.close()
+        server.shutdown()
+        server.server_close()
 
 
 @needs_grpc
