@@ -21,7 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from serving import app, rest, server
 from serving.metrics import ServingMetrics
 
-pytestmark = pytest.mark.notf
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
 
 PREDICT = "/v1/models/m:predict"
 HOLD = -1.0  # an example whose first value is HOLD makes the model wait for its gate

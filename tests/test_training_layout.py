@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-pytestmark = [pytest.mark.core, pytest.mark.notf]
+pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.any_backend]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "training"
