@@ -20,6 +20,7 @@ import pytest
 from training import cli
 from training import train as train_lib
 from training.data import pipelines, sources
+from training.machine import backends
 from training.recipe import augment, configs
 from training.run import run_dir as run_files
 
@@ -256,3 +257,121 @@ def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys)
     lines = err.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith("keras-preact-train: error: model.fit failed: ")
     assert "KERAS_PREACT_TRACEBACK" in lines[0] and len(lines[0]) < 600 and "[[" not in lines[0]
+
+
+# ------------------------------------------------------------------------- --backend auto measures
+TINY_RUN = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "8"]
+MODEL = {"architecture": "cifar", "depth": 8, "image_size": [16, 16], "batch_size": 8}
+
+
+@pytest.fixture
+def fresh_process(monkeypatch):
+    """``backends.choose`` as in a fresh process (Keras not imported), on a CPU with all three installed."""
+    monkeypatch.delitem(sys.modules, "keras")
+    monkeypatch.setattr(backends, "has_accelerator", lambda: False)
+    monkeypatch.setattr(backends, "installed", lambda backend: True)
+
+
+def test_probe_subprocess_times_the_runs_model_on_this_backend():
+    backend = keras.backend.backend()
+    result = backends.run_probe(backend, TINY_RUN, steps=2, warmup=1)
+    assert result["backend"] == backend and result["steps"] == 2 and result["ms_per_step"] > 0
+    assert result["model"]["depth"] == 8 and result["model"]["image_size"] == [16, 16]
+    assert result["model"]["batch_size"] == 8
+
+
+def test_auto_picks_the_fastest_measured_and_caches_it(tmp_path, fresh_process, monkeypatch, capsys):
+    speeds = {"tensorflow": 602.0, "torch": 412.0, "jax": 455.0}
+    probed = []
+
+    def measure(backend, argv):
+        probed.append(backend)
+        return speeds[backend]
+
+    def describe(backend, argv):
+        return {**MODEL, "depth": int(argv[argv.index("--depth") + 1])}
+
+    versions = {"keras": "3.15.0", "tensorflow": "2.21.0", "jax": "0.7.0", "torch": "2.13.0"}
+    monkeypatch.setattr(backends, "installed_versions", lambda: dict(versions))
+    probe = dict(argv=TINY_RUN, measure=measure, describe=describe, cache_dir=tmp_path)
+    environ = {"KERAS_HOME": str(tmp_path / "no_keras_json")}
+    assert backends.select("auto", environ, **probe) == "torch" == environ["KERAS_BACKEND"]
+    cache = tmp_path / backends.PROBE_CACHE_FILE
+    assert capsys.readouterr().out.strip() == (
+        f"[backend] torch (measured on this machine: torch 412 ms/step, jax 455, tensorflow 602; cached in "
+        f"{cache}; --backend or KERAS_BACKEND to choose)")
+    assert sorted(probed) == ["jax", "tensorflow", "torch"]
+    (entry,) = json.loads(cache.read_text()).values()
+    assert entry["ms_per_step"] == speeds and entry["model"]["depth"] == 8 and entry["versions"] == versions
+    assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary name, then renamed
+
+    probed.clear()
+    assert backends.choose("auto", {}, **probe) == (
+        "torch", f"cached: measured on this machine: torch 412 ms/step, jax 455, tensorflow 602; from {cache}")
+    assert probed == []
+    deeper = ["--depth", "20", *TINY_RUN[2:]]
+    speeds["jax"] = 300.0
+    assert backends.choose("auto", {}, **{**probe, "argv": deeper})[0] == "jax" and len(probed) == 3
+    probed.clear()
+    versions["keras"] = "3.16.0"
+    assert backends.choose("auto", {}, **probe)[0] == "jax" and len(probed) == 3
+    assert len(json.loads(cache.read_text())) == 3
+
+
+def test_failing_probes_are_named_and_skipped(tmp_path, fresh_process):
+    def measure(backend, argv):
+        if backend == "jax":
+            raise backends.ProbeFailed("timed out after 300 s")
+        return {"tensorflow": 9.0, "torch": 7.0}[backend]
+
+    probe = dict(argv=TINY_RUN, describe=lambda backend, argv: MODEL, cache_dir=tmp_path)
+    backend, reason = backends.choose("auto", {}, measure=measure, **probe)
+    assert backend == "torch" and reason.startswith("measured on this machine: torch 7 ms/step, tensorflow 9; "
+                                                    "jax failed: timed out after 300 s; cached in ")
+
+    def broken(backend, argv):
+        raise backends.ProbeFailed(f"exit 1: ModuleNotFoundError: No module named '{backend}'")
+
+    backend, reason = backends.choose("auto", {}, measure=broken, **{**probe, "cache_dir": tmp_path / "other"})
+    assert backend == backends.CPU_FASTEST_FIRST[0] and "\n" not in reason
+    assert reason.startswith("fixed order measured on one CPU (BENCHMARKS.md, Training speed); every probe failed; "
+                             "tensorflow failed: exit 1: ModuleNotFoundError")
+    assert not (tmp_path / "other" / backends.PROBE_CACHE_FILE).exists()  # nothing measured: nothing cached
+
+
+def test_a_chosen_backend_is_never_probed(tmp_path, fresh_process, monkeypatch):
+    def never(*args):
+        raise AssertionError("probed")
+
+    probe = dict(argv=TINY_RUN, measure=never, describe=never, cache_dir=tmp_path)
+    assert backends.choose("auto", {"KERAS_BACKEND": "jax"}, **probe) == ("jax", "set by KERAS_BACKEND")
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    (home / "keras.json").write_text(json.dumps({"backend": "torch"}))
+    assert backends.choose("auto", {"KERAS_HOME": str(home)}, **probe)[0] == "torch"
+    assert backends.choose("jax", {}, **probe) == ("jax", "--backend")
+    backend, reason = backends.choose("auto", {}, dry_run=True, **probe)
+    assert backend == backends.CPU_FASTEST_FIRST[0] and reason.startswith("--dry-run: a run would measure ")
+    monkeypatch.setattr(backends, "installed", lambda backend: backend == "jax")
+    assert backends.choose("auto", {}, **probe) == ("jax", "the only backend installed: nothing to measure")
+
+
+def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
+    """The real entry point, KERAS_BACKEND unset: every installed backend is probed on this run's model in
+    its own process, the line names the figures, and the run trains on the fastest."""
+    run_dir = tmp_path / "run"
+    environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
+    environ.update(KERAS_HOME=str(tmp_path / "keras_home"), KERAS_PREACT_CACHE=str(tmp_path / "cache"))
+    done = subprocess.run(
+        [sys.executable, "-m", "training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
+         "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32", "--synthetic-test-size", "16",
+         "--verbose", "0", "--no-export", "--jit-compile", "false", "--run-dir", str(run_dir)],
+        cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    line = next(line for line in done.stdout.splitlines() if line.startswith("[backend] "))
+    present = [b for b in backends.CPU_FASTEST_FIRST if importlib.util.find_spec(b)]
+    assert "measured on this machine: " in line and all(f"{b} " in line for b in present), line
+    assert str(tmp_path / "cache" / backends.PROBE_CACHE_FILE) in line
+    chosen = line.split()[1]
+    assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == chosen
+    assert "[train] summary" in done.stdout

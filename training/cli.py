@@ -79,8 +79,12 @@ def build_parser():
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
     p.add_argument("--backend", choices=("auto", *backends.BACKENDS), default="auto",
-                   help="Keras backend (default auto: KERAS_BACKEND if set, else the fastest installed for "
-                   "this machine, printed at start; see BENCHMARKS.md, Training speed)")
+                   help="Keras backend (default auto: KERAS_BACKEND if set, else the fastest installed backend "
+                   "measured on this run's model and batch on this machine, cached per machine and model; printed "
+                   "at start)")
+    p.add_argument("--backend-probe-steps", type=int, default=backends.PROBE_STEPS, metavar="N",
+                   help=f"--backend auto: timed training steps per backend (default {backends.PROBE_STEPS}, after "
+                   f"{backends.PROBE_WARMUP_STEPS} untimed)")
     flags.add_config_flags(p)
     return p
 
@@ -114,10 +118,19 @@ def config_from_args(args, parser):
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
     early = argparse.ArgumentParser(add_help=False)
     early.add_argument("--backend", default="auto")
+    early.add_argument("--backend-probe-steps", type=int, default=backends.PROBE_STEPS)
+    early.add_argument("--dry-run", action="store_true")
+    early.add_argument("-h", "--help", action="store_true")
+    known = early.parse_known_args(argv)[0]
     try:
-        backends.select(early.parse_known_args(argv)[0].backend)
+        if known.backend_probe_steps < 1:
+            raise ValueError(f"Invalid --backend-probe-steps {known.backend_probe_steps}: at least 1 is required.")
+        # The backends are measured on this run's model in subprocesses: Keras is not imported here yet.
+        backends.select(known.backend, argv=None if known.help else argv, dry_run=known.dry_run,
+                        steps=known.backend_probe_steps)
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
