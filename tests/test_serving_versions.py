@@ -76,13 +76,18 @@ def lines_of(text):
     return [line for line in text.splitlines() if line.strip()]
 
 
-@pytest.mark.parametrize("damage", sorted(DAMAGES))
-def test_a_half_copied_newest_version_is_skipped_and_the_whole_one_served(whole, tmp_path, damage):
-    damage_fn, file = DAMAGES[damage]
+def test_half_copied_newer_versions_are_skipped_each_in_one_line_and_the_whole_one_served(whole, tmp_path):
+    """Version 1 whole; versions 2-9 each a copy cut short another way (``DAMAGES``): one start of the server
+    tries them newest first, skips each with one line naming its file, reports each in the model status
+    (END, its error) and serves version 1."""
     base = tmp_path / "m"
     shutil.copytree(whole, base / "1")
-    shutil.copytree(whole, base / "2")
-    damage_fn(base / "2")
+    damaged = {}
+    for version, damage in enumerate(sorted(DAMAGES), start=2):
+        damage_fn, file = DAMAGES[damage]
+        shutil.copytree(whole, base / str(version))
+        damage_fn(base / str(version))
+        damaged[str(version)] = (damage, file)
     process = serve(base, "--port", "0")
     try:
         line = process.stdout.readline()
@@ -90,18 +95,23 @@ def test_a_half_copied_newest_version_is_skipped_and_the_whole_one_served(whole,
         port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
         code, status = get(port, "/v1/models/m")
         assert code == 200, status
-        failed, served = status["model_version_status"]
+        by_version = {entry["version"]: entry for entry in status["model_version_status"]}
+        assert sorted(by_version, key=int) == ["1", *damaged]
+        served = by_version["1"]
         assert served == {"version": "1", "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
-        assert failed["version"] == "2" and failed["state"] == "END" and failed["status"]["error_code"] != "OK"
-        assert file in failed["status"]["error_message"], failed
-        assert get(port, "/v1/models/m/versions/2") == (200, {"model_version_status": [failed]})
+        for version, (damage, file) in damaged.items():
+            failed = by_version[version]
+            assert failed["state"] == "END" and failed["status"]["error_code"] != "OK", (damage, failed)
+            assert file in failed["status"]["error_message"], (damage, failed)
+            assert get(port, f"/v1/models/m/versions/{version}") == (200, {"model_version_status": [failed]})
         code, reply = get(port, "/v1/models/m/versions/1")
         assert code == 200 and reply == {"model_version_status": [served]}
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=60)
-    skipped = [line for line in lines_of(stderr) if "version 2" in line]
-    assert len(skipped) == 1 and file in skipped[0] and str(base / "2") in skipped[0], stderr[-3000:]
+    for version, (damage, file) in damaged.items():
+        skipped = [line for line in lines_of(stderr) if f"version {version} " in line or f"version {version}:" in line]
+        assert len(skipped) == 1 and file in skipped[0] and str(base / version) in skipped[0], (damage, stderr[-3000:])
     assert "Traceback" not in stderr, stderr[-3000:]
 
 

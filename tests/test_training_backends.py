@@ -356,6 +356,7 @@ def test_a_chosen_backend_is_never_probed(tmp_path, fresh_process, monkeypatch):
     assert backends.choose("auto", {}, **probe) == ("jax", "the only backend installed: nothing to measure")
 
 
+@pytest.mark.any_backend  # KERAS_BACKEND unset: the pass's backend plays no part
 def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
     """The real entry point, KERAS_BACKEND unset: every installed backend is probed on this run's model in
     its own process, the line names the figures, and the run trains on the fastest."""

@@ -32,6 +32,7 @@ import tempfile
 
 BACKENDS = ("tensorflow", "jax", "torch")
 CPU_FASTEST_FIRST = ("tensorflow", "torch", "jax")
+QUICKEST_IMPORT_FIRST = ("torch", "jax", "tensorflow")  # the backend that reads the run's model fields: Keras starts fastest on it
 PROBE_STEPS = 5  # timed training steps per backend (--backend-probe-steps)
 PROBE_WARMUP_STEPS = 2  # untimed first steps: compilation, allocator warm-up
 PROBE_TIMEOUT_S = 300
@@ -185,7 +186,7 @@ def measured(present, argv, fallback, *, measure=None, describe=None, cache_dir=
     measure = measure or (lambda backend, argv: measure_step_ms(backend, argv, steps))
     describe = describe or describe_model
     try:
-        model = describe(present[0], argv)
+        model = describe(min(present, key=QUICKEST_IMPORT_FIRST.index), argv)
     except ProbeFailed as e:
         return fallback[0], f"{fallback[1]}; not measured: the run's model could not be built ({e})"
     key, keyed = cache_key(model)
