@@ -233,21 +233,19 @@ def test_concurrent_load_loses_nothing(served):
           f"p50 {p50:.1f} ms, p99 {p99:.1f} ms")
 
 
-def test_console_entry_point_serves_and_rejects_a_bad_directory(served, batching, tmp_path):
+def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, batching, tmp_path):
     flags = ["--enable-batching", "--batching-max-size", "8", "--batching-timeout-ms", "1.5",
              "--batching-max-queue", "10", "--batching-threads", "2"] if batching else ["--no-enable-batching"]
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     bad = subprocess.run([sys.executable, "-m", "serving.server", str(tmp_path), "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "no numeric version folder" in bad.stderr
-    model = make_model(seed=1)
-    export_saved_model(model, tmp_path / "models", name="m", class_names=CLASS_NAMES, mean=MEAN, std=STD)
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", str(tmp_path / "models" / "m"), "--port", "0",
+        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0",
          "--model-name", "resnet", *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
-        assert "Serving model 'resnet' version 1" in line, line
+        assert "Serving model 'resnet' version 2" in line, line
         port = int(line.rsplit(":", 1)[1].split("/")[0])
         code, reply = request(port, "POST", "/v1/models/resnet:predict", {"instances": images(1).tolist()})
         assert code == 200 and len(reply["predictions"][0]["classes"]) == 5

@@ -7,7 +7,7 @@ import pytest
 
 from training.recipe import configs, schedules
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.any_backend]
 
 
 def test_presets_cover_every_table_of_the_paper():
