@@ -22,10 +22,12 @@ the four rooms hold what the jobs are made of::
       evaluate.py       keras-preact-evaluate: top-1/top-5 of a registry name, a run or a .keras file
       publish.py        python -m training.publish: a run's weights as a registry network's
       reproduce.py      python -m training.reproduce: a table of the paper, ours beside theirs
+      carry.py          python -m training.carry: a run's resumable files, to resume it on another machine
+      backend_probe.py  python -m training.backend_probe: a few timed training steps of a run's model (--backend auto)
       console.py        the console scripts' entry points (pyproject.toml [project.scripts])
       machine/          where a run runs (it imports no other room)
         start_up.py     TensorFlow's C++ start-up lines hidden; run_module (standard library only)
-        backends.py     which Keras backend (standard library only: decided before Keras loads)
+        backends.py     which Keras backend (standard library only: decided before Keras loads), measured
         compat.py       every use of a Keras internal, with the version it was checked against
         distribute.py   --distribute: one device, MirroredStrategy, MultiWorkerMirroredStrategy
         memory_guard.py host memory watched: one line before the kernel's OOM killer (standard library only)

@@ -3,7 +3,7 @@
 ``--backend auto`` (the default) keeps the user's choice where there is one (``KERAS_BACKEND``, or a
 backend other than Keras' default written in ``keras.json``). Otherwise it measures: each installed
 backend trains ``PROBE_STEPS`` steps of the run's own model and batch on synthetic images, in its own
-process (``training/machine/backend_probe.py``; warm-up steps not timed, median ms/step), and the fastest
+process (``training/backend_probe.py``; warm-up steps not timed, median ms/step), and the fastest
 wins. The figures are cached per machine and model (``backend_probe.json`` in ``$KERAS_PREACT_CACHE`` or
 ``~/.cache/keras_preact``), keyed by the CPU, core count, accelerator, the versions of Keras and the
 backends and the model-defining config fields, so a second run only reads them. A probe that fails
@@ -143,14 +143,14 @@ def write_cache(path, key, entry):
 
 
 def run_probe(backend, argv, steps=PROBE_STEPS, warmup=PROBE_WARMUP_STEPS, timeout=PROBE_TIMEOUT_S):
-    """Run ``training.machine.backend_probe`` on ``backend`` with the run's flags ``argv`` in a subprocess;
+    """Run ``training.backend_probe`` on ``backend`` with the run's flags ``argv`` in a subprocess;
     its JSON result (``ms_per_step``, ``model``). Raises ProbeFailed saying why it gave none.
 
     Example: ``run_probe("jax", ["--depth", "8", "--image-size", "16", "16"], steps=2)["ms_per_step"]``"""
     path = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": path}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = [sys.executable, "-m", "training.machine.backend_probe", "--steps", str(steps),
+    command = [sys.executable, "-m", "training.backend_probe", "--steps", str(steps),
                "--warmup", str(warmup), "--", *argv]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

@@ -8,7 +8,7 @@ With ``--steps 0`` it builds nothing and prints only the model-defining config f
 
 Usage::
 
-    KERAS_BACKEND=torch python -m training.machine.backend_probe --steps 5 -- --depth 8 --image-size 16 16
+    KERAS_BACKEND=torch python -m training.backend_probe --steps 5 -- --depth 8 --image-size 16 16
 """
 
 import argparse
@@ -43,9 +43,9 @@ def median_step_ms(config, steps, warmup):
     import keras
     import numpy as np
 
-    from ..data import pipelines, sources
-    from ..recipe import schedules
-    from ..recipe.model import build_model
+    from .data import pipelines, sources
+    from .recipe import schedules
+    from .recipe.model import build_model
 
     keras.config.set_dtype_policy(config.precision)
     keras.utils.set_random_seed(config.seed)
@@ -75,17 +75,17 @@ def median_step_ms(config, steps, warmup):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m training.machine.backend_probe",
+    parser = argparse.ArgumentParser(prog="python -m training.backend_probe",
                                      description="Time training steps of a run's model on KERAS_BACKEND.")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (0: print the model fields only)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
     args = parser.parse_args(own)
     if args.steps < 0 or args.warmup < 0:
         parser.error(f"--steps {args.steps} --warmup {args.warmup}: both must be 0 or more")
-    from . import backends, start_up
+    from .machine import backends, start_up
 
     start_up.quiet_tensorflow_start_up()
-    from .. import cli
+    from . import cli
 
     train_parser = cli.build_parser()
     config = cli.config_from_args(train_parser.parse_args(train_argv), train_parser)
