@@ -6,6 +6,7 @@ import http.client
 import io
 import json
 import os
+import shutil
 import subprocess
 import sys
 import threading
@@ -147,3 +148,42 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
                               "--runtime", "saved_model"], capture_output=True, text=True, timeout=120, env=env)
     assert refused.returncode == 2 and refused.stderr.strip().splitlines()[-1].endswith(
         "Invalid runtime='saved_model': the version holds no saved_model export (it holds onnx).")
+
+
+# keras-preact-serve's own function (pyproject.toml's script).
+SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+
+
+def overwrite(path):
+    """``path`` overwritten in place (the same inode, as a copy over it writes) with garbage of its size."""
+    with open(path, "r+b") as file:
+        file.write(np.random.default_rng(0).integers(0, 256, path.stat().st_size, np.uint8).tobytes())
+
+
+@pytest.mark.parametrize("damage", [overwrite, lambda path: os.truncate(path, 0)], ids=["overwritten", "truncated"])
+@pytest.mark.parametrize("runtime, file", [("openvino", "openvino/model.bin"), ("litert", "model.tflite")])
+def test_a_served_file_changed_on_disk_changes_no_answer(exported, tmp_path, runtime, file, damage):
+    """Issue 36, case 2: keras-preact-serve --runtime openvino / litert serving a version whose weights file
+    is then overwritten in place with garbage of its size, or truncated: the answer stays the one given
+    before, and the server lives (both runtimes map the file by default: a 500, or death by SIGBUS)."""
+    pytest.importorskip("ai_edge_litert" if runtime == "litert" else "openvino", reason=f"needs {runtime}")
+    every, _ = exported
+    version = tmp_path / "m" / "1"
+    shutil.copytree(every, version, ignore=lambda folder, names: [  # the assets and this runtime's files alone
+        name for name in names if folder == str(every) and name not in ("assets", file.split("/")[0])])
+    process = subprocess.Popen([*SERVE, str(tmp_path / "m"), "--port", "0", "--runtime", runtime],
+                               stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    try:
+        line = process.stdout.readline()
+        assert f"[serving_default on {runtime}]" in line, line
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
+        body = {"instances": images(4, seed=2).tolist()}
+        before = post(port, "m", body)
+        assert before[0] == 200, before
+        damage(version / file)
+        assert post(port, "m", body) == before
+        assert process.poll() is None
+    finally:
+        process.terminate()
+        process.wait(timeout=60)

@@ -6,11 +6,14 @@ pixels (any N) and returns ``{"probabilities": [N, C] float32, "scores": [N, k] 
 ``input_config`` come from the version directory's assets. Each format has one entry in ``RUNTIMES``:
 onnxruntime, LiteRT (``ai_edge_litert``, else TensorFlow's ``tf.lite``), OpenVINO (CPU, float32
 inference: its CPU default may be bfloat16) and TensorFlow for the SavedModel. A runtime that is not
-installed raises one ImportError naming the extra to install.
+installed raises one ImportError naming the extra to install. LiteRT and OpenVINO read their files into
+memory (by default both map them): a file overwritten or truncated while it is served changes no answer
+and cannot kill the process (SIGBUS).
 """
 
 import importlib
 import os
+import pathlib
 
 import numpy as np
 
@@ -76,7 +79,7 @@ class LiteRTRuntime(Runtime):
                 from tensorflow.lite import Interpreter
             except ImportError:
                 raise ImportError(f"running a litert export needs ai_edge_litert: {FORMATS['litert'].install}") from None
-        self._runner = Interpreter(model_path=path).get_signature_runner()
+        self._runner = Interpreter(model_content=pathlib.Path(path).read_bytes()).get_signature_runner()
 
     def _run(self, images):
         return self._runner(**{INPUT_NAME: images})  # resizes the input to N
@@ -87,7 +90,7 @@ class OpenVINORuntime(Runtime):
 
     def _load(self, path):
         ov = _import("openvino", self.format_name)
-        self._compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32"})
+        self._compiled = ov.Core().compile_model(path, "CPU", {"INFERENCE_PRECISION_HINT": "f32", "ENABLE_MMAP": False})
 
     def _run(self, images):
         results = self._compiled(images)
