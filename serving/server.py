@@ -3,11 +3,14 @@
     keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
     python -m serving.server saved_models/<name> ...
 
-It loads the latest numeric version folder (as TF Serving's default version policy does), with the
-SavedModel's signatures on TensorFlow and ``serving_default`` on the fastest runtime installed for the
-formats the version holds (``--runtime``; ``serving.servable``), and serves the ASGI
-application of ``serving.app`` (routes, request limits, errors: the same one Ray Serve
-mounts) on uvicorn, an event loop: thousands of idle connections cost a few kB each, not a thread.
+It binds its port(s), then loads in the background the newest numeric version folder that loads whole
+(as TF Serving's default version policy does), with the SavedModel's signatures on TensorFlow and
+``serving_default`` on the fastest runtime installed for the formats the version holds (``--runtime``;
+``serving.servable``), and serves the ASGI application of ``serving.app`` (routes, request limits,
+errors: the same one Ray Serve mounts) on uvicorn, an event loop: thousands of idle connections cost a
+few kB each, not a thread. While it loads and warms up, ``/v2/health/live`` answers 200 and
+``/v2/health/ready`` and the model's routes 503; then it prints what it serves. A port in use, or no
+version that loads, exits 1 in one line.
 
 Connections are bounded by ``BoundedH11Protocol`` (uvicorn's h11 protocol, which by itself times out
 neither a connection that never sends a byte nor headers sent a byte at a time): from the moment a
@@ -44,7 +47,7 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from serving import batching, rest
 from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
-from serving.servable import RUNTIMES, NoVersionLoads, Servable
+from serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
@@ -197,8 +200,8 @@ class _Uvicorn(uvicorn.Server):
 
 
 class Server:
-    """``make_server``'s server: bound and its model loaded, not yet serving. ``serve_forever()`` serves
-    in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
+    """``make_server``'s server: bound (and its model loaded, unless in the background), not yet serving.
+    ``serve_forever()`` serves in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
     closes the socket and drains the batcher. ``server_address``, ``model`` and ``batcher`` (None
     unless batching) as on ``socketserver``'s servers; ``grpc_address`` (host, port) with ``grpc_port``,
     whose gRPC server is bound here, on the event loop ``serve_forever`` runs, and served beside REST."""
@@ -272,14 +275,16 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
                 enable_batching=DEFAULT_ENABLE_BATCHING, batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
                 batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
                 batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False, grpc_port=None,
-                **limit_values):
-    """A ``Server`` for the latest version under ``model_base`` (loaded, not yet serving). ``limits`` is
+                load_in_background=False, **limit_values):
+    """A ``Server`` for the latest version under ``model_base``: bound, then loaded (or, with
+    ``load_in_background``, loaded once it serves: ``ServingState``), not yet serving. ``limits`` is
     a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
     (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's. ``port=0`` picks a free
     port: read it from ``server.server_address[1]``. With ``enable_batching``, ``server.batcher`` is
     the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one; ``server.grpc_address``)
     also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc`` extra (ImportError in one
-    line otherwise). Every argument is checked before the model loads."""
+    line otherwise). Every argument, the runtime for the newest version and the ports are checked before
+    the model loads."""
     unknown = sorted(set(limit_values) - {field.name for field in dataclasses.fields(RequestLimits)})
     if unknown:
         raise TypeError(f"make_server() got unexpected keyword arguments {unknown}")
@@ -297,15 +302,19 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
             raise ValueError(f"Invalid grpc_port={grpc_port!r}: expected a port 0-65535 (0: any free port) or None.")
         check_grpc_installed()
     name = model_name_or_default(model_base, model_name)
+    choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # one line (Value/ImportError) if not
     options = dict(max_batch_size=batching_max_size, timeout=batching_timeout_ms / 1000,
                    max_queue=batching_max_queue, num_threads=batching_threads) if enable_batching else None
-    state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits, options)
-    state.start()
+    state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits, options,
+                         load_in_background=load_in_background)
+    server = Server(state, host, port, verbose, grpc_port=grpc_port)  # a port in use: PortInUse before loading
     try:
-        return Server(state, host, port, verbose, grpc_port=grpc_port)
-    except BaseException:  # e.g. the port is taken: stop the batcher's threads
-        state.close()
+        if not load_in_background:
+            state.start()
+    except BaseException:
+        server.server_close()
         raise
+    return server
 
 
 def check_grpc_installed():
@@ -366,14 +375,32 @@ def main(argv=None):
             limits=RequestLimits.from_args(args), enable_batching=args.enable_batching,
             batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
             batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads,
-            runtime=args.runtime, verbose=args.verbose, grpc_port=args.grpc_port,
+            runtime=args.runtime, verbose=args.verbose, grpc_port=args.grpc_port, load_in_background=True,
         )
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:  # no runtime installed for what the version holds
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    except (NoVersionLoads, PortInUse) as error:  # each skipped version was logged in one line as it failed
+    except PortInUse as error:
         parser.exit(1, f"{parser.prog}: error: {error}\n")
+    threading.Thread(target=announce, args=(server, parser.prog), daemon=True).start()
+    try:
+        server.serve_forever()  # until SIGTERM or SIGINT, then drained; or until the model fails to load
+    finally:
+        server.server_close()
+    return 0 if server.state.load_error is None else 1
+
+
+def announce(server, prog):
+    """Once the model serves: the lines saying what is served where. If it fails to load: one line (each
+    skipped version was logged in one line as it failed), and the server stops."""
+    while not server.state.ready.wait(0.1):
+        if server.state.load_error is not None:
+            error = server.state.load_error
+            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr,
+                  flush=True)
+            server.shutdown()
+            return
     host, port = server.server_address[:2]
     model = server.model
     print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"
@@ -381,11 +408,6 @@ def main(argv=None):
     if server.grpc_address is not None:
         grpc_host, grpc_port = server.grpc_address
         print(f"gRPC (TF Serving's PredictionService and ModelService) at {grpc_host}:{grpc_port}", flush=True)
-    try:
-        server.serve_forever()  # until SIGTERM or SIGINT, then drained
-    finally:
-        server.server_close()
-    return 0
 
 
 if __name__ == "__main__":

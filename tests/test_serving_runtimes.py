@@ -7,9 +7,11 @@ import io
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -187,3 +189,79 @@ def test_a_served_file_changed_on_disk_changes_no_answer(exported, tmp_path, run
     finally:
         process.terminate()
         process.wait(timeout=60)
+
+
+# keras-preact-serve whose model loads only once the file $LOAD_GATE exists: a slow load, made to wait.
+GATED_SERVE = """
+import os, sys, time
+from training.machine.start_up import quiet_tensorflow_start_up
+quiet_tensorflow_start_up()  # as the console script starts
+from serving import server
+
+class GatedServable(server.Servable):
+    def _load(self, *args):
+        while not os.path.exists(os.environ["LOAD_GATE"]):
+            time.sleep(0.05)
+        super()._load(*args)
+
+server.Servable = GatedServable
+from serving.console import serve
+sys.exit(serve(sys.argv[1:]))
+"""
+
+
+def get(port, path):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    reply = response.status, json.loads(response.read())
+    conn.close()
+    return reply
+
+
+def gated_serve(model_base, port, gate):
+    return subprocess.Popen([sys.executable, "-c", GATED_SERVE, str(model_base), "--port", str(port)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "LOAD_GATE": str(gate)})
+
+
+def test_the_console_binds_first_and_is_ready_only_once_the_model_is_loaded(exported, tmp_path):
+    """Issue 36, case 12: keras-preact-serve listens while its model loads: live 200, ready 503, model
+    routes 503; once loaded and warmed up, it prints what it serves and is ready."""
+    _, onnx_only = exported
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    process = gated_serve(onnx_only.parent, port, tmp_path / "gate")
+    try:
+        live, deadline = None, time.monotonic() + 120
+        while time.monotonic() < deadline and process.poll() is None:
+            try:
+                live = get(port, "/v2/health/live")
+                break
+            except ConnectionRefusedError:
+                time.sleep(0.1)
+        assert live == (200, {"live": True})
+        assert get(port, "/v2/health/ready") == (503, {"ready": False})
+        assert get(port, "/v1/models/onnx_only") == (503, {"error": "The model is loading or warming up; retry later."})
+        (tmp_path / "gate").touch()
+        assert "Serving model 'onnx_only' version 2" in process.stdout.readline()
+        assert get(port, "/v2/health/ready") == (200, {"ready": True})
+    finally:
+        (tmp_path / "gate").touch()
+        process.terminate()
+        process.wait(timeout=60)
+
+
+def test_a_port_in_use_is_refused_before_the_model_loads(exported, tmp_path):
+    """The port is bound before anything loads: held by another socket, exit 1 in one line at once,
+    though the model would never load (its gate stays shut)."""
+    _, onnx_only = exported
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        process = gated_serve(onnx_only.parent, port, tmp_path / "gate")
+        try:
+            _, stderr = process.communicate(timeout=120)
+        finally:
+            process.kill()
+    assert process.returncode == 1 and stderr.startswith(f"keras-preact-serve: error: port {port} is in use"), stderr
