@@ -5,8 +5,9 @@
 
 Every replica mounts the ASGI application of ``keras-preact-serve`` (``serving.app``,
 ``@serve.ingress``): the same paths, formats, errors and request limits (``RequestLimits``; Ray Serve's
-proxy owns the connections, so ``--request-timeout`` bounds a body's arrival in the app and idle
-kept-alive connections in the proxy, and there is no ``--max-connections``). The app's lifespan loads
+proxy owns the connections, bounded as ``keras-preact-serve`` bounds them, ``--request-timeout`` rounded
+up, by ``connections`` in Ray's workers (``PROXY_RUNTIME_ENV``; not where Serve runs already), and there
+is no ``--max-connections``). The app's lifespan loads
 the latest version under the base directory in each replica (``servable.Servable``) and starts the
 same ``batching.Batcher`` as ``keras-preact-serve --enable-batching``: predict requests a replica
 receives within ``merge_wait_s`` of each other are merged into one model call of at most
@@ -43,6 +44,7 @@ DEFAULT_REPLICAS = 1
 DEFAULT_MERGE_BATCH_SIZE = 32
 DEFAULT_MERGE_WAIT_S = 0.005
 MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
+PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "serving.connections.ray_proxy_setup_hook"}
 
 
 def replica_headers():
@@ -162,9 +164,9 @@ def main(argv=None):
         # address="local": a Ray instance of its own, even where another runs on this machine (without it, Ray
         # joins the latest cluster started here, and refuses --num-cpus for it).
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
-                 include_dashboard=False)
+                 include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
     else:
-        ray.init(address=args.address)
+        ray.init(address=args.address, runtime_env=PROXY_RUNTIME_ENV)
         nodes = sum(node["Alive"] for node in ray.nodes())
         if needed > nodes:
             waiting = args.replicas - nodes * args.max_replicas_per_node

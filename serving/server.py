@@ -12,20 +12,16 @@ few kB each, not a thread. While it loads and warms up, ``/v2/health/live`` answ
 ``/v2/health/ready`` and the model's routes 503; then it prints what it serves. A port in use, or no
 version that loads, exits 1 in one line.
 
-Connections are bounded by ``BoundedH11Protocol`` (uvicorn's h11 protocol, which by itself times out
-neither a connection that never sends a byte nor headers sent a byte at a time): from the moment a
-connection is ready for a request (opened, or its last reply sent) the client has ``--request-timeout``
-seconds to send the whole request, headers and body; then it gets a 408 (or, idle, is closed). Beyond
-``--max-connections`` open connections, a new one is answered 503 and closed at once. Pipelined
-requests are answered in order. SIGTERM or SIGINT stops accepting, closes idle connections, lets the
-requests in flight finish (at most ``DRAIN_TIMEOUT`` seconds) and drains the batcher, then exits 0.
-With ``--enable-batching``, concurrent predict requests are merged into batched model calls
-(``serving.batching``: ``--batching-max-size``, ``--batching-timeout-ms``,
-``--batching-max-queue`` (503 beyond), ``--batching-threads``). ``--grpc-port`` also serves TF Serving's
-gRPC API (``serving.grpc_service``) on the same event loop, model, batcher and limits,
-drained with REST on SIGTERM; it needs TensorFlow and ``pip install 'keras-preact[grpc]'``. Predictions
-run the exported artifacts in their runtimes (Pillow reads image headers; the accepted formats are
-``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
+Connections are bounded by ``connections.BoundedH11Protocol`` (``--request-timeout`` to send a whole
+request, ``--max-connections``). Pipelined requests are answered in order. SIGTERM or SIGINT stops
+accepting, closes idle connections, lets the requests in flight finish (at most ``DRAIN_TIMEOUT``
+seconds) and drains the batcher, then exits 0. With ``--enable-batching``, concurrent predict requests
+are merged into batched model calls (``serving.batching``: ``--batching-max-size``,
+``--batching-timeout-ms``, ``--batching-max-queue`` (503 beyond), ``--batching-threads``).
+``--grpc-port`` also serves TF Serving's gRPC API (``serving.grpc_service``) on the same event loop,
+model, batcher and limits, drained with REST on SIGTERM; it needs TensorFlow and ``pip install
+'keras-preact[grpc]'``. Predictions run the exported artifacts in their runtimes (Pillow reads image
+headers; the accepted formats are ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
 """
 
 import argparse
@@ -34,7 +30,6 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import http
 import os
 import signal
 import socket
@@ -43,97 +38,16 @@ import threading
 
 import uvicorn
 from uvicorn._compat import asyncio_run
-from uvicorn.protocols.http.h11_impl import H11Protocol
 
-from serving import batching, rest
+from serving import batching
 from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
+from serving.connections import BoundedH11Protocol
 from serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
 GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what serving.grpc_service imports
-
-
-def raw_reply(status, message):
-    """A whole HTTP/1.1 JSON error reply that closes the connection, for a connection with no request
-    parsed (h11 would refuse to send a response before one)."""
-    body = rest.error_body(message)
-    return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
-            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
-
-
-class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 connection with a deadline per request and a cap on connections (module docstring).
-
-    The deadline runs while a request is awaited: from the connection's start or its last reply until the
-    request's body has arrived whole (then the app has it; predict time is not bounded here). Bytes
-    arriving meanwhile do not restart it, so a client sending one byte a second is cut off as surely as
-    an idle one."""
-
-    def __init__(self, *args, limits, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.limits = limits
-        self._deadline = None  # the TimerHandle while a request is awaited
-        self._received = False  # some bytes of the awaited request arrived
-        self._rejected = False
-
-    def connection_made(self, transport):
-        if len(self.connections) >= self.limits.max_connections:
-            self._rejected = True
-            transport.write(raw_reply(503, f"Too many connections (limit {self.limits.max_connections}); retry later."))
-            transport.close()
-            return
-        super().connection_made(transport)
-        self._watch()
-
-    def connection_lost(self, exc):
-        if not self._rejected:
-            self._cancel()
-            super().connection_lost(exc)
-
-    def data_received(self, data):
-        if self._rejected:
-            return
-        self._received = True
-        super().data_received(data)
-        self._watch()
-
-    def on_response_complete(self):
-        super().on_response_complete()  # may start a pipelined request already received
-        self._watch()
-
-    def send_400_response(self, msg):
-        """A request h11 cannot parse (uvicorn's ``msg`` says no more): a JSON 400 like every other
-        error, then closed."""
-        self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
-                                            "or chunk, or no Host header."))
-        self.transport.close()
-
-    def _cancel(self):
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _watch(self):
-        """Arm the deadline when a request is awaited (and it is not armed yet); cancel it otherwise."""
-        cycle = self.cycle
-        awaited = cycle is None or cycle.more_body or cycle.response_complete
-        if self.transport.is_closing() or not awaited:
-            self._cancel()
-        elif self._deadline is None:
-            self._received = bool(self.conn.trailing_data[0])  # a pipelined request's first bytes
-            self._deadline = self.loop.call_later(self.limits.request_timeout, self._expire)
-
-    def _expire(self):
-        self._deadline = None
-        if self.transport.is_closing():
-            return
-        cycle = self.cycle
-        replying = cycle is not None and cycle.response_started and not cycle.response_complete
-        if self._received and not replying:
-            self.transport.write(raw_reply(408, f"The request did not arrive within {self.limits.request_timeout:g} s."))
-        self.transport.close()  # the app, if it was reading the body, sees the client gone
 
 
 class PortInUse(OSError):
@@ -218,7 +132,7 @@ class Server:
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(
-            create_app(state), http=functools.partial(BoundedH11Protocol, limits=limits), ws="none", lifespan="on",
+            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none", lifespan="on",
             proxy_headers=False, server_header=False, backlog=LISTEN_BACKLOG,
             timeout_keep_alive=limits.request_timeout, timeout_graceful_shutdown=DRAIN_TIMEOUT,
             log_config=uvicorn.config.LOGGING_CONFIG if verbose else None, log_level="info" if verbose else "warning",

@@ -184,19 +184,43 @@ def test_body_over_the_limit_is_refused_from_its_header(served):
     conn.close()
 
 
-def test_a_body_that_never_arrives_gets_408_and_an_idle_kept_alive_connection_is_closed(served):
-    """The app bounds the body's arrival in every replica as in the local server; Ray Serve's proxy
-    closes a kept-alive connection idle for the request timeout."""
+def test_the_proxy_bounds_connections_as_the_local_server_does(served):
+    """Issue 36, case 12: within the request timeout of its opening or last reply, a connection at Ray
+    Serve's proxy must have sent a whole request: one sending no byte is closed, headers sent a byte every
+    0.5 s (slowloris) and a body that never arrives get the local server's 408, and a kept-alive
+    connection is closed once idle (Ray's own settings time out only the last)."""
     port, _ = served
-    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
-        sock.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
-        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed
-    assert head.startswith(b"HTTP/1.1 408")
-    assert json.loads(body) == {"error": f"The request body did not arrive within {float(REQUEST_TIMEOUT)} s."}
-    with socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 60) as sock:
-        sock.sendall(b"GET /v1/models/cifar HTTP/1.1\r\nHost: x\r\n\r\n")
-        head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed when idle
-    assert head.startswith(b"HTTP/1.1 200") and b"model_version_status" in body
+    slowloris = b"GET /v1/models/cifar HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100
+    stop = threading.Event()
+
+    def drip(sock):
+        for byte in slowloris:
+            if stop.wait(0.5):
+                return
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:  # closed by the proxy
+                return
+
+    def connect():
+        return socket.create_connection(("127.0.0.1", port), timeout=REQUEST_TIMEOUT + 30)
+
+    with connect() as silent, connect() as slow, connect() as no_body, connect() as kept_alive:
+        dripper = threading.Thread(target=drip, args=(slow,))
+        dripper.start()
+        no_body.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{")
+        kept_alive.sendall(b"GET /v1/models/cifar HTTP/1.1\r\nHost: x\r\n\r\n")
+        try:
+            for sock in (slow, no_body):
+                head, _, body = sock.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed
+                assert head.startswith(b"HTTP/1.1 408")
+                assert json.loads(body) == {"error": f"The request did not arrive within {REQUEST_TIMEOUT:g} s."}
+            head, _, body = kept_alive.makefile("rb").read().partition(b"\r\n\r\n")  # the reply, then closed
+            assert head.startswith(b"HTTP/1.1 200") and b"model_version_status" in body
+            assert silent.recv(1) == b""
+        finally:
+            stop.set()
+            dripper.join(30)
 
 
 def test_concurrent_single_image_requests_are_merged_on_both_replicas(served):
@@ -372,7 +396,8 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
     assert capsys.readouterr().err == (
         "keras-preact-serve-ray: warning: --replicas 3 with --max-replicas-per-node 1 needs 3 nodes and the cluster "
         "has 2: 1 replica(s) wait for nodes to join, and this command until they run (the others serve meanwhile)\n")
-    assert calls == [("init", {"address": "auto"}), ("delete", "cifar"), ("shutdown",)]
+    assert calls == [("init", {"address": "auto", "runtime_env": ray_serve.PROXY_RUNTIME_ENV}), ("delete", "cifar"),
+                     ("shutdown",)]
     assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "4", "--max-replicas-per-node", "2"]) == 0
     assert capsys.readouterr().err == ""
 

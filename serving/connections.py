@@ -1,0 +1,101 @@
+"""``BoundedH11Protocol``: uvicorn's h11 protocol with a deadline per request and a cap on open connections,
+for ``keras-preact-serve`` and (``ray_proxy_setup_hook``) Ray Serve's proxy. Why: uvicorn 0.54 (h11 or
+httptools) times out a connection idle after a reply, but neither one that never sends a request nor
+headers sent a byte at a time (slowloris); Ray Serve 2.60's proxy is uvicorn with that timeout alone
+(its ``request_timeout_s`` starts once a request is read). It imports uvicorn alone: no model code.
+"""
+
+import http
+import json
+
+from uvicorn import config
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+
+def raw_reply(status, message):
+    """A whole HTTP/1.1 JSON error reply that closes the connection, for a connection with no request
+    parsed (h11 would refuse to send a response before one)."""
+    body = json.dumps({"error": message}).encode()  # as every error of the app (``rest.error_body``)
+    return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
+            f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
+
+
+class BoundedH11Protocol(H11Protocol):
+    """uvicorn's h11 connection with a deadline per request, the server's keep-alive timeout (
+    ``--request-timeout``), and, given ``max_connections``, a cap on open connections (503 beyond).
+
+    The deadline runs while a request is awaited: from the connection's start or its last reply until the
+    request's body has arrived whole (then the app has it; predict time is not bounded here), then a 408
+    (idle: closed). Bytes arriving meanwhile do not restart it, so a client sending one byte a second is
+    cut off as surely as an idle one."""
+
+    def __init__(self, *args, max_connections=None, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.max_connections = max_connections
+        self._deadline = None  # the TimerHandle while a request is awaited
+        self._received = False  # some bytes of the awaited request arrived
+        self._rejected = False
+
+    def connection_made(self, transport):
+        if self.max_connections is not None and len(self.connections) >= self.max_connections:
+            self._rejected = True
+            transport.write(raw_reply(503, f"Too many connections (limit {self.max_connections}); retry later."))
+            transport.close()
+            return
+        super().connection_made(transport)
+        self._watch()
+
+    def connection_lost(self, exc):
+        if not self._rejected:
+            self._cancel()
+            super().connection_lost(exc)
+
+    def data_received(self, data):
+        if self._rejected:
+            return
+        self._received = True
+        super().data_received(data)
+        self._watch()
+
+    def on_response_complete(self):
+        super().on_response_complete()  # may start a pipelined request already received
+        self._watch()
+
+    def send_400_response(self, msg):
+        """A request h11 cannot parse (uvicorn's ``msg`` says no more): a JSON 400 like every other
+        error, then closed."""
+        self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
+                                            "or chunk, or no Host header."))
+        self.transport.close()
+
+    def _cancel(self):
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _watch(self):
+        """Arm the deadline when a request is awaited (and it is not armed yet); cancel it otherwise."""
+        cycle = self.cycle
+        awaited = cycle is None or cycle.more_body or cycle.response_complete
+        if self.transport.is_closing() or not awaited:
+            self._cancel()
+        elif self._deadline is None:
+            self._received = bool(self.conn.trailing_data[0])  # a pipelined request's first bytes
+            self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
+
+    def _expire(self):
+        self._deadline = None
+        if self.transport.is_closing():
+            return
+        cycle = self.cycle
+        replying = cycle is not None and cycle.response_started and not cycle.response_complete
+        if self._received and not replying:
+            self.transport.write(raw_reply(408, f"The request did not arrive within {self.timeout_keep_alive:g} s."))
+        self.transport.close()  # the app, if it was reading the body, sees the client gone
+
+
+def ray_proxy_setup_hook():
+    """Ray's ``worker_process_setup_hook`` (``keras-preact-serve-ray``): uvicorn's default HTTP protocol
+    is ``BoundedH11Protocol`` in every Ray worker of the job, so Ray Serve's proxy (uvicorn, ``http="auto"``)
+    bounds each request by its keep-alive timeout."""
+    config.HTTP_PROTOCOLS["auto"] = f"{__name__}:BoundedH11Protocol"
