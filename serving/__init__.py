@@ -14,7 +14,8 @@ _METRICS_HINT = 'serving needs prometheus_client for its metrics: pip install "k
 _RAY_HINT = 'serving on Ray needs Ray Serve: pip install "keras-preact[ray]"'
 _INSTALL_HINTS = {
     "keras-preact-serve": {"starlette": _SERVE_HINT, "uvicorn": _SERVE_HINT, "h11": _SERVE_HINT,
-                           "prometheus_client": _METRICS_HINT},
+                           "prometheus_client": _METRICS_HINT,
+                           "yaml": 'serving needs PyYAML for its OpenAPI document: pip install "keras-preact[serve]"'},
     "keras-preact-serve-ray": {"ray": _RAY_HINT, "starlette": _RAY_HINT, "prometheus_client": _RAY_HINT},
 }
 

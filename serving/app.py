@@ -1,34 +1,25 @@
-"""TF Serving's REST API as one ASGI application (Starlette): served by ``keras-preact-serve`` on uvicorn
-(``serving.server``) and mounted unchanged by every Ray Serve replica (``@serve.ingress``,
-``serving.ray_serve``). Routing, request limits, errors and replies are written here alone.
-
-On the paths TF Serving uses:
-
-- ``GET /v1/models/<name>[/versions/<v>]``: model status,
-- ``GET /v1/models/<name>[/versions/<v>]/metadata``: signature definitions,
-- ``POST /v1/models/<name>[/versions/<v>]:predict``: ``instances`` or ``inputs`` requests,
-- ``GET /openapi.json``: this API as an OpenAPI document (``openapi.document``),
-- ``GET /monitoring/prometheus/metrics``: Prometheus metrics (``metrics.ServingMetrics``: requests,
-  latency, batch sizes, queue depth), from a registry of this application's own;
-
-and KServe's Open Inference Protocol (v2, ``serving.v2``; Triton's binary tensor data
-extension, so ``tritonclient.http`` works unchanged): ``GET /v2`` (server metadata), ``GET /v2/health/live``
-(200 unless loading the model failed), ``GET /v2/health/ready`` (200 once the model is loaded and warmed
-up, ``warm_up``; 503 before), ``GET /v2/models/<name>[/versions/<v>]`` (model metadata),
-``GET .../ready`` and ``POST .../infer`` (UINT8 or FP32 ``images`` or BYTES ``image_bytes``: the signature
-is chosen by the inputs' names and datatypes, or ``parameters.signature_name``). v2 requests get the same
-limits and errors as REST, as ``{"error": message}`` with the same HTTP status.
+"""TF Serving's REST API and KServe's Open Inference Protocol as one ASGI application (Starlette): served
+by ``keras-preact-serve`` on uvicorn (``serving.server``) and mounted unchanged by every Ray Serve replica
+(``@serve.ingress``, ``serving.ray_serve``). Its routes are declared once, in ``ROUTES``; the OpenAPI
+document at ``GET /openapi.json`` is generated from them (``openapi.document``). TF Serving's paths:
+``/v1/models/<name>[/versions/<v>]`` (status), ``.../metadata`` and ``...:predict``; the Open Inference
+Protocol's (``serving.v2``, with Triton's binary tensor data, so ``tritonclient.http`` works unchanged):
+``/v2``, ``/v2/health/live|ready`` (live unless loading failed; ready once loaded and warmed up),
+``/v2/models/<name>[/versions/<v>]`` (metadata), ``.../ready``, ``.../infer`` (the signature chosen by the
+inputs' names and datatypes, or ``parameters.signature_name``) and Triton's ``.../config``, ``.../stats``
+and ``POST /v2/repository/index``; and Prometheus metrics (``metrics.ServingMetrics``).
 
 Every resource a request can make the app use is bounded by one record, ``RequestLimits``: the body
-(``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive
-(408), the batch, and the pixels an encoded image may decode to and its aspect ratio (read from the
-header before anything is decoded); 413 beyond. The same record bounds connections in the local server
-(``server.BoundedH11Protocol``). Every request's body is read before the reply, so a kept-alive
-connection never desynchronises; a reply that leaves a body unread closes the connection. Every bad
-request gets a 4xx with ``{"error": message}`` and never stops the server. With batching, predict
-requests are merged by ``batching.Batcher`` (awaited, no thread held per request) and replies carry
-``X-Batch-Id`` (the model call that ran them, numbered per process) and ``X-Batch-Size`` (its examples).
-Decoding, predicting and encoding run in worker threads, so the event loop keeps reading connections.
+(``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive (408),
+the examples per request, and the pixels an encoded image may decode to and its aspect ratio (read from
+the header before anything is decoded); 413 beyond. The same record bounds connections in the local
+server (``server.BoundedH11Protocol``). Every request's body is read before the reply (``_Served``), so
+a kept-alive connection never desynchronises; a reply that leaves a body unread closes the connection.
+Every error is ``{"error": message}`` with its HTTP status, and never stops the server. With batching
+(``batching.BatchingOptions``), predict requests are merged by ``batching.Batcher`` (awaited, no thread
+held per request) and replies carry ``X-Batch-Id`` (the model call that ran them, numbered per process)
+and ``X-Batch-Size`` (its examples). Decoding, predicting and encoding run in worker threads, so the
+event loop keeps reading connections.
 """
 
 import asyncio
@@ -44,20 +35,22 @@ import time
 import numpy as np
 from starlette.applications import Starlette
 from starlette.concurrency import run_in_threadpool
+from starlette.convertors import StringConvertor, register_url_convertor
+from starlette.datastructures import MutableHeaders
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import Response
+from starlette.routing import Route
 
 import keras_preact
 from serving import batching, metrics, openapi, rest, v2
 from serving.metrics import ServingMetrics
 from serving.rest import RequestError
 
+JSON = "application/json"
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
-_V2_PATH = re.compile(r"^/v2/models/(?P<name>[^/]+)(?:/versions/(?P<version>[^/]+))?(?P<rest>/ready|/infer)?$")
-_V2_APIS = {("GET", None): "v2:model_metadata", ("GET", "/ready"): "v2:model_ready", ("POST", "/infer"): "v2:infer"}
-_V1_APIS = {("GET", None): "v1:status", ("GET", "/metadata"): "v1:metadata", ("POST", ":predict"): "v1:predict"}
-_PATH = re.compile(r"^/v1/models/(?P<name>[^/:]+)(?:/versions/(?P<version>[^/:]+))?(?P<rest>/metadata|:[A-Za-z]+)?$")
 
 
 def _limit(default, help, *, server_only=False):  # noqa: A002 - argparse's word
@@ -133,41 +126,6 @@ class Call:
     api: str = ""
     model: str = ""
     signature: str = ""
-    counted: bool = True
-
-
-def route(state, method, path, call):
-    """The reply body of a status or metadata request, or None for a predict request, to the model
-    ``state`` serves; a ``RequestError`` (404 for an unknown path, model or version; 503 before the
-    model is ready) otherwise. ``call`` (a ``Call``) learns what the request was."""
-    match = _PATH.match(path.split("?", 1)[0])
-    if not match:
-        raise RequestError(f"Unknown path {path!r}: expected /v1/models/<name>[/versions/<v>][/metadata|:predict].", 404)
-    verb = match["rest"]
-    call.api = _V1_APIS.get((method, verb), "")
-    state.check_ready()
-    model = state.model
-    if match["name"] != model.name:
-        raise RequestError(f"Servable not found for request: Latest({match['name']}); serving model '{model.name}'.", 404)
-    call.model = model.name
-    failed = [str(f.version) for f in getattr(model, "failed", ())]  # newer versions that did not load
-    if method == "GET" and verb is None and failed and match["version"] in (*failed, str(model.version)):
-        return json.dumps(model.status(match["version"])).encode()
-    if match["version"] is not None and match["version"] != str(model.version):
-        raise RequestError(
-            f"Servable not found for request: Specific({match['name']}, {match['version']}); "
-            f"loaded version is {model.version}.",
-            404,
-        )
-    if method == "GET" and verb is None:
-        return json.dumps(model.status()).encode()
-    if method == "GET" and verb == "/metadata":
-        return json.dumps(model.metadata).encode()
-    if method == "POST" and verb == ":predict":
-        return None
-    if method == "POST" and verb in (":classify", ":regress"):
-        raise RequestError(f"{verb[1:]} is not supported: the signatures are predict signatures; use :predict.")
-    raise RequestError(f"{method} {path} is not a TF Serving REST route.", 404)
 
 
 def check_signature(model, signature_name, call=None):
@@ -239,7 +197,7 @@ def warm_up(model):
 
 class ServingState:
     """What one process serves: the model (``load()``, e.g. a ``servable.Servable``), its limits, the
-    ``batching.Batcher`` when ``batching`` (its keyword arguments) is given, constant reply headers
+    ``batching.Batcher`` when ``batching`` (a ``batching.BatchingOptions``) is given, constant reply headers
     (``identify()``: e.g. the Ray Serve replica) and its ``metrics.ServingMetrics``. ``start`` loads the
     model, warms it up (``warm_up``), starts the batcher and then sets ``ready`` (once); with
     ``load_in_background`` the app's lifespan runs ``start`` in a thread and serves meanwhile: health and
@@ -282,7 +240,7 @@ class ServingState:
                 warm_up(model)
             self.headers = dict(self._identify()) if self._identify else {}
             if self.batching is not None:
-                self.batcher = batching.Batcher(functools.partial(self.predict, model), **self.batching)
+                self.batcher = batching.Batcher(functools.partial(self.predict, model), self.batching)
             self.model = model
             self.metrics.model_started(model.name, self.batcher.queued if self.batcher is not None else lambda: 0)
             self.ready.set()
@@ -360,14 +318,6 @@ async def run_predict(state, signature_name, inputs):
     return result.outputs, {"X-Batch-Id": str(result.call), "X-Batch-Size": str(result.call_size)}
 
 
-async def _predict(state, body, call):
-    """(reply body, headers) of a TF Serving predict request."""
-    signature_name, inputs, mode = await run_in_threadpool(decode_predict, state.model, body, call,
-                                                           **state.limits.model_limits())
-    outputs, headers = await run_predict(state, signature_name, inputs)
-    return await run_in_threadpool(rest.encode_outputs, outputs, mode), headers
-
-
 def _decode_infer(model, body, header_length, call, limits):
     """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
     request, binary = v2.parse_request(body, header_length)
@@ -378,116 +328,289 @@ def _decode_infer(model, body, header_length, call, limits):
     return request, signature_name, inputs
 
 
-async def _answer_v2(request, state, body, call):
-    """The reply to an Open Inference Protocol request (``v2``) but health: server and model metadata,
-    model readiness, infer."""
-    method, path = request.method, request.url.path
-    if path == "/v2":
-        call.api = "v2:server_metadata"
-        if method != "GET":
-            raise RequestError("/v2 answers GET only.", 405)
-        return _reply(state, 200, json.dumps(v2.server_metadata(keras_preact.__version__)).encode())
-    match = _V2_PATH.match(path)
-    if not match:
-        raise RequestError(f"Unknown path {path!r}: expected /v2, /v2/health/live|ready or "
-                           "/v2/models/<name>[/versions/<v>][/ready|/infer].", 404)
-    verb = match["rest"]
-    call.api = _V2_APIS.get((method, verb), "")
+def _json(value, status=200, headers=None):
+    return Response(json.dumps(value).encode(), status, headers, media_type=JSON)
+
+
+def _served(request, failed_too=False):
+    """(state, model) of a request to a model route: 503 before the model is ready; 404 unless the path
+    names the served model (when it names one) and its version (or, ``failed_too``, one that failed to
+    load), in TF Serving's words on /v1 and KServe's on /v2. The request's ``Call`` learns the model."""
+    state = request.app.state.serving
     state.check_ready()
-    model = state.model
-    if match["name"] != model.name:
-        raise RequestError(f"Request for unknown model: '{match['name']}' is not found; serving model "
-                           f"'{model.name}'.", 404)
-    call.model = model.name
-    if match["version"] is not None and match["version"] != str(model.version):
-        raise RequestError(f"Request for unknown model: '{match['name']}' version {match['version']} is not found; "
-                           f"loaded version is {model.version}.", 404)
-    if not call.api:
-        raise RequestError(f"{method} {path} is not an Open Inference Protocol route.", 405)
-    if call.api == "v2:model_metadata":
-        return _reply(state, 200, json.dumps(v2.model_metadata(model)).encode())
-    if call.api == "v2:model_ready":
-        return _reply(state, 200, json.dumps({"name": model.name, "ready": True}).encode())
+    model, v1 = state.model, request.url.path.startswith("/v1/")
+    name, version = request.path_params.get("model_name", model.name), request.path_params.get("version")
+    if name != model.name:
+        raise RequestError(f"Servable not found for request: Latest({name}); serving model '{model.name}'." if v1 else
+                           f"Request for unknown model: '{name}' is not found; serving model '{model.name}'.", 404)
+    request.state.call.model = name
+    known = [str(model.version), *(str(f.version) for f in getattr(model, "failed", ()) if failed_too)]
+    if version is not None and version not in known:
+        raise RequestError(f"Servable not found for request: Specific({name}, {version}); loaded version is "
+                           f"{model.version}." if v1 else f"Request for unknown model: '{name}' version {version} is "
+                           f"not found; loaded version is {model.version}.", 404)
+    return state, model
+
+
+# Each endpoint's docstring after "---" is its OpenAPI operation (YAML, read by ``openapi.document``, which
+# adds the path parameters, and the errors of a route with parameters).
+async def v1_status(request):
+    """---
+    summary: TF Serving model status (the served version, and newer ones that failed to load)
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}
+    """
+    _, model = _served(request, failed_too=True)
+    version = request.path_params.get("version")
+    return _json(model.status(version) if version and getattr(model, "failed", ()) else model.status())
+
+
+async def v1_metadata(request):
+    """---
+    summary: TF Serving model metadata (signature definitions)
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelMetadata'}}}}}
+    """
+    return _json(_served(request)[1].metadata)
+
+
+async def v1_predict(request):
+    """---
+    summary: TF Serving predict
+    requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/PredictRequest'}}}}
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}
+    """
+    state, model = _served(request)
+    signature_name, inputs, mode = await run_in_threadpool(decode_predict, model, await request.body(),
+                                                           request.state.call, **state.limits.model_limits())
+    outputs, headers = await run_predict(state, signature_name, inputs)
+    return Response(await run_in_threadpool(rest.encode_outputs, outputs, mode), headers=headers, media_type=JSON)
+
+
+async def v1_unsupported(request):
+    """TF Serving's classify and regress verbs, which need classify or regress signatures (a 400)."""
+    _served(request)
+    verb = request.url.path.rsplit(":", 1)[1]
+    raise RequestError(f"{verb} is not supported: the signatures are predict signatures; use :predict.")
+
+
+async def v2_server_metadata(request):
+    """---
+    summary: Open Inference Protocol server metadata
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}
+    """
+    return _json(v2.server_metadata(keras_preact.__version__))
+
+
+async def live(request):
+    """---
+    summary: Server live (unless loading the model failed)
+    responses: {'200': {description: live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}},
+                '503': {description: not live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}}}
+    """
+    is_live = request.app.state.serving.load_error is None
+    return _json({"live": is_live}, 200 if is_live else 503)
+
+
+async def ready(request):
+    """---
+    summary: Server ready (the model loaded and warmed up)
+    responses: {'200': {description: ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}},
+                '503': {description: not ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}}}
+    """
+    is_ready = request.app.state.serving.ready.is_set()
+    return _json({"ready": is_ready}, 200 if is_ready else 503)
+
+
+async def v2_model_metadata(request):
+    """---
+    summary: Open Inference Protocol model metadata
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelMetadata'}}}}}
+    """
+    return _json(v2.model_metadata(_served(request)[1]))
+
+
+async def v2_model_ready(request):
+    """---
+    summary: Open Inference Protocol model readiness
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelReady'}}}}}
+    """
+    return _json({"name": _served(request)[1].name, "ready": True})
+
+
+async def v2_infer(request):
+    """---
+    summary: Open Inference Protocol infer (JSON tensors, or Triton's binary tensor data)
+    requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/InferRequest'}}}}
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/InferResponse'}},
+                                                   application/octet-stream: {schema: {type: string, format: binary}}}}}
+    """
+    state, model = _served(request)
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise RequestError(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; "
                            "send the body uncompressed.", 415)
     infer, signature_name, inputs = await run_in_threadpool(
-        _decode_infer, model, body, request.headers.get(v2.HEADER_LENGTH), call, state.limits.model_limits())
+        _decode_infer, model, await request.body(), request.headers.get(v2.HEADER_LENGTH), request.state.call,
+        state.limits.model_limits())
     outputs, headers = await run_predict(state, signature_name, inputs)
     reply, more = await run_in_threadpool(v2.encode_reply, model, infer, outputs)
-    return _reply(state, 200, reply, {**headers, **more},
-                  media_type="application/octet-stream" if more else "application/json")
+    return Response(reply, headers={**headers, **more}, media_type="application/octet-stream" if more else JSON)
 
 
-def _reply(state, status, body, headers=None, close=False, media_type="application/json"):
-    headers = {**state.headers, **(headers or {}), **({"Connection": "close"} if close else {})}
-    return Response(body, status_code=status, media_type=media_type, headers=headers)
+async def v2_model_config(request):
+    """---
+    summary: Triton's model configuration
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}
+    """
+    state, model = _served(request)
+    return _json(v2.model_config(model, state.limits.max_batch_size, state.batching))
 
 
-def _service_reply(state, method, path):
-    """The reply to a request for a ``SERVICE_PATHS`` path: metrics, the OpenAPI document, or health
-    (liveness holds unless loading failed; readiness once the model is loaded and warmed up; 200 when
-    true, 503 when false)."""
-    if method != "GET":
-        raise RequestError(f"{path} answers GET only.", 405)
-    if path == metrics.PATH:
-        return _reply(state, 200, state.metrics.exposition(), media_type=metrics.CONTENT_TYPE)
-    if path == openapi.PATH:
-        return _reply(state, 200, json.dumps(openapi.document(state.model if state.ready.is_set() else None)).encode())
-    if path == LIVE_PATH:
-        live = state.load_error is None
-        return _reply(state, 200 if live else 503, json.dumps({"live": live}).encode())
-    ready = state.ready.is_set()
-    return _reply(state, 200 if ready else 503, json.dumps({"ready": ready}).encode())
+async def v2_model_stats(request):
+    """---
+    summary: Triton's model statistics (inference requests, their time, model calls)
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatistics'}}}},
+                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}
+    """
+    state, model = _served(request)
+    return _json(v2.model_statistics(model, state.metrics))
 
 
-async def _answer(request, state, call):
-    """The reply to any request: its body read first, then routed; each error a JSON reply."""
-    try:
-        body = await read_body(request, state.limits)
-        path = request.url.path
-        if path in SERVICE_PATHS:
-            call.counted = False
-            return _service_reply(state, request.method, path)
-        if path == "/v2" or path.startswith("/v2/"):
-            return await _answer_v2(request, state, body, call)
-        reply = route(state, request.method, path, call)
-        if reply is not None:
-            return _reply(state, 200, reply)
-        return _reply(state, 200, *await _predict(state, body, call))
-    except ClientDisconnect:  # nobody to answer; the server may have closed it (server.BoundedH11Protocol)
-        return Response(status_code=499)
-    except RequestError as error:
-        return _reply(state, error.status, rest.error_body(str(error)), close=isinstance(error, _CloseAfter))
-    except RecursionError:
-        return _reply(state, 400, rest.error_body("Invalid request: values nested too deeply."))
-    except Exception as error:  # noqa: BLE001 - the server answers and stays up
-        return _reply(state, 500, rest.error_body(f"Internal error: {type(error).__name__}: {error}"))
+async def v2_repository_index(request):
+    """---
+    summary: Triton's model repository index (the served version, and newer ones that failed to load)
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/RepositoryIndex'}}}},
+                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}
+    """
+    return _json(v2.repository_index(_served(request)[1]))
 
 
-async def handle(request):
-    """Every request (``_answer``), counted and timed in the metrics."""
+async def prometheus_metrics(request):
+    """---
+    summary: Prometheus metrics
+    responses: {'200': {description: "Prometheus' text format", content: {text/plain: {schema: {type: string}}}}}
+    """
+    return Response(request.app.state.serving.metrics.exposition(), media_type=metrics.CONTENT_TYPE)
+
+
+async def openapi_document(request):
+    """---
+    summary: This OpenAPI document
+    responses: {'200': {description: OK, content: {application/json: {schema: {type: object}}}}}
+    """
     state = request.app.state.serving
-    call = Call()
-    started = time.perf_counter()
-    response = await _answer(request, state, call)
-    if call.counted:
-        state.metrics.observe_request(call.model, call.api, call.signature, response.status_code,
-                                      time.perf_counter() - started)
-    return response
+    return _json(openapi.document(request.app.routes, state.model if state.ready.is_set() else None))
 
 
-class _AnyMethod:
-    """``handle`` as an ASGI app, the router's default for every method and path (``handle`` answers each one)."""
+class _Name(StringConvertor):
+    """A model name or version in a path: no '/' or ':' (``model_name_or_default``), so ``:predict`` ends it."""
+
+    regex = "[^/:]+"
+
+
+register_url_convertor("name", _Name())
+
+
+def _model_routes(prefix, operations):
+    """Each (suffix, endpoint, method) under ``prefix/{model_name}`` and ``prefix/{model_name}/versions/{version}``,
+    named as the metrics count it (``metrics.API_NAMES``)."""
+    return [Route(f"{prefix}/{{model_name:name}}{versions}{suffix}", endpoint, methods=[method], name=api)
+            for suffix, endpoint, method, api in operations for versions in ("", "/versions/{version:name}")]
+
+
+ROUTES = [  # in the order tried: the first that matches the path and the method answers
+    *_model_routes("/v1/models", [("", v1_status, "GET", "v1:status"), ("/metadata", v1_metadata, "GET", "v1:metadata"),
+                                  (":predict", v1_predict, "POST", "v1:predict")]),
+    *(Route(f"/v1/models/{{model_name:name}}{versions}:{verb}", v1_unsupported, methods=["POST"], include_in_schema=False)
+      for verb in ("classify", "regress") for versions in ("", "/versions/{version:name}")),
+    Route("/v2", v2_server_metadata, name="v2:server_metadata"),
+    Route(LIVE_PATH, live),
+    Route(READY_PATH, ready),
+    Route("/v2/models/stats", v2_model_stats, name="v2:model_stats"),  # Triton's: every model's
+    Route("/v2/repository/index", v2_repository_index, methods=["POST"], name="v2:repository_index"),
+    *_model_routes("/v2/models", [("", v2_model_metadata, "GET", "v2:model_metadata"),
+                                  ("/ready", v2_model_ready, "GET", "v2:model_ready"), ("/infer", v2_infer, "POST", "v2:infer"),
+                                  ("/config", v2_model_config, "GET", "v2:model_config"),
+                                  ("/stats", v2_model_stats, "GET", "v2:model_stats")]),
+    Route(metrics.PATH, prometheus_metrics),
+    Route(openapi.PATH, openapi_document),
+]
+
+
+def _error_reply(error, headers=None):
+    """The JSON reply ``{"error": message}`` to an exception: a ``RequestError``'s status (closing the
+    connection after a ``_CloseAfter``), 400 for a body nested too deeply, 500 for anything else."""
+    if isinstance(error, RequestError):
+        status, message = error.status, str(error)
+    elif isinstance(error, RecursionError):
+        status, message = 400, "Invalid request: values nested too deeply."
+    else:
+        status, message = 500, f"Internal error: {type(error).__name__}: {error}"
+    if isinstance(error, _CloseAfter):
+        headers = {**(headers or {}), "Connection": "close"}
+    return Response(rest.error_body(message), status, headers, media_type=JSON)
+
+
+async def _no_route(request, error):
+    """Starlette's 404 (no route has the path) and 405 (a route has it, not with this method) in JSON; on
+    /v1, TF Serving's 404 for both."""
+    method, path = request.method, request.url.path
+    if error.status_code == 405 and not path.startswith("/v1/"):
+        return _error_reply(RequestError(f"{method} {path}: this route answers {error.headers['Allow']}.", 405),
+                            error.headers)
+    if path.startswith("/v1/"):
+        return _error_reply(RequestError(f"{method} {path} is not a TF Serving REST route.", 404))
+    return _error_reply(RequestError(f"Unknown path {path!r}: GET {openapi.PATH} lists the routes.", 404))
+
+
+class _Served:
+    """The app around its routes (ASGI middleware): each request's body is read whole first (``read_body``),
+    so a kept-alive connection never desynchronises, even after a 404; every error is a JSON reply
+    (``_error_reply``); every reply carries ``state.headers``; and every request but ``SERVICE_PATHS`` is
+    counted and timed in the metrics, by its route's name and the model and signature its ``Call`` learned."""
+
+    def __init__(self, app, state):
+        self.app, self.state = app, state
 
     async def __call__(self, scope, receive, send):
-        response = await handle(Request(scope, receive))
-        await response(scope, receive, send)
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        request, call, started, status = Request(scope, receive), Call(), time.perf_counter(), []
+        request.state.call = call
+
+        async def send_with_headers(message):
+            if message["type"] == "http.response.start":
+                status.append(message["status"])
+                MutableHeaders(scope=message).update(self.state.headers)
+            await send(message)
+
+        try:
+            body = await read_body(request, self.state.limits)
+
+            async def replay():  # the body read, then what the server sends next (a disconnect)
+                nonlocal body
+                if body is None:
+                    return await receive()
+                message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                return message
+
+            await self.app(scope, replay, send_with_headers)
+        except ClientDisconnect:  # nobody to answer; the server may have closed it (server.BoundedH11Protocol)
+            await Response(status_code=499)(scope, receive, send_with_headers)
+        except Exception as error:  # noqa: BLE001 - the server answers and stays up
+            if status:  # the reply has begun: nothing more can be said
+                raise
+            await _error_reply(error)(scope, receive, send_with_headers)
+        if scope["path"] not in SERVICE_PATHS:
+            route = scope.get("route")
+            if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:
+                call.api = route.name
+            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0],
+                                               time.perf_counter() - started)
 
 
 def create_app(state):
-    """The ASGI application serving ``state`` (a ``ServingState``): its lifespan starts the state (a
-    no-op when the caller already did) and closes it, so a Ray Serve replica loads its own model."""
+    """The ASGI application serving ``state`` (a ``ServingState``): ``ROUTES`` inside ``_Served``; its
+    lifespan starts the state (a no-op when the caller already did) and closes it, so a Ray Serve replica
+    loads its own model."""
 
     @contextlib.asynccontextmanager
     async def lifespan(app):
@@ -500,10 +623,8 @@ def create_app(state):
         finally:
             await run_in_threadpool(state.close)
 
-    app = Starlette(lifespan=lifespan)
-    # Every request, whatever its method and path, is the router's default: ``handle`` routes it (a
-    # Starlette route's pattern would miss paths holding a newline, answered with a text/plain 404).
-    app.router.default = _AnyMethod()
+    app = Starlette(routes=ROUTES, middleware=[Middleware(_Served, state=state)],
+                    exception_handlers={HTTPException: _no_route}, lifespan=lifespan)
+    app.router.redirect_slashes = False  # a path with a slash more or less is unknown, not redirected
     app.state.serving = state
     return app
-

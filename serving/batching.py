@@ -1,18 +1,19 @@
 """Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching``.
 
-``Batcher(predict)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
+``Batcher(predict, options)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
 (``servable.Servable.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
 ``batcher.predict`` as they would in ``predict``; meanwhile their requests wait in a queue, are merged
 with others along the batch axis and run as one call, and each caller gets its own slice of the outputs.
 
 - Only requests with the same signature and the same input names, dtypes and per-example shapes are
   merged (encoded-image string inputs included); others wait in their own queue.
-- A batch is closed when it holds ``max_batch_size`` examples, or when its oldest request has waited
-  ``timeout`` seconds (0: take what is queued when a batch thread is free; requests arriving while the
-  model runs are then batched together), and runs on the next free one of ``num_threads`` threads. A
-  request larger than ``max_batch_size`` is not split: it runs alone, as one call.
-- At most ``max_queue`` requests wait for a batch; beyond it ``predict`` raises a 503 ``RequestError``
-  at once, naming the limit.
+- How is one record, ``BatchingOptions``, whose fields are ``keras-preact-serve``'s flags. A batch is
+  closed when it holds ``batching_max_size`` examples, or when its oldest request has waited
+  ``batching_timeout_ms`` (0: take what is queued when a batch thread is free; requests arriving while
+  the model runs are then batched together), and runs on the next free one of ``batching_threads``
+  threads. A request larger than ``batching_max_size`` is not split: it runs alone, as one call.
+- At most ``batching_max_queue`` requests wait for a batch; beyond it ``predict`` raises a 503
+  ``RequestError`` at once, naming the limit.
 - When a merged call raises, or returns an output that is not batched along axis 0, each of its
   requests runs again alone: every caller gets its own result or its own error, never another's.
 - ``close()`` runs what is queued, then joins every thread; later calls get a 503.
@@ -31,10 +32,39 @@ import numpy as np
 
 from serving.rest import RequestError
 
-DEFAULT_MAX_BATCH_SIZE = 32
-DEFAULT_TIMEOUT = 0.0
-DEFAULT_MAX_QUEUE = 64
-DEFAULT_NUM_THREADS = 1
+
+def _option(default, help):  # noqa: A002 - argparse's word
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions:
+    """How a ``Batcher`` merges requests (module docstring). Each field is a flag (``--batching-max-size``
+    for ``batching_max_size``; ``add_arguments``) and an argument of ``server.make_server``. Checked on
+    creation, the one place: integers >= 1 but ``batching_timeout_ms``, a finite number >= 0."""
+
+    batching_max_size: int = _option(32, "examples in one model call; a larger request runs alone (TF Serving's "
+                                         "max_batch_size)")
+    batching_timeout_ms: float = _option(0.0, "the longest the oldest request of a batch waits for more (0: batch "
+                                              "what is queued when the model is free)")
+    batching_max_queue: int = _option(64, "requests waiting for a batch (503 beyond)")
+    batching_threads: int = _option(1, "batches run at once")
+
+    def __post_init__(self):
+        for field in dataclasses.fields(self):
+            value = getattr(self, field.name)
+            if field.type is float:
+                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+                    raise ValueError(f"Invalid {field.name}={value!r}: expected a number >= 0.")
+            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"Invalid {field.name}={value!r}: expected a positive integer.")
+
+    @classmethod
+    def add_arguments(cls, parser):
+        """One flag per field, defaults as the record's."""
+        for field in dataclasses.fields(cls):
+            parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
+                                help=f"{field.metadata['help']} (default %(default)s)")
 
 
 @dataclasses.dataclass
@@ -103,20 +133,17 @@ def _merge_key(signature_name, inputs):
 class Batcher:
     """Merges concurrent ``predict`` calls into batched calls of the wrapped ``predict`` (module docstring)."""
 
-    def __init__(self, predict, *, max_batch_size=DEFAULT_MAX_BATCH_SIZE, timeout=DEFAULT_TIMEOUT,
-                 max_queue=DEFAULT_MAX_QUEUE, num_threads=DEFAULT_NUM_THREADS):
-        _validate(max_batch_size=max_batch_size, timeout=timeout, max_queue=max_queue, num_threads=num_threads)
+    def __init__(self, predict, options=None):
         self._predict = predict
-        self.max_batch_size = max_batch_size
-        self.timeout = float(timeout)
-        self.max_queue = max_queue
+        self.options = options = options or BatchingOptions()
+        self._timeout = options.batching_timeout_ms / 1000
         self._queues = {}  # merge key -> deque of _Pending, oldest first
         self._queued = 0
         self._closed = False
         self._stats = BatchingStats()
         self._condition = threading.Condition()
         self._threads = [threading.Thread(target=self._work, name=f"keras-preact-batcher-{i}", daemon=True)
-                         for i in range(num_threads)]
+                         for i in range(options.batching_threads)]
         for thread in self._threads:
             thread.start()
 
@@ -149,10 +176,10 @@ class Batcher:
         with self._condition:
             if self._closed:
                 raise RequestError("The server is shutting down; retry later.", 503)
-            if self._queued >= self.max_queue:
+            if self._queued >= self.options.batching_max_queue:
                 self._stats.rejected += 1
                 raise RequestError(f"The batching queue is full ({self._queued} requests waiting, the limit is "
-                                   f"{self.max_queue}); retry later.", 503)
+                                   f"{self.options.batching_max_queue}); retry later.", 503)
             self._queues.setdefault(key, collections.deque()).append(pending)
             self._queued += 1
             self._stats.requests += 1
@@ -210,17 +237,17 @@ class Batcher:
                 continue
             now = time.monotonic()
             ready = [key for key, queue in self._queues.items()
-                     if self._closed or now >= queue[0].arrival + self.timeout
-                     or sum(p.size for p in queue) >= self.max_batch_size]
+                     if self._closed or now >= queue[0].arrival + self._timeout
+                     or sum(p.size for p in queue) >= self.options.batching_max_size]
             if ready:
                 return self._take(min(ready, key=lambda key: self._queues[key][0].arrival))
-            self._condition.wait(min(q[0].arrival for q in self._queues.values()) + self.timeout - now)
+            self._condition.wait(min(q[0].arrival for q in self._queues.values()) + self._timeout - now)
 
     def _take(self, key):
         queue = self._queues[key]
-        batch = [queue.popleft()]  # the oldest, even when larger than max_batch_size: it runs alone
+        batch = [queue.popleft()]  # the oldest, even when larger than batching_max_size: it runs alone
         total = batch[0].size
-        while queue and total + queue[0].size <= self.max_batch_size:
+        while queue and total + queue[0].size <= self.options.batching_max_size:
             total += queue[0].size
             batch.append(queue.popleft())
         if not queue:
@@ -268,11 +295,3 @@ class Batcher:
             start += pending.size
             pending.finish()
 
-
-def _validate(*, max_batch_size, timeout, max_queue, num_threads):
-    """Raise ValueError naming the first argument out of range."""
-    for argument, value in (("max_batch_size", max_batch_size), ("max_queue", max_queue), ("num_threads", num_threads)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
-    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 <= timeout < float("inf"):
-        raise ValueError(f"Invalid timeout={timeout!r}: expected a number of seconds >= 0.")

@@ -13,7 +13,12 @@ cannot grow the registry: an unknown model, route or signature is counted under 
   calls and reruns; without, one call per request),
 - ``keras_preact_serving_queue_depth{model}``: requests waiting for a batch now (0 without batching),
 - ``keras_preact_serving_model_ready{model}``: 1 once the model is loaded and warmed up.
+
+Beside them, ``inferences`` tallies each model's inference requests (``INFERENCE_APIS``) by outcome, for
+Triton's statistics (``v2.model_statistics``).
 """
+
+import time
 
 import prometheus_client
 
@@ -22,7 +27,9 @@ PATH = "/monitoring/prometheus/metrics"  # TF Serving's (--monitoring_config_fil
 # The routes counted: TF Serving REST ("v1:..."), the Open Inference Protocol ("v2:...") and TF Serving's gRPC
 # API ("grpc:...", whose ``code`` is the gRPC status name, e.g. "OK"); "" otherwise.
 API_NAMES = ("v1:status", "v1:metadata", "v1:predict", "v2:server_metadata", "v2:model_metadata", "v2:model_ready",
-             "v2:infer", "grpc:status", "grpc:metadata", "grpc:predict", "")
+             "v2:infer", "v2:model_config", "v2:model_stats", "v2:repository_index", "grpc:status", "grpc:metadata",
+             "grpc:predict", "")
+INFERENCE_APIS = ("v1:predict", "v2:infer", "grpc:predict")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 examples
 
@@ -46,6 +53,7 @@ class ServingMetrics:
             prefix + "queue_depth", "Requests waiting for a batch.", ["model"], registry=self.registry)
         self.model_ready = prometheus_client.Gauge(
             prefix + "model_ready", "1 once the model is loaded and warmed up.", ["model"], registry=self.registry)
+        self.inferences = {}  # model -> {"success"|"fail": [requests, seconds], "last": time.time() of the last}
 
     def model_started(self, model_name, queued):
         """Call once the model ``model_name`` is ready; ``queued()`` says how many requests wait for a batch."""
@@ -57,9 +65,20 @@ class ServingMetrics:
             raise ValueError(f"Invalid api={api!r}: expected one of {API_NAMES}.")
         self.requests.labels(model, api, signature, str(code)).inc()
         self.latency.labels(model, api, signature).observe(seconds)
+        if api in INFERENCE_APIS:
+            tally = self.inferences.setdefault(model, {"success": [0, 0.0], "fail": [0, 0.0]})
+            outcome = tally["success" if str(code) in ("200", "OK") else "fail"]
+            outcome[0] += 1
+            outcome[1] += seconds
+            tally["last"] = time.time()
 
     def observe_batch(self, model, signature, size):
         self.batch_size.labels(model, signature).observe(size)
+
+    def model_calls(self, model):
+        """(model calls, examples they ran) of ``model``, from the batch-size histogram."""
+        samples = [s for family in self.batch_size.collect() for s in family.samples if s.labels["model"] == model]
+        return tuple(round(sum(s.value for s in samples if s.name.endswith(end))) for end in ("_count", "_sum"))
 
     def exposition(self):
         """The registry in Prometheus' text format (bytes)."""

@@ -1,208 +1,117 @@
-"""The serving application's HTTP API as an OpenAPI 3.0 document, served at ``/openapi.json`` and committed
-as ``docs/openapi.json`` (``python -m serving.openapi`` writes it).
-
-``document()`` is the committed, model-independent document: the model's name and version are path
-parameters. ``document(model)``, what a running server serves, names the served model's name and version
-as each parameter's only value (``enum``) and adds an example predict and infer body of its
-``serving_default`` shape, so a fuzzer (schemathesis, in ``tests/test_serving_openapi.py``) reaches the
-model instead of 404s; without those, the two are equal.
+"""The serving app's HTTP API as an OpenAPI 3.0 document, generated from its declared routes
+(``app.ROUTES``) by Starlette's ``SchemaGenerator``: each endpoint's docstring after ``---`` is its
+operation (YAML). ``document`` adds what the routes say alone: each path's parameters, and, on a route
+with parameters, its ``{"error": ...}`` replies. Given the served model (what ``GET /openapi.json``
+answers once it is ready), each parameter's only value (``enum``) is the model's name or version, and
+predict and infer carry an example body of ``serving_default``'s shape, so a fuzzer (schemathesis, in
+``tests/test_serving_openapi.py``) reaches the model instead of 404s.
 """
 
 import copy
-import json
-import pathlib
-import sys
+import re
+
+import yaml
+from starlette.schemas import SchemaGenerator
 
 import keras_preact
 
 PATH = "/openapi.json"
-COMMITTED = pathlib.Path(__file__).resolve().parents[1] / "docs" / "openapi.json"
-JSON = "application/json"
+_BASE = yaml.safe_load("""
+openapi: 3.0.3
+info: {title: keras-preact-serve, description: "TF Serving's REST API and KServe's Open Inference Protocol (v2) for an
+  exported keras-preact model, with Triton's model configuration and statistics, Prometheus metrics and health."}
+components:
+  responses:
+    Error: {description: "A bad request: 400 invalid, 404 unknown path, model or version, 405 method, 408 body too slow,
+      411 no length, 413 over a limit, 415 compressed body", content: {application/json: {schema: {$ref: '#/components/schemas/Error'}}}}
+    Unavailable: {description: "The model is loading or failed to load, the batching queue is full, or the server is
+      shutting down", content: {application/json: {schema: {$ref: '#/components/schemas/Error'}}}}
+  schemas:
+    Error: {type: object, required: [error], additionalProperties: false, properties: {error: {type: string}}}
+    ModelStatus: {type: object, required: [model_version_status], properties: {model_version_status: {type: array, items: {
+      type: object, required: [version, state], properties: {version: {type: string}, state: {type: string}, status: {
+        type: object, properties: {error_code: {type: string}, error_message: {type: string}}}}}}}}
+    ModelMetadata: {type: object, required: [model_spec, metadata], properties: {
+      model_spec: {type: object, required: [name, version], properties: {name: {type: string}, signature_name: {type: string},
+                                                                         version: {type: string}}},
+      metadata: {type: object, properties: {signature_def: {type: object}}}}}
+    PredictRequest: {type: object, description: "TF Serving's predict request: 'instances' (row format) or 'inputs'
+      (columnar), binary strings as {\\"b64\\": ...}", properties: {signature_name: {type: string}, instances: {type: array},
+                                                                   inputs: {}}}
+    PredictResponse: {type: object, additionalProperties: false, properties: {predictions: {type: array}, outputs: {}},
+                      anyOf: [{required: [predictions]}, {required: [outputs]}]}
+    Live: {type: object, required: [live], additionalProperties: false, properties: {live: {type: boolean}}}
+    Ready: {type: object, required: [ready], additionalProperties: false, properties: {ready: {type: boolean}}}
+    ServerMetadata: {type: object, required: [name, version, extensions], properties: {name: {type: string},
+      version: {type: string}, extensions: {type: array, items: {type: string}}}}
+    Tensor: {type: object, required: [name, datatype, shape], properties: {name: {type: string}, datatype: {type: string},
+      shape: {type: array, items: {type: integer}}, parameters: {type: object}, data: {type: array}}}
+    V2ModelMetadata: {type: object, required: [name, platform, inputs, outputs], properties: {name: {type: string},
+      versions: {type: array, items: {type: string}}, platform: {type: string},
+      inputs: {type: array, items: {$ref: '#/components/schemas/Tensor'}},
+      outputs: {type: array, items: {$ref: '#/components/schemas/Tensor'}}}}
+    V2ModelReady: {type: object, required: [name, ready], properties: {name: {type: string}, ready: {type: boolean}}}
+    InferRequest: {type: object, required: [inputs], description: "The Open Inference Protocol's infer request (JSON tensors;
+      with the Inference-Header-Content-Length header, Triton's binary tensor data follows)", properties: {
+      id: {type: string}, parameters: {type: object}, inputs: {type: array, items: {$ref: '#/components/schemas/Tensor'}},
+      outputs: {type: array, items: {type: object, required: [name], properties: {name: {type: string}, parameters: {type: object}}}}}}
+    InferResponse: {type: object, required: [model_name, outputs], properties: {model_name: {type: string},
+      model_version: {type: string}, id: {type: string}, outputs: {type: array, items: {$ref: '#/components/schemas/Tensor'}}}}
+    ModelConfig: {type: object, required: [name, platform, max_batch_size, input, output], properties: {name: {type: string},
+      platform: {type: string}, max_batch_size: {type: integer}, input: {type: array, items: {$ref: '#/components/schemas/TensorConfig'}},
+      output: {type: array, items: {$ref: '#/components/schemas/TensorConfig'}}}}
+    TensorConfig: {type: object, required: [name, data_type, dims], properties: {name: {type: string}, data_type: {type: string},
+      dims: {type: array, items: {type: integer}}}}
+    ModelStatistics: {type: object, required: [model_stats], properties: {model_stats: {type: array, items: {type: object,
+      required: [name, version, inference_count, execution_count, inference_stats]}}}}
+    RepositoryIndex: {type: array, items: {type: object, required: [name, version, state], properties: {name: {type: string},
+      version: {type: string}, state: {type: string}, reason: {type: string}}}}
+""")
+_PARAMETERS = {"model_name": "the served model's name", "version": "the served version"}
+_ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/components/responses/Unavailable"}}
 
 
-def _ref(name):
-    return {"$ref": f"#/components/schemas/{name}"}
+def document(routes, model=None):
+    """The OpenAPI document of ``routes`` (module docstring); ``model``: the served ``servable.Servable`` or None.
 
-
-def _json(schema, description):
-    return {"description": description, "content": {JSON: {"schema": schema}}}
-
-
-_ERRORS = {
-    "4XX": _json(_ref("Error"), "A bad request: 400 invalid, 404 unknown path, model or version, 405 method, "
-                                "408 body too slow, 411 no length, 413 over a limit, 415 compressed body"),
-    "503": _json(_ref("Error"), "The model is loading or failed to load, the batching queue is full, or the "
-                                "server is shutting down"),
-}
-_MODEL = {"name": "model_name", "in": "path", "required": True, "schema": {"type": "string", "pattern": r"^[^/:\s]+$"},
-          "description": "the served model's name"}
-_VERSION = {"name": "version", "in": "path", "required": True, "schema": {"type": "string", "pattern": r"^[^/:\s]+$"},
-            "description": "the served version"}
-
-_SCHEMAS = {
-    "Error": {"type": "object", "required": ["error"], "additionalProperties": False,
-              "properties": {"error": {"type": "string"}}},
-    "ModelStatus": {
-        "type": "object", "required": ["model_version_status"],
-        "properties": {"model_version_status": {"type": "array", "items": {
-            "type": "object", "required": ["version", "state"],
-            "properties": {"version": {"type": "string"}, "state": {"type": "string"},
-                           "status": {"type": "object", "properties": {
-                               "error_code": {"type": "string"}, "error_message": {"type": "string"}}}}}}}},
-    "ModelMetadata": {
-        "type": "object", "required": ["model_spec", "metadata"],
-        "properties": {"model_spec": {"type": "object", "required": ["name", "version"], "properties": {
-            "name": {"type": "string"}, "signature_name": {"type": "string"}, "version": {"type": "string"}}},
-            "metadata": {"type": "object", "properties": {"signature_def": {"type": "object"}}}}},
-    "PredictRequest": {
-        "type": "object", "description": "TF Serving's predict request: 'instances' (row format) or 'inputs' "
-                                         "(columnar), binary strings as {\"b64\": ...}",
-        "properties": {"signature_name": {"type": "string"}, "instances": {"type": "array"}, "inputs": {}}},
-    "PredictResponse": {
-        "type": "object", "additionalProperties": False,
-        "properties": {"predictions": {"type": "array"}, "outputs": {}},
-        "anyOf": [{"required": ["predictions"]}, {"required": ["outputs"]}]},
-    "Live": {"type": "object", "required": ["live"], "additionalProperties": False,
-             "properties": {"live": {"type": "boolean"}}},
-    "Ready": {"type": "object", "required": ["ready"], "additionalProperties": False,
-              "properties": {"ready": {"type": "boolean"}}},
-    "ServerMetadata": {"type": "object", "required": ["name", "version", "extensions"], "properties": {
-        "name": {"type": "string"}, "version": {"type": "string"},
-        "extensions": {"type": "array", "items": {"type": "string"}}}},
-    "TensorMetadata": {"type": "object", "required": ["name", "datatype", "shape"], "properties": {
-        "name": {"type": "string"}, "datatype": {"type": "string"},
-        "shape": {"type": "array", "items": {"type": "integer"}}}},
-    "V2ModelMetadata": {"type": "object", "required": ["name", "platform", "inputs", "outputs"], "properties": {
-        "name": {"type": "string"}, "versions": {"type": "array", "items": {"type": "string"}},
-        "platform": {"type": "string"}, "inputs": {"type": "array", "items": _ref("TensorMetadata")},
-        "outputs": {"type": "array", "items": _ref("TensorMetadata")}}},
-    "V2ModelReady": {"type": "object", "required": ["name", "ready"], "properties": {
-        "name": {"type": "string"}, "ready": {"type": "boolean"}}},
-    "InferInput": {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
-        "name": {"type": "string"}, "datatype": {"type": "string"},
-        "shape": {"type": "array", "items": {"type": "integer", "minimum": 0}},
-        "parameters": {"type": "object"}, "data": {"type": "array"}}},
-    "InferRequest": {
-        "type": "object", "required": ["inputs"], "description": "The Open Inference Protocol's infer request "
-        "(JSON tensors; with the Inference-Header-Content-Length header, Triton's binary tensor data follows)",
-        "properties": {"id": {"type": "string"}, "parameters": {"type": "object"},
-                       "inputs": {"type": "array", "items": _ref("InferInput")},
-                       "outputs": {"type": "array", "items": {"type": "object", "required": ["name"], "properties": {
-                           "name": {"type": "string"}, "parameters": {"type": "object"}}}}}},
-    "InferOutput": {"type": "object", "required": ["name", "shape", "datatype"], "properties": {
-        "name": {"type": "string"}, "datatype": {"type": "string"},
-        "shape": {"type": "array", "items": {"type": "integer"}},
-        "parameters": {"type": "object"}, "data": {"type": "array"}}},
-    "InferResponse": {"type": "object", "required": ["model_name", "outputs"], "properties": {
-        "model_name": {"type": "string"}, "model_version": {"type": "string"}, "id": {"type": "string"},
-        "outputs": {"type": "array", "items": _ref("InferOutput")}}},
-}
-
-
-def _get(summary, schema, parameters=(), ok="OK", content_type=JSON, errors=True):
-    responses = {"200": {"description": ok, "content": {content_type: {"schema": schema}}}}
-    if errors:
-        responses.update(_ERRORS)
-    return {"get": {"summary": summary, "parameters": list(parameters), "responses": responses}}
-
-
-def _post(summary, request, response, parameters=(), binary=False):
-    content = {JSON: {"schema": response}}
-    if binary:  # outputs asked for as binary data: the JSON header, then the data
-        content["application/octet-stream"] = {"schema": {"type": "string", "format": "binary"}}
-    return {"post": {"summary": summary, "parameters": list(parameters),
-                     "requestBody": {"required": True, "content": {JSON: {"schema": request}}},
-                     "responses": {"200": {"description": "OK", "content": content}, **_ERRORS}}}
-
-
-def _health(schema, what):
-    response = _json(schema, f"{what}: 200 when true")
-    return {"get": {"summary": f"Server {what.lower()}", "parameters": [],
-                    "responses": {"200": response, "503": _json(schema, f"not {what.lower()}")}}}
-
-
-def _model_paths(prefix, ops):
-    """The same operations under ``prefix`` and ``prefix/versions/{version}``."""
-    return {**{f"{prefix}{suffix}": make([_MODEL]) for suffix, make in ops.items()},
-            **{f"{prefix}/versions/{{version}}{suffix}": make([_MODEL, _VERSION]) for suffix, make in ops.items()}}
-
-
-def document(model=None):
-    """The OpenAPI document (module docstring); ``model``: the served ``servable.Servable`` or None."""
-    from serving import metrics
-
-    paths = {
-        **_model_paths("/v1/models/{model_name}", {
-            "": lambda p: _get("TF Serving model status", _ref("ModelStatus"), p),
-            "/metadata": lambda p: _get("TF Serving model metadata (signature definitions)", _ref("ModelMetadata"), p),
-            ":predict": lambda p: _post("TF Serving predict", _ref("PredictRequest"), _ref("PredictResponse"), p),
-        }),
-        "/v2": _get("Open Inference Protocol server metadata", _ref("ServerMetadata")),
-        "/v2/health/live": _health(_ref("Live"), "Live"),
-        "/v2/health/ready": _health(_ref("Ready"), "Ready"),
-        **_model_paths("/v2/models/{model_name}", {
-            "": lambda p: _get("Open Inference Protocol model metadata", _ref("V2ModelMetadata"), p),
-            "/ready": lambda p: _get("Open Inference Protocol model readiness", _ref("V2ModelReady"), p),
-            "/infer": lambda p: _post("Open Inference Protocol infer", _ref("InferRequest"), _ref("InferResponse"), p,
-                                      binary=True),
-        }),
-        metrics.PATH: _get("Prometheus metrics (text format)", {"type": "string"}, ok="Prometheus' text format",
-                           content_type="text/plain", errors=False),
-        PATH: _get("This OpenAPI document", {"type": "object"}, errors=False),
-    }
-    doc = {
-        "openapi": "3.0.3",
-        "info": {"title": "keras-preact-serve", "version": keras_preact.__version__,
-                 "description": "TF Serving's REST API and KServe's Open Inference Protocol (v2) for an exported "
-                                "keras-preact model, with Prometheus metrics and health."},
-        "paths": paths,
-        "components": {"schemas": copy.deepcopy(_SCHEMAS)},
-    }
+    Examples:
+        >>> from serving import app
+        >>> sorted(document(app.ROUTES)["paths"])[:2]
+        ['/monitoring/prometheus/metrics', '/openapi.json']
+    """
+    doc = SchemaGenerator(copy.deepcopy(_BASE)).get_schema(routes)
+    doc["info"]["version"] = keras_preact.__version__
+    values = {"model_name": model and model.name, "version": model and str(model.version)}
+    for path, item in doc["paths"].items():
+        for operation in item.values():
+            operation["parameters"] = [
+                {"name": name, "in": "path", "required": True, "description": _PARAMETERS[name],
+                 "schema": {"type": "string", "pattern": r"^[^/:\s]+$", **({"enum": [values[name]]} if model else {})}}
+                for name in re.findall(r"{(\w+)}", path)]
+            if operation["parameters"]:
+                operation["responses"].update(_ERRORS)
     if model is not None:
-        _name_the_model(doc, model)
+        _add_examples(doc, model)
     return doc
 
 
-def _name_the_model(doc, model):
-    """The served model's name and version as the path parameters' only values, and example bodies."""
+def _add_examples(doc, model):
+    """An example predict and infer body: zeros of ``serving_default``'s shape (one example), unless it
+    takes several inputs or encoded images."""
     import numpy as np
 
-    values = {"model_name": model.name, "version": str(model.version)}
-    for item in doc["paths"].values():
-        for operation in item.values():
-            operation["parameters"] = [dict(p, schema=dict(p["schema"], enum=[values[p["name"]]]))
-                                       for p in operation["parameters"]]
+    from serving import v2
+
     specs = model.input_specs.get("serving_default", {})
     if len(specs) != 1 or next(iter(specs.values())).dtype == "string":
         return
     (name, spec), = specs.items()
     shape = [1 if d is None else d for d in spec.shape]
     zeros = np.zeros(shape, spec.dtype)
-    predict = {"instances": zeros.tolist()}
-    infer = {"inputs": [{"name": name, "shape": shape, "datatype": _v2_datatype(spec),
-                         "data": zeros.reshape(-1).tolist()}]}
+    examples = {":predict": {"instances": zeros.tolist()},
+                "/infer": {"inputs": [{"name": name, "shape": shape, "datatype": v2.datatype_of_spec(spec),
+                                       "data": zeros.reshape(-1).tolist()}]}}
     for path, item in doc["paths"].items():
-        if path.endswith(":predict"):
-            item["post"]["requestBody"]["content"][JSON]["example"] = predict
-        elif path.endswith("/infer"):
-            item["post"]["requestBody"]["content"][JSON]["example"] = infer
-
-
-def _v2_datatype(spec):
-    from serving import v2
-
-    return v2.datatype_of_spec(spec)
-
-
-def main(argv=None):
-    """Write the committed document (``COMMITTED``, or the path given)."""
-    argv = sys.argv[1:] if argv is None else argv
-    target = pathlib.Path(argv[0]) if argv else COMMITTED
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text(json.dumps(document(), indent=2, sort_keys=True) + "\n")
-    print(target)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+        for suffix, example in examples.items():
+            if path.endswith(suffix):
+                item["post"]["requestBody"]["content"]["application/json"]["example"] = example

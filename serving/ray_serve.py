@@ -37,6 +37,7 @@ import ray
 from ray import serve
 
 from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
+from serving.batching import BatchingOptions
 from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
@@ -81,8 +82,7 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
     model_name = model_name_or_default(model_base, model_name)
     max_ongoing = 2 * merge_batch_size  # one merged call running and the next one filling, per replica
     state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
-                         batching=dict(max_batch_size=merge_batch_size, timeout=merge_wait_s, max_queue=max_ongoing),
-                         identify=replica_headers)
+                         BatchingOptions(merge_batch_size, merge_wait_s * 1000, max_ongoing), identify=replica_headers)
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,

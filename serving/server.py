@@ -40,7 +40,7 @@ import uvicorn
 from uvicorn._compat import asyncio_run
 
 from serving import batching
-from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
+from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from serving.connections import BoundedH11Protocol
 from serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
 
@@ -186,41 +186,35 @@ class Server:
 
 
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
-                enable_batching=DEFAULT_ENABLE_BATCHING, batching_max_size=batching.DEFAULT_MAX_BATCH_SIZE,
-                batching_timeout_ms=batching.DEFAULT_TIMEOUT * 1000, batching_max_queue=batching.DEFAULT_MAX_QUEUE,
-                batching_threads=batching.DEFAULT_NUM_THREADS, runtime="auto", verbose=False, grpc_port=None,
-                load_in_background=False, **limit_values):
+                enable_batching=DEFAULT_ENABLE_BATCHING, runtime="auto", verbose=False, grpc_port=None,
+                load_in_background=False, **values):
     """A ``Server`` for the latest version under ``model_base``: bound, then loaded (or, with
     ``load_in_background``, loaded once it serves: ``ServingState``), not yet serving. ``limits`` is
     a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
-    (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's. ``port=0`` picks a free
-    port: read it from ``server.server_address[1]``. With ``enable_batching``, ``server.batcher`` is
-    the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one; ``server.grpc_address``)
-    also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc`` extra (ImportError in one
-    line otherwise). Every argument, the runtime for the newest version and the ports are checked before
-    the model loads."""
-    unknown = sorted(set(limit_values) - {field.name for field in dataclasses.fields(RequestLimits)})
+    (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's, as may the fields of
+    ``batching.BatchingOptions`` (``batching_max_size=...``), used with ``enable_batching``. ``port=0``
+    picks a free port: read it from ``server.server_address[1]``. With ``enable_batching``,
+    ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one;
+    ``server.grpc_address``) also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc``
+    extra (ImportError in one line otherwise). Every argument, the runtime for the newest version and the
+    ports are checked before the model loads."""
+    limit_names = {field.name for field in dataclasses.fields(RequestLimits)}
+    unknown = sorted(set(values) - limit_names - {field.name for field in dataclasses.fields(batching.BatchingOptions)})
     if unknown:
         raise TypeError(f"make_server() got unexpected keyword arguments {unknown}")
-    limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
-    for argument, value in (("batching_max_size", batching_max_size), ("batching_max_queue", batching_max_queue),
-                            ("batching_threads", batching_threads)):
-        check_positive(argument, value)
-    if (isinstance(batching_timeout_ms, bool) or not isinstance(batching_timeout_ms, (int, float))
-            or not 0 <= batching_timeout_ms < float("inf")):
-        raise ValueError(f"Invalid batching_timeout_ms={batching_timeout_ms!r}: expected a number >= 0.")
+    limits = dataclasses.replace(limits or RequestLimits(), **{k: v for k, v in values.items() if k in limit_names})
+    options = batching.BatchingOptions(**{k: v for k, v in values.items() if k not in limit_names})
     if not isinstance(enable_batching, bool):
         raise ValueError(f"Invalid enable_batching={enable_batching!r}: expected True or False.")
+    for argument, value in (("port", port), ("grpc_port", 0 if grpc_port is None else grpc_port)):
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
+            raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
     if grpc_port is not None:
-        if isinstance(grpc_port, bool) or not isinstance(grpc_port, int) or not 0 <= grpc_port <= 65535:
-            raise ValueError(f"Invalid grpc_port={grpc_port!r}: expected a port 0-65535 (0: any free port) or None.")
         check_grpc_installed()
     name = model_name_or_default(model_base, model_name)
     choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # one line (Value/ImportError) if not
-    options = dict(max_batch_size=batching_max_size, timeout=batching_timeout_ms / 1000,
-                   max_queue=batching_max_queue, num_threads=batching_threads) if enable_batching else None
-    state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits, options,
-                         load_in_background=load_in_background)
+    state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
+                         options if enable_batching else None, load_in_background=load_in_background)
     server = Server(state, host, port, verbose, grpc_port=grpc_port)  # a port in use: PortInUse before loading
     try:
         if not load_in_background:
@@ -260,15 +254,7 @@ def build_parser():
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
     batching_flags.add_argument("--enable-batching", action=argparse.BooleanOptionalAction, default=DEFAULT_ENABLE_BATCHING,
                                 help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})")
-    batching_flags.add_argument("--batching-max-size", type=int, default=batching.DEFAULT_MAX_BATCH_SIZE,
-                                help="examples in one model call; a larger request runs alone (default %(default)s)")
-    batching_flags.add_argument("--batching-timeout-ms", type=float, default=batching.DEFAULT_TIMEOUT * 1000,
-                                help="the longest the oldest request of a batch waits for more (default %(default)s: "
-                                     "batch what is queued when the model is free)")
-    batching_flags.add_argument("--batching-max-queue", type=int, default=batching.DEFAULT_MAX_QUEUE,
-                                help="requests waiting for a batch (503 beyond; default %(default)s)")
-    batching_flags.add_argument("--batching-threads", type=int, default=batching.DEFAULT_NUM_THREADS,
-                                help="batches run at once (default %(default)s)")
+    batching.BatchingOptions.add_arguments(batching_flags)
     parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
                         help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
                              "the fastest installed for a format the version holds; the SavedModel's other "
@@ -280,16 +266,12 @@ def build_parser():
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
-    for flag, port in (("--port", args.port), ("--grpc-port", args.grpc_port)):
-        if port is not None and not 0 <= port <= 65535:
-            parser.error(f"argument {flag}: invalid port {port}: expected 0-65535")
     try:
         server = make_server(
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
-            limits=RequestLimits.from_args(args), enable_batching=args.enable_batching,
-            batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
-            batching_max_queue=args.batching_max_queue, batching_threads=args.batching_threads,
-            runtime=args.runtime, verbose=args.verbose, grpc_port=args.grpc_port, load_in_background=True,
+            limits=RequestLimits.from_args(args), enable_batching=args.enable_batching, runtime=args.runtime,
+            verbose=args.verbose, grpc_port=args.grpc_port, load_in_background=True,
+            **{field.name: getattr(args, field.name) for field in dataclasses.fields(batching.BatchingOptions)},
         )
     except ValueError as error:
         parser.error(str(error))

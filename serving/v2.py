@@ -68,6 +68,44 @@ def model_metadata(model, signature_name="serving_default"):
     }
 
 
+
+def model_config(model, max_batch_size, batching=None):
+    """Triton's model configuration (its JSON form) of the signature ``model_metadata`` describes:
+    ``max_batch_size`` is the examples one request may hold (``RequestLimits.max_batch_size``), so ``dims``
+    leave the batch dimension out; with ``batching`` (``batching.BatchingOptions``), the dynamic batcher's."""
+    metadata = model_metadata(model)
+
+    def tensors(entries):
+        return [{"name": t["name"], "data_type": "TYPE_" + ("STRING" if t["datatype"] == "BYTES" else t["datatype"]),
+                 "dims": t["shape"][1:]} for t in entries]
+
+    config = {"name": model.name, "platform": metadata["platform"], "version_policy": {"latest": {"num_versions": 1}},
+              "max_batch_size": max_batch_size, "input": tensors(metadata["inputs"]), "output": tensors(metadata["outputs"])}
+    if batching is not None:
+        config["dynamic_batching"] = {"preferred_batch_size": [batching.batching_max_size],
+                                      "max_queue_delay_microseconds": round(batching.batching_timeout_ms * 1000)}
+    return config
+
+
+def model_statistics(model, metrics):
+    """Triton's statistics of the served version, from the app's metrics (``metrics.ServingMetrics``):
+    its inference requests (``metrics.INFERENCE_APIS``: REST, v2 and gRPC) by success or failure, with
+    their time from arrival to reply; the model calls and the examples they ran."""
+    calls, examples = metrics.model_calls(model.name)
+    tally = metrics.inferences.get(model.name, {"success": (0, 0), "fail": (0, 0)})
+    return {"model_stats": [{
+        "name": model.name, "version": str(model.version), "last_inference": round(tally.get("last", 0) * 1000),
+        "inference_count": examples, "execution_count": calls,
+        "inference_stats": {outcome: {"count": tally[outcome][0], "ns": round(tally[outcome][1] * 1e9)}
+                            for outcome in ("success", "fail")}}]}
+
+
+def repository_index(model):
+    """Triton's model repository index: the served version READY, newer ones that failed to load UNAVAILABLE."""
+    return [{"name": model.name, "version": str(model.version), "state": "READY"},
+            *({"name": model.name, "version": str(f.version), "state": "UNAVAILABLE", "reason": str(f)}
+              for f in getattr(model, "failed", ()))]
+
 def _object(value, what):
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object.")

@@ -9,7 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from serving.batching import Batcher
+from serving.batching import Batcher, BatchingOptions
 from serving.rest import RequestError
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
@@ -68,7 +68,7 @@ def concurrently(fn, args):
 def test_concurrent_requests_are_merged_and_each_gets_its_own_slice():
     model = Model()
     requests = [("pixels", {"x": pixels((1, 2, 3, 2)[i % 4], seed=i)}) for i in range(16)]  # 32 examples
-    with Batcher(model.predict, max_batch_size=8, timeout=2) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=8, batching_timeout_ms=2000)) as batcher:
         results = concurrently(batcher.predict, requests)
         stats = batcher.stats()
     for (name, inputs), result in zip(requests, results):
@@ -87,13 +87,13 @@ def test_concurrent_requests_are_merged_and_each_gets_its_own_slice():
 
 def test_a_full_batch_runs_at_once_and_the_first_request_waits_at_most_the_timeout():
     model = Model()
-    with Batcher(model.predict, max_batch_size=4, timeout=60) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=60000)) as batcher:
         start = time.monotonic()
         concurrently(batcher.predict, [("pixels", {"x": pixels(1, i)}) for i in range(4)])
         assert time.monotonic() - start < 30  # full: did not wait for the 60 s timeout
     assert model.calls == [("pixels", 4)]
     model = Model()
-    with Batcher(model.predict, max_batch_size=4, timeout=0.3) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=300)) as batcher:
         start = time.monotonic()
         batcher.predict("pixels", {"x": pixels(1, 0)})
         waited = time.monotonic() - start
@@ -106,7 +106,7 @@ def test_signatures_and_shapes_are_never_merged():
     requests = ([("pixels", {"x": pixels(1, i)}) for i in range(4)]
                 + [("pixels", {"x": np.random.default_rng(i).random((1, 4, 1, 3))}) for i in range(4)]  # same size, other shape
                 + [("bytes", {"data": np.array([b"ab" * (i + 1)], dtype=object)}) for i in range(4)])
-    with Batcher(model.predict, max_batch_size=4, timeout=30) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=30000)) as batcher:
         results = concurrently(batcher.predict, requests)
     assert sorted(model.calls) == [("bytes", 4), ("pixels", 4), ("pixels", 4)]
     for (name, inputs), result in zip(requests, results):
@@ -119,7 +119,7 @@ def test_signatures_and_shapes_are_never_merged():
 
 def test_a_request_larger_than_the_batch_runs_alone_unsplit():
     model = Model()
-    with Batcher(model.predict, max_batch_size=4, timeout=0) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=0)) as batcher:
         result = batcher.predict("pixels", {"x": pixels(10, 0)})
     assert model.calls == [("pixels", 10)]
     np.testing.assert_array_equal(result["total"], pixels(10, 0).reshape(10, -1).sum(axis=1))
@@ -128,7 +128,7 @@ def test_a_request_larger_than_the_batch_runs_alone_unsplit():
 def test_a_failing_request_in_a_merged_batch_gets_its_own_error_and_the_others_their_results():
     model = Model()
     requests = [("pixels", {"x": pixels(1, i) * (-1 if i == 2 else 1)}) for i in range(4)]
-    with Batcher(model.predict, max_batch_size=4, timeout=30) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=30000)) as batcher:
         results = concurrently(batcher.predict, requests)
         stats = batcher.stats()
     assert isinstance(results[2], ValueError) and str(results[2]) == "negative pixels in 1 examples"
@@ -145,7 +145,7 @@ def test_outputs_not_batched_along_axis_0_are_rerun_alone():
         calls.append(len(inputs["x"]))
         return {"mean": inputs["x"].mean()}  # a scalar: cannot be split
 
-    with Batcher(predict, max_batch_size=3, timeout=30) as batcher:
+    with Batcher(predict, BatchingOptions(batching_max_size=3, batching_timeout_ms=30000)) as batcher:
         results = concurrently(batcher.predict, [("s", {"x": np.full((1, 2), float(i))}) for i in range(3)])
     assert calls == [3, 1, 1, 1] and [float(r["mean"]) for r in results] == [0.0, 1.0, 2.0]
 
@@ -153,7 +153,7 @@ def test_outputs_not_batched_along_axis_0_are_rerun_alone():
 def test_a_full_queue_is_refused_with_503_naming_the_limit():
     gate = threading.Event()
     model = Model(gate)
-    batcher = Batcher(model.predict, max_batch_size=1, timeout=0, max_queue=2)
+    batcher = Batcher(model.predict, BatchingOptions(batching_max_size=1, batching_timeout_ms=0, batching_max_queue=2))
     threads = [threading.Thread(target=batcher.predict, args=("pixels", {"x": pixels(1, i)})) for i in range(3)]
     try:
         threads[0].start()
@@ -176,7 +176,7 @@ def test_a_full_queue_is_refused_with_503_naming_the_limit():
 
 def test_close_answers_what_is_queued_and_leaves_no_thread():
     model = Model()
-    batcher = Batcher(model.predict, max_batch_size=64, timeout=60, num_threads=3)
+    batcher = Batcher(model.predict, BatchingOptions(batching_max_size=64, batching_timeout_ms=60000, batching_threads=3))
     assert sum(t.name.startswith("keras-preact-batcher") for t in threading.enumerate()) == 3
     results = []
     waiting = [threading.Thread(target=lambda i=i: results.append(batcher.predict("pixels", {"x": pixels(1, i)})))
@@ -198,12 +198,13 @@ def test_close_answers_what_is_queued_and_leaves_no_thread():
     batcher.close()  # idempotent
 
 
-@pytest.mark.parametrize("argument, value", [("max_batch_size", 0), ("max_queue", -1), ("num_threads", 1.5),
-                                             ("max_batch_size", True), ("timeout", -0.1), ("timeout", float("inf"))])
-def test_arguments_are_validated_before_any_thread_starts(argument, value):
+@pytest.mark.parametrize("argument, value", [
+    ("batching_max_size", 0), ("batching_max_queue", -1), ("batching_threads", 1.5), ("batching_max_size", True),
+    ("batching_timeout_ms", -0.1), ("batching_timeout_ms", float("inf"))])
+def test_options_are_validated_before_any_thread_starts(argument, value):
     before = threading.active_count()
     with pytest.raises(ValueError, match=f"Invalid {argument}={value!r}"):
-        Batcher(Model().predict, **{argument: value})
+        Batcher(Model().predict, BatchingOptions(**{argument: value}))
     assert threading.active_count() == before
 
 
@@ -230,7 +231,7 @@ def test_submit_awaits_in_an_event_loop_and_names_the_call_that_ran_it():
         return results
 
     # The four arrive in one tick of the loop (a full batch runs at once); the lone failing one waits out the timeout.
-    with Batcher(model.predict, max_batch_size=4, timeout=2) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=2000)) as batcher:
         results = asyncio.run(main(batcher))
     assert [(r.call, r.call_size) for r in results] == [(1, 4)] * 4
     assert model.calls == [("pixels", 4), ("pixels", 1)]

@@ -36,6 +36,7 @@ SERVER = """
 import sys, time
 import numpy as np
 from serving import app, rest, server
+from serving.batching import BatchingOptions
 
 class Model:
     name, version, path = "m", 1, "numpy"
@@ -50,7 +51,7 @@ class Model:
         time.sleep(float(inputs["x"][0][1]))
         return {"y": inputs["x"].sum(axis=1)}
 
-batching = None if sys.argv[1] == "off" else dict(max_batch_size=8, timeout=0.05, max_queue=64)
+batching = None if sys.argv[1] == "off" else BatchingOptions(batching_max_size=8, batching_timeout_ms=50)
 limits = app.RequestLimits(request_timeout=float(sys.argv[2]), max_body_bytes=int(sys.argv[3]))
 served = server.Server(app.ServingState(Model, limits, batching), "127.0.0.1", 0)
 served.state.start()

@@ -19,6 +19,7 @@ prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
 from serving import app, rest, server
+from serving.batching import BatchingOptions
 from serving.metrics import ServingMetrics
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
@@ -109,7 +110,7 @@ def xs(n, first=1.0):
     return values.tolist()
 
 
-@pytest.mark.parametrize("batching", [None, dict(max_batch_size=8, timeout=0.02, max_queue=64)],
+@pytest.mark.parametrize("batching", [None, BatchingOptions(batching_max_size=8, batching_timeout_ms=20)],
                          ids=["unbatched", "batched"])
 def test_request_counts_latency_and_batch_sizes_equal_what_was_sent_and_run(batching):
     model = Model()
@@ -166,7 +167,7 @@ def test_request_counts_latency_and_batch_sizes_equal_what_was_sent_and_run(batc
 
 def test_queue_depth_is_the_requests_waiting_for_a_batch():
     model = Model()
-    running = started(model, dict(max_batch_size=1, timeout=0.0, max_queue=64))
+    running = started(model, BatchingOptions(batching_max_size=1, batching_timeout_ms=0))
     depth = ("keras_preact_serving_queue_depth", labels(model="m"))
     try:
         with ThreadPoolExecutor(4) as pool:

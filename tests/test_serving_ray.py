@@ -301,7 +301,7 @@ def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(ex
     undecodable image reruns each request alone, so only that one fails."""
     import asyncio
 
-    from serving.batching import Batcher
+    from serving.batching import Batcher, BatchingOptions
 
     model = Servable("cifar", exported.parent)
     pool = images(3, seed=11)
@@ -312,7 +312,7 @@ def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(ex
         return await asyncio.gather(*(batcher.submit(signature_name, inputs) for inputs in inputs_list),
                                     return_exceptions=True)
 
-    with Batcher(model.predict, max_batch_size=3, timeout=30) as batcher:
+    with Batcher(model.predict, BatchingOptions(batching_max_size=3, batching_timeout_ms=30000)) as batcher:
         results = asyncio.run(submit_all(batcher, "serving_default", [{"images": pool[:1]}, {"images": pool[1:]}]))
         assert [(r.call, r.call_size) for r in results] == [(1, 3), (1, 3)]
         for result, rows in zip(results, (slice(0, 1), slice(1, 3))):

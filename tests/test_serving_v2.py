@@ -21,9 +21,10 @@ from test_serving_metrics import Model, Running, labels, started
 from tritonclient.utils import InferenceServerException
 
 from serving import app, server
+from serving.batching import BatchingOptions
 from support import CLASS_NAMES, MEAN, STD
 
-BATCHING = [None, dict(max_batch_size=8, timeout=0.01, max_queue=64)]
+BATCHING = [None, BatchingOptions(batching_max_size=8, batching_timeout_ms=10)]
 
 
 @pytest.fixture(scope="module", params=BATCHING, ids=["unbatched", "batched"])
