@@ -175,6 +175,49 @@ def test_malformed_request_fields_are_400_naming_them_before_the_model_runs(nump
     assert code == 200 and json.loads(reply)["outputs"][0]["data"] == [3.0], reply
 
 
+@pytest.mark.notf
+def test_triton_model_config_statistics_and_repository_index(numpy_served):
+    """Issue 36, case 14 (each a 404 before): tritonclient's get_model_config (Triton's JSON model
+    configuration), get_inference_statistics (its statistics extension, from the app's own counters: the
+    metrics' requests and model calls) and get_model_repository_index."""
+    running, client = numpy_served
+    config = {"name": "m", "platform": "keras_preact", "version_policy": {"latest": {"num_versions": 1}},
+              "max_batch_size": 16, "input": [{"name": "x", "data_type": "TYPE_FP32", "dims": [2]}], "output": []}
+    if running.state.batching is not None:
+        config["dynamic_batching"] = {"preferred_batch_size": [8], "max_queue_delay_microseconds": 10_000}
+    assert client.get_model_config("m") == client.get_model_config("m", "1") == config
+    assert error_of(lambda: client.get_model_config("other")) == (
+        404, "Request for unknown model: 'other' is not found; serving model 'm'.")
+    assert error_of(lambda: client.get_model_config("m", "7"))[0] == 404
+    assert client.get_model_repository_index() == [{"name": "m", "version": "1", "state": "READY"}]
+
+    def stats():
+        (entry,) = client.get_inference_statistics("m")["model_stats"]
+        return entry
+
+    before, started_ms = stats(), time.time() * 1000
+    client.infer("m", [x_input(np.ones((3, 2), np.float32))])
+    client.infer("m", [x_input(np.ones((1, 2), np.float32))], model_version="1")
+    assert error_of(lambda: client.infer("m", [x_input(np.ones((17, 2), np.float32))]))[0] == 413
+    assert running.request("POST", "/v1/models/m:predict", {"instances": [[1, 2]]})[0] == 200  # REST's count too
+    after = stats()
+    assert (after["name"], after["version"]) == ("m", "1") and after["last_inference"] >= started_ms - 1
+    assert after["inference_count"] - before["inference_count"] == 5  # examples run
+    assert after["execution_count"] - before["execution_count"] == 3  # model calls
+    success, fail = after["inference_stats"]["success"], after["inference_stats"]["fail"]
+    assert success["count"] - before["inference_stats"]["success"]["count"] == 3
+    assert fail["count"] - before["inference_stats"]["fail"]["count"] == 1
+    assert success["ns"] > before["inference_stats"]["success"]["ns"] and fail["ns"] > before["inference_stats"]["fail"]["ns"]
+    # The same counts as the metrics', every request since the server started.
+    model, metrics = running.state.model, running.metrics()
+    requests = [(dict(labels), value) for (name, labels), value in metrics.items()
+                if name == "keras_preact_serving_requests_total" and dict(labels)["api"] in ("v1:predict", "v2:infer")]
+    assert success["count"] == sum(value for labels, value in requests if labels["code"] == "200")
+    assert fail["count"] == sum(value for labels, value in requests if labels["code"] != "200" and labels["model"] == "m")
+    assert (after["execution_count"], after["inference_count"]) == (len(model.calls) - 1, sum(model.calls[1:]))
+    assert client.get_inference_statistics() == client.get_inference_statistics("m", "1") == {"model_stats": [after]}
+
+
 def pngs(*sizes):
     from PIL import Image
 
@@ -299,6 +342,12 @@ def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(t
     assert metadata["inputs"] == [{"name": "images", "datatype": "UINT8", "shape": [-1, 32, 32, 3]}]
     assert {o["name"]: o["datatype"] for o in metadata["outputs"]} == {
         "class_names": "BYTES", "classes": "INT32", "probabilities": "FP32", "scores": "FP32"}
+    config = client.get_model_config("cifar")  # Triton's model configuration (issue 36, case 14)
+    assert (config["platform"], config["max_batch_size"]) == ("tensorflow_savedmodel", 16)
+    assert config["input"] == [{"name": "images", "data_type": "TYPE_UINT8", "dims": [32, 32, 3]}]
+    assert {o["name"]: (o["data_type"], o["dims"]) for o in config["output"]} == {
+        "class_names": ("TYPE_STRING", [3]), "classes": ("TYPE_INT32", [3]), "probabilities": ("TYPE_FP32", [10]),
+        "scores": ("TYPE_FP32", [3])}
 
     batch = np.random.default_rng(5).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     encoded = jpegs(batch)

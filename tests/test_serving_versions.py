@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
 pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
 pytest.importorskip("openvino", reason="needs OpenVINO")
+httpclient = pytest.importorskip("tritonclient.http")
 
 from keras_preact.export import export_model  # noqa: E402
 from support import CLASS_NAMES, MEAN, STD  # noqa: E402
@@ -106,6 +107,11 @@ def test_half_copied_newer_versions_are_skipped_each_in_one_line_and_the_whole_o
             assert get(port, f"/v1/models/m/versions/{version}") == (200, {"model_version_status": [failed]})
         code, reply = get(port, "/v1/models/m/versions/1")
         assert code == 200 and reply == {"model_version_status": [served]}
+        # Triton's repository index says the same (issue 36, case 14).
+        index = httpclient.InferenceServerClient(f"127.0.0.1:{port}").get_model_repository_index()
+        assert index[0] == {"name": "m", "version": "1", "state": "READY"}
+        assert {entry["version"]: entry["state"] for entry in index[1:]} == dict.fromkeys(damaged, "UNAVAILABLE")
+        assert all(damaged[entry["version"]][1] in entry["reason"] for entry in index[1:]), index
     finally:
         process.terminate()
         _, stderr = process.communicate(timeout=60)
