@@ -226,11 +226,6 @@ class ServingState:
         self.__dict__.update(values)
         self._init_process_state()
 
-    @property
-    def model_name(self):
-        """The served model's name once loaded ("" before: a metrics label)."""
-        return self.model.name if self.model is not None else ""
-
     def start(self):
         with self._lock:
             if self.ready.is_set():
@@ -352,32 +347,26 @@ def _served(request, failed_too=False):
     return state, model
 
 
-# Each endpoint's docstring after "---" is its OpenAPI operation (YAML, read by ``openapi.document``, which
-# adds the path parameters, and the errors of a route with parameters).
+# Each endpoint's docstring is its OpenAPI operation: its summary, then after "---" the rest in YAML
+# (``openapi.document`` adds the path parameters, and the errors of a route with parameters).
 async def v1_status(request):
-    """---
-    summary: TF Serving model status (the served version, and newer ones that failed to load)
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}
-    """
+    """TF Serving model status (the served version, and newer ones that failed to load). ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}"""
     _, model = _served(request, failed_too=True)
     version = request.path_params.get("version")
     return _json(model.status(version) if version and getattr(model, "failed", ()) else model.status())
 
 
 async def v1_metadata(request):
-    """---
-    summary: TF Serving model metadata (signature definitions)
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelMetadata'}}}}}
-    """
+    """TF Serving model metadata (signature definitions). ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelMetadata'}}}}}"""
     return _json(_served(request)[1].metadata)
 
 
 async def v1_predict(request):
-    """---
-    summary: TF Serving predict
+    """TF Serving predict. ---
     requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/PredictRequest'}}}}
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}
-    """
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}"""
     state, model = _served(request)
     signature_name, inputs, mode = await run_in_threadpool(decode_predict, model, await request.body(),
                                                            request.state.call, **state.limits.model_limits())
@@ -393,56 +382,44 @@ async def v1_unsupported(request):
 
 
 async def v2_server_metadata(request):
-    """---
-    summary: Open Inference Protocol server metadata
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}
-    """
+    """Open Inference Protocol server metadata. ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}"""
     return _json(v2.server_metadata(keras_preact.__version__))
 
 
 async def live(request):
-    """---
-    summary: Server live (unless loading the model failed)
+    """Server live (unless loading the model failed). ---
     responses: {'200': {description: live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}},
-                '503': {description: not live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}}}
-    """
+                '503': {description: not live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}}}"""
     is_live = request.app.state.serving.load_error is None
     return _json({"live": is_live}, 200 if is_live else 503)
 
 
 async def ready(request):
-    """---
-    summary: Server ready (the model loaded and warmed up)
+    """Server ready (the model loaded and warmed up). ---
     responses: {'200': {description: ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}},
-                '503': {description: not ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}}}
-    """
+                '503': {description: not ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}}}"""
     is_ready = request.app.state.serving.ready.is_set()
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
 
 async def v2_model_metadata(request):
-    """---
-    summary: Open Inference Protocol model metadata
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelMetadata'}}}}}
-    """
+    """Open Inference Protocol model metadata. ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelMetadata'}}}}}"""
     return _json(v2.model_metadata(_served(request)[1]))
 
 
 async def v2_model_ready(request):
-    """---
-    summary: Open Inference Protocol model readiness
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelReady'}}}}}
-    """
+    """Open Inference Protocol model readiness. ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelReady'}}}}}"""
     return _json({"name": _served(request)[1].name, "ready": True})
 
 
 async def v2_infer(request):
-    """---
-    summary: Open Inference Protocol infer (JSON tensors, or Triton's binary tensor data)
+    """Open Inference Protocol infer (JSON tensors, or Triton's binary tensor data). ---
     requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/InferRequest'}}}}
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/InferResponse'}},
-                                                   application/octet-stream: {schema: {type: string, format: binary}}}}}
-    """
+                                                   application/octet-stream: {schema: {type: string, format: binary}}}}}"""
     state, model = _served(request)
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise RequestError(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; "
@@ -456,46 +433,36 @@ async def v2_infer(request):
 
 
 async def v2_model_config(request):
-    """---
-    summary: Triton's model configuration
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}
-    """
+    """Triton's model configuration. ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}"""
     state, model = _served(request)
     return _json(v2.model_config(model, state.limits.max_batch_size, state.batching))
 
 
 async def v2_model_stats(request):
-    """---
-    summary: Triton's model statistics (inference requests, their time, model calls)
+    """Triton's model statistics (inference requests, their time, model calls). ---
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatistics'}}}},
-                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}
-    """
+                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}"""
     state, model = _served(request)
     return _json(v2.model_statistics(model, state.metrics))
 
 
 async def v2_repository_index(request):
-    """---
-    summary: Triton's model repository index (the served version, and newer ones that failed to load)
+    """Triton's model repository index (the served version, and newer ones that failed to load). ---
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/RepositoryIndex'}}}},
-                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}
-    """
+                4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}"""
     return _json(v2.repository_index(_served(request)[1]))
 
 
 async def prometheus_metrics(request):
-    """---
-    summary: Prometheus metrics
-    responses: {'200': {description: "Prometheus' text format", content: {text/plain: {schema: {type: string}}}}}
-    """
+    """Prometheus metrics. ---
+    responses: {'200': {description: "Prometheus' text format", content: {text/plain: {schema: {type: string}}}}}"""
     return Response(request.app.state.serving.metrics.exposition(), media_type=metrics.CONTENT_TYPE)
 
 
 async def openapi_document(request):
-    """---
-    summary: This OpenAPI document
-    responses: {'200': {description: OK, content: {application/json: {schema: {type: object}}}}}
-    """
+    """This OpenAPI document. ---
+    responses: {'200': {description: OK, content: {application/json: {schema: {type: object}}}}}"""
     state = request.app.state.serving
     return _json(openapi.document(request.app.routes, state.model if state.ready.is_set() else None))
 

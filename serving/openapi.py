@@ -1,6 +1,6 @@
 """The serving app's HTTP API as an OpenAPI 3.0 document, generated from its declared routes
-(``app.ROUTES``) by Starlette's ``SchemaGenerator``: each endpoint's docstring after ``---`` is its
-operation (YAML). ``document`` adds what the routes say alone: each path's parameters, and, on a route
+(``app.ROUTES``) by Starlette's ``SchemaGenerator``: each endpoint's docstring is its operation, the
+summary and, after ``---``, the rest in YAML. ``document`` adds what the routes say alone: each path's parameters, and, on a route
 with parameters, its ``{"error": ...}`` replies. Given the served model (what ``GET /openapi.json``
 answers once it is ready), each parameter's only value (``enum``) is the model's name or version, and
 predict and infer carry an example body of ``serving_default``'s shape, so a fuzzer (schemathesis, in
@@ -79,7 +79,10 @@ def document(routes, model=None):
         >>> sorted(document(app.ROUTES)["paths"])[:2]
         ['/monitoring/prometheus/metrics', '/openapi.json']
     """
-    doc = SchemaGenerator(copy.deepcopy(_BASE)).get_schema(routes)
+    generator = SchemaGenerator(copy.deepcopy(_BASE))
+    doc = generator.get_schema(routes)
+    for endpoint in generator.get_endpoints(routes):  # the summary: the docstring before "---"
+        doc["paths"][endpoint.path][endpoint.http_method]["summary"] = endpoint.func.__doc__.split("---")[0].strip()
     doc["info"]["version"] = keras_preact.__version__
     values = {"model_name": model and model.name, "version": model and str(model.version)}
     for path, item in doc["paths"].items():

@@ -150,6 +150,29 @@ def test_errors_are_v2_json_with_the_rest_status(numpy_served):
 
 
 @pytest.mark.notf
+def test_declared_routes_keep_tf_serving_colons_and_answer_every_other_path_in_json(numpy_served):
+    """The routes are declared (``app.ROUTES``): TF Serving's ``:predict`` after a name or a version; any
+    other path, a path with a slash more or a newline, and a route asked with another method each get a
+    JSON error (405 naming the methods allowed; on /v1, TF Serving's 404)."""
+    running, _ = numpy_served
+    body = json.dumps({"instances": [[1, 2]]}).encode()
+    for path in ("/v1/models/m:predict", "/v1/models/m/versions/1:predict"):
+        assert raw(running.port, "POST", path, body)[::2] == (200, b'{"predictions": [3.0]}')
+    code, headers, reply = raw(running.port, "POST", "/v1/models/m/versions/1:classify", body)
+    assert (code, json.loads(reply)) == (400, {"error": "classify is not supported: the signatures are predict "
+                                                        "signatures; use :predict."})
+    for method, path, status, message in [
+            ("GET", "/v1/models/m:predict", 404, "GET /v1/models/m:predict is not a TF Serving REST route."),
+            ("GET", "/v2/health/live/", 404, "Unknown path '/v2/health/live/': GET /openapi.json lists the routes."),
+            ("GET", "/v2/models/m%0A/ready", 404, "Request for unknown model: 'm\n' is not found; serving model 'm'."),
+            ("DELETE", "/v2/models/m/config", 405, "DELETE /v2/models/m/config: this route answers GET, HEAD."),
+            ("GET", "/v2/repository/index", 405, "GET /v2/repository/index: this route answers POST.")]:
+        code, headers, reply = raw(running.port, method, path)
+        assert (code, json.loads(reply)) == (status, {"error": message}), path
+        assert headers["content-type"] == "application/json"
+
+
+@pytest.mark.notf
 def test_malformed_request_fields_are_400_naming_them_before_the_model_runs(numpy_served):
     """Issue 36, case 6: a datatype that is not a string (was a 500, TypeError), outputs' parameters that
     are not an object (was a 500 after the model ran), and an input with both JSON 'data' and binary data
