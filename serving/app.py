@@ -521,8 +521,8 @@ async def _no_route(request, error):
     /v1, TF Serving's 404 for both."""
     method, path = request.method, request.url.path
     if error.status_code == 405 and not path.startswith("/v1/"):
-        return _error_reply(RequestError(f"{method} {path}: this route answers {error.headers['Allow']}.", 405),
-                            error.headers)
+        allowed = ", ".join(sorted(error.headers["Allow"].split(", ")))
+        return _error_reply(RequestError(f"{method} {path}: this route answers {allowed}.", 405), {"Allow": allowed})
     if path.startswith("/v1/"):
         return _error_reply(RequestError(f"{method} {path} is not a TF Serving REST route.", 404))
     return _error_reply(RequestError(f"Unknown path {path!r}: GET {openapi.PATH} lists the routes.", 404))
