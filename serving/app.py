@@ -1,13 +1,8 @@
-"""TF Serving's REST API and KServe's Open Inference Protocol as one ASGI application (Starlette): served
-by ``keras-preact-serve`` on uvicorn (``serving.server``) and mounted unchanged by every Ray Serve replica
-(``@serve.ingress``, ``serving.ray_serve``). Its routes are declared once, in ``ROUTES``; the OpenAPI
-document at ``GET /openapi.json`` is generated from them (``openapi.document``). TF Serving's paths:
-``/v1/models/<name>[/versions/<v>]`` (status), ``.../metadata`` and ``...:predict``; the Open Inference
-Protocol's (``serving.v2``, with Triton's binary tensor data, so ``tritonclient.http`` works unchanged):
-``/v2``, ``/v2/health/live|ready`` (live unless loading failed; ready once loaded and warmed up),
-``/v2/models/<name>[/versions/<v>]`` (metadata), ``.../ready``, ``.../infer`` (the signature chosen by the
-inputs' names and datatypes, or ``parameters.signature_name``) and Triton's ``.../config``, ``.../stats``
-and ``POST /v2/repository/index``; and Prometheus metrics (``metrics.ServingMetrics``).
+"""TF Serving's REST API and KServe's Open Inference Protocol (``serving.v2``, with Triton's binary tensor
+data and its config, statistics and repository index, so ``tritonclient.http`` works unchanged) as one
+ASGI application (Starlette): served by ``keras-preact-serve`` on uvicorn (``serving.server``) and mounted
+unchanged by every Ray Serve replica (``@serve.ingress``, ``serving.ray_serve``). Its routes are declared
+once, in ``ROUTES``; the OpenAPI document at ``GET /openapi.json`` is generated from them (``openapi``).
 
 Every resource a request can make the app use is bounded by one record, ``RequestLimits``: the body
 (``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive (408),
