@@ -8,7 +8,7 @@ Every resource a request can make the app use is bounded by one record, ``Reques
 (``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive (408),
 the examples per request, and the pixels an encoded image may decode to and its aspect ratio (read from
 the header before anything is decoded); 413 beyond. The same record bounds connections in the local
-server (``server.BoundedH11Protocol``). Every request's body is read before the reply (``_Served``), so
+server (``connections.BoundedH11Protocol``). Every request's body is read before the reply (``_Served``), so
 a kept-alive connection never desynchronises; a reply that leaves a body unread closes the connection.
 Every error is ``{"error": message}`` with its HTTP status, and never stops the server. With batching
 (``batching.BatchingOptions``), predict requests are merged by ``batching.Batcher`` (awaited, no thread
@@ -555,7 +555,7 @@ class _Served:
                 return message
 
             await self.app(scope, replay, send_with_headers)
-        except ClientDisconnect:  # nobody to answer; the server may have closed it (server.BoundedH11Protocol)
+        except ClientDisconnect:  # nobody to answer; the server may have closed it (connections.BoundedH11Protocol)
             await Response(status_code=499)(scope, receive, send_with_headers)
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
             if status:  # the reply has begun: nothing more can be said

@@ -111,7 +111,7 @@ def build_parser():
                         help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
     parser.add_argument("--merge-batch-size", type=int, default=DEFAULT_MERGE_BATCH_SIZE,
-                        help="examples one merged model call may hold (the batcher's max_batch_size)")
+                        help="examples one merged model call may hold (the batcher's batching_max_size)")
     parser.add_argument("--merge-wait-s", type=float, default=DEFAULT_MERGE_WAIT_S,
                         help="seconds the oldest request waits for more to merge (the batcher's timeout)")
     parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
