@@ -197,7 +197,7 @@ def check_inputs(model, signature_name, inputs, *, max_batch_size, max_image_pix
 def decode_predict(model, body, call=None, **limits):
     """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits
     (``RequestLimits.model_limits()``)."""
-    request, signature_name, mode = rest.parse_body(body)
+    request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
     check_signature(model, signature_name, call)
     inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
     check_inputs(model, signature_name, inputs, **limits)
@@ -370,7 +370,7 @@ async def _predict(state, body, call):
 
 def _decode_infer(model, body, header_length, call, limits):
     """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
-    request, binary = v2.parse_request(body, header_length)
+    request, binary = v2.parse_request(body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"]))
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
     inputs = v2.decode_inputs(request, binary, model.input_specs[signature_name])
@@ -458,6 +458,8 @@ async def _answer(request, state, call):
     except ClientDisconnect:  # nobody to answer; the server may have closed it (server.BoundedH11Protocol)
         return Response(status_code=499)
     except RequestError as error:
+        error.__traceback__ = None  # its frames (the body, what it decoded to) in a cycle through the worker
+        # thread's future would stay until a full garbage collection: hundreds of MB for a large body
         return _reply(state, error.status, rest.error_body(str(error)), close=isinstance(error, _CloseAfter))
     except RecursionError:
         return _reply(state, 400, rest.error_body("Invalid request: values nested too deeply."))
