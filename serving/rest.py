@@ -77,8 +77,8 @@ def load_json(body, max_values):
     bounded by ``json``'s recursion limit)."""
     count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
     if max_values is not None and count > max_values:
-        raise RequestError(f"The JSON body holds up to {count} values (counting ',', '[' and '{{'), over the limit "
-                           f"of {max_values}: --max-batch-size examples of this model's inputs.", 413)
+        raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
+                           f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:

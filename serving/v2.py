@@ -104,8 +104,8 @@ def parse_request(body, header_length, max_values):
             raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} "
                                "non-negative integers.")
         if max_values is not None and math.prod(shape) > max_values:
-            raise RequestError(f"Input '{name}' has shape {shape} of {math.prod(shape)} elements, over the limit of "
-                               f"{max_values} values: --max-batch-size examples of this model's inputs.", 413)
+            raise RequestError(f"Input '{name}' of shape {shape}: {math.prod(shape)} elements exceeds the limit of "
+                               f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
         parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
         if "data" in entry and "binary_data_size" in parameters:
             raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values "
