@@ -52,10 +52,9 @@ def _reject_constant(name):
 
 
 def max_values(input_specs, max_batch_size):
-    """The most JSON values (numbers, strings, lists, objects) a request of ``max_batch_size`` examples
-    for any signature of ``input_specs`` (``{signature: {input: TensorSpec}}``) holds: each example as
-    nested lists, in a row object, a ``{"b64": ...}`` object per string; 1,000 for the rest. None when a
-    dimension past the batch is unknown (then the body's size alone bounds it).
+    """The most JSON values (numbers, strings, lists, objects) ``max_batch_size`` examples of a signature's
+    inputs hold (``input_specs``: ``{signature: {input: TensorSpec}}``), plus 1,000 for the rest of a
+    request; None when a dimension past the batch is unknown (then the body's size alone bounds it).
 
     Examples:
         >>> max_values({"s": {"x": TensorSpec("x", "float32", (None, 2))}}, 16)
