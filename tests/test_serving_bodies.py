@@ -25,7 +25,7 @@ pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
 SIZE = 60_000_000
 INFER = "/v2/models/m/infer"
 MAX_VALUES = 16 * 4 + 1000  # 16 examples of x: a row object, a list and 2 numbers each; 1,000 for the rest
-LIMIT = "exceeds the limit of 1064 values (--max-batch-size examples of this model's inputs)."
+LIMIT = f"exceeds the limit of {MAX_VALUES} values (--max-batch-size examples of this model's inputs)."
 
 
 @pytest.fixture(scope="module")
