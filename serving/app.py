@@ -150,7 +150,7 @@ def check_inputs(model, signature_name, inputs, *, max_batch_size, max_image_pix
 def decode_predict(model, body, call=None, **limits):
     """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits
     (``RequestLimits.model_limits()``)."""
-    request, signature_name, mode = rest.parse_body(body)
+    request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
     check_signature(model, signature_name, call)
     inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
     check_inputs(model, signature_name, inputs, **limits)
@@ -310,7 +310,7 @@ async def run_predict(state, signature_name, inputs):
 
 def _decode_infer(model, body, header_length, call, limits):
     """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
-    request, binary = v2.parse_request(body, header_length)
+    request, binary = v2.parse_request(body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"]))
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
     inputs = v2.decode_inputs(request, binary, model.input_specs[signature_name])
@@ -499,7 +499,10 @@ ROUTES = [  # in the order tried: the first that matches the path and the method
 
 def _error_reply(error, headers=None):
     """The JSON reply ``{"error": message}`` to an exception: a ``RequestError``'s status (closing the
-    connection after a ``_CloseAfter``), 400 for a body nested too deeply, 500 for anything else."""
+    connection after a ``_CloseAfter``), 400 for a body nested too deeply, 500 for anything else. The error's
+    frames (the body, what it decoded to) would stay in a cycle through the worker thread's future until a
+    full garbage collection, hundreds of MB for a large body: its traceback is dropped."""
+    error.__traceback__ = None
     if isinstance(error, RequestError):
         status, message = error.status, str(error)
     elif isinstance(error, RecursionError):

@@ -13,6 +13,7 @@ import base64
 import binascii
 import dataclasses
 import json
+import math
 
 import numpy as np
 
@@ -50,8 +51,33 @@ def _reject_constant(name):
     raise RequestError(f"Invalid JSON body: {name} is not a finite number (strict JSON has no NaN or Infinity).")
 
 
-def load_json(body):
-    """The strict JSON value of a body (bytes); a 400 ``RequestError`` saying what is wrong otherwise."""
+def max_values(input_specs, max_batch_size):
+    """The most JSON values (numbers, strings, lists, objects) ``max_batch_size`` examples of a signature's
+    inputs hold (``input_specs``: ``{signature: {input: TensorSpec}}``), plus 1,000 for the rest of a
+    request; None when a dimension past the batch is unknown (then the body's size alone bounds it).
+
+    Examples:
+        >>> max_values({"s": {"x": TensorSpec("x", "float32", (None, 2))}}, 16)
+        1064
+    """
+    def example(spec):  # its nested lists and numbers, a row object, a {"b64": ...} object per string
+        dims = spec.shape[1:]
+        return sum(math.prod(dims[:k]) for k in range(len(dims) + 1)) + 1 + (spec.dtype == "string") * math.prod(dims)
+
+    if any(None in spec.shape[1:] for specs in input_specs.values() for spec in specs.values()):
+        return None
+    return max_batch_size * max(sum(map(example, specs.values())) for specs in input_specs.values()) + 1000
+
+
+def load_json(body, max_values):
+    """The strict JSON value of a body (bytes); a 400 ``RequestError`` saying what is wrong otherwise, and
+    a 413 before anything is decoded when it may hold more than ``max_values`` values (None: no bound),
+    counted as one more than its ``,`` plus its ``[`` and ``{`` (milliseconds per 60 MB; nesting is
+    bounded by ``json``'s recursion limit)."""
+    count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
+    if max_values is not None and count > max_values:
+        raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
+                           f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -62,8 +88,8 @@ def load_json(body):
         raise RequestError("Invalid JSON body: nested too deeply.") from None
 
 
-def parse_body(body):
-    request = load_json(body)
+def parse_body(body, max_values):
+    request = load_json(body, max_values)
     if not isinstance(request, dict):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request

@@ -112,11 +112,12 @@ def _object(value, what):
     return value
 
 
-def parse_request(body, header_length):
+def parse_request(body, header_length, max_values):
     """(JSON header, binary section) of an infer request body; ``header_length`` is the
     ``Inference-Header-Content-Length`` header's value or None. The header's shape is checked here,
-    before any tensor is decoded or the model runs: each field's JSON type (a 400 naming the field), and
-    each input's values sent one way, ``data`` or ``parameters.binary_data_size``, not both."""
+    before any tensor is decoded or the model runs: each field's JSON type (a 400 naming the field), each
+    input's values sent one way, ``data`` or ``parameters.binary_data_size``, not both, and the header's
+    JSON values and each input's elements at most ``max_values`` (``rest.max_values``; 413)."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -124,7 +125,7 @@ def parse_request(body, header_length):
             raise RequestError(f"Invalid Inference-Header-Content-Length {header_length!r}: expected the number of "
                                f"bytes of the JSON header, at most the body's {len(body)}.")
         header, binary = body[:int(header_length)], body[int(header_length):]
-    request = _object(rest.load_json(header), "The inference request")
+    request = _object(rest.load_json(header, max_values), "The inference request")
     inputs = request.get("inputs")
     if not isinstance(inputs, list) or not inputs:
         raise RequestError("The inference request must have 'inputs': a non-empty list of tensors.")
@@ -140,6 +141,9 @@ def parse_request(body, header_length):
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
             raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} "
                                "non-negative integers.")
+        if max_values is not None and math.prod(shape) > max_values:
+            raise RequestError(f"Input '{name}' of shape {shape}: {math.prod(shape)} elements exceeds the limit of "
+                               f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
         parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
         if "data" in entry and "binary_data_size" in parameters:
             raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values "
@@ -230,7 +234,7 @@ def decode_inputs(request, binary, specs):
                                        f"bytes; binary_data_size is {size}.")
                 array = np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))
         elif "data" in entry:
-            flat = _flatten(entry["data"], name)
+            flat = _flatten(entry.pop("data"), name)  # the JSON lists go before the model runs
             if len(flat) != count:
                 raise RequestError(f"Input '{name}': shape {shape} holds {count} elements; 'data' has {len(flat)}.")
             if datatype == "BYTES":

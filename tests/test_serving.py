@@ -147,8 +147,9 @@ BAD_REQUESTS = [
      "instances": [{"b64": base64.b64encode(b"corrupt image").decode()}]}, 400, "is not a JPEG/PNG/GIF/BMP image"),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes", "instances": [[1, 2]]}, 400, "strings"),
     ("POST", "/v1/models/cifar:predict", {"instances": images(MAX_BATCH + 1).tolist()}, 413, "exceeds the limit"),
-    # A nesting bomb, and numbers that are not finite (strict JSON has no NaN; 1e999 parses to inf).
-    ("POST", "/v1/models/cifar:predict", b"[" * 200_000 + b"]" * 200_000, 400, "nested too deeply"),
+    # A nesting bomb (within the values 16 examples may hold), and numbers that are not finite (strict JSON
+    # has no NaN; 1e999 parses to inf).
+    ("POST", "/v1/models/cifar:predict", b"[" * 20_000 + b"]" * 20_000, 400, "nested too deeply"),
     ("POST", "/v1/models/cifar:predict", {"instances": [[[[0.0] * 3] * 32] * 32]}, 400, "uint8 values"),
     ("POST", "/v1/models/cifar:predict", b'{"instances": [' + b"1" * 5000 + b"]}", 400, "a number too long"),
     ("POST", "/v1/models/cifar:predict",

@@ -285,12 +285,12 @@ def test_bytes_elements_round_trip_and_v2_requests_are_counted():
                              header + struct.pack("<I", 1) + b"a" + struct.pack("<I", 9) + b"",
                              {"Inference-Header-Content-Length": str(len(header))})
         assert (code, json.loads(reply)) == (400, {"error": "Input 's': an element of 9 bytes runs past its binary data."})
-        header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [10**12],
+        header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1000],
                                          "parameters": {"binary_data_size": 8}}]}).encode()
         code, _, reply = raw(running.port, "POST", "/v2/models/m/infer", header + b"\0" * 8,
                              {"Inference-Header-Content-Length": str(len(header))})
         assert (code, json.loads(reply)) == (
-            400, {"error": "Input 's': 1000000000000 elements cannot fit in 8 bytes of binary data."})
+            400, {"error": "Input 's': 1000 elements cannot fit in 8 bytes of binary data."})
         total = "keras_preact_serving_requests_total"
         assert {k: v for k, v in running.metrics().items() if k[0] == total} == {
             (total, labels(model="m", api="v2:infer", signature="echo", code="200")): 2,
