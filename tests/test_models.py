@@ -127,7 +127,10 @@ def test_cifar_first_units_follow_official_code():
     bottleneck = cifar_resnet(164).backbone
     options = bottleneck.get_layer("stage2_unit1").options
     assert options.block == "bottleneck" and options.shortcut_type == "B" and options.stride_position == "first"
-    assert bottleneck.get_layer("final_norm") is not None  # extra BN-ReLU after the last unit
+    # The extra BN-ReLU after the last unit (official code): the last unit feeds final_norm.
+    final_norm = bottleneck.get_layer("final_norm")
+    assert isinstance(final_norm, keras.layers.BatchNormalization)
+    assert final_norm.input is bottleneck.get_layer("stage3_unit18").output
 
 
 def test_imagenet_first_unit_skips_preactivation_after_stem():
@@ -135,7 +138,9 @@ def test_imagenet_first_unit_skips_preactivation_after_stem():
     assert model.get_layer("stage1_unit1").options.skip_preactivation
     assert not model.get_layer("stage2_unit1").options.skip_preactivation
     assert model.get_layer("stage2_unit1").strides == 2
-    assert model.get_layer("stem_norm") is not None
+    stem_norm = model.get_layer("stem_norm")  # the stem's conv-BN-ReLU: BN right after the stem's conv
+    assert isinstance(stem_norm, keras.layers.BatchNormalization)
+    assert stem_norm.input is model.get_layer("stem_conv").output
 
 
 @pytest.mark.parametrize("ordering", sorted(ORDERINGS))

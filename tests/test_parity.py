@@ -1,6 +1,7 @@
 """The parity comparison (issue "Trained for real", item 2) runs end to end through its entry point on a
-tiny image folder: every trainer and seed trains, the table judges each mean against the reference's with
-the 0.5-point bound, the evidence files are written, and running it again reuses the finished runs."""
+tiny image folder: every trainer and seed trains, the evidence files are written, running it again reuses
+the finished runs, and the 0.5-point bound is judged from the kept runs' accuracies: it passes on equal
+means and fails (exit naming the bound, every file written) on a 0.6-point gap."""
 
 import importlib.util
 import json
@@ -72,6 +73,20 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
     assert run() == passed
     assert not re.search(r"seed \d+: \d+ s$", capsys.readouterr().out, re.MULTILINE)
     assert json.loads((out / "parity.json").read_text())["table"] == table
+
+    # The judgement, from the kept accuracies: equal means pass; means 0.6 points apart fail.
+    def keep_accuracies(ours):
+        for seed, accuracy in zip((1, 2), ours):
+            metrics_file = out / f"keras-preact-torch-seed{seed}" / "metrics.json"
+            metrics_file.write_text(json.dumps({**json.loads(metrics_file.read_text()), "test_accuracy": accuracy}))
+
+    theirs = table["reference-torch"]["test_accuracy"]
+    keep_accuracies(theirs[::-1])  # the same mean, seeds swapped
+    assert run() is True
+    keep_accuracies([theirs[0] + 0.006, theirs[1] + 0.006])
+    assert run() is False
+    judged = json.loads((out / "parity.json").read_text())["table"]["keras-preact-torch"]
+    assert judged["gap_points"] == pytest.approx(0.6) and judged["within_bound"] is False
 
 
 @pytest.mark.parametrize("bad, message", [

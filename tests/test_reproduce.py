@@ -88,11 +88,18 @@ def test_help_lists_the_budgets_and_the_config_flags(capsys):
     assert exit_info.value.code == 0 and "50% and 75%" in out and "--batch-size" in out and "--data-dir" in out
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["--table", "4"], "argument --table: invalid choice: '4' (choose from '1', '2', '3')"),
+    (["--table", "2", "--seeds", "0"], "argument --seeds: invalid value 0: a positive integer is required"),
+])
+def test_bad_arguments_exit_2_naming_the_argument(capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_info:
+        reproduce.main(argv)
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m training.reproduce: error: {message}"
+
+
 def test_bad_arguments():
-    with pytest.raises(SystemExit):
-        reproduce.main(["--table", "4"])
-    with pytest.raises(SystemExit):
-        reproduce.main(["--table", "2", "--seeds", "0"])
     with pytest.raises(ValueError, match="budget"):
         reproduce.reproduce("2", "huge")
     with pytest.raises(ValueError, match="dataset='folder' needs data_dir"):

@@ -305,25 +305,31 @@ def test_unread_bodies_never_desynchronise_a_kept_alive_connection(served):
     # Mixed load: 8 kept-alive clients, bad requests with bodies between good ones; nothing lost.
     pool = images(4, seed=9)
     reference = expected(signatures, pool)
-    failures = []
+    failures, finished = [], []  # a reset, a desync or an unreadable reply is a failure, not a silent thread death
 
     def client(index):
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-        for k in range(12):
-            request(port, "POST", "/v1/models/other:predict", smuggled, connection=conn)
-            i = (index + k) % len(pool)
-            code, reply = request(port, "POST", "/v1/models/cifar:predict", {"instances": pool[i:i + 1].tolist()},
-                                  connection=conn)
-            if code != 200 or reply["predictions"][0]["classes"] != reference["classes"][i].tolist():
-                failures.append(reply)
-        conn.close()
+        try:
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+            for k in range(12):
+                code, reply = request(port, "POST", "/v1/models/other:predict", smuggled, connection=conn)
+                if code != 404 or "smuggled" in reply["error"]:
+                    failures.append((index, k, "bad request", code, reply))
+                i = (index + k) % len(pool)
+                code, reply = request(port, "POST", "/v1/models/cifar:predict",
+                                      {"instances": pool[i:i + 1].tolist()}, connection=conn)
+                if code != 200 or reply["predictions"][0]["classes"] != reference["classes"][i].tolist():
+                    failures.append((index, k, "predict", code, reply))
+            conn.close()
+            finished.append(index)
+        except Exception as error:  # noqa: BLE001 - recorded and asserted below
+            failures.append((index, "raised", repr(error)))
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=120)
-    assert failures == []
+    assert failures == [] and sorted(finished) == list(range(8)) and not any(t.is_alive() for t in threads)
 
 
 def png_header_only(width, height):

@@ -7,6 +7,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import textwrap
 
 import pytest
 
@@ -23,6 +24,9 @@ WARNING = b"W0000 00:00:1758131045.228000 3722035 computation_placer.cc:177] com
 ERROR = b"E0000 00:00:1758131045.203198 3722035 cuda_dnn.cc:8579] Unable to register cuDNN factory\n"
 TSL_INFO = b"2025-09-17 14:44:05.157831: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers\n"
 PYTHON = b"/site-packages/x.py:55: UserWarning: a warning of the user's own\n  warnings.warn(\n"
+HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
+# Without TensorFlow there are no C++ start-up lines to hide: checking for none could not fail there.
+needs_tensorflow = pytest.mark.skipif(not HAS_TENSORFLOW, reason="no TensorFlow C++ start-up lines without it")
 CPP_LINE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\])", re.M)
 
 
@@ -83,6 +87,7 @@ def test_every_console_script_starts_through_the_quiet_start():
         assert target.startswith(console) or target == "training.cli:main", (name, target)
 
 
+@needs_tensorflow
 @pytest.mark.parametrize("backend", ["this pass's", "jax"] if os.environ.get("KERAS_BACKEND") != "jax" else ["this pass's"])
 @pytest.mark.parametrize("name", sorted(console_scripts()))
 def test_console_script_help_has_no_tensorflow_lines(name, backend):
@@ -106,9 +111,36 @@ def test_the_library_module_names_the_command_line_in_one_line():
         "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
 
 
+@needs_tensorflow
 @pytest.mark.parametrize("module", ["evaluate", "export", "reproduce", "publish"])
 def test_python_dash_m_commands_start_as_quietly_as_the_scripts(module):
     """``python -m training.<module>`` (what a reader of the checkout types) gets the same quiet start."""
     done = run(["-m", f"training.{module}", "--help"])
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
     assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(HAS_TENSORFLOW, reason="with TensorFlow, each command starts in its own process (above)")
+def test_every_command_prints_its_usage_without_tensorflow():
+    """Without TensorFlow: every console script and ``python -m training.<module>`` answers ``--help``, all in
+    one interpreter (a process of its own per command matters only where TensorFlow writes C++ lines)."""
+    modules = ["evaluate", "export", "reproduce", "publish"]
+    commands = [(name, *target.split(":")) for name, target in sorted(console_scripts().items())]
+    code = textwrap.dedent(f"""
+        import contextlib, importlib, io, runpy, sys
+        for name, module, function in {commands!r} + [("training." + m, None, None) for m in {modules!r}]:
+            sys.argv, out, code = [name, "--help"], io.StringIO(), None
+            with contextlib.redirect_stdout(out):
+                try:
+                    code = (getattr(importlib.import_module(module), function)() if module
+                            else runpy.run_module(name, run_name="__main__"))
+                except SystemExit as stop:
+                    code = stop.code
+            print(name, code, "usage:" in out.getvalue())
+    """)
+    done = run(["-c", code])
+    assert done.returncode == 0, done.stderr
+    ray_missing = importlib.util.find_spec("ray") is None
+    expected = [f"{name} 2 False" if ray_missing and name == "keras-preact-serve-ray" else f"{name} 0 True"
+                for name in [name for name, _, _ in commands] + [f"training.{m}" for m in modules]]
+    assert done.stdout.splitlines() == expected, done.stdout + done.stderr
