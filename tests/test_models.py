@@ -64,6 +64,7 @@ def registered_classes(name):
 
 
 @BUILT_ONCE
+@pytest.mark.any_backend  # variable shapes: the same on every backend, checked once per environment
 @pytest.mark.parametrize("name, kwargs, expected", REFERENCE_PARAMS)
 def test_trainable_parameters_equal_official_code(name, kwargs, expected, build):
     assert trainable_params(build(name, **kwargs)) == expected
