@@ -59,19 +59,15 @@ def test_every_model_is_in_the_harness():
 
 
 @pytest.mark.parametrize("name", _models())
-def test_forward_backward_and_saving(name, rng):
+def test_forward_backward_saving_and_pyramid_outputs(name, rng):
+    """One build per network (building and tracing hundreds of units is most of the cost): forward and
+    backward, the ``.keras`` round trip, and the pyramid outputs of its backbone."""
     images, labels = _batch(name, rng)
     model = create_model(name, num_classes=NUM_CLASSES, input_shape=_small_input(name))
     assert model.output_shape == (None, NUM_CLASSES)
     support.run_forward_backward_test(model, images, labels, inference=name not in INFERENCE_OVERFLOWS_UNTRAINED)
     support.run_saving_test(model, images)
-
-
-@pytest.mark.parametrize("name", _models())
-def test_pyramid_outputs(name, rng):
-    images, _ = _batch(name, rng)
-    backbone = create_model(name, include_top=False, input_shape=(None, None, 3))
-    support.run_pyramid_outputs_test(backbone, images)
+    support.run_pyramid_outputs_test(model.backbone, images)
 
 
 @pytest.mark.parametrize("name", _models())
