@@ -260,6 +260,18 @@ class ServingState:
         self.metrics.observe_batch(model.name, signature_name, next(iter(inputs.values())).shape[0])
         return model.predict(signature_name, inputs)
 
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """Started (``start``, in a thread with ``load_in_background``) for the block, then closed."""
+        if self.load_in_background:
+            self.start_in_background()
+        else:
+            await run_in_threadpool(self.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.close)
+
     def close(self):
         if self._loader is not None:
             self._loader.join()
@@ -576,20 +588,8 @@ def create_app(state):
     """The ASGI application serving ``state`` (a ``ServingState``): ``ROUTES`` inside ``_Served``; its
     lifespan starts the state (a no-op when the caller already did) and closes it, so a Ray Serve replica
     loads its own model."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if state.load_in_background:
-            state.start_in_background()
-        else:
-            await run_in_threadpool(state.start)
-        try:
-            yield
-        finally:
-            await run_in_threadpool(state.close)
-
     app = Starlette(routes=ROUTES, middleware=[Middleware(_Served, state=state)],
-                    exception_handlers={HTTPException: _no_route}, lifespan=lifespan)
+                    exception_handlers={HTTPException: _no_route}, lifespan=lambda app: state.running())
     app.router.redirect_slashes = False  # a path with a slash more or less is unknown, not redirected
     app.state.serving = state
     return app

@@ -26,7 +26,6 @@ headers; the accepted formats are ``keras_preact.preprocessing.IMAGE_FORMATS``);
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import errno
 import functools
@@ -72,47 +71,6 @@ def port_in_use(host, port, family=socket.AF_INET):
     return False
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server; SIGINT and SIGTERM (caught in the main thread only) drain and return, instead
-    of re-raising the signal once drained as uvicorn does, so the command exits 0. With ``grpc_server``
-    (a grpc.aio server on the same loop), it starts once REST is up and drains beside REST's requests,
-    before the app's lifespan closes the batcher."""
-
-    grpc_server = None
-    _grpc_stopped = None
-
-    async def startup(self, sockets=None):
-        await super().startup(sockets=sockets)
-        if self.grpc_server is not None and self.started and not self.should_exit:
-            await self.grpc_server.start()
-
-    async def shutdown(self, sockets=None):
-        if self.grpc_server is not None:  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
-            self._grpc_stopped = asyncio.ensure_future(self.grpc_server.stop(DRAIN_TIMEOUT))
-        await super().shutdown(sockets=sockets)
-        if self._grpc_stopped is not None:
-            if not self._grpc_stopped.done():  # a second Ctrl-C: abort the RPCs left
-                await self.grpc_server.stop(None)
-            await self._grpc_stopped
-
-    async def _wait_tasks_to_complete(self):  # uvicorn's drain (bounded by DRAIN_TIMEOUT), then the lifespan's shutdown
-        await super()._wait_tasks_to_complete()
-        while self._grpc_stopped is not None and not self._grpc_stopped.done() and not self.force_exit:
-            await asyncio.sleep(0.1)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
 class Server:
     """``make_server``'s server: bound (and its model loaded, unless in the background), not yet serving.
     ``serve_forever()`` serves in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
@@ -132,15 +90,16 @@ class Server:
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(
-            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none", lifespan="on",
+            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none",
+            lifespan="off",  # ``_serve`` starts and closes the state around REST and gRPC
             proxy_headers=False, server_header=False, backlog=LISTEN_BACKLOG,
             timeout_keep_alive=limits.request_timeout, timeout_graceful_shutdown=DRAIN_TIMEOUT,
             log_config=uvicorn.config.LOGGING_CONFIG if verbose else None, log_level="info" if verbose else "warning",
             access_log=verbose)
-        self._uvicorn = _Uvicorn(config)
+        self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
         self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
-        self.grpc_address = None
+        self.grpc_address = self.grpc_server = None
         if grpc_port is not None:
             from serving import grpc_service
 
@@ -150,7 +109,7 @@ class Server:
             try:
                 if grpc_port and port_in_use(host, grpc_port, family):  # before gRPC's own bind logs a C++ line
                     raise PortInUse(host, grpc_port, "--grpc-port", os.strerror(errno.EADDRINUSE))
-                self._uvicorn.grpc_server, bound = self._loop.run_until_complete(bind())
+                self.grpc_server, bound = self._loop.run_until_complete(bind())
             except BaseException:
                 self.socket.close()
                 self._loop.close()
@@ -166,10 +125,40 @@ class Server:
         return self.state.batcher
 
     def serve_forever(self):
+        # uvicorn handles SIGINT and SIGTERM while it serves, then raises the signal again for the handler
+        # before it: this one, so the command drains and exits 0 (in the main thread, where signals arrive).
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, self._uvicorn.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM) if main}
         try:
-            asyncio_run(self._uvicorn.serve(sockets=[self.socket]), loop_factory=lambda: self._loop)
+            asyncio_run(self._serve(), loop_factory=lambda: self._loop)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self._stopped.set()
+
+    async def _serve(self):
+        """REST and gRPC on one loop: once told to exit, both stop accepting and drain their requests in flight
+        (at most ``DRAIN_TIMEOUT`` s; a second Ctrl-C aborts them), then the state closes (``ServingState.running``)."""
+        async with self.state.running():
+            grpc_drained = None
+            if self.grpc_server is not None:
+                await self.grpc_server.start()
+                grpc_drained = asyncio.ensure_future(self._drain_grpc())
+            try:
+                await self._uvicorn.serve(sockets=[self.socket])  # until should_exit, then REST drained
+            finally:
+                self._uvicorn.should_exit = True
+                if grpc_drained is not None:
+                    while not grpc_drained.done() and not self._uvicorn.force_exit:
+                        await asyncio.wait([grpc_drained], timeout=0.1)
+                    if not grpc_drained.done():  # a second Ctrl-C: abort the RPCs left
+                        await self.grpc_server.stop(None)
+                    await grpc_drained
+
+    async def _drain_grpc(self):
+        while not self._uvicorn.should_exit:  # polled as uvicorn polls it
+            await asyncio.sleep(0.1)
+        await self.grpc_server.stop(DRAIN_TIMEOUT)  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
 
     def shutdown(self):
         """Stop serving (as SIGTERM does) and wait until ``serve_forever`` has returned."""
@@ -179,8 +168,8 @@ class Server:
     def server_close(self):
         self.socket.close()
         if not self._loop.is_closed():  # never served: release the gRPC port
-            if self._uvicorn.grpc_server is not None:
-                self._loop.run_until_complete(self._uvicorn.grpc_server.stop(None))
+            if self.grpc_server is not None:
+                self._loop.run_until_complete(self.grpc_server.stop(None))
             self._loop.close()
         self.state.close()
 
