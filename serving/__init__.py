@@ -1,10 +1,7 @@
-"""The serving app: TF Serving's REST API for exported models: one ASGI application (``app``), served
-locally on uvicorn (``keras-preact-serve``) and by Ray Serve replicas (``keras-preact-serve-ray``).
-
-An app beside the model library, as ``training`` is: it serves the artefacts ``keras_preact.export``
-writes and calls no model code. It imports the library (``keras_preact.export``, ``.preprocessing``);
-nothing in ``keras_preact`` imports it. Its console scripts start in ``serving.console``. Installed
-under this same name, ``serving`` (extras ``[serve]``, ``[grpc]``, ``[ray]``)."""
+"""The serving app beside the model library, as ``training`` is: TF Serving's REST and gRPC APIs and
+KServe's Open Inference Protocol for the exports ``keras_preact.export`` writes (``keras-preact-serve``,
+``keras-preact-serve-ray``; extras ``[serve]``, ``[grpc]``, ``[ray]``). Nothing in ``keras_preact`` imports it.
+"""
 
 import sys
 
@@ -29,9 +26,7 @@ def _missing(prog, error):
 
 
 def main(argv=None):
-    """The ``keras-preact-serve`` console script. It needs no TensorFlow to start: a version whose
-    exports have no runtime installed is refused in one line naming what to install, as is a
-    missing Starlette or uvicorn."""
+    """The ``keras-preact-serve`` console script; without Starlette or uvicorn, one line says what to install."""
     try:
         from serving import server
     except ImportError as error:
@@ -42,8 +37,7 @@ def main(argv=None):
 
 
 def main_ray(argv=None):
-    """The ``keras-preact-serve-ray`` console script: without Ray Serve or TensorFlow, one line says what
-    to install."""
+    """The ``keras-preact-serve-ray`` console script; without Ray Serve, one line says what to install."""
     try:
         from serving import ray_serve
     except ImportError as error:

@@ -1,20 +1,8 @@
-"""TF Serving's REST API and KServe's Open Inference Protocol (``serving.v2``, with Triton's binary tensor
-data and its config, statistics and repository index, so ``tritonclient.http`` works unchanged) as one
-ASGI application (Starlette): served by ``keras-preact-serve`` on uvicorn (``serving.server``) and mounted
-unchanged by every Ray Serve replica (``@serve.ingress``, ``serving.ray_serve``). Its routes are declared
-once, in ``ROUTES``; the OpenAPI document at ``GET /openapi.json`` is generated from them (``openapi``).
-
-Every resource a request can make the app use is bounded by one record, ``RequestLimits``: the body
-(``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive (408),
-the examples per request, and the pixels an encoded image may decode to and its aspect ratio (read from
-the header before anything is decoded); 413 beyond. The same record bounds connections in the local
-server (``connections.BoundedH11Protocol``). Every request's body is read before the reply (``_Served``), so
-a kept-alive connection never desynchronises; a reply that leaves a body unread closes the connection.
-Every error is ``{"error": message}`` with its HTTP status, and never stops the server. With batching
-(``batching.BatchingOptions``), predict requests are merged by ``batching.Batcher`` (awaited, no thread
-held per request) and replies carry ``X-Batch-Id`` (the model call that ran them, numbered per process)
-and ``X-Batch-Size`` (its examples). Decoding, predicting and encoding run in worker threads, so the
-event loop keeps reading connections.
+"""TF Serving's REST API and KServe's Open Inference Protocol (``serving.v2``, with Triton's extensions) as
+one ASGI application (Starlette), served by ``keras-preact-serve`` on uvicorn (``serving.server``) and
+mounted by every Ray Serve replica (``serving.ray_serve``). Its routes are declared once (``ROUTES``);
+``openapi`` generates the document from them. Every resource a request can use is bounded by
+``RequestLimits``; every error is ``{"error": message}`` with its HTTP status (README, "Server limits").
 """
 
 import asyncio
@@ -40,6 +28,7 @@ from starlette.routing import Route
 
 import keras_preact
 from serving import batching, metrics, openapi, rest, v2
+from serving.batching import FlagRecord, flag
 from serving.metrics import ServingMetrics
 from serving.rest import RequestError
 
@@ -48,60 +37,23 @@ LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Infere
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
 
 
-def _limit(default, help, *, server_only=False):  # noqa: A002 - argparse's word
-    return dataclasses.field(default=default, metadata={"help": help, "server_only": server_only})
-
-
 @dataclasses.dataclass(frozen=True)
-class RequestLimits:
-    """What one request (and, in the local server, one connection) may use. Each field is a flag
-    (``--max-body-bytes`` for ``max_body_bytes``; ``add_arguments``) and an argument of ``make_server``;
-    fields marked ``server_only`` bound the local server's connections (Ray Serve's proxy owns its own).
-    Checked on creation: every value positive, integers but ``REAL`` fields, ``max_aspect_ratio`` >= 1."""
+class RequestLimits(FlagRecord):
+    """What one request (and, in the local server, one connection: ``server_only``) may use."""
 
-    max_body_bytes: int = _limit(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
-    max_batch_size: int = _limit(256, "examples per request (413 above)")
-    max_image_pixels: int = _limit(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
-    max_aspect_ratio: float = _limit(8.0, "longer/shorter side of an encoded image (413 above)")
-    max_request_pixels: int = _limit(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
-    request_timeout: float = _limit(
+    max_body_bytes: int = flag(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
+    max_batch_size: int = flag(256, "examples per request (413 above)")
+    max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
+    max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
+    max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
+    request_timeout: float = flag(
         30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
-    max_connections: int = _limit(4096, "open connections at once (503 beyond)", server_only=True)
-
-    REAL = ("max_aspect_ratio", "request_timeout")
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            check_positive(field.name, getattr(self, field.name), real=field.name in self.REAL)
-        if self.max_aspect_ratio < 1:
-            raise ValueError(f"Invalid max_aspect_ratio={self.max_aspect_ratio!r}: expected a number >= 1.")
-
-    @classmethod
-    def add_arguments(cls, parser, *, server_only=True):
-        """One flag per field (without the ``server_only`` ones unless asked), defaults as the record's."""
-        for field in dataclasses.fields(cls):
-            if server_only or not field.metadata["server_only"]:
-                parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default,
-                                    help=f"{field.metadata['help']} (default %(default)s)")
-
-    @classmethod
-    def from_args(cls, args):
-        """The record of parsed flags (``add_arguments``); a field without its flag keeps its default."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+    max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
 
     def model_limits(self):
-        """The limits ``decode_predict`` applies (keyword arguments)."""
+        """The limits ``rest.check_inputs`` applies (keyword arguments)."""
         return {name: getattr(self, name) for name in
                 ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
-
-
-def check_positive(argument, value, *, real=False):
-    """ValueError naming ``argument`` unless ``value`` is a positive integer (a positive finite number if ``real``)."""
-    if real:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
 
 
 def model_name_or_default(model_base, model_name=None):
@@ -114,46 +66,26 @@ def model_name_or_default(model_base, model_name=None):
 
 @dataclasses.dataclass
 class Call:
-    """What a request was, for the metrics (``metrics.ServingMetrics.observe_request``): its route
-    (``api``, one of ``metrics.API_NAMES``), the served model's name once the URL is known to name it,
-    and the signature once known to be one of the model's; health and metrics requests are not counted."""
+    """What a request was, for the metrics: its route (``api``, one of ``metrics.API_NAMES``), and the
+    served model and signature once the request is known to name them."""
 
     api: str = ""
     model: str = ""
     signature: str = ""
 
 
-def check_signature(model, signature_name, call=None):
-    """A 400 ``RequestError`` unless the model has the signature; ``call`` learns it."""
-    if signature_name not in model.signatures:
-        raise RequestError(
-            f"Serving signature name: '{signature_name}' not found in signature def; "
-            f"available: {sorted(model.signatures)}."
-        )
-    if call is not None:
-        call.signature = signature_name
-
-
-def check_inputs(model, signature_name, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio,
-                 max_request_pixels):
-    """A ``RequestError`` (413) when decoded inputs of a signature exceed the limits: the batch, and the
-    encoded images' pixels and aspect ratio, read from their headers (``rest.check_encoded_images``)."""
-    batch = next(iter(inputs.values())).shape[0]
-    if batch > max_batch_size:
-        raise RequestError(f"Batch size {batch} exceeds the limit of {max_batch_size}.", 413)
-    encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
-    if encoded:
-        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
-                                  max_request_pixels=max_request_pixels)
-
-
 def decode_predict(model, body, call=None, **limits):
     """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits
     (``RequestLimits.model_limits()``)."""
     request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
-    check_signature(model, signature_name, call)
-    inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
-    check_inputs(model, signature_name, inputs, **limits)
+    if signature_name not in model.signatures:
+        raise RequestError(f"Serving signature name: '{signature_name}' not found in signature def; "
+                           f"available: {sorted(model.signatures)}.")
+    if call is not None:
+        call.signature = signature_name
+    specs = model.input_specs[signature_name]
+    inputs = rest.decode_inputs(request, mode, specs)
+    rest.check_inputs(specs, inputs, **limits)
     return signature_name, inputs, mode
 
 
@@ -162,8 +94,8 @@ class _CloseAfter(RequestError):
 
 
 def dummy_inputs(specs, image_size=(32, 32)):
-    """One example for each input of a signature (``{name: TensorSpec}``): zeros, unknown dimensions 1,
-    and for an encoded-image (string) input a black PNG of ``image_size`` (height, width)."""
+    """One example of a signature's inputs: zeros (unknown dimensions 1), a black PNG of ``image_size``
+    (height, width) for an encoded image."""
     import io
 
     from PIL import Image
@@ -181,9 +113,8 @@ def dummy_inputs(specs, image_size=(32, 32)):
 
 
 def warm_up(model):
-    """One predict call per signature on a dummy batch of one (``dummy_inputs``; encoded images at the
-    size of the first image input of the model), so the first client does not pay for graph tracing,
-    kernel selection or lazy allocation; raises what the model raises."""
+    """One predict call per signature on ``dummy_inputs`` (images at the model's pixel input size), so the
+    first client does not pay for tracing or lazy allocation; raises what the model raises."""
     sizes = [spec.shape[1:3] for specs in model.input_specs.values() for spec in specs.values()
              if spec.dtype != "string" and len(spec.shape) == 4 and None not in spec.shape[1:3]]
     for signature_name in sorted(model.input_specs):
@@ -192,36 +123,26 @@ def warm_up(model):
 
 class ServingState:
     """What one process serves: the model (``load()``, e.g. a ``servable.Servable``), its limits, the
-    ``batching.Batcher`` when ``batching`` (a ``batching.BatchingOptions``) is given, constant reply headers
-    (``identify()``: e.g. the Ray Serve replica) and its ``metrics.ServingMetrics``. ``start`` loads the
-    model, warms it up (``warm_up``), starts the batcher and then sets ``ready`` (once); with
-    ``load_in_background`` the app's lifespan runs ``start`` in a thread and serves meanwhile: health and
-    metrics answer, model routes get a 503 until ``ready``. ``close`` drains the batcher."""
+    ``batching.Batcher`` given ``batching`` (``batching.BatchingOptions``), constant reply headers
+    (``identify()``: e.g. the Ray Serve replica) and its ``metrics.ServingMetrics``. Until ``ready``,
+    health and metrics answer and model routes get a 503."""
 
     def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False):
         self._load, self._identify = load, identify
         self.limits = limits or RequestLimits()
         self.batching = batching
         self.load_in_background = load_in_background
-        self._init_process_state()
-
-    def _init_process_state(self):
-        """What cannot cross a process boundary (a Ray Serve replica gets its own, unpickled)."""
         self.model = self.batcher = self.load_error = self._loader = None
         self.headers = {}
         self.ready = threading.Event()
         self.metrics = ServingMetrics()
         self._lock = threading.Lock()
 
-    def __getstate__(self):
-        return {"_load": self._load, "_identify": self._identify, "limits": self.limits, "batching": self.batching,
-                "load_in_background": self.load_in_background}
-
-    def __setstate__(self, values):
-        self.__dict__.update(values)
-        self._init_process_state()
+    def __reduce__(self):  # a Ray Serve replica unpickles a new state of its own
+        return ServingState, (self._load, self.limits, self.batching, self._identify, self.load_in_background)
 
     def start(self):
+        """Load the model, warm it up (``warm_up``), start the batcher, then set ``ready`` (once)."""
         with self._lock:
             if self.ready.is_set():
                 return
@@ -256,7 +177,7 @@ class ServingState:
             raise RequestError("The model is loading or warming up; retry later.", 503)
 
     def predict(self, model, signature_name, inputs):
-        """``model.predict``, its batch size observed (``metrics``): every model call goes through here."""
+        """``model.predict``, its batch size observed: every model call goes through here."""
         self.metrics.observe_batch(model.name, signature_name, next(iter(inputs.values())).shape[0])
         return model.predict(signature_name, inputs)
 
@@ -280,9 +201,9 @@ class ServingState:
 
 
 async def read_body(request, limits):
-    """The request body (b"" when a GET has none), read whole before any reply; refused with the
-    connection closed when missing on a POST, framed twice (Content-Length and chunked: request
-    smuggling), over ``max_body_bytes`` (declared or counted), or not arrived within ``request_timeout``."""
+    """The request body (b"" when a GET has none), read whole before any reply, so a kept-alive connection
+    never desynchronises; refused with the connection closed when missing on a POST, framed twice (request
+    smuggling), over ``max_body_bytes`` or not arrived within ``request_timeout``."""
     length = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if length is None and not chunked:
@@ -325,8 +246,9 @@ def _decode_infer(model, body, header_length, call, limits):
     request, binary = v2.parse_request(body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"]))
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
-    inputs = v2.decode_inputs(request, binary, model.input_specs[signature_name])
-    check_inputs(model, signature_name, inputs, **limits)
+    specs = model.input_specs[signature_name]
+    inputs = v2.decode_inputs(request, binary, specs)
+    rest.check_inputs(specs, inputs, **limits)
     return request, signature_name, inputs
 
 
@@ -510,17 +432,11 @@ ROUTES = [  # in the order tried: the first that matches the path and the method
 
 
 def _error_reply(error, headers=None):
-    """The JSON reply ``{"error": message}`` to an exception: a ``RequestError``'s status (closing the
-    connection after a ``_CloseAfter``), 400 for a body nested too deeply, 500 for anything else. The error's
-    frames (the body, what it decoded to) would stay in a cycle through the worker thread's future until a
-    full garbage collection, hundreds of MB for a large body: its traceback is dropped."""
+    """The JSON reply to an exception (``rest.error_status``), closing the connection after a ``_CloseAfter``.
+    Its traceback is dropped: its frames (the body, what it decoded to) would stay in a cycle through the
+    worker thread's future until a full garbage collection, hundreds of MB for a large body."""
     error.__traceback__ = None
-    if isinstance(error, RequestError):
-        status, message = error.status, str(error)
-    elif isinstance(error, RecursionError):
-        status, message = 400, "Invalid request: values nested too deeply."
-    else:
-        status, message = 500, f"Internal error: {type(error).__name__}: {error}"
+    status, message = rest.error_status(error)
     if isinstance(error, _CloseAfter):
         headers = {**(headers or {}), "Connection": "close"}
     return Response(rest.error_body(message), status, headers, media_type=JSON)
@@ -539,10 +455,9 @@ async def _no_route(request, error):
 
 
 class _Served:
-    """The app around its routes (ASGI middleware): each request's body is read whole first (``read_body``),
-    so a kept-alive connection never desynchronises, even after a 404; every error is a JSON reply
-    (``_error_reply``); every reply carries ``state.headers``; and every request but ``SERVICE_PATHS`` is
-    counted and timed in the metrics, by its route's name and the model and signature its ``Call`` learned."""
+    """The app around its routes (ASGI middleware): each body read whole first (``read_body``), every error a
+    JSON reply, ``state.headers`` on every reply, and every request but ``SERVICE_PATHS`` counted and timed
+    (by its route's name and its ``Call``)."""
 
     def __init__(self, app, state):
         self.app, self.state = app, state
@@ -585,9 +500,8 @@ class _Served:
 
 
 def create_app(state):
-    """The ASGI application serving ``state`` (a ``ServingState``): ``ROUTES`` inside ``_Served``; its
-    lifespan starts the state (a no-op when the caller already did) and closes it, so a Ray Serve replica
-    loads its own model."""
+    """The ASGI application serving ``state`` (a ``ServingState``); its lifespan starts and closes the state
+    (``ServingState.running``), so a Ray Serve replica loads its own model."""
     app = Starlette(routes=ROUTES, middleware=[Middleware(_Served, state=state)],
                     exception_handlers={HTTPException: _no_route}, lifespan=lambda app: state.running())
     app.router.redirect_slashes = False  # a path with a slash more or less is unknown, not redirected

@@ -1,30 +1,14 @@
-"""Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching``.
-
-``Batcher(predict, options)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
-(``servable.Servable.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
-``batcher.predict`` as they would in ``predict``; meanwhile their requests wait in a queue, are merged
-with others along the batch axis and run as one call, and each caller gets its own slice of the outputs.
-
-- Only requests with the same signature and the same input names, dtypes and per-example shapes are
-  merged (encoded-image string inputs included); others wait in their own queue.
-- How is one record, ``BatchingOptions``, whose fields are ``keras-preact-serve``'s flags. A batch is
-  closed when it holds ``batching_max_size`` examples, or when its oldest request has waited
-  ``batching_timeout_ms`` (0: take what is queued when a batch thread is free; requests arriving while
-  the model runs are then batched together), and runs on the next free one of ``batching_threads``
-  threads. A request larger than ``batching_max_size`` is not split: it runs alone, as one call.
-- At most ``batching_max_queue`` requests wait for a batch; beyond it ``predict`` raises a 503
-  ``RequestError`` at once, naming the limit.
-- When a merged call raises, or returns an output that is not batched along axis 0, each of its
-  requests runs again alone: every caller gets its own result or its own error, never another's.
-- ``close()`` runs what is queued, then joins every thread; later calls get a 503.
-
-``submit`` is ``predict`` for an event loop (the ASGI app, ``serving.app``): the caller
-awaits its slot without holding a thread, and learns which model call ran it (``BatchResult``).
+"""Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching`` (README,
+"Dynamic batching"): ``Batcher`` merges the requests of one signature and per-example input shapes along
+axis 0 into one call of the wrapped ``predict`` and gives each caller its rows; a merged call that fails
+is rerun request by request, so each caller gets its own result or error, never another's. Also
+``FlagRecord``, the checked records of flags (``BatchingOptions``, ``app.RequestLimits``).
 """
 
 import asyncio
 import collections
 import dataclasses
+import math
 import threading
 import time
 
@@ -33,38 +17,60 @@ import numpy as np
 from serving.rest import RequestError
 
 
-def _option(default, help):  # noqa: A002 - argparse's word
-    return dataclasses.field(default=default, metadata={"help": help})
+def check_number(argument, value, *, real=False, at_least=None):
+    """ValueError naming ``argument`` unless ``value`` is a positive integer, or, ``real``, a positive finite
+    number (one >= ``at_least`` if given)."""
+    is_number = not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
+    if not real:
+        valid, expected = is_number and value >= 1, "a positive integer"
+    elif at_least is None:
+        valid, expected = is_number and 0 < value < math.inf, "a positive number"
+    else:
+        valid, expected = is_number and at_least <= value < math.inf, f"a number >= {at_least:g}"
+    if not valid:
+        raise ValueError(f"Invalid {argument}={value!r}: expected {expected}.")
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchingOptions:
-    """How a ``Batcher`` merges requests (module docstring). Each field is a flag (``--batching-max-size``
-    for ``batching_max_size``; ``add_arguments``) and an argument of ``server.make_server``. Checked on
-    creation, the one place: integers >= 1 but ``batching_timeout_ms``, a finite number >= 0."""
+def flag(default, help, *, at_least=None, server_only=False):  # noqa: A002 - argparse's word
+    """A ``FlagRecord`` field: its default, its flag's help, a float's lower bound, and whether only
+    ``keras-preact-serve`` has the flag."""
+    return dataclasses.field(default=default, metadata={"help": help, "at_least": at_least, "server_only": server_only})
 
-    batching_max_size: int = _option(32, "examples in one model call; a larger request runs alone (TF Serving's "
-                                         "max_batch_size)")
-    batching_timeout_ms: float = _option(0.0, "the longest the oldest request of a batch waits for more (0: batch "
-                                              "what is queued when the model is free)")
-    batching_max_queue: int = _option(64, "requests waiting for a batch (503 beyond)")
-    batching_threads: int = _option(1, "batches run at once")
+
+class FlagRecord:
+    """A frozen dataclass whose fields (``flag``) are flags (``--batching-max-size`` for
+    ``batching_max_size``) and arguments of ``server.make_server``, each checked on creation (``check_number``)."""
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type is float:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                    raise ValueError(f"Invalid {field.name}={value!r}: expected a number >= 0.")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Invalid {field.name}={value!r}: expected a positive integer.")
+            check_number(field.name, getattr(self, field.name), real=field.type is float,
+                         at_least=field.metadata["at_least"])
 
     @classmethod
-    def add_arguments(cls, parser):
-        """One flag per field, defaults as the record's."""
+    def add_arguments(cls, parser, *, server_only=True):
+        """One flag per field (without the ``server_only`` ones unless asked), defaults as the record's."""
         for field in dataclasses.fields(cls):
-            parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
-                                help=f"{field.metadata['help']} (default %(default)s)")
+            if server_only or not field.metadata["server_only"]:
+                parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
+                                    help=f"{field.metadata['help']} (default %(default)s)")
+
+    @classmethod
+    def from_args(cls, args):
+        """The record of parsed flags (``add_arguments``); a field without its flag keeps its default."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions(FlagRecord):
+    """How a ``Batcher`` merges requests: a batch closes when it holds ``batching_max_size`` examples or
+    its oldest request has waited ``batching_timeout_ms``, and runs on one of ``batching_threads``."""
+
+    batching_max_size: int = flag(32, "examples in one model call; a larger request runs alone (TF Serving's "
+                                      "max_batch_size)")
+    batching_timeout_ms: float = flag(0.0, "the longest the oldest request of a batch waits for more (0: batch "
+                                           "what is queued when the model is free)", at_least=0)
+    batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond)")
+    batching_threads: int = flag(1, "batches run at once")
 
 
 @dataclasses.dataclass
@@ -131,7 +137,14 @@ def _merge_key(signature_name, inputs):
 
 
 class Batcher:
-    """Merges concurrent ``predict`` calls into batched calls of the wrapped ``predict`` (module docstring)."""
+    """Merges concurrent ``predict`` calls into batched calls of the wrapped ``predict(signature_name,
+    {name: array})`` (module docstring); at most ``batching_max_queue`` requests wait (503 beyond).
+
+    Examples:
+        >>> with Batcher(lambda signature, inputs: {"y": inputs["x"] * 2}) as batcher:
+        ...     batcher.predict("serving_default", {"x": np.ones((2, 3))})["y"].shape
+        (2, 3)
+    """
 
     def __init__(self, predict, options=None):
         self._predict = predict
@@ -156,7 +169,7 @@ class Batcher:
         return pending.outputs
 
     async def submit(self, signature_name, inputs):
-        """``predict`` for a coroutine: a ``BatchResult``, awaited without holding a thread."""
+        """``predict`` for a coroutine (``serving.app``): a ``BatchResult``, awaited without holding a thread."""
         loop = asyncio.get_running_loop()
         future = loop.create_future()
 
@@ -199,7 +212,7 @@ class Batcher:
             return self._queued
 
     def close(self):
-        """Run what is queued, then stop and join every batch thread (idempotent)."""
+        """Run what is queued, then stop and join every batch thread (idempotent); later calls get a 503."""
         with self._condition:
             self._closed = True
             self._condition.notify_all()

@@ -1,21 +1,7 @@
-"""Prometheus metrics of one serving application, at TF Serving's path ``/monitoring/prometheus/metrics``.
-
-Each ``ServingMetrics`` owns its ``prometheus_client.CollectorRegistry`` (not the process-wide one), so
-several applications in one process (tests, Ray Serve replicas sharing a worker) never collide. Label
-values come from fixed sets or from the served model (never from a request's URL or body), so a client
-cannot grow the registry: an unknown model, route or signature is counted under ``""``.
-
-- ``keras_preact_serving_requests_total{model, api, signature, code}``: requests answered (``api``:
-  ``API_NAMES``; health and metrics requests are not counted),
-- ``keras_preact_serving_request_latency_seconds{model, api, signature}``: from the request's arrival to
-  its reply (its body read, decoded, predicted, encoded),
-- ``keras_preact_serving_batch_size{model, signature}``: examples per model call (with batching, merged
-  calls and reruns; without, one call per request),
-- ``keras_preact_serving_queue_depth{model}``: requests waiting for a batch now (0 without batching),
-- ``keras_preact_serving_model_ready{model}``: 1 once the model is loaded and warmed up.
-
-Beside them, ``inferences`` tallies each model's inference requests (``INFERENCE_APIS``) by outcome, for
-Triton's statistics (``v2.model_statistics``).
+"""Prometheus metrics of one serving application, at TF Serving's path ``/monitoring/prometheus/metrics``
+(README, "Metrics and health"). Each ``ServingMetrics`` has its own registry, so applications in one
+process never collide; label values come from fixed sets or the served model, never from a request (an
+unknown model, route or signature counts as ``""``), so clients cannot grow the registry.
 """
 
 import time
@@ -35,7 +21,8 @@ BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 exam
 
 
 class ServingMetrics:
-    """The metrics of one application (module docstring), in their own ``registry``."""
+    """The metrics of one application, in their own ``registry``; ``inferences`` tallies each model's
+    inference requests by outcome, for Triton's statistics (``v2.model_statistics``)."""
 
     def __init__(self):
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)

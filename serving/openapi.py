@@ -1,10 +1,6 @@
-"""The serving app's HTTP API as an OpenAPI 3.0 document, generated from its declared routes
-(``app.ROUTES``) by Starlette's ``SchemaGenerator``: each endpoint's docstring is its operation, the
-summary and, after ``---``, the rest in YAML. ``document`` adds what the routes say alone: each path's parameters, and, on a route
-with parameters, its ``{"error": ...}`` replies. Given the served model (what ``GET /openapi.json``
-answers once it is ready), each parameter's only value (``enum``) is the model's name or version, and
-predict and infer carry an example body of ``serving_default``'s shape, so a fuzzer (schemathesis, in
-``tests/test_serving_openapi.py``) reaches the model instead of 404s.
+"""The serving app's OpenAPI 3.0 document, generated from its declared routes (``app.ROUTES``) by
+Starlette's ``SchemaGenerator``: each endpoint's docstring is its operation, the summary, then after
+``---`` the rest in YAML. README, "OpenAPI document".
 """
 
 import copy
@@ -72,7 +68,9 @@ _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/c
 
 
 def document(routes, model=None):
-    """The OpenAPI document of ``routes`` (module docstring); ``model``: the served ``servable.Servable`` or None.
+    """The OpenAPI document of ``routes``, with each path's parameters, and the errors of a route with
+    parameters. Given the served ``model``, each parameter's only value is its name or version, and
+    predict and infer carry an example body, so a fuzzer (schemathesis) reaches the model.
 
     Examples:
         >>> from serving import app

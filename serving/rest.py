@@ -1,12 +1,7 @@
-"""TF Serving REST API codec: JSON request bodies to input arrays, output tensors to JSON replies.
-
-Follows https://www.tensorflow.org/tfx/serving/api_rest: a predict body holds ``instances`` (row
-format: one entry per example; a dict per example when a signature has several inputs) or ``inputs``
-(columnar format: the batch tensor, or a dict of them); binary strings travel as ``{"b64": "..."}``.
-Replies are ``{"predictions": [...]}`` (row: a dict of outputs per example, or the bare value when
-there is one output) or ``{"outputs": ...}`` (columnar). String outputs whose name ends in
-``_bytes`` are base64-encoded, as TF Serving does. Every problem is a ``RequestError`` carrying the
-HTTP status (400 bad request, 404 not found) and a message for ``{"error": ...}``.
+"""TF Serving REST API codec (https://www.tensorflow.org/tfx/serving/api_rest): predict bodies, row
+(``instances``) or columnar (``inputs``), binary strings as ``{"b64": ...}``, to input arrays; outputs to
+``predictions`` or ``outputs``. The input checks every front end shares (``check_shape``, ``check_inputs``);
+every problem is a ``RequestError`` with its HTTP status.
 """
 
 import base64
@@ -37,14 +32,13 @@ class TensorSpec:
     shape: tuple  # None for an unknown dimension
 
 
-# numpy kinds a JSON value may decode to, per input dtype, and the value range where one applies.
-_NUMERIC_KINDS = {
-    "uint8": ("iu", (0, 255)),
-    "int32": ("iu", (-(2**31), 2**31 - 1)),
-    "int64": ("iu", (-(2**63), 2**63 - 1)),
-    "float32": ("iuf", None),
-    "float64": ("iuf", None),
-}
+def error_status(error):
+    """(HTTP status, message) of an exception: a ``RequestError``'s, 400 for values nested too deeply, else 500."""
+    if isinstance(error, RequestError):
+        return error.status, str(error)
+    if isinstance(error, RecursionError):
+        return 400, "Invalid request: values nested too deeply."
+    return 500, f"Internal error: {type(error).__name__}: {error}"
 
 
 def _reject_constant(name):
@@ -70,10 +64,8 @@ def max_values(input_specs, max_batch_size):
 
 
 def load_json(body, max_values):
-    """The strict JSON value of a body (bytes); a 400 ``RequestError`` saying what is wrong otherwise, and
-    a 413 before anything is decoded when it may hold more than ``max_values`` values (None: no bound),
-    counted as one more than its ``,`` plus its ``[`` and ``{`` (milliseconds per 60 MB; nesting is
-    bounded by ``json``'s recursion limit)."""
+    """The strict JSON value of a body (bytes), else a 400; a 413 before anything is decoded when it may
+    hold more than ``max_values`` values (None: no bound), counted by its ``,``, ``[`` and ``{``."""
     count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
     if max_values is not None and count > max_values:
         raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
@@ -140,28 +132,48 @@ def to_array(value, spec):
             raise RequestError(f"Input '{spec.name}' is not a rectangular array (ragged nested lists).") from None
         if array.ndim and array.shape[0] == 0:
             raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
-        kinds, value_range = _NUMERIC_KINDS[spec.dtype]
-        if array.dtype.kind not in kinds or array.dtype == object:
+        integer = np.dtype(spec.dtype).kind in "iu"
+        if array.dtype.kind not in ("iu" if integer else "iuf") or array.dtype == object:
             raise RequestError(
                 f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values."
             )
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{spec.name}' holds non-finite values (e.g. 1e999); send finite numbers.")
-        if value_range and array.size and (array.min() < value_range[0] or array.max() > value_range[1]):
-            raise RequestError(f"Input '{spec.name}' values must lie in [{value_range[0]}, {value_range[1]}] ({spec.dtype}).")
+        if integer:
+            check_range(array, spec)
         array = array.astype(spec.dtype)
-    check_shape(array, spec)
+    check_shape(array.shape, spec)
     return array
 
 
-def check_shape(array, spec):
-    expected = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
-    if array.ndim != len(spec.shape) or any(d is not None and d != a for d, a in zip(spec.shape, array.shape)):
-        raise RequestError(
-            f"Input '{spec.name}' has shape {list(array.shape)}; the signature expects {expected}."
-        )
-    if array.shape[0] == 0:
+def check_range(values, spec):
+    """A 400 unless the integers ``values`` (an array or a sequence) fit ``spec``'s integer dtype."""
+    low, high = np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max
+    if np.size(values) and (np.min(values) < low or np.max(values) > high):
+        raise RequestError(f"Input '{spec.name}' values must lie in [{low}, {high}] ({spec.dtype}).")
+
+
+def check_shape(shape, spec):
+    """A 400 unless ``shape`` is ``spec``'s (None: any size) with at least one example."""
+    if len(shape) != len(spec.shape) or any(d < 0 or (s is not None and d != s) for d, s in zip(shape, spec.shape)):
+        expected = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
+        raise RequestError(f"Input '{spec.name}' has shape {list(shape)}; the signature expects {expected}.")
+    if shape[0] == 0:
         raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
+
+
+def check_inputs(specs, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
+    """A 400 unless the decoded ``inputs`` of a signature (``specs``) have one batch size; a 413 beyond the
+    limits: the batch, and the encoded images (``check_encoded_images``)."""
+    sizes = {a.shape[0] for a in inputs.values()}
+    if len(sizes) != 1:
+        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
+    if max(sizes) > max_batch_size:
+        raise RequestError(f"Batch size {max(sizes)} exceeds the limit of {max_batch_size}.", 413)
+    encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
+    if encoded:
+        check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
+                             max_request_pixels=max_request_pixels)
 
 
 def decode_inputs(request, mode, specs):
@@ -192,11 +204,7 @@ def decode_inputs(request, mode, specs):
             columns = {names[0]: payload}
         else:
             raise RequestError(f"This signature has several inputs {names}: 'inputs' must be an object.")
-    arrays = {n: to_array(columns[n], specs[n]) for n in names}
-    sizes = {a.shape[0] for a in arrays.values()}
-    if len(sizes) != 1:
-        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
-    return arrays
+    return {n: to_array(columns[n], specs[n]) for n in names}
 
 
 def _jsonable(name, array):
@@ -227,19 +235,14 @@ def encode_outputs(outputs, mode):
 
 
 def error_body(message):
-    return json.dumps({"error": message}).encode("utf-8")
+    return json.dumps({"error": message}).encode("utf-8")  # as ``connections.raw_reply``
 
 
 def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_request_pixels):
-    """Bound what decoding the encoded images of a request would allocate, from their headers only
-    (nothing is decoded): the format from the leading bytes (``keras_preact.preprocessing``'s magic
-    bytes, the formats the exported graph decodes), then Pillow reads the header for each image's pixel
-    count and aspect ratio (the in-graph resize of the shorter side scales with it), and the request's
-    total pixel count. A GIF is replaced in its array by its first frame alone
-    (``keras_preact.preprocessing.gif_first_frame``, read from its block structure, nothing decoded), the
-    frame the model keeps anyway: the graph's decoder reads every frame of an animation before keeping
-    one, so a small file of many large frames would cost seconds and gigabytes. That frame's own size
-    counts against the pixel limit too (a frame may declare more than the GIF's canvas)."""
+    """Bound what decoding a request's encoded images would allocate, from their headers (Pillow), nothing
+    decoded: each image's pixels and aspect ratio, and the request's pixels. A GIF is cut to its first
+    frame (``keras_preact.preprocessing.gif_first_frame``), the one the model keeps: the graph's decoder
+    reads every frame first. That frame's size counts too (it may exceed the GIF's canvas)."""
     import io
 
     from PIL import Image, UnidentifiedImageError

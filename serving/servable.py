@@ -1,15 +1,6 @@
-"""What the REST front ends serve: the latest version of an export, each signature run by one runtime.
-
-``load_servable(model_base, name, runtime="auto")`` loads the highest numeric version folder under
-``model_base`` that holds an export of ``keras_preact.export`` (a SavedModel, ``model.onnx``,
-``model.tflite``, ``openvino/model.xml``). The SavedModel's signatures (``serving_default`` on uint8
-pixels, ``serving_float``, ``serving_bytes``) run on TensorFlow. ONNX, LiteRT and OpenVINO artifacts hold
-``serving_default``'s contract alone (``keras_preact.export.formats``), so ``runtime`` chooses what runs
-``serving_default``: a format's name, or ``"auto"``, the fastest runtime installed for a format present,
-in the order ``RUNTIME_SPEED_ORDER`` (measured: BENCHMARKS.md, "Export runtimes"). With a SavedModel
-and ``model.onnx`` side by side, uint8 requests then run on ONNX Runtime and encoded images on
-TensorFlow. Without TensorFlow, a version with ``model.onnx`` serves ``serving_default`` alone; a
-SavedModel alone says in one line what to install.
+"""What the front ends serve (``Servable``): the newest version of an export of ``keras_preact.export``
+that loads whole, the SavedModel's signatures on TensorFlow and ``serving_default`` on the runtime
+``runtime`` picks (``"auto"``: the fastest installed, ``RUNTIME_SPEED_ORDER``). README, "Which runtime serves".
 """
 
 import importlib.util
@@ -86,14 +77,6 @@ def choose_runtimes(present, runtime="auto"):
     return {"pixels": runtime, "saved_model": has_tf}
 
 
-def _op_error_message(error):
-    """The op's own message out of a TensorFlow runtime error (without the graph-trace lines)."""
-    lines = [line.strip() for line in error.message.splitlines()]
-    noise = ("Graph execution error", "Detected at node", "<stack traces", "[[")
-    useful = [line for line in lines if line and not line.startswith(noise)]
-    return useful[0] if useful else error.message
-
-
 class SavedModelSignatures:
     """The SavedModel's signatures on TensorFlow: input specs, signature defs (TF Serving's metadata)."""
 
@@ -122,7 +105,7 @@ class SavedModelSignatures:
             outputs = self._functions[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
             # E.g. bytes that are not a decodable image.
-            raise RequestError(f"Invalid input: {_op_error_message(error)}") from None
+            raise RequestError(f"Invalid input: {_first_useful_line(error.message)}") from None
         return {k: v.numpy() for k, v in outputs.items()}
 
 
@@ -178,11 +161,17 @@ _NOISE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Y
           "Exception from src", "Check '")
 
 
+def _first_useful_line(message):
+    """The first line of a message that says what went wrong ("" if it is empty)."""
+    lines = [line.strip() for line in message.splitlines()]
+    useful = [line for line in lines if line and not line.startswith(_NOISE)] or [line for line in lines if line]
+    return useful[0] if useful else ""
+
+
 def one_line(error, limit=300):
     """``Type: message`` of an exception in one line: its first line that says what went wrong."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    useful = [line for line in lines if line and not line.startswith(_NOISE)] or [line for line in lines if line]
-    text = f"{type(error).__name__}: {useful[0]}" if useful else type(error).__name__
+    line = _first_useful_line(str(error))
+    text = f"{type(error).__name__}: {line}" if line else type(error).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -196,10 +185,8 @@ def _named_file(error, path, default):
 
 
 def check_version_files(path, formats):
-    """``(file, reason, code)`` of the first file an export in ``path`` is missing or holds damaged, for
-    the ``formats`` to be loaded (and the assets every format reads); None when whole. Cheap checks of
-    what a copy cut short leaves: a missing or empty file, unparseable JSON or XML, OpenVINO weights
-    shorter than the IR needs."""
+    """``(file, reason, code)`` of the first file of ``formats`` (and the assets) that a copy cut short left in
+    ``path`` missing, empty, unparseable or (OpenVINO weights) too short; None when whole."""
     import json
     import xml.etree.ElementTree as ElementTree
 
@@ -242,8 +229,8 @@ def check_version_files(path, formats):
 
 
 def _blame_saved_model(error, path):
-    """The SavedModel file a load or warm-up error comes from: the one it names, the variables when it came
-    from reading the checkpoint, else saved_model.pb."""
+    """The SavedModel file a load or warm-up error comes from: the one it names, the variables (from reading
+    the checkpoint), else saved_model.pb."""
     import traceback
 
     if any("checkpoint" in frame.filename for frame in traceback.extract_tb(error.__traceback__)):
@@ -254,17 +241,17 @@ def _blame_saved_model(error, path):
 
 class Servable:
     """The newest version that loads whole, as TF Serving's latest-version policy serves it: ``version``,
-    ``path``, ``signatures`` (name -> the format that runs it), ``input_specs``, ``metadata`` and
-    ``status()`` as TF Serving answers them, and ``predict``, which raises a 400 ``RequestError`` for an
-    input the model cannot take. Versions are tried newest first; one that fails (a file missing,
-    truncated or unparseable, a runtime's load or warm-up error) is skipped with one log line naming the
-    file and the error (once an older version loads), kept in ``failed`` (a ``VersionError`` each) and reported by ``status()`` (state END).
-    None loads: ``NoVersionLoads``, one line. The runtime choice is checked on the newest version first
-    (ValueError/ImportError, as before anything loads)."""
+    ``path``, ``signatures`` (name -> the format that runs it), ``input_specs``, ``metadata``, ``status()``
+    and ``predict`` (a 400 ``RequestError`` for an input the model cannot take). A newer version that
+    fails is skipped with one log line naming the file, and kept in ``failed``; none loads:
+    ``NoVersionLoads``. The runtime choice is checked on the newest version first.
+
+    Examples:
+        >>> model = Servable("cifar", "saved_models/cifar", runtime="onnx")  # doctest: +SKIP
+        >>> model.predict("serving_default", {"images": np.zeros((1, 32, 32, 3), np.uint8)})["classes"]  # doctest: +SKIP
+    """
 
     def __init__(self, name, model_base, runtime="auto"):
-        if runtime not in RUNTIMES:
-            raise ValueError(f"Invalid runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}.")
         self.name = name
         versions = version_dirs(model_base)
         choose_runtimes(formats_in(versions[0][1]), runtime)  # the flags fit the newest version (else one line)

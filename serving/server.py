@@ -1,27 +1,9 @@
-"""A local server for an exported model's base directory that speaks TF Serving's REST API.
+"""``keras-preact-serve``: the ASGI application of ``serving.app`` on uvicorn (and, with ``--grpc-port``,
+``serving.grpc_service`` on the same event loop) for the newest version that loads under an export's base
+directory (``serving.servable``). It binds first and loads in the background; SIGTERM or SIGINT drains
+the requests in flight and exits 0 (README, "Export and serving").
 
-    keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
-    python -m serving.server saved_models/<name> ...
-
-It binds its port(s), then loads in the background the newest numeric version folder that loads whole
-(as TF Serving's default version policy does), with the SavedModel's signatures on TensorFlow and
-``serving_default`` on the fastest runtime installed for the formats the version holds (``--runtime``;
-``serving.servable``), and serves the ASGI application of ``serving.app`` (routes, request limits,
-errors: the same one Ray Serve mounts) on uvicorn, an event loop: thousands of idle connections cost a
-few kB each, not a thread. While it loads and warms up, ``/v2/health/live`` answers 200 and
-``/v2/health/ready`` and the model's routes 503; then it prints what it serves. A port in use, or no
-version that loads, exits 1 in one line.
-
-Connections are bounded by ``connections.BoundedH11Protocol`` (``--request-timeout`` to send a whole
-request, ``--max-connections``). Pipelined requests are answered in order. SIGTERM or SIGINT stops
-accepting, closes idle connections, lets the requests in flight finish (at most ``DRAIN_TIMEOUT``
-seconds) and drains the batcher, then exits 0. With ``--enable-batching``, concurrent predict requests
-are merged into batched model calls (``serving.batching``: ``--batching-max-size``,
-``--batching-timeout-ms``, ``--batching-max-queue`` (503 beyond), ``--batching-threads``).
-``--grpc-port`` also serves TF Serving's gRPC API (``serving.grpc_service``) on the same event loop,
-model, batcher and limits, drained with REST on SIGTERM; it needs TensorFlow and ``pip install
-'keras-preact[grpc]'``. Predictions run the exported artifacts in their runtimes (Pillow reads image
-headers; the accepted formats are ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
+    keras-preact-serve saved_models/<name> [--port 8501] [--grpc-port 8500] [--model-name NAME] [--host 127.0.0.1]
 """
 
 import argparse
@@ -72,11 +54,9 @@ def port_in_use(host, port, family=socket.AF_INET):
 
 
 class Server:
-    """``make_server``'s server: bound (and its model loaded, unless in the background), not yet serving.
-    ``serve_forever()`` serves in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
-    closes the socket and drains the batcher. ``server_address``, ``model`` and ``batcher`` (None
-    unless batching) as on ``socketserver``'s servers; ``grpc_address`` (host, port) with ``grpc_port``,
-    whose gRPC server is bound here, on the event loop ``serve_forever`` runs, and served beside REST."""
+    """A ``ServingState`` bound to its port(s), not yet serving, used as ``socketserver``'s servers:
+    ``serve_forever()`` until ``shutdown()`` or a signal, ``server_close()``, ``server_address``; and
+    ``grpc_address`` given ``grpc_port`` (gRPC bound here, on the event loop ``serve_forever`` runs)."""
 
     def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
@@ -177,16 +157,15 @@ class Server:
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
                 enable_batching=DEFAULT_ENABLE_BATCHING, runtime="auto", verbose=False, grpc_port=None,
                 load_in_background=False, **values):
-    """A ``Server`` for the latest version under ``model_base``: bound, then loaded (or, with
-    ``load_in_background``, loaded once it serves: ``ServingState``), not yet serving. ``limits`` is
-    a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
-    (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's, as may the fields of
-    ``batching.BatchingOptions`` (``batching_max_size=...``), used with ``enable_batching``. ``port=0``
-    picks a free port: read it from ``server.server_address[1]``. With ``enable_batching``,
-    ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one;
-    ``server.grpc_address``) also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc``
-    extra (ImportError in one line otherwise). Every argument, the runtime for the newest version and the
-    ports are checked before the model loads."""
+    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless
+    ``load_in_background``), not yet serving; every argument is checked first. The fields of ``limits``
+    (``RequestLimits``) and of ``batching.BatchingOptions`` may be given by name. ``port=0`` picks a free
+    port (``server.server_address[1]``); ``grpc_port`` also serves TF Serving's gRPC API.
+
+    Examples:
+        >>> server = make_server("saved_models/cifar", port=0, enable_batching=True, batching_max_size=8)  # doctest: +SKIP
+        >>> threading.Thread(target=server.serve_forever).start()  # doctest: +SKIP
+    """
     limit_names = {field.name for field in dataclasses.fields(RequestLimits)}
     unknown = sorted(set(values) - limit_names - {field.name for field in dataclasses.fields(batching.BatchingOptions)})
     if unknown:
@@ -215,7 +194,7 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
 
 
 def check_grpc_installed():
-    """ImportError in one line unless what the gRPC front end imports is installed (nothing is imported)."""
+    """ImportError in one line unless what ``serving.grpc_service`` imports is installed (none imported)."""
     import importlib.util
 
     missing = [name for name in GRPC_MODULES if importlib.util.find_spec(name) is None]
@@ -277,8 +256,7 @@ def main(argv=None):
 
 
 def announce(server, prog):
-    """Once the model serves: the lines saying what is served where. If it fails to load: one line (each
-    skipped version was logged in one line as it failed), and the server stops."""
+    """Once the model serves, what is served where; if it fails to load, one line, and the server stops."""
     while not server.state.ready.wait(0.1):
         if server.state.load_error is not None:
             error = server.state.load_error

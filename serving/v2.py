@@ -1,17 +1,8 @@
-"""KServe's Open Inference Protocol (v2) over HTTP: request bodies to input arrays, outputs to replies.
-
-Follows https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/ and Triton's binary
-tensor data extension, which ``tritonclient.http`` uses by default: a request whose
-``Inference-Header-Content-Length`` header is N has a JSON header of N bytes followed by the raw tensors
-of the inputs whose ``parameters.binary_data_size`` is set, in order (little-endian, row-major; a BYTES
-element is a 4-byte little-endian length and its bytes). Outputs asked for with
-``parameters.binary_data`` (or all, with the request's ``parameters.binary_data_output``) come back the
-same way. Encoded images travel as BYTES (``serving_bytes``), pixels as UINT8 or FP32 tensors.
-
-Which signature runs: the request's ``parameters.signature_name`` if given, else the one whose inputs
-have exactly the request's input names and datatypes (``serving_default`` first when several do): UINT8
-``images`` runs ``serving_default``, FP32 ``images`` ``serving_float``, BYTES ``image_bytes``
-``serving_bytes``. Every problem is a ``RequestError`` (HTTP status and message for ``{"error": ...}``).
+"""KServe's Open Inference Protocol (v2) over HTTP
+(https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/) with Triton's binary tensor
+data extension, which ``tritonclient.http`` uses by default (a JSON header of
+``Inference-Header-Content-Length`` bytes, then the raw tensors, little-endian; a BYTES element is a
+4-byte length and its bytes), and Triton's model configuration, statistics and repository index.
 """
 
 import json
@@ -51,8 +42,7 @@ def server_metadata(version):
 
 
 def model_metadata(model, signature_name="serving_default"):
-    """The v2 model metadata: the inputs and outputs of ``signature_name`` (the signature UINT8 images
-    run), the version, and the platform that runs it."""
+    """The v2 model metadata: ``signature_name``'s inputs and outputs, the version, the platform that runs it."""
     specs = model.input_specs[signature_name]
     signature_defs = model.metadata.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
     outputs = signature_defs.get(signature_name, {}).get("outputs", {})
@@ -68,11 +58,9 @@ def model_metadata(model, signature_name="serving_default"):
     }
 
 
-
 def model_config(model, max_batch_size, batching=None):
-    """Triton's model configuration (its JSON form) of the signature ``model_metadata`` describes:
-    ``max_batch_size`` is the examples one request may hold (``RequestLimits.max_batch_size``), so ``dims``
-    leave the batch dimension out; with ``batching`` (``batching.BatchingOptions``), the dynamic batcher's."""
+    """Triton's model configuration (JSON) of ``model_metadata``'s signature: ``max_batch_size`` examples
+    per request (so ``dims`` leave the batch out); with ``batching`` (``BatchingOptions``), the batcher's."""
     metadata = model_metadata(model)
 
     def tensors(entries):
@@ -88,9 +76,8 @@ def model_config(model, max_batch_size, batching=None):
 
 
 def model_statistics(model, metrics):
-    """Triton's statistics of the served version, from the app's metrics (``metrics.ServingMetrics``):
-    its inference requests (``metrics.INFERENCE_APIS``: REST, v2 and gRPC) by success or failure, with
-    their time from arrival to reply; the model calls and the examples they ran."""
+    """Triton's statistics of the served version, from the app's ``metrics.ServingMetrics``: inference
+    requests (REST, v2 and gRPC) by success or failure with their time, model calls and their examples."""
     calls, examples = metrics.model_calls(model.name)
     tally = metrics.inferences.get(model.name, {"success": (0, 0), "fail": (0, 0)})
     return {"model_stats": [{
@@ -106,6 +93,7 @@ def repository_index(model):
             *({"name": model.name, "version": str(f.version), "state": "UNAVAILABLE", "reason": str(f)}
               for f in getattr(model, "failed", ()))]
 
+
 def _object(value, what):
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object.")
@@ -113,11 +101,9 @@ def _object(value, what):
 
 
 def parse_request(body, header_length, max_values):
-    """(JSON header, binary section) of an infer request body; ``header_length`` is the
-    ``Inference-Header-Content-Length`` header's value or None. The header's shape is checked here,
-    before any tensor is decoded or the model runs: each field's JSON type (a 400 naming the field), each
-    input's values sent one way, ``data`` or ``parameters.binary_data_size``, not both, and the header's
-    JSON values and each input's elements at most ``max_values`` (``rest.max_values``; 413)."""
+    """(JSON header, binary section) of an infer request body (``header_length``: the
+    ``Inference-Header-Content-Length`` header or None), its fields' types checked before any tensor is
+    decoded (400), and its JSON values and each input's elements at most ``max_values`` (413)."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -163,8 +149,8 @@ def parse_request(body, header_length, max_values):
 
 
 def choose_signature(model, request):
-    """The signature a parsed request runs (module docstring), checked against its inputs' names and
-    datatypes."""
+    """The signature a parsed request runs: its ``parameters.signature_name``, else the one whose inputs have
+    the request's names and datatypes (``serving_default`` first)."""
     given = {entry["name"]: entry["datatype"] for entry in request["inputs"]}
     wanted = {name: {n: datatype_of_spec(s) for n, s in specs.items()} for name, specs in model.input_specs.items()}
     signature_name = request.get("parameters", {}).get("signature_name")
@@ -211,8 +197,8 @@ def _flatten(value, name):
 
 
 def decode_inputs(request, binary, specs):
-    """``{name: array}`` of a parsed request's inputs for a signature's ``specs``: every tensor's element
-    count matches its shape, values fit its datatype and are finite, and its shape is the signature's."""
+    """``{name: array}`` of a parsed request's inputs for a signature's ``specs``, each checked: its element
+    count, values (of its datatype, finite) and shape (the signature's)."""
     arrays, offset = {}, 0
     for entry in request["inputs"]:
         name, datatype, shape = entry["name"], entry["datatype"], entry["shape"]
@@ -250,13 +236,10 @@ def decode_inputs(request, binary, specs):
         array = array.reshape(shape)
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{name}' holds non-finite values (NaN or infinity); send finite numbers.")
-        rest.check_shape(array, specs[name])
+        rest.check_shape(array.shape, specs[name])
         arrays[name] = array
     if offset != len(binary):
         raise RequestError(f"{len(binary) - offset} bytes of binary data after the inputs' binary_data_size.")
-    sizes = {a.shape[0] for a in arrays.values()}
-    if len(sizes) != 1:
-        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
     return arrays
 
 
@@ -278,9 +261,8 @@ def _json_data(name, array):
 
 
 def encode_reply(model, request, outputs):
-    """(body, headers) of the reply: the outputs asked for (all when the request names none), each in
-    JSON or as binary data (then the body is the JSON header and the data, and the
-    ``Inference-Header-Content-Length`` header says where the data starts)."""
+    """(body, headers) of the reply: the outputs asked for (all by default), each in JSON or, asked with
+    ``parameters.binary_data`` or ``binary_data_output``, as binary data after the JSON header."""
     binary_all = request.get("parameters", {}).get("binary_data_output", False) is True
     asked = request.get("outputs") or [{"name": name} for name in sorted(outputs)]
     unknown = [o["name"] for o in asked if o["name"] not in outputs]
