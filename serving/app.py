@@ -1,9 +1,5 @@
-"""TF Serving's REST API and KServe's Open Inference Protocol (``serving.v2``, with Triton's extensions) as
-one ASGI application (Starlette), served by ``keras-preact-serve`` on uvicorn (``serving.server``) and
-mounted by every Ray Serve replica (``serving.ray_serve``). Its routes are declared once (``ROUTES``);
-``openapi`` generates the document from them. Every resource a request can use is bounded by
-``RequestLimits``; every error is ``{"error": message}`` with its HTTP status (README, "Server limits").
-"""
+"""TF Serving's REST API and KServe's Open Inference Protocol as one ASGI application (Starlette), served by
+``keras-preact-serve`` and by each Ray Serve replica: routes declared once (``ROUTES``), bounded by ``RequestLimits``."""
 
 import asyncio
 import contextlib
@@ -46,14 +42,12 @@ class RequestLimits(FlagRecord):
     max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
     max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
     max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
-    request_timeout: float = flag(
-        30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
+    request_timeout: float = flag(30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
     max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
 
     def model_limits(self):
         """The limits ``rest.check_inputs`` applies (keyword arguments)."""
-        return {name: getattr(self, name) for name in
-                ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
+        return {name: getattr(self, name) for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
 
 
 def model_name_or_default(model_base, model_name=None):
@@ -66,8 +60,7 @@ def model_name_or_default(model_base, model_name=None):
 
 @dataclasses.dataclass
 class Call:
-    """What a request was, for the metrics: its route (``api``, one of ``metrics.API_NAMES``), and the
-    served model and signature once the request is known to name them."""
+    """What a request was, for the metrics: its route (``metrics.API_NAMES``), model and signature once known."""
 
     api: str = ""
     model: str = ""
@@ -75,8 +68,7 @@ class Call:
 
 
 def decode_predict(model, body, call=None, **limits):
-    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits
-    (``RequestLimits.model_limits()``)."""
+    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within ``limits``."""
     request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
     if signature_name not in model.signatures:
         raise RequestError(f"Serving signature name: '{signature_name}' not found in signature def; "
@@ -94,27 +86,19 @@ class _CloseAfter(RequestError):
 
 
 def dummy_inputs(specs, image_size=(32, 32)):
-    """One example of a signature's inputs: zeros (unknown dimensions 1), a black PNG of ``image_size``
-    (height, width) for an encoded image."""
+    """One example of a signature's inputs: zeros, or a black PNG of ``image_size`` (height, width)."""
     import io
 
     from PIL import Image
 
-    inputs = {}
-    for name, spec in specs.items():
-        if spec.dtype == "string":
-            png = io.BytesIO()
-            Image.new("RGB", tuple(reversed(image_size))).save(png, format="PNG")
-            inputs[name] = np.array([png.getvalue()] * int(np.prod([d or 1 for d in spec.shape])), dtype=object)
-            inputs[name] = inputs[name].reshape([d or 1 for d in spec.shape])
-        else:
-            inputs[name] = np.zeros([d or 1 for d in spec.shape], spec.dtype)
-    return inputs
+    png = io.BytesIO()
+    Image.new("RGB", tuple(reversed(image_size))).save(png, format="PNG")
+    return {name: np.full([d or 1 for d in spec.shape], png.getvalue(), dtype=object) if spec.dtype == "string"
+            else np.zeros([d or 1 for d in spec.shape], spec.dtype) for name, spec in specs.items()}
 
 
 def warm_up(model):
-    """One predict call per signature on ``dummy_inputs`` (images at the model's pixel input size), so the
-    first client does not pay for tracing or lazy allocation; raises what the model raises."""
+    """One predict call per signature on ``dummy_inputs``, so the first client does not pay for tracing or lazy allocation."""
     sizes = [spec.shape[1:3] for specs in model.input_specs.values() for spec in specs.values()
              if spec.dtype != "string" and len(spec.shape) == 4 and None not in spec.shape[1:3]]
     for signature_name in sorted(model.input_specs):
@@ -122,10 +106,7 @@ def warm_up(model):
 
 
 class ServingState:
-    """What one process serves: the model (``load()``, e.g. a ``servable.Servable``), its limits, the
-    ``batching.Batcher`` given ``batching`` (``batching.BatchingOptions``), constant reply headers
-    (``identify()``: e.g. the Ray Serve replica) and its ``metrics.ServingMetrics``. Until ``ready``,
-    health and metrics answer and model routes get a 503."""
+    """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and metrics."""
 
     def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False):
         self._load, self._identify = load, identify
@@ -172,8 +153,7 @@ class ServingState:
         """A 503 ``RequestError`` unless the model is loaded and warmed up."""
         if not self.ready.is_set():
             if self.load_error is not None:
-                raise RequestError(f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}",
-                                   503)
+                raise RequestError(f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}", 503)
             raise RequestError("The model is loading or warming up; retry later.", 503)
 
     def predict(self, model, signature_name, inputs):
@@ -201,9 +181,7 @@ class ServingState:
 
 
 async def read_body(request, limits):
-    """The request body (b"" when a GET has none), read whole before any reply, so a kept-alive connection
-    never desynchronises; refused with the connection closed when missing on a POST, framed twice (request
-    smuggling), over ``max_body_bytes`` or not arrived within ``request_timeout``."""
+    """The body (b"" for a GET without one), read whole first; refused and closed if unframed, framed twice, too big or slow."""
     length = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if length is None and not chunked:
@@ -233,8 +211,7 @@ async def read_body(request, limits):
 
 
 async def run_predict(state, signature_name, inputs):
-    """(outputs, headers) of a decoded predict request: through the batcher when batching (the reply
-    headers name the model call), else in a worker thread."""
+    """(outputs, headers naming the model call when batching) of a decoded predict request."""
     if state.batcher is None:
         return await run_in_threadpool(state.predict, state.model, signature_name, inputs), {}
     result = await state.batcher.submit(signature_name, inputs)
@@ -257,9 +234,7 @@ def _json(value, status=200, headers=None):
 
 
 def _served(request, failed_too=False):
-    """(state, model) of a request to a model route: 503 before the model is ready; 404 unless the path
-    names the served model (when it names one) and its version (or, ``failed_too``, one that failed to
-    load), in TF Serving's words on /v1 and KServe's on /v2. The request's ``Call`` learns the model."""
+    """(state, model) of a model route's request: 503 until ready; 404 unless it names the served model and version."""
     state = request.app.state.serving
     state.check_ready()
     model, v1 = state.model, request.url.path.startswith("/v1/")
@@ -276,8 +251,7 @@ def _served(request, failed_too=False):
     return state, model
 
 
-# Each endpoint's docstring is its OpenAPI operation: its summary, then after "---" the rest in YAML
-# (``openapi.document`` adds the path parameters, and the errors of a route with parameters).
+# Each endpoint's docstring is its OpenAPI operation: the summary, then after "---" the rest in YAML (``openapi``).
 async def v1_status(request):
     """TF Serving model status (the served version, and newer ones that failed to load). ---
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}"""
@@ -406,8 +380,7 @@ register_url_convertor("name", _Name())
 
 
 def _model_routes(prefix, operations):
-    """Each (suffix, endpoint, method) under ``prefix/{model_name}`` and ``prefix/{model_name}/versions/{version}``,
-    named as the metrics count it (``metrics.API_NAMES``)."""
+    """Each operation under ``prefix/{model_name}`` and ``.../versions/{version}``, named for the metrics."""
     return [Route(f"{prefix}/{{model_name:name}}{versions}{suffix}", endpoint, methods=[method], name=api)
             for suffix, endpoint, method, api in operations for versions in ("", "/versions/{version:name}")]
 
@@ -427,14 +400,11 @@ ROUTES = [  # in the order tried: the first that matches the path and the method
                                   ("/config", v2_model_config, "GET", "v2:model_config"),
                                   ("/stats", v2_model_stats, "GET", "v2:model_stats")]),
     Route(metrics.PATH, prometheus_metrics),
-    Route(openapi.PATH, openapi_document),
-]
+    Route(openapi.PATH, openapi_document)]
 
 
 def _error_reply(error, headers=None):
-    """The JSON reply to an exception (``rest.error_status``), closing the connection after a ``_CloseAfter``.
-    Its traceback is dropped: its frames (the body, what it decoded to) would stay in a cycle through the
-    worker thread's future until a full garbage collection, hundreds of MB for a large body."""
+    """The JSON reply to an exception, its traceback dropped: its frames (the body, what it decoded to) would linger."""
     error.__traceback__ = None
     status, message = rest.error_status(error)
     if isinstance(error, _CloseAfter):
@@ -443,8 +413,7 @@ def _error_reply(error, headers=None):
 
 
 async def _no_route(request, error):
-    """Starlette's 404 (no route has the path) and 405 (a route has it, not with this method) in JSON; on
-    /v1, TF Serving's 404 for both."""
+    """Starlette's 404 (no route has the path) and 405 (not with this method) in JSON; on /v1, TF Serving's 404."""
     method, path = request.method, request.url.path
     if error.status_code == 405 and not path.startswith("/v1/"):
         allowed = ", ".join(sorted(error.headers["Allow"].split(", ")))
@@ -455,9 +424,7 @@ async def _no_route(request, error):
 
 
 class _Served:
-    """The app around its routes (ASGI middleware): each body read whole first (``read_body``), every error a
-    JSON reply, ``state.headers`` on every reply, and every request but ``SERVICE_PATHS`` counted and timed
-    (by its route's name and its ``Call``)."""
+    """ASGI middleware: bodies read first, errors as JSON, ``state.headers`` on every reply, requests counted and timed."""
 
     def __init__(self, app, state):
         self.app, self.state = app, state
@@ -495,13 +462,11 @@ class _Served:
             route = scope.get("route")
             if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:
                 call.api = route.name
-            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0],
-                                               time.perf_counter() - started)
+            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0], time.perf_counter() - started)
 
 
 def create_app(state):
-    """The ASGI application serving ``state`` (a ``ServingState``); its lifespan starts and closes the state
-    (``ServingState.running``), so a Ray Serve replica loads its own model."""
+    """The ASGI application serving ``state``; its lifespan starts and closes it, so each replica loads its own."""
     app = Starlette(routes=ROUTES, middleware=[Middleware(_Served, state=state)],
                     exception_handlers={HTTPException: _no_route}, lifespan=lambda app: state.running())
     app.router.redirect_slashes = False  # a path with a slash more or less is unknown, not redirected

@@ -1,7 +1,4 @@
-"""The serving app's console scripts (``[project.scripts]``): TensorFlow's C++ start-up log lines hidden
-(``training.machine.start_up``, standard library only; ``keras_preact`` imports Keras eagerly), then the
-command, imported only after it.
-"""
+"""The console scripts: TensorFlow's C++ start-up log lines hidden (``training.machine.start_up``), then the command."""
 
 from training.machine.start_up import quiet_tensorflow_start_up
 

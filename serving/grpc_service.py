@@ -1,9 +1,5 @@
-"""TF Serving's gRPC API (``PredictionService`` and ``ModelService``, the ``tensorflow-serving-api``
-protos) for ``keras-preact-serve --grpc-port``, on the event loop, ``ServingState`` and limits REST uses
-(README, "TF Serving's gRPC API"). Errors are TF Serving's status codes (``predict_util.cc``; REST's
-HTTP status mapped by ``STATUS_CODES``) and quote a client's strings cut at 40 characters (``_short``);
-outputs fill the typed value fields, as ``Tensor::AsProtoField``. Needs TensorFlow (``[grpc]`` extra).
-"""
+"""TF Serving's gRPC API for ``keras-preact-serve --grpc-port``, on REST's event loop, ``ServingState`` and limits,
+with TF Serving's status codes (README, "TF Serving's gRPC API"); needs TensorFlow."""
 
 import asyncio
 import time
@@ -21,17 +17,12 @@ from tensorflow_serving.apis import (
 )
 
 from serving import rest
-from serving.app import Call
+from serving.app import Call, run_predict
 from serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
-STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
+STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}  # REST's HTTP status -> gRPC's
 # TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
 PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "uint32": "uint32_val",
                 "uint64": "uint64_val", "bool": "bool_val", **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val")}
@@ -49,8 +40,7 @@ class _Abort(Exception):
 
 
 def check_model_spec(model, model_spec, call):
-    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its loaded version; ``call``
-    (an ``app.Call``) learns the model."""
+    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its version; ``call`` learns it."""
     if model_spec.name != model.name:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({_short(model_spec.name)}); "
                                                 f"serving model '{model.name}'.")
@@ -64,9 +54,7 @@ def check_model_spec(model, model_spec, call):
 
 
 def _tensor(spec, proto, max_batch_size):
-    """The array of one input's ``TensorProto``: its dtype, shape and batch checked from its header, and
-    integers sent in a wider field (``int_val`` for DT_UINT8) against the dtype's range, before its values
-    are read; then REST's checks (``rest.to_array``)."""
+    """An input's array; dtype, shape, batch and integer range checked from the ``TensorProto`` before reading values."""
     expected = tf.dtypes.as_dtype(spec.dtype)
     if proto.dtype != expected.as_datatype_enum:
         try:
@@ -136,18 +124,11 @@ def as_proto_field(array, proto):
     getattr(proto, field).extend(array.ravel().tolist())
 
 
-def signature_def_map(model):
-    """The served signatures (the servable's metadata) as TF Serving's ``SignatureDefMap``."""
-    defs = model.metadata["metadata"]["signature_def"]["signature_def"]
-    return json_format.ParseDict({"signature_def": defs}, get_model_metadata_pb2.SignatureDefMap())
-
-
 class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_service_pb2_grpc.ModelServiceServicer):
     """Both services on one ``app.ServingState``: every RPC ends in a reply or a status, never a crash."""
 
     def __init__(self, state):
         self.state = state
-        self._metadata = None
 
     async def _answer(self, context, api, work):
         """``work(model, call)``'s reply, or its error as a status; counted and timed in the metrics."""
@@ -161,8 +142,7 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
             status, details = rest.error_status(error)
             code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
-        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name,
-                                           time.perf_counter() - started)
+        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name, time.perf_counter() - started)
         if code != grpc.StatusCode.OK:
             await context.abort(code, details)
         return reply
@@ -171,17 +151,11 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         state = self.state
 
         async def predict(model, call):
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call,
-                                                             **state.limits.model_limits())
-            if state.batcher is None:
-                outputs = await run_in_threadpool(state.predict, model, signature_name, inputs)
-            else:
-                result = await state.batcher.submit(signature_name, inputs)
-                context.set_trailing_metadata((("x-batch-id", str(result.call)),
-                                               ("x-batch-size", str(result.call_size))))
-                outputs = result.outputs
-            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs,
-                                           list(request.output_filter))
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **state.limits.model_limits())
+            outputs, headers = await run_predict(state, signature_name, inputs)
+            if headers:  # the model call that ran a batched request
+                context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
+            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs, list(request.output_filter))
 
         return await self._answer(context, "grpc:predict", predict)
 
@@ -193,12 +167,11 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
                 sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
                 raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
                                    "metadata field served is 'signature_def'.")
-            if self._metadata is None:
-                self._metadata = signature_def_map(model)
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = model.name
             response.model_spec.version.value = model.version
-            response.metadata["signature_def"].Pack(self._metadata)
+            response.metadata["signature_def"].Pack(json_format.ParseDict(  # the servable's signature defs
+                model.metadata["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()))
             return response
 
         return await self._answer(context, "grpc:metadata", metadata)
@@ -218,10 +191,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
 
 
 class RequestDeadline(grpc.aio.ServerInterceptor):
-    """A unary RPC's request message must arrive within ``request_timeout`` (else DEADLINE_EXCEEDED): gRPC
-    bounds neither that wait nor a call without a client deadline, so calls sending no message would hold
-    every ``maximum_concurrent_rpcs`` slot (REST's ``connections.BoundedH11Protocol`` deadline, for gRPC).
-    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself."""
+    """A unary RPC's message must arrive within ``request_timeout`` (else DEADLINE_EXCEEDED): gRPC bounds neither that
+    wait nor a call without a deadline. Each unary-unary handler is served as stream-unary, reading the message itself."""
 
     def __init__(self, state):
         self.state, self.timeout = state, state.limits.request_timeout
@@ -236,8 +207,7 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
                 request = await asyncio.wait_for(anext(requests), self.timeout)
             except asyncio.TimeoutError:
                 self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"The request did not arrive within {self.timeout:g} s.")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s.")
             except StopAsyncIteration:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
             return await handler.unary_unary(request, context)
@@ -246,8 +216,7 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
 
 
 def create_server(state, host, port):
-    """(grpc.aio server of ``state``, port bound) on ``host:port`` (0: a free port), not started; call it in
-    the event loop that will serve it. OSError when the port cannot be bound."""
+    """(grpc.aio server of ``state``, port bound) on ``host:port``, not started; OSError if it cannot bind."""
     limits = state.limits
     server = grpc.aio.server(interceptors=[RequestDeadline(state)],
                              maximum_concurrent_rpcs=limits.max_connections, options=[

@@ -1,8 +1,4 @@
-"""Prometheus metrics of one serving application, at TF Serving's path ``/monitoring/prometheus/metrics``
-(README, "Metrics and health"). Each ``ServingMetrics`` has its own registry, so applications in one
-process never collide; label values come from fixed sets or the served model, never from a request (an
-unknown model, route or signature counts as ``""``), so clients cannot grow the registry.
-"""
+"""Prometheus metrics of one serving application (README, "Metrics and health"); labels never come from a request."""
 
 import time
 
@@ -21,8 +17,7 @@ BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 exam
 
 
 class ServingMetrics:
-    """The metrics of one application, in their own ``registry``; ``inferences`` tallies each model's
-    inference requests by outcome, for Triton's statistics (``v2.model_statistics``)."""
+    """The metrics of one application, in their own ``registry``; ``inferences`` tallies them for Triton's statistics."""
 
     def __init__(self):
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
@@ -36,8 +31,8 @@ class ServingMetrics:
         self.batch_size = prometheus_client.Histogram(
             prefix + "batch_size", "Examples per model call (merged calls with batching).",
             ["model", "signature"], buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
-        self.queue_depth = prometheus_client.Gauge(
-            prefix + "queue_depth", "Requests waiting for a batch.", ["model"], registry=self.registry)
+        self.queue_depth = prometheus_client.Gauge(prefix + "queue_depth", "Requests waiting for a batch.", ["model"],
+                                                   registry=self.registry)
         self.model_ready = prometheus_client.Gauge(
             prefix + "model_ready", "1 once the model is loaded and warmed up.", ["model"], registry=self.registry)
         self.inferences = {}  # model -> {"success"|"fail": [requests, seconds], "last": time.time() of the last}

@@ -1,7 +1,5 @@
-"""``keras-preact-serve-ray``: the application of ``keras-preact-serve`` (``serving.app``) in Ray Serve
-replicas, each loading the newest version and merging the predict requests it receives
-(``batching.Batcher``); Ray Serve's proxy bounds connections with ``serving.connections``
-(``PROXY_RUNTIME_ENV``). README, "Scale-out on Ray Serve".
+"""``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
+the predict requests it gets (README, "Scale-out on Ray Serve").
 
     keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--address auto] [--max-replicas-per-node 1]
 """
@@ -43,9 +41,7 @@ class TFServingReplica:
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
               merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
               runtime="auto", **limit_values):
-    """The Ray Serve application for the newest version under ``model_base`` (for ``serve.run``), every
-    argument checked and the version found first; ``limits`` and ``limit_values`` as ``server.make_server``'s.
-    Each replica reads ``model_base`` by its absolute path: on a cluster, a file system every node sees."""
+    """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every node."""
     limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
     check_number("replicas", replicas)
     for argument, value in (("merge_wait_s", merge_wait_s), ("replica_cpus", replica_cpus)):
@@ -66,22 +62,15 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,
-        max_replicas_per_node=max_replicas_per_node,
-    )
+        max_replicas_per_node=max_replicas_per_node)
     return deployment.bind()
-
-
-def nodes_needed(replicas, max_replicas_per_node):
-    """The nodes ``replicas`` replicas need at most ``max_replicas_per_node`` (None: no limit) on a node."""
-    return 1 if max_replicas_per_node is None else math.ceil(replicas / max_replicas_per_node)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve-ray",
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2) from Ray Serve replicas.",
-    )
+                    "Inference Protocol (v2) from Ray Serve replicas.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})")
@@ -123,8 +112,7 @@ def main(argv=None):
         app = build_app(
             args.model_base_path, model_name=args.model_name, replicas=args.replicas,
             merge_batch_size=args.merge_batch_size, merge_wait_s=args.merge_wait_s, replica_cpus=args.replica_cpus,
-            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime,
-        )
+            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime)
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:
@@ -133,16 +121,13 @@ def main(argv=None):
     model_name = model_name_or_default(model_base, args.model_name)
     version, path = latest_version_dir(model_base)
     local = args.address is None
-    needed = nodes_needed(args.replicas, args.max_replicas_per_node)
+    needed = 1 if args.max_replicas_per_node is None else math.ceil(args.replicas / args.max_replicas_per_node)
     if local and needed > 1:
         parser.error(f"--replicas {args.replicas} with --max-replicas-per-node {args.max_replicas_per_node} needs "
                      f"{needed} nodes: the Ray instance started here is one (deploy onto a cluster with --address)")
     if local:
-        # A Ray instance started here reports no usage statistics to Ray's servers unless asked to
-        # (RAY_USAGE_STATS_ENABLED=1); a cluster joined with --address keeps its own setting.
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # address="local": a Ray instance of its own, even where another runs on this machine (without it, Ray
-        # joins the latest cluster started here, and refuses --num-cpus for it).
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics unless asked (a cluster keeps its own)
+        # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
                  include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
     else:
@@ -157,8 +142,7 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):  # either stops serving and the Ray instance started here
         signal.signal(signum, _stop)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port,
-                                  "keep_alive_timeout_s": math.ceil(args.request_timeout)})
+        serve.start(http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)})
         serve.run(app, name=model_name, route_prefix="/")
         print(f"Serving model '{model_name}' version {version} ({path}) on {args.replicas} Ray Serve replica(s) "
               f"at http://{args.host}:{args.port}/v1/models/{model_name}", flush=True)

@@ -1,8 +1,4 @@
-"""TF Serving REST API codec (https://www.tensorflow.org/tfx/serving/api_rest): predict bodies, row
-(``instances``) or columnar (``inputs``), binary strings as ``{"b64": ...}``, to input arrays; outputs to
-``predictions`` or ``outputs``. The input checks every front end shares (``check_shape``, ``check_inputs``);
-every problem is a ``RequestError`` with its HTTP status.
-"""
+"""TF Serving's REST API codec (https://www.tensorflow.org/tfx/serving/api_rest) and the input checks every API shares."""
 
 import base64
 import binascii
@@ -46,14 +42,7 @@ def _reject_constant(name):
 
 
 def max_values(input_specs, max_batch_size):
-    """The most JSON values (numbers, strings, lists, objects) ``max_batch_size`` examples of a signature's
-    inputs hold (``input_specs``: ``{signature: {input: TensorSpec}}``), plus 1,000 for the rest of a
-    request; None when a dimension past the batch is unknown (then the body's size alone bounds it).
-
-    Examples:
-        >>> max_values({"s": {"x": TensorSpec("x", "float32", (None, 2))}}, 16)
-        1064
-    """
+    """The most JSON values ``max_batch_size`` examples of a signature's inputs hold, plus 1,000 (None: unbounded dims)."""
     def example(spec):  # its nested lists and numbers, a row object, a {"b64": ...} object per string
         dims = spec.shape[1:]
         return sum(math.prod(dims[:k]) for k in range(len(dims) + 1)) + 1 + (spec.dtype == "string") * math.prod(dims)
@@ -64,8 +53,7 @@ def max_values(input_specs, max_batch_size):
 
 
 def load_json(body, max_values):
-    """The strict JSON value of a body (bytes), else a 400; a 413 before anything is decoded when it may
-    hold more than ``max_values`` values (None: no bound), counted by its ``,``, ``[`` and ``{``."""
+    """The strict JSON value of a body, else a 400; a 413, before decoding, if its ``,[{`` exceed ``max_values``."""
     count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
     if max_values is not None and count > max_values:
         raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
@@ -86,10 +74,8 @@ def parse_body(body, max_values):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request
     if has_instances == has_inputs:
-        raise RequestError(
-            "The request must contain exactly one of 'instances' (row format) or 'inputs' "
-            "(columnar format)" + (", not both." if has_instances else ".")
-        )
+        raise RequestError("The request must contain exactly one of 'instances' (row format) or 'inputs' (columnar format)"
+                           + (", not both." if has_instances else "."))
     signature_name = request.get("signature_name", "serving_default")
     if not isinstance(signature_name, str):
         raise RequestError(f"Invalid signature_name={signature_name!r}: expected a string.")
@@ -122,9 +108,7 @@ def to_array(value, spec):
             if isinstance(item, str):
                 flat[i] = item.encode("utf-8")
             elif not isinstance(item, bytes):
-                raise RequestError(
-                    f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}."
-                )
+                raise RequestError(f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}.")
     else:
         try:
             array = np.asarray(value)
@@ -135,8 +119,7 @@ def to_array(value, spec):
         integer = np.dtype(spec.dtype).kind in "iu"
         if array.dtype.kind not in ("iu" if integer else "iuf") or array.dtype == object:
             raise RequestError(
-                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values."
-            )
+                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values.")
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{spec.name}' holds non-finite values (e.g. 1e999); send finite numbers.")
         if integer:
@@ -163,8 +146,7 @@ def check_shape(shape, spec):
 
 
 def check_inputs(specs, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
-    """A 400 unless the decoded ``inputs`` of a signature (``specs``) have one batch size; a 413 beyond the
-    limits: the batch, and the encoded images (``check_encoded_images``)."""
+    """A 400 unless ``inputs`` have one batch size; a 413 past the limits (the batch, ``check_encoded_images``)."""
     sizes = {a.shape[0] for a in inputs.values()}
     if len(sizes) != 1:
         raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
@@ -186,7 +168,6 @@ def decode_inputs(request, mode, specs):
         if not payload:
             raise RequestError("'instances' is an empty batch; send at least one example.")
         if all(isinstance(p, dict) and "b64" not in p for p in payload):
-            columns = {}
             for p in payload:
                 if set(p) != set(names):
                     raise RequestError(f"Every instance must have exactly the inputs {names}; got {sorted(p)}.")
@@ -239,10 +220,7 @@ def error_body(message):
 
 
 def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_request_pixels):
-    """Bound what decoding a request's encoded images would allocate, from their headers (Pillow), nothing
-    decoded: each image's pixels and aspect ratio, and the request's pixels. A GIF is cut to its first
-    frame (``keras_preact.preprocessing.gif_first_frame``), the one the model keeps: the graph's decoder
-    reads every frame first. That frame's size counts too (it may exceed the GIF's canvas)."""
+    """Bound what decoding images would allocate, from their headers; a GIF is cut to its first frame, the one kept."""
     import io
 
     from PIL import Image, UnidentifiedImageError
@@ -272,8 +250,7 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
                     width, height = frame
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
             if width < 1 or height < 1 or width * height > max_image_pixels:
-                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.",
-                                   413)
+                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.", 413)
             if max(width, height) > max_aspect_ratio * min(width, height):
                 raise RequestError(f"{where}: aspect ratio above the limit of {max_aspect_ratio}:1.", 413)
             total += width * height

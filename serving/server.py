@@ -1,7 +1,5 @@
-"""``keras-preact-serve``: the ASGI application of ``serving.app`` on uvicorn (and, with ``--grpc-port``,
-``serving.grpc_service`` on the same event loop) for the newest version that loads under an export's base
-directory (``serving.servable``). It binds first and loads in the background; SIGTERM or SIGINT drains
-the requests in flight and exits 0 (README, "Export and serving").
+"""``keras-preact-serve``: ``serving.app`` on uvicorn, and ``serving.grpc_service`` on its event loop, for the
+newest version that loads; it binds first and loads in the background (README, "Export and serving").
 
     keras-preact-serve saved_models/<name> [--port 8501] [--grpc-port 8500] [--model-name NAME] [--host 127.0.0.1]
 """
@@ -11,6 +9,7 @@ import asyncio
 import dataclasses
 import errno
 import functools
+import importlib.util
 import os
 import signal
 import socket
@@ -35,11 +34,9 @@ class PortInUse(OSError):
     """A port another process holds (``--port`` or ``--grpc-port``): one line."""
 
     def __init__(self, host, port, flag, reason):
-        super().__init__(errno.EADDRINUSE, f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds "
-                                           f"it or pick another port (0: any free one)")
-
-    def __str__(self):
-        return self.strerror
+        super().__init__(f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds it or pick another port "
+                         "(0: any free one)")
+        self.errno = errno.EADDRINUSE
 
 
 def port_in_use(host, port, family=socket.AF_INET):
@@ -54,9 +51,7 @@ def port_in_use(host, port, family=socket.AF_INET):
 
 
 class Server:
-    """A ``ServingState`` bound to its port(s), not yet serving, used as ``socketserver``'s servers:
-    ``serve_forever()`` until ``shutdown()`` or a signal, ``server_close()``, ``server_address``; and
-    ``grpc_address`` given ``grpc_port`` (gRPC bound here, on the event loop ``serve_forever`` runs)."""
+    """A ``ServingState`` bound to its port(s), used as ``socketserver``'s servers; ``grpc_address`` given ``grpc_port``."""
 
     def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
@@ -117,8 +112,7 @@ class Server:
             self._stopped.set()
 
     async def _serve(self):
-        """REST and gRPC on one loop: once told to exit, both stop accepting and drain their requests in flight
-        (at most ``DRAIN_TIMEOUT`` s; a second Ctrl-C aborts them), then the state closes (``ServingState.running``)."""
+        """REST and gRPC on one loop, both drained once told to exit (a second Ctrl-C aborts), then the state closes."""
         async with self.state.running():
             grpc_drained = None
             if self.grpc_server is not None:
@@ -157,10 +151,8 @@ class Server:
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
                 enable_batching=DEFAULT_ENABLE_BATCHING, runtime="auto", verbose=False, grpc_port=None,
                 load_in_background=False, **values):
-    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless
-    ``load_in_background``), not yet serving; every argument is checked first. The fields of ``limits``
-    (``RequestLimits``) and of ``batching.BatchingOptions`` may be given by name. ``port=0`` picks a free
-    port (``server.server_address[1]``); ``grpc_port`` also serves TF Serving's gRPC API.
+    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless ``load_in_background``); every
+    argument is checked first. Fields of ``RequestLimits`` and ``batching.BatchingOptions`` may be given by name.
 
     Examples:
         >>> server = make_server("saved_models/cifar", port=0, enable_batching=True, batching_max_size=8)  # doctest: +SKIP
@@ -177,8 +169,10 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     for argument, value in (("port", port), ("grpc_port", 0 if grpc_port is None else grpc_port)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
             raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
-    if grpc_port is not None:
-        check_grpc_installed()
+    missing = [name for name in GRPC_MODULES if grpc_port is not None and importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
+                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
     name = model_name_or_default(model_base, model_name)
     choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # one line (Value/ImportError) if not
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
@@ -193,22 +187,11 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     return server
 
 
-def check_grpc_installed():
-    """ImportError in one line unless what ``serving.grpc_service`` imports is installed (none imported)."""
-    import importlib.util
-
-    missing = [name for name in GRPC_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
-                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
-
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve",
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2), with Prometheus metrics.",
-    )
+                    "Inference Protocol (v2), with Prometheus metrics.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
@@ -239,8 +222,7 @@ def main(argv=None):
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
             limits=RequestLimits.from_args(args), enable_batching=args.enable_batching, runtime=args.runtime,
             verbose=args.verbose, grpc_port=args.grpc_port, load_in_background=True,
-            **{field.name: getattr(args, field.name) for field in dataclasses.fields(batching.BatchingOptions)},
-        )
+            **{field.name: getattr(args, field.name) for field in dataclasses.fields(batching.BatchingOptions)})
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:  # no runtime installed for what the version holds
@@ -260,8 +242,7 @@ def announce(server, prog):
     while not server.state.ready.wait(0.1):
         if server.state.load_error is not None:
             error = server.state.load_error
-            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr,
-                  flush=True)
+            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr, flush=True)
             server.shutdown()
             return
     host, port = server.server_address[:2]
