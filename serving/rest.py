@@ -189,6 +189,7 @@ def decode_inputs(request, mode, specs):
 
 
 def _jsonable(name, array):
+    """The array as JSON: strings as text, or base64 when binary or the output's name ends in ``_bytes`` (TF Serving's rule)."""
     if array.dtype == object or array.dtype.kind == "S":
         def encode(item):
             if name.endswith("_bytes"):
