@@ -1,11 +1,6 @@
-"""The serving app: TF Serving's REST API for exported models: one ASGI application (``app``), served
-locally on uvicorn (``keras-preact-serve``) and by Ray Serve replicas (``keras-preact-serve-ray``).
+"""The serving app beside the model library, as ``training`` is; nothing in ``keras_preact`` imports it."""
 
-An app beside the model library, as ``training`` is: it serves the artefacts ``keras_preact.export``
-writes and calls no model code. It imports the library (``keras_preact.export``, ``.preprocessing``);
-nothing in ``keras_preact`` imports it. Its console scripts start in ``serving.console``. Installed
-under this same name, ``serving`` (extras ``[serve]``, ``[grpc]``, ``[ray]``)."""
-
+import importlib
 import sys
 
 # What each console script says, in one line, when a package it needs is missing.
@@ -16,38 +11,27 @@ _INSTALL_HINTS = {
     "keras-preact-serve": {"starlette": _SERVE_HINT, "uvicorn": _SERVE_HINT, "h11": _SERVE_HINT,
                            "prometheus_client": _METRICS_HINT,
                            "yaml": 'serving needs PyYAML for its OpenAPI document: pip install "keras-preact[serve]"'},
-    "keras-preact-serve-ray": {"ray": _RAY_HINT, "starlette": _RAY_HINT, "prometheus_client": _RAY_HINT},
-}
+    "keras-preact-serve-ray": {"ray": _RAY_HINT, "starlette": _RAY_HINT, "prometheus_client": _RAY_HINT}}
 
 
-def _missing(prog, error):
-    """The install hint for the package ``error`` (an ImportError) names, printed; None if unknown."""
-    hint = _INSTALL_HINTS[prog].get((error.name or "").split(".")[0])
-    if hint is not None:
+def _run(prog, module, argv):
+    """``serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot import."""
+    try:
+        command = importlib.import_module(f"serving.{module}")
+    except ImportError as error:
+        hint = _INSTALL_HINTS[prog].get((error.name or "").split(".")[0])
+        if hint is None:
+            raise
         print(f"{prog}: error: {hint}", file=sys.stderr)
-    return hint
+        return 2
+    return command.main(argv)
 
 
 def main(argv=None):
-    """The ``keras-preact-serve`` console script. It needs no TensorFlow to start: a version whose
-    exports have no runtime installed is refused in one line naming what to install, as is a
-    missing Starlette or uvicorn."""
-    try:
-        from serving import server
-    except ImportError as error:
-        if _missing("keras-preact-serve", error) is None:
-            raise
-        return 2
-    return server.main(argv)
+    """The ``keras-preact-serve`` console script."""
+    return _run("keras-preact-serve", "server", argv)
 
 
 def main_ray(argv=None):
-    """The ``keras-preact-serve-ray`` console script: without Ray Serve or TensorFlow, one line says what
-    to install."""
-    try:
-        from serving import ray_serve
-    except ImportError as error:
-        if _missing("keras-preact-serve-ray", error) is None:
-            raise
-        return 2
-    return ray_serve.main(argv)
+    """The ``keras-preact-serve-ray`` console script."""
+    return _run("keras-preact-serve-ray", "ray_serve", argv)

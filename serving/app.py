@@ -1,21 +1,5 @@
-"""TF Serving's REST API and KServe's Open Inference Protocol (``serving.v2``, with Triton's binary tensor
-data and its config, statistics and repository index, so ``tritonclient.http`` works unchanged) as one
-ASGI application (Starlette): served by ``keras-preact-serve`` on uvicorn (``serving.server``) and mounted
-unchanged by every Ray Serve replica (``@serve.ingress``, ``serving.ray_serve``). Its routes are declared
-once, in ``ROUTES``; the OpenAPI document at ``GET /openapi.json`` is generated from them (``openapi``).
-
-Every resource a request can make the app use is bounded by one record, ``RequestLimits``: the body
-(``Content-Length`` or chunked, counted as it arrives: 413), the time its body may take to arrive (408),
-the examples per request, and the pixels an encoded image may decode to and its aspect ratio (read from
-the header before anything is decoded); 413 beyond. The same record bounds connections in the local
-server (``connections.BoundedH11Protocol``). Every request's body is read before the reply (``_Served``), so
-a kept-alive connection never desynchronises; a reply that leaves a body unread closes the connection.
-Every error is ``{"error": message}`` with its HTTP status, and never stops the server. With batching
-(``batching.BatchingOptions``), predict requests are merged by ``batching.Batcher`` (awaited, no thread
-held per request) and replies carry ``X-Batch-Id`` (the model call that ran them, numbered per process)
-and ``X-Batch-Size`` (its examples). Decoding, predicting and encoding run in worker threads, so the
-event loop keeps reading connections.
-"""
+"""TF Serving's REST API and KServe's Open Inference Protocol as one ASGI application (Starlette), served by
+``keras-preact-serve`` and by each Ray Serve replica: routes declared once (``ROUTES``), bounded by ``RequestLimits``."""
 
 import asyncio
 import contextlib
@@ -40,6 +24,7 @@ from starlette.routing import Route
 
 import keras_preact
 from serving import batching, metrics, openapi, rest, v2
+from serving.batching import FlagRecord, flag
 from serving.metrics import ServingMetrics
 from serving.rest import RequestError
 
@@ -48,60 +33,21 @@ LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Infere
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
 
 
-def _limit(default, help, *, server_only=False):  # noqa: A002 - argparse's word
-    return dataclasses.field(default=default, metadata={"help": help, "server_only": server_only})
-
-
 @dataclasses.dataclass(frozen=True)
-class RequestLimits:
-    """What one request (and, in the local server, one connection) may use. Each field is a flag
-    (``--max-body-bytes`` for ``max_body_bytes``; ``add_arguments``) and an argument of ``make_server``;
-    fields marked ``server_only`` bound the local server's connections (Ray Serve's proxy owns its own).
-    Checked on creation: every value positive, integers but ``REAL`` fields, ``max_aspect_ratio`` >= 1."""
+class RequestLimits(FlagRecord):
+    """What one request (and, in the local server, one connection: ``server_only``) may use."""
 
-    max_body_bytes: int = _limit(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
-    max_batch_size: int = _limit(256, "examples per request (413 above)")
-    max_image_pixels: int = _limit(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
-    max_aspect_ratio: float = _limit(8.0, "longer/shorter side of an encoded image (413 above)")
-    max_request_pixels: int = _limit(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
-    request_timeout: float = _limit(
-        30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
-    max_connections: int = _limit(4096, "open connections at once (503 beyond)", server_only=True)
-
-    REAL = ("max_aspect_ratio", "request_timeout")
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            check_positive(field.name, getattr(self, field.name), real=field.name in self.REAL)
-        if self.max_aspect_ratio < 1:
-            raise ValueError(f"Invalid max_aspect_ratio={self.max_aspect_ratio!r}: expected a number >= 1.")
-
-    @classmethod
-    def add_arguments(cls, parser, *, server_only=True):
-        """One flag per field (without the ``server_only`` ones unless asked), defaults as the record's."""
-        for field in dataclasses.fields(cls):
-            if server_only or not field.metadata["server_only"]:
-                parser.add_argument("--" + field.name.replace("_", "-"), type=type(field.default), default=field.default,
-                                    help=f"{field.metadata['help']} (default %(default)s)")
-
-    @classmethod
-    def from_args(cls, args):
-        """The record of parsed flags (``add_arguments``); a field without its flag keeps its default."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+    max_body_bytes: int = flag(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
+    max_batch_size: int = flag(256, "examples per request (413 above)")
+    max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
+    max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
+    max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
+    request_timeout: float = flag(30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
+    max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
 
     def model_limits(self):
-        """The limits ``decode_predict`` applies (keyword arguments)."""
-        return {name: getattr(self, name) for name in
-                ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
-
-
-def check_positive(argument, value, *, real=False):
-    """ValueError naming ``argument`` unless ``value`` is a positive integer (a positive finite number if ``real``)."""
-    if real:
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
-            raise ValueError(f"Invalid {argument}={value!r}: expected a positive number.")
-    elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"Invalid {argument}={value!r}: expected a positive integer.")
+        """The limits ``rest.check_inputs`` applies (keyword arguments)."""
+        return {name: getattr(self, name) for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
 
 
 def model_name_or_default(model_base, model_name=None):
@@ -114,46 +60,24 @@ def model_name_or_default(model_base, model_name=None):
 
 @dataclasses.dataclass
 class Call:
-    """What a request was, for the metrics (``metrics.ServingMetrics.observe_request``): its route
-    (``api``, one of ``metrics.API_NAMES``), the served model's name once the URL is known to name it,
-    and the signature once known to be one of the model's; health and metrics requests are not counted."""
+    """What a request was, for the metrics: its route (``metrics.API_NAMES``), model and signature once known."""
 
     api: str = ""
     model: str = ""
     signature: str = ""
 
 
-def check_signature(model, signature_name, call=None):
-    """A 400 ``RequestError`` unless the model has the signature; ``call`` learns it."""
+def decode_predict(model, body, call=None, **limits):
+    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within ``limits``."""
+    request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
     if signature_name not in model.signatures:
-        raise RequestError(
-            f"Serving signature name: '{signature_name}' not found in signature def; "
-            f"available: {sorted(model.signatures)}."
-        )
+        raise RequestError(f"Serving signature name: '{signature_name}' not found in signature def; "
+                           f"available: {sorted(model.signatures)}.")
     if call is not None:
         call.signature = signature_name
-
-
-def check_inputs(model, signature_name, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio,
-                 max_request_pixels):
-    """A ``RequestError`` (413) when decoded inputs of a signature exceed the limits: the batch, and the
-    encoded images' pixels and aspect ratio, read from their headers (``rest.check_encoded_images``)."""
-    batch = next(iter(inputs.values())).shape[0]
-    if batch > max_batch_size:
-        raise RequestError(f"Batch size {batch} exceeds the limit of {max_batch_size}.", 413)
-    encoded = {n: a for n, a in inputs.items() if model.input_specs[signature_name][n].dtype == "string"}
-    if encoded:
-        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
-                                  max_request_pixels=max_request_pixels)
-
-
-def decode_predict(model, body, call=None, **limits):
-    """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within the limits
-    (``RequestLimits.model_limits()``)."""
-    request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
-    check_signature(model, signature_name, call)
-    inputs = rest.decode_inputs(request, mode, model.input_specs[signature_name])
-    check_inputs(model, signature_name, inputs, **limits)
+    specs = model.input_specs[signature_name]
+    inputs = rest.decode_inputs(request, mode, specs)
+    rest.check_inputs(specs, inputs, **limits)
     return signature_name, inputs, mode
 
 
@@ -162,28 +86,19 @@ class _CloseAfter(RequestError):
 
 
 def dummy_inputs(specs, image_size=(32, 32)):
-    """One example for each input of a signature (``{name: TensorSpec}``): zeros, unknown dimensions 1,
-    and for an encoded-image (string) input a black PNG of ``image_size`` (height, width)."""
+    """One example of a signature's inputs: zeros, or a black PNG of ``image_size`` (height, width)."""
     import io
 
     from PIL import Image
 
-    inputs = {}
-    for name, spec in specs.items():
-        if spec.dtype == "string":
-            png = io.BytesIO()
-            Image.new("RGB", tuple(reversed(image_size))).save(png, format="PNG")
-            inputs[name] = np.array([png.getvalue()] * int(np.prod([d or 1 for d in spec.shape])), dtype=object)
-            inputs[name] = inputs[name].reshape([d or 1 for d in spec.shape])
-        else:
-            inputs[name] = np.zeros([d or 1 for d in spec.shape], spec.dtype)
-    return inputs
+    png = io.BytesIO()
+    Image.new("RGB", tuple(reversed(image_size))).save(png, format="PNG")
+    return {name: np.full([d or 1 for d in spec.shape], png.getvalue(), dtype=object) if spec.dtype == "string"
+            else np.zeros([d or 1 for d in spec.shape], spec.dtype) for name, spec in specs.items()}
 
 
 def warm_up(model):
-    """One predict call per signature on a dummy batch of one (``dummy_inputs``; encoded images at the
-    size of the first image input of the model), so the first client does not pay for graph tracing,
-    kernel selection or lazy allocation; raises what the model raises."""
+    """One predict call per signature on ``dummy_inputs``, so the first client does not pay for tracing or lazy allocation."""
     sizes = [spec.shape[1:3] for specs in model.input_specs.values() for spec in specs.values()
              if spec.dtype != "string" and len(spec.shape) == 4 and None not in spec.shape[1:3]]
     for signature_name in sorted(model.input_specs):
@@ -191,37 +106,24 @@ def warm_up(model):
 
 
 class ServingState:
-    """What one process serves: the model (``load()``, e.g. a ``servable.Servable``), its limits, the
-    ``batching.Batcher`` when ``batching`` (a ``batching.BatchingOptions``) is given, constant reply headers
-    (``identify()``: e.g. the Ray Serve replica) and its ``metrics.ServingMetrics``. ``start`` loads the
-    model, warms it up (``warm_up``), starts the batcher and then sets ``ready`` (once); with
-    ``load_in_background`` the app's lifespan runs ``start`` in a thread and serves meanwhile: health and
-    metrics answer, model routes get a 503 until ``ready``. ``close`` drains the batcher."""
+    """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and metrics."""
 
     def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False):
         self._load, self._identify = load, identify
         self.limits = limits or RequestLimits()
         self.batching = batching
         self.load_in_background = load_in_background
-        self._init_process_state()
-
-    def _init_process_state(self):
-        """What cannot cross a process boundary (a Ray Serve replica gets its own, unpickled)."""
         self.model = self.batcher = self.load_error = self._loader = None
         self.headers = {}
         self.ready = threading.Event()
         self.metrics = ServingMetrics()
         self._lock = threading.Lock()
 
-    def __getstate__(self):
-        return {"_load": self._load, "_identify": self._identify, "limits": self.limits, "batching": self.batching,
-                "load_in_background": self.load_in_background}
-
-    def __setstate__(self, values):
-        self.__dict__.update(values)
-        self._init_process_state()
+    def __reduce__(self):  # a Ray Serve replica unpickles a new state of its own
+        return ServingState, (self._load, self.limits, self.batching, self._identify, self.load_in_background)
 
     def start(self):
+        """Load the model, warm it up (``warm_up``), start the batcher, then set ``ready`` (once)."""
         with self._lock:
             if self.ready.is_set():
                 return
@@ -251,14 +153,25 @@ class ServingState:
         """A 503 ``RequestError`` unless the model is loaded and warmed up."""
         if not self.ready.is_set():
             if self.load_error is not None:
-                raise RequestError(f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}",
-                                   503)
+                raise RequestError(f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}", 503)
             raise RequestError("The model is loading or warming up; retry later.", 503)
 
     def predict(self, model, signature_name, inputs):
-        """``model.predict``, its batch size observed (``metrics``): every model call goes through here."""
+        """``model.predict``, its batch size observed: every model call goes through here."""
         self.metrics.observe_batch(model.name, signature_name, next(iter(inputs.values())).shape[0])
         return model.predict(signature_name, inputs)
+
+    @contextlib.asynccontextmanager
+    async def running(self):
+        """Started (``start``, in a thread with ``load_in_background``) for the block, then closed."""
+        if self.load_in_background:
+            self.start_in_background()
+        else:
+            await run_in_threadpool(self.start)
+        try:
+            yield
+        finally:
+            await run_in_threadpool(self.close)
 
     def close(self):
         if self._loader is not None:
@@ -268,9 +181,7 @@ class ServingState:
 
 
 async def read_body(request, limits):
-    """The request body (b"" when a GET has none), read whole before any reply; refused with the
-    connection closed when missing on a POST, framed twice (Content-Length and chunked: request
-    smuggling), over ``max_body_bytes`` (declared or counted), or not arrived within ``request_timeout``."""
+    """The body (b"" for a GET without one), read whole first; refused and closed if unframed, framed twice, too big or slow."""
     length = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if length is None and not chunked:
@@ -300,8 +211,7 @@ async def read_body(request, limits):
 
 
 async def run_predict(state, signature_name, inputs):
-    """(outputs, headers) of a decoded predict request: through the batcher when batching (the reply
-    headers name the model call), else in a worker thread."""
+    """(outputs, headers naming the model call when batching) of a decoded predict request."""
     if state.batcher is None:
         return await run_in_threadpool(state.predict, state.model, signature_name, inputs), {}
     result = await state.batcher.submit(signature_name, inputs)
@@ -313,8 +223,9 @@ def _decode_infer(model, body, header_length, call, limits):
     request, binary = v2.parse_request(body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"]))
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
-    inputs = v2.decode_inputs(request, binary, model.input_specs[signature_name])
-    check_inputs(model, signature_name, inputs, **limits)
+    specs = model.input_specs[signature_name]
+    inputs = v2.decode_inputs(request, binary, specs)
+    rest.check_inputs(specs, inputs, **limits)
     return request, signature_name, inputs
 
 
@@ -323,9 +234,7 @@ def _json(value, status=200, headers=None):
 
 
 def _served(request, failed_too=False):
-    """(state, model) of a request to a model route: 503 before the model is ready; 404 unless the path
-    names the served model (when it names one) and its version (or, ``failed_too``, one that failed to
-    load), in TF Serving's words on /v1 and KServe's on /v2. The request's ``Call`` learns the model."""
+    """(state, model) of a model route's request: 503 until ready; 404 unless it names the served model and version."""
     state = request.app.state.serving
     state.check_ready()
     model, v1 = state.model, request.url.path.startswith("/v1/")
@@ -342,8 +251,7 @@ def _served(request, failed_too=False):
     return state, model
 
 
-# Each endpoint's docstring is its OpenAPI operation: its summary, then after "---" the rest in YAML
-# (``openapi.document`` adds the path parameters, and the errors of a route with parameters).
+# Each endpoint's docstring is its OpenAPI operation: the summary, then after "---" the rest in YAML (``openapi``).
 async def v1_status(request):
     """TF Serving model status (the served version, and newer ones that failed to load). ---
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}"""
@@ -472,8 +380,7 @@ register_url_convertor("name", _Name())
 
 
 def _model_routes(prefix, operations):
-    """Each (suffix, endpoint, method) under ``prefix/{model_name}`` and ``prefix/{model_name}/versions/{version}``,
-    named as the metrics count it (``metrics.API_NAMES``)."""
+    """Each operation under ``prefix/{model_name}`` and ``.../versions/{version}``, named for the metrics."""
     return [Route(f"{prefix}/{{model_name:name}}{versions}{suffix}", endpoint, methods=[method], name=api)
             for suffix, endpoint, method, api in operations for versions in ("", "/versions/{version:name}")]
 
@@ -493,30 +400,20 @@ ROUTES = [  # in the order tried: the first that matches the path and the method
                                   ("/config", v2_model_config, "GET", "v2:model_config"),
                                   ("/stats", v2_model_stats, "GET", "v2:model_stats")]),
     Route(metrics.PATH, prometheus_metrics),
-    Route(openapi.PATH, openapi_document),
-]
+    Route(openapi.PATH, openapi_document)]
 
 
 def _error_reply(error, headers=None):
-    """The JSON reply ``{"error": message}`` to an exception: a ``RequestError``'s status (closing the
-    connection after a ``_CloseAfter``), 400 for a body nested too deeply, 500 for anything else. The error's
-    frames (the body, what it decoded to) would stay in a cycle through the worker thread's future until a
-    full garbage collection, hundreds of MB for a large body: its traceback is dropped."""
+    """The JSON reply to an exception, its traceback dropped: its frames (the body, what it decoded to) would linger."""
     error.__traceback__ = None
-    if isinstance(error, RequestError):
-        status, message = error.status, str(error)
-    elif isinstance(error, RecursionError):
-        status, message = 400, "Invalid request: values nested too deeply."
-    else:
-        status, message = 500, f"Internal error: {type(error).__name__}: {error}"
+    status, message = rest.error_status(error)
     if isinstance(error, _CloseAfter):
         headers = {**(headers or {}), "Connection": "close"}
     return Response(rest.error_body(message), status, headers, media_type=JSON)
 
 
 async def _no_route(request, error):
-    """Starlette's 404 (no route has the path) and 405 (a route has it, not with this method) in JSON; on
-    /v1, TF Serving's 404 for both."""
+    """Starlette's 404 (no route has the path) and 405 (not with this method) in JSON; on /v1, TF Serving's 404."""
     method, path = request.method, request.url.path
     if error.status_code == 405 and not path.startswith("/v1/"):
         allowed = ", ".join(sorted(error.headers["Allow"].split(", ")))
@@ -527,10 +424,7 @@ async def _no_route(request, error):
 
 
 class _Served:
-    """The app around its routes (ASGI middleware): each request's body is read whole first (``read_body``),
-    so a kept-alive connection never desynchronises, even after a 404; every error is a JSON reply
-    (``_error_reply``); every reply carries ``state.headers``; and every request but ``SERVICE_PATHS`` is
-    counted and timed in the metrics, by its route's name and the model and signature its ``Call`` learned."""
+    """ASGI middleware: bodies read first, errors as JSON, ``state.headers`` on every reply, requests counted and timed."""
 
     def __init__(self, app, state):
         self.app, self.state = app, state
@@ -568,28 +462,13 @@ class _Served:
             route = scope.get("route")
             if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:
                 call.api = route.name
-            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0],
-                                               time.perf_counter() - started)
+            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0], time.perf_counter() - started)
 
 
 def create_app(state):
-    """The ASGI application serving ``state`` (a ``ServingState``): ``ROUTES`` inside ``_Served``; its
-    lifespan starts the state (a no-op when the caller already did) and closes it, so a Ray Serve replica
-    loads its own model."""
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app):
-        if state.load_in_background:
-            state.start_in_background()
-        else:
-            await run_in_threadpool(state.start)
-        try:
-            yield
-        finally:
-            await run_in_threadpool(state.close)
-
+    """The ASGI application serving ``state``; its lifespan starts and closes it, so each replica loads its own."""
     app = Starlette(routes=ROUTES, middleware=[Middleware(_Served, state=state)],
-                    exception_handlers={HTTPException: _no_route}, lifespan=lifespan)
+                    exception_handlers={HTTPException: _no_route}, lifespan=lambda app: state.running())
     app.router.redirect_slashes = False  # a path with a slash more or less is unknown, not redirected
     app.state.serving = state
     return app

@@ -1,30 +1,10 @@
-"""Dynamic batching of concurrent predict requests, as TF Serving's ``--enable_batching``.
-
-``Batcher(predict, options)`` wraps any ``predict(signature_name, inputs: {name: array}) -> {name: array}``
-(``servable.Servable.predict``; any runtime) whose arrays are batched along axis 0. Callers block in
-``batcher.predict`` as they would in ``predict``; meanwhile their requests wait in a queue, are merged
-with others along the batch axis and run as one call, and each caller gets its own slice of the outputs.
-
-- Only requests with the same signature and the same input names, dtypes and per-example shapes are
-  merged (encoded-image string inputs included); others wait in their own queue.
-- How is one record, ``BatchingOptions``, whose fields are ``keras-preact-serve``'s flags. A batch is
-  closed when it holds ``batching_max_size`` examples, or when its oldest request has waited
-  ``batching_timeout_ms`` (0: take what is queued when a batch thread is free; requests arriving while
-  the model runs are then batched together), and runs on the next free one of ``batching_threads``
-  threads. A request larger than ``batching_max_size`` is not split: it runs alone, as one call.
-- At most ``batching_max_queue`` requests wait for a batch; beyond it ``predict`` raises a 503
-  ``RequestError`` at once, naming the limit.
-- When a merged call raises, or returns an output that is not batched along axis 0, each of its
-  requests runs again alone: every caller gets its own result or its own error, never another's.
-- ``close()`` runs what is queued, then joins every thread; later calls get a 503.
-
-``submit`` is ``predict`` for an event loop (the ASGI app, ``serving.app``): the caller
-awaits its slot without holding a thread, and learns which model call ran it (``BatchResult``).
-"""
+"""Dynamic batching, as TF Serving's ``--enable_batching`` (README, "Dynamic batching"); ``FlagRecord``, records of flags."""
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
+import math
 import threading
 import time
 
@@ -33,38 +13,54 @@ import numpy as np
 from serving.rest import RequestError
 
 
-def _option(default, help):  # noqa: A002 - argparse's word
-    return dataclasses.field(default=default, metadata={"help": help})
+def check_number(argument, value, *, real=False, at_least=None):
+    """ValueError naming ``argument`` unless ``value`` is a positive integer (``real``: finite number, >= ``at_least``)."""
+    is_number = not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
+    if not real:
+        valid, expected = is_number and value >= 1, "a positive integer"
+    elif at_least is None:
+        valid, expected = is_number and 0 < value < math.inf, "a positive number"
+    else:
+        valid, expected = is_number and at_least <= value < math.inf, f"a number >= {at_least:g}"
+    if not valid:
+        raise ValueError(f"Invalid {argument}={value!r}: expected {expected}.")
 
 
-@dataclasses.dataclass(frozen=True)
-class BatchingOptions:
-    """How a ``Batcher`` merges requests (module docstring). Each field is a flag (``--batching-max-size``
-    for ``batching_max_size``; ``add_arguments``) and an argument of ``server.make_server``. Checked on
-    creation, the one place: integers >= 1 but ``batching_timeout_ms``, a finite number >= 0."""
+def flag(default, help, *, at_least=None, server_only=False):  # noqa: A002 - argparse's word
+    """A ``FlagRecord`` field: default, help, a float's lower bound, whether only ``keras-preact-serve`` has it."""
+    return dataclasses.field(default=default, metadata={"help": help, "at_least": at_least, "server_only": server_only})
 
-    batching_max_size: int = _option(32, "examples in one model call; a larger request runs alone (TF Serving's "
-                                         "max_batch_size)")
-    batching_timeout_ms: float = _option(0.0, "the longest the oldest request of a batch waits for more (0: batch "
-                                              "what is queued when the model is free)")
-    batching_max_queue: int = _option(64, "requests waiting for a batch (503 beyond)")
-    batching_threads: int = _option(1, "batches run at once")
+
+class FlagRecord:
+    """A frozen dataclass whose fields are flags (``--batching-max-size``) and ``make_server`` arguments, checked."""
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            value = getattr(self, field.name)
-            if field.type is float:
-                if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-                    raise ValueError(f"Invalid {field.name}={value!r}: expected a number >= 0.")
-            elif isinstance(value, bool) or not isinstance(value, int) or value < 1:
-                raise ValueError(f"Invalid {field.name}={value!r}: expected a positive integer.")
+            check_number(field.name, getattr(self, field.name), real=field.type is float, at_least=field.metadata["at_least"])
 
     @classmethod
-    def add_arguments(cls, parser):
-        """One flag per field, defaults as the record's."""
+    def add_arguments(cls, parser, *, server_only=True):
+        """One flag per field (without the ``server_only`` ones unless asked), defaults as the record's."""
         for field in dataclasses.fields(cls):
-            parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
-                                help=f"{field.metadata['help']} (default %(default)s)")
+            if server_only or not field.metadata["server_only"]:
+                parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
+                                    help=f"{field.metadata['help']} (default %(default)s)")
+
+    @classmethod
+    def from_args(cls, args):
+        """The record of parsed flags (``add_arguments``); a field without its flag keeps its default."""
+        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchingOptions(FlagRecord):
+    """How a ``Batcher`` merges requests (each field's help says how)."""
+
+    batching_max_size: int = flag(32, "examples in one model call; a larger request runs alone (TF Serving's max_batch_size)")
+    batching_timeout_ms: float = flag(0.0, "the longest the oldest request of a batch waits for more (0: batch "
+                                           "what is queued when the model is free)", at_least=0)
+    batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond)")
+    batching_threads: int = flag(1, "batches run at once")
 
 
 @dataclasses.dataclass
@@ -95,26 +91,8 @@ class _Pending:
     signature_name: str
     inputs: dict
     size: int
-    arrival: float
-    notify: object = None  # notify(self), called from a batch thread once done is set
-    done: threading.Event = dataclasses.field(default_factory=threading.Event)
-    outputs: dict = None
-    error: BaseException = None
-    call: tuple = (0, 0)  # (call number, examples in the call)
-
-    def finish(self):
-        self.done.set()
-        if self.notify is not None:
-            self.notify(self)
-
-
-def _settle(future, pending):
-    if future.done():  # the awaiting task was cancelled
-        return
-    if pending.error is not None:
-        future.set_exception(pending.error)
-    else:
-        future.set_result(BatchResult(pending.outputs, *pending.call))
+    arrival: float = dataclasses.field(default_factory=time.monotonic)
+    future: concurrent.futures.Future = dataclasses.field(default_factory=concurrent.futures.Future)  # a BatchResult
 
 
 def _batch_size(inputs):
@@ -131,7 +109,14 @@ def _merge_key(signature_name, inputs):
 
 
 class Batcher:
-    """Merges concurrent ``predict`` calls into batched calls of the wrapped ``predict`` (module docstring)."""
+    """Merges concurrent ``predict`` calls of one signature and per-example shapes into calls of the wrapped
+    ``predict(signature_name, {name: array})``; a merged call that fails is rerun request by request.
+
+    Examples:
+        >>> with Batcher(lambda signature, inputs: {"y": inputs["x"] * 2}) as batcher:
+        ...     batcher.predict("serving_default", {"x": np.ones((2, 3))})["y"].shape
+        (2, 3)
+    """
 
     def __init__(self, predict, options=None):
         self._predict = predict
@@ -149,29 +134,16 @@ class Batcher:
 
     def predict(self, signature_name, inputs):
         """The wrapped ``predict``'s outputs for these inputs alone, computed in a batch."""
-        pending = self._enqueue(signature_name, inputs)
-        pending.done.wait()
-        if pending.error is not None:
-            raise pending.error
-        return pending.outputs
+        return self._enqueue(signature_name, inputs).future.result().outputs
 
     async def submit(self, signature_name, inputs):
-        """``predict`` for a coroutine: a ``BatchResult``, awaited without holding a thread."""
-        loop = asyncio.get_running_loop()
-        future = loop.create_future()
+        """``predict`` for a coroutine (``serving.app``): a ``BatchResult``, awaited without holding a thread."""
+        return await asyncio.wrap_future(self._enqueue(signature_name, inputs).future)
 
-        def notify(pending):
-            try:
-                loop.call_soon_threadsafe(_settle, future, pending)
-            except RuntimeError:  # the loop has closed: nobody awaits the result
-                pass
-
-        self._enqueue(signature_name, inputs, notify)
-        return await future
-
-    def _enqueue(self, signature_name, inputs, notify=None):
+    def _enqueue(self, signature_name, inputs):
         inputs = {name: np.asarray(a) for name, a in inputs.items()}
-        pending = _Pending(signature_name, inputs, _batch_size(inputs), time.monotonic(), notify)
+        pending = _Pending(signature_name, inputs, _batch_size(inputs))
+        pending.future.set_running_or_notify_cancel()  # never cancelled: a batch holding it runs it anyway
         key = _merge_key(signature_name, inputs)
         with self._condition:
             if self._closed:
@@ -199,7 +171,7 @@ class Batcher:
             return self._queued
 
     def close(self):
-        """Run what is queued, then stop and join every batch thread (idempotent)."""
+        """Run what is queued, then stop and join every batch thread (idempotent); later calls get a 503."""
         with self._condition:
             self._closed = True
             self._condition.notify_all()
@@ -212,7 +184,6 @@ class Batcher:
     def __exit__(self, *exc_info):
         self.close()
 
-    # ------------------------------------------------------------------------------- batch threads
     def _work(self):
         while True:
             with self._condition:
@@ -223,9 +194,8 @@ class Batcher:
                 self._run(batch)
             except Exception as error:  # noqa: BLE001 - e.g. MemoryError concatenating: fail this batch only
                 for pending in batch:
-                    if not pending.done.is_set():
-                        pending.error = error
-                        pending.finish()
+                    if not pending.future.done():
+                        pending.future.set_exception(error)
 
     def _next_batch(self):
         """The next batch to run, waiting until one is full or due; None once closed and drained."""
@@ -255,21 +225,22 @@ class Batcher:
         self._queued -= len(batch)
         return batch
 
-    def _call(self, batch, inputs, size):
+    def _call(self, signature_name, inputs, size):
+        """(outputs, call number) of one call of the wrapped ``predict``."""
         with self._condition:
             self._stats.model_calls += 1
             self._stats.batch_sizes[size] += 1
-            self._stats.calls_by_signature[batch[0].signature_name] += 1
-            for pending in batch:
-                pending.call = (self._stats.model_calls, size)
-        return self._predict(batch[0].signature_name, inputs)
+            self._stats.calls_by_signature[signature_name] += 1
+            number = self._stats.model_calls
+        return self._predict(signature_name, inputs), number
 
     def _run_alone(self, pending):
         try:
-            pending.outputs = self._call([pending], pending.inputs, pending.size)
+            outputs, number = self._call(pending.signature_name, pending.inputs, pending.size)
         except Exception as error:  # noqa: BLE001 - the caller's own error, raised in its thread
-            pending.error = error
-        pending.finish()
+            pending.future.set_exception(error)
+        else:
+            pending.future.set_result(BatchResult(outputs, number, pending.size))
 
     def _run(self, batch):
         if len(batch) == 1:
@@ -279,7 +250,8 @@ class Batcher:
             merged = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
             with self._condition:
                 self._stats.merged_calls += 1
-            outputs = {name: np.asarray(v) for name, v in self._call(batch, merged, total).items()}
+            outputs, number = self._call(batch[0].signature_name, merged, total)
+            outputs = {name: np.asarray(v) for name, v in outputs.items()}
             unbatched = [name for name, v in outputs.items() if v.ndim == 0 or v.shape[0] != total]
             if unbatched:
                 raise ValueError(f"Outputs {unbatched} are not batched along axis 0.")
@@ -291,7 +263,7 @@ class Batcher:
             return
         start = 0
         for pending in batch:
-            pending.outputs = {name: v[start:start + pending.size].copy() for name, v in outputs.items()}
+            rows = {name: v[start:start + pending.size].copy() for name, v in outputs.items()}
+            pending.future.set_result(BatchResult(rows, number, total))
             start += pending.size
-            pending.finish()
 

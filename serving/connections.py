@@ -1,9 +1,8 @@
-"""``BoundedH11Protocol``: uvicorn's h11 protocol with a deadline per request and a cap on open connections,
-for ``keras-preact-serve`` and (``ray_proxy_setup_hook``) Ray Serve's proxy. Why: uvicorn 0.54 (h11 or
-httptools) times out a connection idle after a reply, but neither one that never sends a request nor
-headers sent a byte at a time (slowloris); Ray Serve 2.60's proxy is uvicorn with that timeout alone
-(its ``request_timeout_s`` starts once a request is read). It imports uvicorn alone: no model code.
-"""
+"""The one protection uvicorn's settings do not give, for ``keras-preact-serve`` and Ray Serve's proxy
+(``ray_proxy_setup_hook``): uvicorn 0.54 times out a connection idle after a reply (``timeout_keep_alive``),
+not one that never sends a request nor a slowloris sending a byte at a time, and its ``limit_concurrency``
+answers a surplus connection only once it sends a request. ``BoundedH11Protocol`` subclasses uvicorn's
+h11 protocol, hence the ``uvicorn<0.55`` pin."""
 
 import http
 import json
@@ -13,21 +12,16 @@ from uvicorn.protocols.http.h11_impl import H11Protocol
 
 
 def raw_reply(status, message):
-    """A whole HTTP/1.1 JSON error reply that closes the connection, for a connection with no request
-    parsed (h11 would refuse to send a response before one)."""
+    """A whole HTTP/1.1 JSON error reply that closes the connection (h11 sends none before a request)."""
     body = json.dumps({"error": message}).encode()  # as every error of the app (``rest.error_body``)
     return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
             f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
 
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 connection with a deadline per request, the server's keep-alive timeout (
-    ``--request-timeout``), and, given ``max_connections``, a cap on open connections (503 beyond).
-
-    The deadline runs while a request is awaited: from the connection's start or its last reply until the
-    request's body has arrived whole (then the app has it; predict time is not bounded here), then a 408
-    (idle: closed). Bytes arriving meanwhile do not restart it, so a client sending one byte a second is
-    cut off as surely as an idle one."""
+    """uvicorn's h11 connection with a cap on open connections (``max_connections``, 503 beyond) and a deadline,
+    the keep-alive timeout, from the connection's start or last reply until a request's body has arrived (then 408),
+    not restarted by bytes arriving meanwhile (slowloris)."""
 
     def __init__(self, *args, max_connections=None, **kwargs):
         super().__init__(*args, **kwargs)
@@ -62,8 +56,7 @@ class BoundedH11Protocol(H11Protocol):
         self._watch()
 
     def send_400_response(self, msg):
-        """A request h11 cannot parse (uvicorn's ``msg`` says no more): a JSON 400 like every other
-        error, then closed."""
+        """A request h11 cannot parse: a JSON 400 like every other error, then closed."""
         self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
                                             "or chunk, or no Host header."))
         self.transport.close()
@@ -95,7 +88,5 @@ class BoundedH11Protocol(H11Protocol):
 
 
 def ray_proxy_setup_hook():
-    """Ray's ``worker_process_setup_hook`` (``keras-preact-serve-ray``): uvicorn's default HTTP protocol
-    is ``BoundedH11Protocol`` in every Ray worker of the job, so Ray Serve's proxy (uvicorn, ``http="auto"``)
-    bounds each request by its keep-alive timeout."""
+    """Ray's ``worker_process_setup_hook``: ``BoundedH11Protocol`` is uvicorn's default in every worker, Serve's proxy too."""
     config.HTTP_PROTOCOLS["auto"] = f"{__name__}:BoundedH11Protocol"

@@ -1,27 +1,5 @@
-"""TF Serving's gRPC API beside the REST one: ``PredictionService.Predict``, ``GetModelMetadata`` and
-``ModelService.GetModelStatus`` (the ``tensorflow-serving-api`` protos), so a client program written
-for TF Serving works unchanged. ``keras-preact-serve --grpc-port`` serves it (``server.make_server``).
-
-It runs on grpc.aio, on the very event loop uvicorn serves REST on: one process holds one ``ServingState``
-(the servable, the ``batching.Batcher``, the ``app.RequestLimits``), and a gRPC request takes the REST
-request's path: decoding and predicting run in the worker threads REST uses (Starlette's bounded pool),
-a batched request awaits its slot without holding a thread. The same signatures answer (an empty
-``signature_name`` is ``serving_default``, as in TF Serving), within the same limits, and each REST
-error becomes a gRPC status (``STATUS_CODES``: 400 INVALID_ARGUMENT, 404 NOT_FOUND, 413
-RESOURCE_EXHAUSTED, 503 UNAVAILABLE); as in TF Serving's predict_util.cc, an unknown signature is
-FAILED_PRECONDITION, a duplicate ``output_filter`` alias INVALID_ARGUMENT, and outputs are written in the
-typed value fields (``float_val``, ``int_val``...: ``Tensor::AsProtoField``), not ``tensor_content``.
-Errors quote a client's strings cut at 40 characters (``_short``), and every RPC is counted in the
-metrics (``api`` ``grpc:...``, ``code`` the gRPC status name). The limits on the gRPC side:
-a message over ``max_body_bytes`` is refused by gRPC itself (RESOURCE_EXHAUSTED, before it is parsed),
-at most ``max_connections`` RPCs run at once (RESOURCE_EXHAUSTED beyond), a request message must arrive
-within ``request_timeout`` (DEADLINE_EXCEEDED: ``RequestDeadline``), a connection idle that long is
-closed. A tensor's dtype and shape are checked from its header, the batch against ``max_batch_size``,
-before its values are read; encoded images are bounded from their headers (``rest.check_encoded_images``).
-A model not loaded yet, or a server draining, answers UNAVAILABLE.
-
-Needs TensorFlow (the API's protos are TensorFlow's): ``pip install 'keras-preact[grpc]'``.
-"""
+"""TF Serving's gRPC API for ``keras-preact-serve --grpc-port``, on REST's event loop, ``ServingState`` and limits,
+with TF Serving's status codes (README, "TF Serving's gRPC API"); needs TensorFlow."""
 
 import asyncio
 import time
@@ -39,25 +17,19 @@ from tensorflow_serving.apis import (
 )
 
 from serving import rest
-from serving.app import Call
+from serving.app import Call, run_predict
 from serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
-STATUS_CODES = {  # the REST reply's HTTP status -> the gRPC status
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}
+STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
+                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}  # REST's HTTP status -> gRPC's
 # TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
 PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "uint32": "uint32_val",
                 "uint64": "uint64_val", "bool": "bool_val", **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val")}
 
 
 def _short(value, limit=40):
-    """A client's string in an error message, cut at ``limit`` characters (echoed whole, a long one would
-    overflow gRPC's metadata limit, and the client see only that)."""
+    """A client's string in an error message, cut (a long one would overflow gRPC's metadata limit)."""
     return value if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
 
 
@@ -68,8 +40,7 @@ class _Abort(Exception):
 
 
 def check_model_spec(model, model_spec, call):
-    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its loaded version; ``call``
-    (an ``app.Call``) learns the model."""
+    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its version; ``call`` learns it."""
     if model_spec.name != model.name:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({_short(model_spec.name)}); "
                                                 f"serving model '{model.name}'.")
@@ -83,9 +54,7 @@ def check_model_spec(model, model_spec, call):
 
 
 def _tensor(spec, proto, max_batch_size):
-    """The array of one input's ``TensorProto``: dtype and shape checked from its header (and the batch
-    against the limit) before its values are read, integers sent in a wider typed field (``int_val``
-    holds int32 for DT_UINT8) against the dtype's range, then the REST input's checks (``rest.to_array``)."""
+    """An input's array; dtype, shape, batch and integer range checked from the ``TensorProto`` before reading values."""
     expected = tf.dtypes.as_dtype(spec.dtype)
     if proto.dtype != expected.as_datatype_enum:
         try:
@@ -96,17 +65,12 @@ def _tensor(spec, proto, max_batch_size):
     if proto.tensor_shape.unknown_rank:
         raise RequestError(f"Input '{spec.name}' has an unknown rank; send its shape.")
     shape = tuple(dim.size for dim in proto.tensor_shape.dim)
-    wanted = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
-    if len(shape) != len(spec.shape) or any(d < 0 or (s is not None and d != s) for d, s in zip(shape, spec.shape)):
-        raise RequestError(f"Input '{spec.name}' has shape {list(shape)}; the signature expects {wanted}.")
+    rest.check_shape(shape, spec)
     if shape[0] > max_batch_size:
         raise RequestError(f"Batch size {shape[0]} exceeds the limit of {max_batch_size}.", 413)
-    if expected.is_integer:  # typed values wider than the dtype (e.g. DT_UINT8 in int_val): REST's range check
-        values = {tf.int64: proto.int64_val, tf.uint32: proto.uint32_val, tf.uint64: proto.uint64_val}.get(
-            expected, proto.int_val)
-        low, high = expected.min, expected.max
-        if len(values) and (min(values) < low or max(values) > high):
-            raise RequestError(f"Input '{spec.name}' values must lie in [{low}, {high}] ({expected.name}).")
+    if expected.is_integer:
+        rest.check_range({tf.int64: proto.int64_val, tf.uint32: proto.uint32_val, tf.uint64: proto.uint64_val}.get(
+            expected, proto.int_val), spec)
     try:
         array = tf.make_ndarray(proto)
     except (ValueError, TypeError) as error:
@@ -114,10 +78,8 @@ def _tensor(spec, proto, max_batch_size):
     return rest.to_array(array, spec)
 
 
-def decode_predict_request(model, request, call, *, max_batch_size, max_image_pixels, max_aspect_ratio,
-                           max_request_pixels):
-    """(signature name, ``{input: array}``) of a ``PredictRequest``, within the limits (REST's
-    ``app.decode_predict`` for the protos)."""
+def decode_predict_request(model, request, call, **limits):
+    """(signature name, ``{input: array}``) of a ``PredictRequest``, within the limits (``app.decode_predict``)."""
     check_model_spec(model, request.model_spec, call)
     signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if signature_name not in model.signatures:
@@ -128,14 +90,8 @@ def decode_predict_request(model, request, call, *, max_batch_size, max_image_pi
     if set(request.inputs) != set(specs):
         raise RequestError(f"The request must have exactly the inputs {sorted(specs)} of signature "
                            f"'{signature_name}'; got {[_short(name) for name in sorted(request.inputs)[:5]]}.")
-    inputs = {name: _tensor(spec, request.inputs[name], max_batch_size) for name, spec in specs.items()}
-    sizes = {a.shape[0] for a in inputs.values()}
-    if len(sizes) != 1:
-        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
-    encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
-    if encoded:
-        rest.check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
-                                  max_request_pixels=max_request_pixels)
+    inputs = {name: _tensor(spec, request.inputs[name], limits["max_batch_size"]) for name, spec in specs.items()}
+    rest.check_inputs(specs, inputs, **limits)
     return signature_name, inputs
 
 
@@ -158,8 +114,7 @@ def encode_predict_response(model, signature_name, outputs, output_filter):
 
 
 def as_proto_field(array, proto):
-    """Write ``array`` into the ``TensorProto`` ``proto`` as TF Serving does (``Tensor::AsProtoField``):
-    its values in the dtype's typed field, which clients read directly (``.float_val``)."""
+    """Write ``array`` into the ``TensorProto`` ``proto`` as ``Tensor::AsProtoField``: in its typed field."""
     field = PROTO_FIELDS.get(array.dtype.name)
     if field is None:  # strings: make_tensor_proto already fills string_val
         proto.CopyFrom(tf.make_tensor_proto(array))
@@ -169,19 +124,11 @@ def as_proto_field(array, proto):
     getattr(proto, field).extend(array.ravel().tolist())
 
 
-def signature_def_map(model):
-    """The served signatures as TF Serving's ``SignatureDefMap`` (from the servable's metadata, the
-    SavedModel's own signature defs where it has them)."""
-    defs = model.metadata["metadata"]["signature_def"]["signature_def"]
-    return json_format.ParseDict({"signature_def": defs}, get_model_metadata_pb2.SignatureDefMap())
-
-
 class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_service_pb2_grpc.ModelServiceServicer):
     """Both services on one ``app.ServingState``: every RPC ends in a reply or a status, never a crash."""
 
     def __init__(self, state):
         self.state = state
-        self._metadata = None
 
     async def _answer(self, context, api, work):
         """``work(model, call)``'s reply, or its error as a status; counted and timed in the metrics."""
@@ -192,14 +139,10 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
             reply = await work(self.state.model, call)
         except _Abort as error:
             code, details = error.code, str(error)
-        except RequestError as error:
-            code, details = STATUS_CODES.get(error.status, grpc.StatusCode.INTERNAL), str(error)
-        except RecursionError:
-            code, details = grpc.StatusCode.INVALID_ARGUMENT, "Invalid request: values nested too deeply."
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
-            code, details = grpc.StatusCode.INTERNAL, f"Internal error: {type(error).__name__}: {error}"
-        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name,
-                                           time.perf_counter() - started)
+            status, details = rest.error_status(error)
+            code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
+        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name, time.perf_counter() - started)
         if code != grpc.StatusCode.OK:
             await context.abort(code, details)
         return reply
@@ -208,17 +151,11 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         state = self.state
 
         async def predict(model, call):
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call,
-                                                             **state.limits.model_limits())
-            if state.batcher is None:
-                outputs = await run_in_threadpool(state.predict, model, signature_name, inputs)
-            else:
-                result = await state.batcher.submit(signature_name, inputs)
-                context.set_trailing_metadata((("x-batch-id", str(result.call)),
-                                               ("x-batch-size", str(result.call_size))))
-                outputs = result.outputs
-            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs,
-                                           list(request.output_filter))
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **state.limits.model_limits())
+            outputs, headers = await run_predict(state, signature_name, inputs)
+            if headers:  # the model call that ran a batched request
+                context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
+            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs, list(request.output_filter))
 
         return await self._answer(context, "grpc:predict", predict)
 
@@ -230,12 +167,11 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
                 sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
                 raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
                                    "metadata field served is 'signature_def'.")
-            if self._metadata is None:
-                self._metadata = signature_def_map(model)
             response = get_model_metadata_pb2.GetModelMetadataResponse()
             response.model_spec.name = model.name
             response.model_spec.version.value = model.version
-            response.metadata["signature_def"].Pack(self._metadata)
+            response.metadata["signature_def"].Pack(json_format.ParseDict(  # the servable's signature defs
+                model.metadata["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()))
             return response
 
         return await self._answer(context, "grpc:metadata", metadata)
@@ -255,12 +191,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
 
 
 class RequestDeadline(grpc.aio.ServerInterceptor):
-    """A unary RPC's request message must arrive within ``timeout`` seconds, or the RPC ends with
-    DEADLINE_EXCEEDED. gRPC counts an RPC against ``maximum_concurrent_rpcs`` from its headers on and
-    bounds neither the wait for its message nor a call without a client deadline, so clients that send
-    headers and no message would hold every slot (REST's ``server.BoundedH11Protocol`` deadline, for gRPC).
-    Each unary-unary handler is served as stream-unary, whose behavior reads the message itself. Counted
-    in the metrics as REST's body that does not arrive is (no route, model or signature known yet)."""
+    """A unary RPC's message must arrive within ``request_timeout`` (else DEADLINE_EXCEEDED): gRPC bounds neither that
+    wait nor a call without a deadline. Each unary-unary handler is served as stream-unary, reading the message itself."""
 
     def __init__(self, state):
         self.state, self.timeout = state, state.limits.request_timeout
@@ -275,8 +207,7 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
                 request = await asyncio.wait_for(anext(requests), self.timeout)
             except asyncio.TimeoutError:
                 self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED,
-                                    f"The request did not arrive within {self.timeout:g} s.")
+                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s.")
             except StopAsyncIteration:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
             return await handler.unary_unary(request, context)
@@ -285,8 +216,7 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
 
 
 def create_server(state, host, port):
-    """A grpc.aio server of ``state`` bound to ``host:port`` (0: a free port), not started; call it in
-    the event loop that will serve it. (server, port bound); OSError when the port cannot be bound."""
+    """(grpc.aio server of ``state``, port bound) on ``host:port``, not started; OSError if it cannot bind."""
     limits = state.limits
     server = grpc.aio.server(interceptors=[RequestDeadline(state)],
                              maximum_concurrent_rpcs=limits.max_connections, options=[

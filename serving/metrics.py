@@ -1,22 +1,4 @@
-"""Prometheus metrics of one serving application, at TF Serving's path ``/monitoring/prometheus/metrics``.
-
-Each ``ServingMetrics`` owns its ``prometheus_client.CollectorRegistry`` (not the process-wide one), so
-several applications in one process (tests, Ray Serve replicas sharing a worker) never collide. Label
-values come from fixed sets or from the served model (never from a request's URL or body), so a client
-cannot grow the registry: an unknown model, route or signature is counted under ``""``.
-
-- ``keras_preact_serving_requests_total{model, api, signature, code}``: requests answered (``api``:
-  ``API_NAMES``; health and metrics requests are not counted),
-- ``keras_preact_serving_request_latency_seconds{model, api, signature}``: from the request's arrival to
-  its reply (its body read, decoded, predicted, encoded),
-- ``keras_preact_serving_batch_size{model, signature}``: examples per model call (with batching, merged
-  calls and reruns; without, one call per request),
-- ``keras_preact_serving_queue_depth{model}``: requests waiting for a batch now (0 without batching),
-- ``keras_preact_serving_model_ready{model}``: 1 once the model is loaded and warmed up.
-
-Beside them, ``inferences`` tallies each model's inference requests (``INFERENCE_APIS``) by outcome, for
-Triton's statistics (``v2.model_statistics``).
-"""
+"""Prometheus metrics of one serving application (README, "Metrics and health"); labels never come from a request."""
 
 import time
 
@@ -35,7 +17,7 @@ BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 exam
 
 
 class ServingMetrics:
-    """The metrics of one application (module docstring), in their own ``registry``."""
+    """The metrics of one application, in their own ``registry``; ``inferences`` tallies them for Triton's statistics."""
 
     def __init__(self):
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
@@ -49,8 +31,8 @@ class ServingMetrics:
         self.batch_size = prometheus_client.Histogram(
             prefix + "batch_size", "Examples per model call (merged calls with batching).",
             ["model", "signature"], buckets=BATCH_SIZE_BUCKETS, registry=self.registry)
-        self.queue_depth = prometheus_client.Gauge(
-            prefix + "queue_depth", "Requests waiting for a batch.", ["model"], registry=self.registry)
+        self.queue_depth = prometheus_client.Gauge(prefix + "queue_depth", "Requests waiting for a batch.", ["model"],
+                                                   registry=self.registry)
         self.model_ready = prometheus_client.Gauge(
             prefix + "model_ready", "1 once the model is loaded and warmed up.", ["model"], registry=self.registry)
         self.inferences = {}  # model -> {"success"|"fail": [requests, seconds], "last": time.time() of the last}

@@ -1,11 +1,4 @@
-"""The serving app's HTTP API as an OpenAPI 3.0 document, generated from its declared routes
-(``app.ROUTES``) by Starlette's ``SchemaGenerator``: each endpoint's docstring is its operation, the
-summary and, after ``---``, the rest in YAML. ``document`` adds what the routes say alone: each path's parameters, and, on a route
-with parameters, its ``{"error": ...}`` replies. Given the served model (what ``GET /openapi.json``
-answers once it is ready), each parameter's only value (``enum``) is the model's name or version, and
-predict and infer carry an example body of ``serving_default``'s shape, so a fuzzer (schemathesis, in
-``tests/test_serving_openapi.py``) reaches the model instead of 404s.
-"""
+"""The OpenAPI 3.0 document, generated from the routes (Starlette's ``SchemaGenerator``; each endpoint's docstring)."""
 
 import copy
 import re
@@ -28,22 +21,20 @@ components:
       shutting down", content: {application/json: {schema: {$ref: '#/components/schemas/Error'}}}}
   schemas:
     Error: {type: object, required: [error], additionalProperties: false, properties: {error: {type: string}}}
-    ModelStatus: {type: object, required: [model_version_status], properties: {model_version_status: {type: array, items: {
-      type: object, required: [version, state], properties: {version: {type: string}, state: {type: string}, status: {
-        type: object, properties: {error_code: {type: string}, error_message: {type: string}}}}}}}}
-    ModelMetadata: {type: object, required: [model_spec, metadata], properties: {
-      model_spec: {type: object, required: [name, version], properties: {name: {type: string}, signature_name: {type: string},
-                                                                         version: {type: string}}},
+    ModelStatus: {type: object, required: [model_version_status], properties: {model_version_status: {type: array, items: {type: object,
+      required: [version, state], properties: {version: {type: string}, state: {type: string}, status: {type: object, properties: {
+        error_code: {type: string}, error_message: {type: string}}}}}}}}
+    ModelMetadata: {type: object, required: [model_spec, metadata], properties: {model_spec: {type: object, required: [name, version],
+      properties: {name: {type: string}, signature_name: {type: string}, version: {type: string}}},
       metadata: {type: object, properties: {signature_def: {type: object}}}}}
     PredictRequest: {type: object, description: "TF Serving's predict request: 'instances' (row format) or 'inputs'
-      (columnar), binary strings as {\\"b64\\": ...}", properties: {signature_name: {type: string}, instances: {type: array},
-                                                                   inputs: {}}}
+      (columnar), binary strings as {\\"b64\\": ...}", properties: {signature_name: {type: string}, instances: {type: array}, inputs: {}}}
     PredictResponse: {type: object, additionalProperties: false, properties: {predictions: {type: array}, outputs: {}},
                       anyOf: [{required: [predictions]}, {required: [outputs]}]}
     Live: {type: object, required: [live], additionalProperties: false, properties: {live: {type: boolean}}}
     Ready: {type: object, required: [ready], additionalProperties: false, properties: {ready: {type: boolean}}}
-    ServerMetadata: {type: object, required: [name, version, extensions], properties: {name: {type: string},
-      version: {type: string}, extensions: {type: array, items: {type: string}}}}
+    ServerMetadata: {type: object, required: [name, version, extensions], properties: {name: {type: string}, version: {type: string},
+      extensions: {type: array, items: {type: string}}}}
     Tensor: {type: object, required: [name, datatype, shape], properties: {name: {type: string}, datatype: {type: string},
       shape: {type: array, items: {type: integer}}, parameters: {type: object}, data: {type: array}}}
     V2ModelMetadata: {type: object, required: [name, platform, inputs, outputs], properties: {name: {type: string},
@@ -72,13 +63,7 @@ _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/c
 
 
 def document(routes, model=None):
-    """The OpenAPI document of ``routes`` (module docstring); ``model``: the served ``servable.Servable`` or None.
-
-    Examples:
-        >>> from serving import app
-        >>> sorted(document(app.ROUTES)["paths"])[:2]
-        ['/monitoring/prometheus/metrics', '/openapi.json']
-    """
+    """The OpenAPI document of ``routes``; given the served ``model``, its name, version and example bodies (for fuzzers)."""
     generator = SchemaGenerator(copy.deepcopy(_BASE))
     doc = generator.get_schema(routes)
     for endpoint in generator.get_endpoints(routes):  # the summary: the docstring before "---"
@@ -99,8 +84,7 @@ def document(routes, model=None):
 
 
 def _add_examples(doc, model):
-    """An example predict and infer body: zeros of ``serving_default``'s shape (one example), unless it
-    takes several inputs or encoded images."""
+    """An example predict and infer body: one example of zeros, unless ``serving_default`` takes no one array."""
     import numpy as np
 
     from serving import v2
@@ -112,7 +96,7 @@ def _add_examples(doc, model):
     shape = [1 if d is None else d for d in spec.shape]
     zeros = np.zeros(shape, spec.dtype)
     examples = {":predict": {"instances": zeros.tolist()},
-                "/infer": {"inputs": [{"name": name, "shape": shape, "datatype": v2.datatype_of_spec(spec),
+                "/infer": {"inputs": [{"name": name, "shape": shape, "datatype": v2.datatype_of(spec.dtype),
                                        "data": zeros.reshape(-1).tolist()}]}}
     for path, item in doc["paths"].items():
         for suffix, example in examples.items():

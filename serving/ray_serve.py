@@ -1,26 +1,7 @@
-"""Scale-out serving on Ray Serve: TF Serving's REST API from several replicas of an export.
+"""``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
+the predict requests it gets (README, "Scale-out on Ray Serve").
 
-    keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--host 127.0.0.1] [--address auto]
-                           [--max-replicas-per-node 1]
-
-Every replica mounts the ASGI application of ``keras-preact-serve`` (``serving.app``,
-``@serve.ingress``): the same paths, formats, errors and request limits (``RequestLimits``; Ray Serve's
-proxy owns the connections, bounded as ``keras-preact-serve`` bounds them, ``--request-timeout`` rounded
-up, by ``connections`` in Ray's workers (``PROXY_RUNTIME_ENV``; not where Serve runs already), and there
-is no ``--max-connections``). The app's lifespan loads
-the latest version under the base directory in each replica (``servable.Servable``) and starts the
-same ``batching.Batcher`` as ``keras-preact-serve --enable-batching``: predict requests a replica
-receives within ``merge_wait_s`` of each other are merged into one model call of at most
-``merge_batch_size`` examples (per signature); a request larger than that runs alone. Replies carry
-``X-Replica-Id`` (the Ray Serve replica), ``X-Batch-Id`` (that replica's model call) and
-``X-Batch-Size`` (the examples that call ran). Without ``--address`` the command starts a one-machine
-Ray instance (no dashboard) and stops it on exit; with ``--address auto`` it deploys onto a running Ray
-cluster and deletes its application on exit. ``--max-replicas-per-node`` (Ray Serve's
-``max_replicas_per_node``, 1-100; default no limit) caps the replicas Ray places on one node: with 1, and
-at least ``--replicas`` nodes, every replica runs on its own node, and a replica that Ray replaces after a
-crash goes to a node without one. Replicas beyond nodes x that cap wait for nodes to join, and the
-command with them (Ray Serve's ``serve.run`` returns once every replica runs): it warns when the cluster
-has too few nodes, and refuses a cap that leaves replicas off the one-node Ray instance it starts itself.
+    keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--address auto] [--max-replicas-per-node 1]
 """
 
 import argparse
@@ -36,8 +17,8 @@ import threading
 import ray
 from ray import serve
 
-from serving.app import RequestLimits, ServingState, check_positive, create_app, model_name_or_default
-from serving.batching import BatchingOptions
+from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
+from serving.batching import BatchingOptions, check_number
 from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
@@ -60,48 +41,36 @@ class TFServingReplica:
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
               merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
               runtime="auto", **limit_values):
-    """The Ray Serve application for the latest version under ``model_base`` (for ``serve.run``); every
-    argument is checked, and the version folder found, before anything starts. ``limits`` and
-    ``limit_values`` as ``server.make_server``'s. Each replica reads ``model_base`` by its absolute
-    path: on a cluster, a file system every node sees. ``max_replicas_per_node``: None (no limit) or
-    1-100, the most replicas Ray Serve places on one node."""
+    """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every node."""
     limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
-    check_positive("replicas", replicas)
-    check_positive("merge_batch_size", merge_batch_size)
+    check_number("replicas", replicas)
     for argument, value in (("merge_wait_s", merge_wait_s), ("replica_cpus", replica_cpus)):
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
-            raise ValueError(f"Invalid {argument}={value!r}: expected a number >= 0.")
+        check_number(argument, value, real=True, at_least=0)
     if max_replicas_per_node is not None and (
             isinstance(max_replicas_per_node, bool) or not isinstance(max_replicas_per_node, int)
             or not 1 <= max_replicas_per_node <= MAX_REPLICAS_PER_NODE):
         raise ValueError(f"Invalid max_replicas_per_node={max_replicas_per_node!r}: expected None (no limit) or an "
                          f"integer from 1 to {MAX_REPLICAS_PER_NODE}.")
+    options = BatchingOptions(merge_batch_size, merge_wait_s * 1000)  # checks merge_batch_size (batching_max_size)
+    max_ongoing = 2 * merge_batch_size  # one merged call running and the next one filling, per replica
     model_base = pathlib.Path(model_base).resolve()
     _, path = latest_version_dir(model_base)
     choose_runtimes(formats_in(path), runtime)  # the runtime is valid and installed here (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
-    max_ongoing = 2 * merge_batch_size  # one merged call running and the next one filling, per replica
     state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
-                         BatchingOptions(merge_batch_size, merge_wait_s * 1000, max_ongoing), identify=replica_headers)
+                         dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers)
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,
-        max_replicas_per_node=max_replicas_per_node,
-    )
+        max_replicas_per_node=max_replicas_per_node)
     return deployment.bind()
-
-
-def nodes_needed(replicas, max_replicas_per_node):
-    """The nodes ``replicas`` replicas need at most ``max_replicas_per_node`` (None: no limit) on a node."""
-    return 1 if max_replicas_per_node is None else math.ceil(replicas / max_replicas_per_node)
 
 
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve-ray",
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2) from Ray Serve replicas.",
-    )
+                    "Inference Protocol (v2) from Ray Serve replicas.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")
     parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})")
@@ -143,8 +112,7 @@ def main(argv=None):
         app = build_app(
             args.model_base_path, model_name=args.model_name, replicas=args.replicas,
             merge_batch_size=args.merge_batch_size, merge_wait_s=args.merge_wait_s, replica_cpus=args.replica_cpus,
-            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime,
-        )
+            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime)
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:
@@ -153,16 +121,13 @@ def main(argv=None):
     model_name = model_name_or_default(model_base, args.model_name)
     version, path = latest_version_dir(model_base)
     local = args.address is None
-    needed = nodes_needed(args.replicas, args.max_replicas_per_node)
+    needed = 1 if args.max_replicas_per_node is None else math.ceil(args.replicas / args.max_replicas_per_node)
     if local and needed > 1:
         parser.error(f"--replicas {args.replicas} with --max-replicas-per-node {args.max_replicas_per_node} needs "
                      f"{needed} nodes: the Ray instance started here is one (deploy onto a cluster with --address)")
     if local:
-        # A Ray instance started here reports no usage statistics to Ray's servers unless asked to
-        # (RAY_USAGE_STATS_ENABLED=1); a cluster joined with --address keeps its own setting.
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
-        # address="local": a Ray instance of its own, even where another runs on this machine (without it, Ray
-        # joins the latest cluster started here, and refuses --num-cpus for it).
+        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics unless asked (a cluster keeps its own)
+        # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
                  include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
     else:
@@ -177,8 +142,7 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):  # either stops serving and the Ray instance started here
         signal.signal(signum, _stop)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port,
-                                  "keep_alive_timeout_s": math.ceil(args.request_timeout)})
+        serve.start(http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)})
         serve.run(app, name=model_name, route_prefix="/")
         print(f"Serving model '{model_name}' version {version} ({path}) on {args.replicas} Ray Serve replica(s) "
               f"at http://{args.host}:{args.port}/v1/models/{model_name}", flush=True)

@@ -1,13 +1,4 @@
-"""TF Serving REST API codec: JSON request bodies to input arrays, output tensors to JSON replies.
-
-Follows https://www.tensorflow.org/tfx/serving/api_rest: a predict body holds ``instances`` (row
-format: one entry per example; a dict per example when a signature has several inputs) or ``inputs``
-(columnar format: the batch tensor, or a dict of them); binary strings travel as ``{"b64": "..."}``.
-Replies are ``{"predictions": [...]}`` (row: a dict of outputs per example, or the bare value when
-there is one output) or ``{"outputs": ...}`` (columnar). String outputs whose name ends in
-``_bytes`` are base64-encoded, as TF Serving does. Every problem is a ``RequestError`` carrying the
-HTTP status (400 bad request, 404 not found) and a message for ``{"error": ...}``.
-"""
+"""TF Serving's REST API codec (https://www.tensorflow.org/tfx/serving/api_rest) and the input checks every API shares."""
 
 import base64
 import binascii
@@ -37,14 +28,13 @@ class TensorSpec:
     shape: tuple  # None for an unknown dimension
 
 
-# numpy kinds a JSON value may decode to, per input dtype, and the value range where one applies.
-_NUMERIC_KINDS = {
-    "uint8": ("iu", (0, 255)),
-    "int32": ("iu", (-(2**31), 2**31 - 1)),
-    "int64": ("iu", (-(2**63), 2**63 - 1)),
-    "float32": ("iuf", None),
-    "float64": ("iuf", None),
-}
+def error_status(error):
+    """(HTTP status, message) of an exception: a ``RequestError``'s, 400 for values nested too deeply, else 500."""
+    if isinstance(error, RequestError):
+        return error.status, str(error)
+    if isinstance(error, RecursionError):
+        return 400, "Invalid request: values nested too deeply."
+    return 500, f"Internal error: {type(error).__name__}: {error}"
 
 
 def _reject_constant(name):
@@ -52,14 +42,7 @@ def _reject_constant(name):
 
 
 def max_values(input_specs, max_batch_size):
-    """The most JSON values (numbers, strings, lists, objects) ``max_batch_size`` examples of a signature's
-    inputs hold (``input_specs``: ``{signature: {input: TensorSpec}}``), plus 1,000 for the rest of a
-    request; None when a dimension past the batch is unknown (then the body's size alone bounds it).
-
-    Examples:
-        >>> max_values({"s": {"x": TensorSpec("x", "float32", (None, 2))}}, 16)
-        1064
-    """
+    """The most JSON values ``max_batch_size`` examples of a signature's inputs hold, plus 1,000 (None: unbounded dims)."""
     def example(spec):  # its nested lists and numbers, a row object, a {"b64": ...} object per string
         dims = spec.shape[1:]
         return sum(math.prod(dims[:k]) for k in range(len(dims) + 1)) + 1 + (spec.dtype == "string") * math.prod(dims)
@@ -70,10 +53,7 @@ def max_values(input_specs, max_batch_size):
 
 
 def load_json(body, max_values):
-    """The strict JSON value of a body (bytes); a 400 ``RequestError`` saying what is wrong otherwise, and
-    a 413 before anything is decoded when it may hold more than ``max_values`` values (None: no bound),
-    counted as one more than its ``,`` plus its ``[`` and ``{`` (milliseconds per 60 MB; nesting is
-    bounded by ``json``'s recursion limit)."""
+    """The strict JSON value of a body, else a 400; a 413, before decoding, if its ``,[{`` exceed ``max_values``."""
     count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
     if max_values is not None and count > max_values:
         raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
@@ -94,10 +74,8 @@ def parse_body(body, max_values):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request
     if has_instances == has_inputs:
-        raise RequestError(
-            "The request must contain exactly one of 'instances' (row format) or 'inputs' "
-            "(columnar format)" + (", not both." if has_instances else ".")
-        )
+        raise RequestError("The request must contain exactly one of 'instances' (row format) or 'inputs' (columnar format)"
+                           + (", not both." if has_instances else "."))
     signature_name = request.get("signature_name", "serving_default")
     if not isinstance(signature_name, str):
         raise RequestError(f"Invalid signature_name={signature_name!r}: expected a string.")
@@ -130,9 +108,7 @@ def to_array(value, spec):
             if isinstance(item, str):
                 flat[i] = item.encode("utf-8")
             elif not isinstance(item, bytes):
-                raise RequestError(
-                    f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}."
-                )
+                raise RequestError(f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}.")
     else:
         try:
             array = np.asarray(value)
@@ -140,28 +116,46 @@ def to_array(value, spec):
             raise RequestError(f"Input '{spec.name}' is not a rectangular array (ragged nested lists).") from None
         if array.ndim and array.shape[0] == 0:
             raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
-        kinds, value_range = _NUMERIC_KINDS[spec.dtype]
-        if array.dtype.kind not in kinds or array.dtype == object:
+        integer = np.dtype(spec.dtype).kind in "iu"
+        if array.dtype.kind not in ("iu" if integer else "iuf") or array.dtype == object:
             raise RequestError(
-                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values."
-            )
+                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values.")
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{spec.name}' holds non-finite values (e.g. 1e999); send finite numbers.")
-        if value_range and array.size and (array.min() < value_range[0] or array.max() > value_range[1]):
-            raise RequestError(f"Input '{spec.name}' values must lie in [{value_range[0]}, {value_range[1]}] ({spec.dtype}).")
+        if integer:
+            check_range(array, spec)
         array = array.astype(spec.dtype)
-    check_shape(array, spec)
+    check_shape(array.shape, spec)
     return array
 
 
-def check_shape(array, spec):
-    expected = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
-    if array.ndim != len(spec.shape) or any(d is not None and d != a for d, a in zip(spec.shape, array.shape)):
-        raise RequestError(
-            f"Input '{spec.name}' has shape {list(array.shape)}; the signature expects {expected}."
-        )
-    if array.shape[0] == 0:
+def check_range(values, spec):
+    """A 400 unless the integers ``values`` (an array or a sequence) fit ``spec``'s integer dtype."""
+    low, high = np.iinfo(spec.dtype).min, np.iinfo(spec.dtype).max
+    if np.size(values) and (np.min(values) < low or np.max(values) > high):
+        raise RequestError(f"Input '{spec.name}' values must lie in [{low}, {high}] ({spec.dtype}).")
+
+
+def check_shape(shape, spec):
+    """A 400 unless ``shape`` is ``spec``'s (None: any size) with at least one example."""
+    if len(shape) != len(spec.shape) or any(d < 0 or (s is not None and d != s) for d, s in zip(shape, spec.shape)):
+        expected = "[" + ", ".join("N" if d is None else str(d) for d in spec.shape) + "]"
+        raise RequestError(f"Input '{spec.name}' has shape {list(shape)}; the signature expects {expected}.")
+    if shape[0] == 0:
         raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
+
+
+def check_inputs(specs, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
+    """A 400 unless ``inputs`` have one batch size; a 413 past the limits (the batch, ``check_encoded_images``)."""
+    sizes = {a.shape[0] for a in inputs.values()}
+    if len(sizes) != 1:
+        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
+    if max(sizes) > max_batch_size:
+        raise RequestError(f"Batch size {max(sizes)} exceeds the limit of {max_batch_size}.", 413)
+    encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
+    if encoded:
+        check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
+                             max_request_pixels=max_request_pixels)
 
 
 def decode_inputs(request, mode, specs):
@@ -174,7 +168,6 @@ def decode_inputs(request, mode, specs):
         if not payload:
             raise RequestError("'instances' is an empty batch; send at least one example.")
         if all(isinstance(p, dict) and "b64" not in p for p in payload):
-            columns = {}
             for p in payload:
                 if set(p) != set(names):
                     raise RequestError(f"Every instance must have exactly the inputs {names}; got {sorted(p)}.")
@@ -192,14 +185,11 @@ def decode_inputs(request, mode, specs):
             columns = {names[0]: payload}
         else:
             raise RequestError(f"This signature has several inputs {names}: 'inputs' must be an object.")
-    arrays = {n: to_array(columns[n], specs[n]) for n in names}
-    sizes = {a.shape[0] for a in arrays.values()}
-    if len(sizes) != 1:
-        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
-    return arrays
+    return {n: to_array(columns[n], specs[n]) for n in names}
 
 
 def _jsonable(name, array):
+    """The array as JSON: strings as text, or base64 when binary or the output's name ends in ``_bytes`` (TF Serving's rule)."""
     if array.dtype == object or array.dtype.kind == "S":
         def encode(item):
             if name.endswith("_bytes"):
@@ -227,19 +217,11 @@ def encode_outputs(outputs, mode):
 
 
 def error_body(message):
-    return json.dumps({"error": message}).encode("utf-8")
+    return json.dumps({"error": message}).encode("utf-8")  # as ``connections.raw_reply``
 
 
 def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_request_pixels):
-    """Bound what decoding the encoded images of a request would allocate, from their headers only
-    (nothing is decoded): the format from the leading bytes (``keras_preact.preprocessing``'s magic
-    bytes, the formats the exported graph decodes), then Pillow reads the header for each image's pixel
-    count and aspect ratio (the in-graph resize of the shorter side scales with it), and the request's
-    total pixel count. A GIF is replaced in its array by its first frame alone
-    (``keras_preact.preprocessing.gif_first_frame``, read from its block structure, nothing decoded), the
-    frame the model keeps anyway: the graph's decoder reads every frame of an animation before keeping
-    one, so a small file of many large frames would cost seconds and gigabytes. That frame's own size
-    counts against the pixel limit too (a frame may declare more than the GIF's canvas)."""
+    """Bound what decoding images would allocate, from their headers; a GIF is cut to its first frame, the one kept."""
     import io
 
     from PIL import Image, UnidentifiedImageError
@@ -269,8 +251,7 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
                     width, height = frame
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
             if width < 1 or height < 1 or width * height > max_image_pixels:
-                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.",
-                                   413)
+                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.", 413)
             if max(width, height) > max_aspect_ratio * min(width, height):
                 raise RequestError(f"{where}: aspect ratio above the limit of {max_aspect_ratio}:1.", 413)
             total += width * height

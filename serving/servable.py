@@ -1,16 +1,4 @@
-"""What the REST front ends serve: the latest version of an export, each signature run by one runtime.
-
-``load_servable(model_base, name, runtime="auto")`` loads the highest numeric version folder under
-``model_base`` that holds an export of ``keras_preact.export`` (a SavedModel, ``model.onnx``,
-``model.tflite``, ``openvino/model.xml``). The SavedModel's signatures (``serving_default`` on uint8
-pixels, ``serving_float``, ``serving_bytes``) run on TensorFlow. ONNX, LiteRT and OpenVINO artifacts hold
-``serving_default``'s contract alone (``keras_preact.export.formats``), so ``runtime`` chooses what runs
-``serving_default``: a format's name, or ``"auto"``, the fastest runtime installed for a format present,
-in the order ``RUNTIME_SPEED_ORDER`` (measured: BENCHMARKS.md, "Export runtimes"). With a SavedModel
-and ``model.onnx`` side by side, uint8 requests then run on ONNX Runtime and encoded images on
-TensorFlow. Without TensorFlow, a version with ``model.onnx`` serves ``serving_default`` alone; a
-SavedModel alone says in one line what to install.
-"""
+"""What the front ends serve: the newest version that loads, on the runtime ``runtime`` picks (README, "Which runtime serves")."""
 
 import importlib.util
 import logging
@@ -23,9 +11,7 @@ from keras_preact.export.formats import FORMATS
 from serving import rest
 from serving.rest import RequestError
 
-# Fastest first on CPU (BENCHMARKS.md, "Export runtimes": CIFAR ResNet-20 and ResNet-50, batch 1 and 64):
-# OpenVINO f32 fastest in 3 of 4 cells, ONNX Runtime in the 4th; LiteRT beat the SavedModel only on the
-# small network, and ran at 0.65-0.94x of it on ResNet-50.
+# Fastest first on CPU, as measured in BENCHMARKS.md, "Export runtimes".
 RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
 RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
@@ -46,18 +32,15 @@ def formats_in(version_dir):
 
 
 def version_dirs(model_base):
-    """[(version, path), ...] of the numeric version folders holding an export under ``model_base``,
-    newest first; ValueError in one line when there is none."""
+    """[(version, path), ...] of the version folders holding an export, newest first; else ValueError."""
     base = pathlib.Path(model_base)
     if not base.is_dir():
         raise ValueError(f"Invalid model_base_path={str(base)!r}: not a directory.")
     versions = sorted(((int(p.name), p) for p in base.iterdir() if p.name.isdigit() and formats_in(p)), reverse=True)
     if not versions:
         hint = " It is itself a version folder: pass its parent." if formats_in(base) else ""
-        raise ValueError(
-            f"Invalid model_base_path={str(base)!r}: no numeric version folder with an export "
-            f"(<model_base_path>/<version>/ holding {', '.join(ARTIFACTS.values())}).{hint}"
-        )
+        raise ValueError(f"Invalid model_base_path={str(base)!r}: no numeric version folder with an export "
+                         f"(<model_base_path>/<version>/ holding {', '.join(ARTIFACTS.values())}).{hint}")
     return versions
 
 
@@ -67,8 +50,7 @@ def latest_version_dir(model_base):
 
 
 def choose_runtimes(present, runtime="auto"):
-    """``{"pixels": format, "saved_model": bool}``: what runs ``serving_default`` and whether the
-    SavedModel's other signatures are served; ValueError/ImportError in one line otherwise."""
+    """``{"pixels": format, "saved_model": bool}``: what runs ``serving_default``, and whether the SavedModel serves."""
     if runtime not in RUNTIMES:
         raise ValueError(f"Invalid runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}.")
     has_tf = "saved_model" in present and _installed("saved_model")
@@ -79,19 +61,10 @@ def choose_runtimes(present, runtime="auto"):
             raise ImportError(f"serving this version ({', '.join(present)}) needs a runtime that is not installed: {needs}")
         return {"pixels": usable[0], "saved_model": has_tf}
     if runtime not in present:
-        raise ValueError(f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds "
-                         f"{', '.join(present)}).")
+        raise ValueError(f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds {', '.join(present)}).")
     if not _installed(runtime):
         raise ImportError(f"runtime {runtime} is not installed: {FORMATS[runtime].install}")
     return {"pixels": runtime, "saved_model": has_tf}
-
-
-def _op_error_message(error):
-    """The op's own message out of a TensorFlow runtime error (without the graph-trace lines)."""
-    lines = [line.strip() for line in error.message.splitlines()]
-    noise = ("Graph execution error", "Detected at node", "<stack traces", "[[")
-    useful = [line for line in lines if line and not line.startswith(noise)]
-    return useful[0] if useful else error.message
 
 
 class SavedModelSignatures:
@@ -107,14 +80,12 @@ class SavedModelSignatures:
         self.input_specs = {
             key: {arg: rest.TensorSpec(arg, spec.dtype.name, tuple(spec.shape.as_list()))
                   for arg, spec in fn.structured_input_signature[1].items()}
-            for key, fn in self._functions.items()
-        }
+            for key, fn in self._functions.items()}
         saved_model = saved_model_pb2.SavedModel()
         saved_model.ParseFromString((pathlib.Path(path) / "saved_model.pb").read_bytes())
         self.signature_defs = {
             key: json_format.MessageToDict(value, preserving_proto_field_name=True)
-            for key, value in saved_model.meta_graphs[0].signature_def.items() if not key.startswith("__")
-        }
+            for key, value in saved_model.meta_graphs[0].signature_def.items() if not key.startswith("__")}
 
     def predict(self, signature_name, inputs):
         tf = self._tf
@@ -122,13 +93,12 @@ class SavedModelSignatures:
             outputs = self._functions[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
         except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
             # E.g. bytes that are not a decodable image.
-            raise RequestError(f"Invalid input: {_op_error_message(error)}") from None
+            raise RequestError(f"Invalid input: {_first_useful_line(error.message)}") from None
         return {k: v.numpy() for k, v in outputs.items()}
 
 
 class ArtifactSignature:
-    """``serving_default`` run by an ONNX / LiteRT / OpenVINO runtime (``keras_preact.export.load``),
-    with the SavedModel's outputs: the serving contract's, and the top-k ``class_names``."""
+    """``serving_default`` on an ONNX / LiteRT / OpenVINO runtime, with the SavedModel's outputs."""
 
     def __init__(self, path, fmt):
         from keras_preact.export.runtimes import load
@@ -144,8 +114,7 @@ class ArtifactSignature:
             "inputs": {images: _tensor_info("DT_UINT8", [-1, height, width, 3])},
             "outputs": {name: _tensor_info(dtype, dims) for name, (dtype, dims) in
                         self._serving.output_dims(len(self._names)).items()},
-            "method_name": "tensorflow/serving/predict",
-        }
+            "method_name": "tensorflow/serving/predict"}
 
     def predict(self, signature_name, inputs):
         outputs = self._runtime.predict(inputs[self._serving.input_name])
@@ -157,8 +126,7 @@ def _tensor_info(dtype, dims):
 
 
 class VersionError(Exception):
-    """A version folder that did not load: the ``file`` (relative to the folder) to blame and a one-line
-    ``reason``; ``code`` is TF Serving's error code for its status. ``str()`` is one line."""
+    """A version folder that did not load, in one line: the ``file`` to blame, the ``reason``, TF Serving's ``code``."""
 
     def __init__(self, version, path, file, reason, code="UNKNOWN"):
         super().__init__(f"version {version} ({path}): {file}: {reason}")
@@ -178,11 +146,17 @@ _NOISE = ("Graph execution error", "Detected at node", "<stack traces", "[[", "Y
           "Exception from src", "Check '")
 
 
+def _first_useful_line(message):
+    """The first line of a message that says what went wrong ("" if it is empty)."""
+    lines = [line.strip() for line in message.splitlines()]
+    useful = [line for line in lines if line and not line.startswith(_NOISE)] or [line for line in lines if line]
+    return useful[0] if useful else ""
+
+
 def one_line(error, limit=300):
     """``Type: message`` of an exception in one line: its first line that says what went wrong."""
-    lines = [line.strip() for line in str(error).splitlines()]
-    useful = [line for line in lines if line and not line.startswith(_NOISE)] or [line for line in lines if line]
-    text = f"{type(error).__name__}: {useful[0]}" if useful else type(error).__name__
+    line = _first_useful_line(str(error))
+    text = f"{type(error).__name__}: {line}" if line else type(error).__name__
     return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
@@ -196,10 +170,7 @@ def _named_file(error, path, default):
 
 
 def check_version_files(path, formats):
-    """``(file, reason, code)`` of the first file an export in ``path`` is missing or holds damaged, for
-    the ``formats`` to be loaded (and the assets every format reads); None when whole. Cheap checks of
-    what a copy cut short leaves: a missing or empty file, unparseable JSON or XML, OpenVINO weights
-    shorter than the IR needs."""
+    """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged; None when whole."""
     import json
     import xml.etree.ElementTree as ElementTree
 
@@ -208,12 +179,8 @@ def check_version_files(path, formats):
 
     path = pathlib.Path(path)
     names, preprocessing = f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{ASSETS}/{PREPROCESSING_ASSET}"
-    required = [names, preprocessing]
-    if "saved_model" in formats:
-        required += ["saved_model.pb", "variables/variables.index"]
-    required += [ARTIFACTS[f] for f in formats if f != "saved_model"]
-    if "openvino" in formats:
-        required.append("openvino/model.bin")
+    required = [names, preprocessing] + (["saved_model.pb", "variables/variables.index"] if "saved_model" in formats else [])
+    required += [file for f in formats if f != "saved_model" for file in FORMATS[f].files]  # OpenVINO's .xml and .bin
     for file in required:
         if not (path / file).is_file():
             return file, "missing", "NOT_FOUND"
@@ -242,8 +209,7 @@ def check_version_files(path, formats):
 
 
 def _blame_saved_model(error, path):
-    """The SavedModel file a load or warm-up error comes from: the one it names, the variables when it came
-    from reading the checkpoint, else saved_model.pb."""
+    """The SavedModel file an error comes from: the one it names, the variables (the checkpoint's), else the graph."""
     import traceback
 
     if any("checkpoint" in frame.filename for frame in traceback.extract_tb(error.__traceback__)):
@@ -253,18 +219,9 @@ def _blame_saved_model(error, path):
 
 
 class Servable:
-    """The newest version that loads whole, as TF Serving's latest-version policy serves it: ``version``,
-    ``path``, ``signatures`` (name -> the format that runs it), ``input_specs``, ``metadata`` and
-    ``status()`` as TF Serving answers them, and ``predict``, which raises a 400 ``RequestError`` for an
-    input the model cannot take. Versions are tried newest first; one that fails (a file missing,
-    truncated or unparseable, a runtime's load or warm-up error) is skipped with one log line naming the
-    file and the error (once an older version loads), kept in ``failed`` (a ``VersionError`` each) and reported by ``status()`` (state END).
-    None loads: ``NoVersionLoads``, one line. The runtime choice is checked on the newest version first
-    (ValueError/ImportError, as before anything loads)."""
+    """The newest version that loads whole, as TF Serving's policy; newer ones that fail are logged and kept in ``failed``."""
 
     def __init__(self, name, model_base, runtime="auto"):
-        if runtime not in RUNTIMES:
-            raise ValueError(f"Invalid runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}.")
         self.name = name
         versions = version_dirs(model_base)
         choose_runtimes(formats_in(versions[0][1]), runtime)  # the flags fit the newest version (else one line)
@@ -313,8 +270,7 @@ class Servable:
             signature_defs.setdefault(PIXELS_SIGNATURE, artifact.signature_def)
         self.metadata = {
             "model_spec": {"name": self.name, "signature_name": "", "version": str(version)},
-            "metadata": {"signature_def": {"signature_def": signature_defs}},
-        }
+            "metadata": {"signature_def": {"signature_def": signature_defs}}}
         try:
             warm_up(self)  # a version loads only if it answers (a table or variable read lazily may fail here)
         except Exception as error:  # noqa: BLE001
@@ -329,8 +285,7 @@ class Servable:
         return "; ".join(f"{', '.join(sigs)} on {fmt}" for fmt, sigs in by_format.items())
 
     def status(self, version=None):
-        """TF Serving's ``GetModelStatus`` reply: the served version AVAILABLE and, newest first, each newer
-        one that failed to load (state END, its error); only ``version``'s entry when given."""
+        """TF Serving's ``GetModelStatus`` reply: the served version AVAILABLE, newer ones that failed END."""
         entries = [{"version": str(f.version), "state": "END",
                     "status": {"error_code": f.code, "error_message": str(f)}} for f in self.failed]
         entries.append({"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}})

@@ -1,35 +1,15 @@
-"""A local server for an exported model's base directory that speaks TF Serving's REST API.
+"""``keras-preact-serve``: ``serving.app`` on uvicorn, and ``serving.grpc_service`` on its event loop, for the
+newest version that loads; it binds first and loads in the background (README, "Export and serving").
 
-    keras-preact-serve saved_models/<name> [--port 8501] [--model-name NAME] [--host 127.0.0.1]
-    python -m serving.server saved_models/<name> ...
-
-It binds its port(s), then loads in the background the newest numeric version folder that loads whole
-(as TF Serving's default version policy does), with the SavedModel's signatures on TensorFlow and
-``serving_default`` on the fastest runtime installed for the formats the version holds (``--runtime``;
-``serving.servable``), and serves the ASGI application of ``serving.app`` (routes, request limits,
-errors: the same one Ray Serve mounts) on uvicorn, an event loop: thousands of idle connections cost a
-few kB each, not a thread. While it loads and warms up, ``/v2/health/live`` answers 200 and
-``/v2/health/ready`` and the model's routes 503; then it prints what it serves. A port in use, or no
-version that loads, exits 1 in one line.
-
-Connections are bounded by ``connections.BoundedH11Protocol`` (``--request-timeout`` to send a whole
-request, ``--max-connections``). Pipelined requests are answered in order. SIGTERM or SIGINT stops
-accepting, closes idle connections, lets the requests in flight finish (at most ``DRAIN_TIMEOUT``
-seconds) and drains the batcher, then exits 0. With ``--enable-batching``, concurrent predict requests
-are merged into batched model calls (``serving.batching``: ``--batching-max-size``,
-``--batching-timeout-ms``, ``--batching-max-queue`` (503 beyond), ``--batching-threads``).
-``--grpc-port`` also serves TF Serving's gRPC API (``serving.grpc_service``) on the same event loop,
-model, batcher and limits, drained with REST on SIGTERM; it needs TensorFlow and ``pip install
-'keras-preact[grpc]'``. Predictions run the exported artifacts in their runtimes (Pillow reads image
-headers; the accepted formats are ``keras_preact.preprocessing.IMAGE_FORMATS``); no Keras model code is called.
+    keras-preact-serve saved_models/<name> [--port 8501] [--grpc-port 8500] [--model-name NAME] [--host 127.0.0.1]
 """
 
 import argparse
 import asyncio
-import contextlib
 import dataclasses
 import errno
 import functools
+import importlib.util
 import os
 import signal
 import socket
@@ -54,11 +34,9 @@ class PortInUse(OSError):
     """A port another process holds (``--port`` or ``--grpc-port``): one line."""
 
     def __init__(self, host, port, flag, reason):
-        super().__init__(errno.EADDRINUSE, f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds "
-                                           f"it or pick another port (0: any free one)")
-
-    def __str__(self):
-        return self.strerror
+        super().__init__(f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds it or pick another port "
+                         "(0: any free one)")
+        self.errno = errno.EADDRINUSE
 
 
 def port_in_use(host, port, family=socket.AF_INET):
@@ -72,53 +50,8 @@ def port_in_use(host, port, family=socket.AF_INET):
     return False
 
 
-class _Uvicorn(uvicorn.Server):
-    """uvicorn's server; SIGINT and SIGTERM (caught in the main thread only) drain and return, instead
-    of re-raising the signal once drained as uvicorn does, so the command exits 0. With ``grpc_server``
-    (a grpc.aio server on the same loop), it starts once REST is up and drains beside REST's requests,
-    before the app's lifespan closes the batcher."""
-
-    grpc_server = None
-    _grpc_stopped = None
-
-    async def startup(self, sockets=None):
-        await super().startup(sockets=sockets)
-        if self.grpc_server is not None and self.started and not self.should_exit:
-            await self.grpc_server.start()
-
-    async def shutdown(self, sockets=None):
-        if self.grpc_server is not None:  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
-            self._grpc_stopped = asyncio.ensure_future(self.grpc_server.stop(DRAIN_TIMEOUT))
-        await super().shutdown(sockets=sockets)
-        if self._grpc_stopped is not None:
-            if not self._grpc_stopped.done():  # a second Ctrl-C: abort the RPCs left
-                await self.grpc_server.stop(None)
-            await self._grpc_stopped
-
-    async def _wait_tasks_to_complete(self):  # uvicorn's drain (bounded by DRAIN_TIMEOUT), then the lifespan's shutdown
-        await super()._wait_tasks_to_complete()
-        while self._grpc_stopped is not None and not self._grpc_stopped.done() and not self.force_exit:
-            await asyncio.sleep(0.1)
-
-    @contextlib.contextmanager
-    def capture_signals(self):
-        if threading.current_thread() is not threading.main_thread():
-            yield
-            return
-        previous = {sig: signal.signal(sig, self.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM)}
-        try:
-            yield
-        finally:
-            for sig, handler in previous.items():
-                signal.signal(sig, handler)
-
-
 class Server:
-    """``make_server``'s server: bound (and its model loaded, unless in the background), not yet serving.
-    ``serve_forever()`` serves in the calling thread until ``shutdown()`` (from another thread) or a signal; ``server_close()``
-    closes the socket and drains the batcher. ``server_address``, ``model`` and ``batcher`` (None
-    unless batching) as on ``socketserver``'s servers; ``grpc_address`` (host, port) with ``grpc_port``,
-    whose gRPC server is bound here, on the event loop ``serve_forever`` runs, and served beside REST."""
+    """A ``ServingState`` bound to its port(s), used as ``socketserver``'s servers; ``grpc_address`` given ``grpc_port``."""
 
     def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
@@ -132,15 +65,16 @@ class Server:
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(
-            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none", lifespan="on",
+            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none",
+            lifespan="off",  # ``_serve`` starts and closes the state around REST and gRPC
             proxy_headers=False, server_header=False, backlog=LISTEN_BACKLOG,
             timeout_keep_alive=limits.request_timeout, timeout_graceful_shutdown=DRAIN_TIMEOUT,
             log_config=uvicorn.config.LOGGING_CONFIG if verbose else None, log_level="info" if verbose else "warning",
             access_log=verbose)
-        self._uvicorn = _Uvicorn(config)
+        self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
         self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
-        self.grpc_address = None
+        self.grpc_address = self.grpc_server = None
         if grpc_port is not None:
             from serving import grpc_service
 
@@ -150,7 +84,7 @@ class Server:
             try:
                 if grpc_port and port_in_use(host, grpc_port, family):  # before gRPC's own bind logs a C++ line
                     raise PortInUse(host, grpc_port, "--grpc-port", os.strerror(errno.EADDRINUSE))
-                self._uvicorn.grpc_server, bound = self._loop.run_until_complete(bind())
+                self.grpc_server, bound = self._loop.run_until_complete(bind())
             except BaseException:
                 self.socket.close()
                 self._loop.close()
@@ -166,10 +100,39 @@ class Server:
         return self.state.batcher
 
     def serve_forever(self):
+        # uvicorn handles SIGINT and SIGTERM while it serves, then raises the signal again for the handler
+        # before it: this one, so the command drains and exits 0 (in the main thread, where signals arrive).
+        main = threading.current_thread() is threading.main_thread()
+        previous = {sig: signal.signal(sig, self._uvicorn.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM) if main}
         try:
-            asyncio_run(self._uvicorn.serve(sockets=[self.socket]), loop_factory=lambda: self._loop)
+            asyncio_run(self._serve(), loop_factory=lambda: self._loop)
         finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
             self._stopped.set()
+
+    async def _serve(self):
+        """REST and gRPC on one loop, both drained once told to exit (a second Ctrl-C aborts), then the state closes."""
+        async with self.state.running():
+            grpc_drained = None
+            if self.grpc_server is not None:
+                await self.grpc_server.start()
+                grpc_drained = asyncio.ensure_future(self._drain_grpc())
+            try:
+                await self._uvicorn.serve(sockets=[self.socket])  # until should_exit, then REST drained
+            finally:
+                self._uvicorn.should_exit = True
+                if grpc_drained is not None:
+                    while not grpc_drained.done() and not self._uvicorn.force_exit:
+                        await asyncio.wait([grpc_drained], timeout=0.1)
+                    if not grpc_drained.done():  # a second Ctrl-C: abort the RPCs left
+                        await self.grpc_server.stop(None)
+                    await grpc_drained
+
+    async def _drain_grpc(self):
+        while not self._uvicorn.should_exit:  # polled as uvicorn polls it
+            await asyncio.sleep(0.1)
+        await self.grpc_server.stop(DRAIN_TIMEOUT)  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
 
     def shutdown(self):
         """Stop serving (as SIGTERM does) and wait until ``serve_forever`` has returned."""
@@ -179,8 +142,8 @@ class Server:
     def server_close(self):
         self.socket.close()
         if not self._loop.is_closed():  # never served: release the gRPC port
-            if self._uvicorn.grpc_server is not None:
-                self._loop.run_until_complete(self._uvicorn.grpc_server.stop(None))
+            if self.grpc_server is not None:
+                self._loop.run_until_complete(self.grpc_server.stop(None))
             self._loop.close()
         self.state.close()
 
@@ -188,16 +151,13 @@ class Server:
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
                 enable_batching=DEFAULT_ENABLE_BATCHING, runtime="auto", verbose=False, grpc_port=None,
                 load_in_background=False, **values):
-    """A ``Server`` for the latest version under ``model_base``: bound, then loaded (or, with
-    ``load_in_background``, loaded once it serves: ``ServingState``), not yet serving. ``limits`` is
-    a ``RequestLimits`` (default: its defaults); any of its fields may also be given by name
-    (``max_body_bytes=...``, ``request_timeout=...``) and replace the record's, as may the fields of
-    ``batching.BatchingOptions`` (``batching_max_size=...``), used with ``enable_batching``. ``port=0``
-    picks a free port: read it from ``server.server_address[1]``. With ``enable_batching``,
-    ``server.batcher`` is the ``batching.Batcher`` (its ``stats()``). ``grpc_port`` (0: a free one;
-    ``server.grpc_address``) also serves TF Serving's gRPC API, which needs TensorFlow and the ``grpc``
-    extra (ImportError in one line otherwise). Every argument, the runtime for the newest version and the
-    ports are checked before the model loads."""
+    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless ``load_in_background``); every
+    argument is checked first. Fields of ``RequestLimits`` and ``batching.BatchingOptions`` may be given by name.
+
+    Examples:
+        >>> server = make_server("saved_models/cifar", port=0, enable_batching=True, batching_max_size=8)  # doctest: +SKIP
+        >>> threading.Thread(target=server.serve_forever).start()  # doctest: +SKIP
+    """
     limit_names = {field.name for field in dataclasses.fields(RequestLimits)}
     unknown = sorted(set(values) - limit_names - {field.name for field in dataclasses.fields(batching.BatchingOptions)})
     if unknown:
@@ -209,8 +169,10 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     for argument, value in (("port", port), ("grpc_port", 0 if grpc_port is None else grpc_port)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
             raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
-    if grpc_port is not None:
-        check_grpc_installed()
+    missing = [name for name in GRPC_MODULES if grpc_port is not None and importlib.util.find_spec(name) is None]
+    if missing:
+        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
+                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
     name = model_name_or_default(model_base, model_name)
     choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # one line (Value/ImportError) if not
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
@@ -225,22 +187,11 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     return server
 
 
-def check_grpc_installed():
-    """ImportError in one line unless what the gRPC front end imports is installed (nothing is imported)."""
-    import importlib.util
-
-    missing = [name for name in GRPC_MODULES if importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
-                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
-
-
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="keras-preact-serve",
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2), with Prometheus metrics.",
-    )
+                    "Inference Protocol (v2), with Prometheus metrics.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
     parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
@@ -271,8 +222,7 @@ def main(argv=None):
             args.model_base_path, model_name=args.model_name, host=args.host, port=args.port,
             limits=RequestLimits.from_args(args), enable_batching=args.enable_batching, runtime=args.runtime,
             verbose=args.verbose, grpc_port=args.grpc_port, load_in_background=True,
-            **{field.name: getattr(args, field.name) for field in dataclasses.fields(batching.BatchingOptions)},
-        )
+            **{field.name: getattr(args, field.name) for field in dataclasses.fields(batching.BatchingOptions)})
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:  # no runtime installed for what the version holds
@@ -288,13 +238,11 @@ def main(argv=None):
 
 
 def announce(server, prog):
-    """Once the model serves: the lines saying what is served where. If it fails to load: one line (each
-    skipped version was logged in one line as it failed), and the server stops."""
+    """Once the model serves, what is served where; if it fails to load, one line, and the server stops."""
     while not server.state.ready.wait(0.1):
         if server.state.load_error is not None:
             error = server.state.load_error
-            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr,
-                  flush=True)
+            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr, flush=True)
             server.shutdown()
             return
     host, port = server.server_address[:2]

@@ -1,18 +1,5 @@
-"""KServe's Open Inference Protocol (v2) over HTTP: request bodies to input arrays, outputs to replies.
-
-Follows https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/ and Triton's binary
-tensor data extension, which ``tritonclient.http`` uses by default: a request whose
-``Inference-Header-Content-Length`` header is N has a JSON header of N bytes followed by the raw tensors
-of the inputs whose ``parameters.binary_data_size`` is set, in order (little-endian, row-major; a BYTES
-element is a 4-byte little-endian length and its bytes). Outputs asked for with
-``parameters.binary_data`` (or all, with the request's ``parameters.binary_data_output``) come back the
-same way. Encoded images travel as BYTES (``serving_bytes``), pixels as UINT8 or FP32 tensors.
-
-Which signature runs: the request's ``parameters.signature_name`` if given, else the one whose inputs
-have exactly the request's input names and datatypes (``serving_default`` first when several do): UINT8
-``images`` runs ``serving_default``, FP32 ``images`` ``serving_float``, BYTES ``image_bytes``
-``serving_bytes``. Every problem is a ``RequestError`` (HTTP status and message for ``{"error": ...}``).
-"""
+"""KServe's Open Inference Protocol (https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/) with
+Triton's binary tensor data (``tritonclient.http``'s default), model configuration, statistics and repository index."""
 
 import json
 import math
@@ -30,20 +17,14 @@ DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "ui
 _NUMPY_DATATYPES = {np.dtype(v).name: k for k, v in DATATYPES.items() if v != "object"}
 _TF_DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
                  "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64", "DT_STRING": "BYTES"}
-PLATFORMS = {"saved_model": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "openvino": "openvino",
-             "litert": "tensorflow_lite"}
+PLATFORMS = {"saved_model": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "openvino": "openvino", "litert": "tensorflow_lite"}
 MAX_DIMS = 8
 
 
-def datatype_of_spec(spec):
-    """The v2 datatype of a signature input (``rest.TensorSpec``)."""
-    return "BYTES" if spec.dtype == "string" else _NUMPY_DATATYPES[spec.dtype]
-
-
-def datatype_of(array):
-    if array.dtype == object or array.dtype.kind in "SU":
-        return "BYTES"
-    return _NUMPY_DATATYPES[array.dtype.name]
+def datatype_of(dtype):
+    """The v2 datatype of a numpy dtype, or of a ``rest.TensorSpec``'s dtype name ("string": BYTES)."""
+    dtype = np.dtype(object if dtype == "string" else dtype)
+    return "BYTES" if dtype.kind in "OSU" else _NUMPY_DATATYPES[dtype.name]
 
 
 def server_metadata(version):
@@ -51,8 +32,7 @@ def server_metadata(version):
 
 
 def model_metadata(model, signature_name="serving_default"):
-    """The v2 model metadata: the inputs and outputs of ``signature_name`` (the signature UINT8 images
-    run), the version, and the platform that runs it."""
+    """The v2 model metadata: ``signature_name``'s inputs and outputs, the version, the platform that runs it."""
     specs = model.input_specs[signature_name]
     signature_defs = model.metadata.get("metadata", {}).get("signature_def", {}).get("signature_def", {})
     outputs = signature_defs.get(signature_name, {}).get("outputs", {})
@@ -60,19 +40,15 @@ def model_metadata(model, signature_name="serving_default"):
         "name": model.name,
         "versions": [str(model.version)],
         "platform": PLATFORMS.get(model.signatures[signature_name], "keras_preact"),
-        "inputs": [{"name": name, "datatype": datatype_of_spec(spec), "shape": [-1 if d is None else d for d in spec.shape]}
+        "inputs": [{"name": name, "datatype": datatype_of(spec.dtype), "shape": [-1 if d is None else d for d in spec.shape]}
                    for name, spec in specs.items()],
         "outputs": [{"name": name, "datatype": _TF_DATATYPES.get(info.get("dtype"), "BYTES"),
                      "shape": [int(d.get("size", -1)) for d in info.get("tensor_shape", {}).get("dim", [])]}
-                    for name, info in sorted(outputs.items())],
-    }
-
+                    for name, info in sorted(outputs.items())]}
 
 
 def model_config(model, max_batch_size, batching=None):
-    """Triton's model configuration (its JSON form) of the signature ``model_metadata`` describes:
-    ``max_batch_size`` is the examples one request may hold (``RequestLimits.max_batch_size``), so ``dims``
-    leave the batch dimension out; with ``batching`` (``batching.BatchingOptions``), the dynamic batcher's."""
+    """Triton's model configuration of ``model_metadata``'s signature; ``dims`` leave the batch out."""
     metadata = model_metadata(model)
 
     def tensors(entries):
@@ -88,9 +64,7 @@ def model_config(model, max_batch_size, batching=None):
 
 
 def model_statistics(model, metrics):
-    """Triton's statistics of the served version, from the app's metrics (``metrics.ServingMetrics``):
-    its inference requests (``metrics.INFERENCE_APIS``: REST, v2 and gRPC) by success or failure, with
-    their time from arrival to reply; the model calls and the examples they ran."""
+    """Triton's statistics of the served version, from the app's ``metrics.ServingMetrics``."""
     calls, examples = metrics.model_calls(model.name)
     tally = metrics.inferences.get(model.name, {"success": (0, 0), "fail": (0, 0)})
     return {"model_stats": [{
@@ -106,6 +80,7 @@ def repository_index(model):
             *({"name": model.name, "version": str(f.version), "state": "UNAVAILABLE", "reason": str(f)}
               for f in getattr(model, "failed", ()))]
 
+
 def _object(value, what):
     if not isinstance(value, dict):
         raise RequestError(f"{what} must be a JSON object.")
@@ -113,11 +88,7 @@ def _object(value, what):
 
 
 def parse_request(body, header_length, max_values):
-    """(JSON header, binary section) of an infer request body; ``header_length`` is the
-    ``Inference-Header-Content-Length`` header's value or None. The header's shape is checked here,
-    before any tensor is decoded or the model runs: each field's JSON type (a 400 naming the field), each
-    input's values sent one way, ``data`` or ``parameters.binary_data_size``, not both, and the header's
-    JSON values and each input's elements at most ``max_values`` (``rest.max_values``; 413)."""
+    """(JSON header, binary data) of an infer body, its fields checked (400) and its values bounded (413) before decoding."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -139,15 +110,13 @@ def parse_request(body, header_length, max_values):
             raise RequestError(f"Input '{name}' has datatype {datatype!r}: expected one of {', '.join(DATATYPES)}.")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} "
-                               "non-negative integers.")
+            raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} non-negative integers.")
         if max_values is not None and math.prod(shape) > max_values:
             raise RequestError(f"Input '{name}' of shape {shape}: {math.prod(shape)} elements exceeds the limit of "
                                f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
         parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
         if "data" in entry and "binary_data_size" in parameters:
-            raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values "
-                               "one way.")
+            raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values one way.")
         names.append(name)
     if len(set(names)) != len(names):
         raise RequestError(f"Input names must be distinct; got {names}.")
@@ -163,15 +132,13 @@ def parse_request(body, header_length, max_values):
 
 
 def choose_signature(model, request):
-    """The signature a parsed request runs (module docstring), checked against its inputs' names and
-    datatypes."""
+    """The request's ``parameters.signature_name``, else the signature taking its input names and datatypes."""
     given = {entry["name"]: entry["datatype"] for entry in request["inputs"]}
-    wanted = {name: {n: datatype_of_spec(s) for n, s in specs.items()} for name, specs in model.input_specs.items()}
+    wanted = {name: {n: datatype_of(s.dtype) for n, s in specs.items()} for name, specs in model.input_specs.items()}
     signature_name = request.get("parameters", {}).get("signature_name")
     if signature_name is not None:
         if not isinstance(signature_name, str) or signature_name not in model.signatures:
-            raise RequestError(f"Serving signature name: {signature_name!r} not found; available: "
-                               f"{sorted(model.signatures)}.")
+            raise RequestError(f"Serving signature name: {signature_name!r} not found; available: {sorted(model.signatures)}.")
         if given != wanted[signature_name]:
             raise RequestError(f"Signature {signature_name} takes inputs {wanted[signature_name]}; got {given}.")
         return signature_name
@@ -211,8 +178,7 @@ def _flatten(value, name):
 
 
 def decode_inputs(request, binary, specs):
-    """``{name: array}`` of a parsed request's inputs for a signature's ``specs``: every tensor's element
-    count matches its shape, values fit its datatype and are finite, and its shape is the signature's."""
+    """``{name: array}`` of a parsed request's inputs, each checked: element count, values, shape."""
     arrays, offset = {}, 0
     for entry in request["inputs"]:
         name, datatype, shape = entry["name"], entry["datatype"], entry["shape"]
@@ -250,25 +216,22 @@ def decode_inputs(request, binary, specs):
         array = array.reshape(shape)
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{name}' holds non-finite values (NaN or infinity); send finite numbers.")
-        rest.check_shape(array, specs[name])
+        rest.check_shape(array.shape, specs[name])
         arrays[name] = array
     if offset != len(binary):
         raise RequestError(f"{len(binary) - offset} bytes of binary data after the inputs' binary_data_size.")
-    sizes = {a.shape[0] for a in arrays.values()}
-    if len(sizes) != 1:
-        raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
     return arrays
 
 
 def _raw(array):
-    if datatype_of(array) == "BYTES":
+    if datatype_of(array.dtype) == "BYTES":
         items = [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in array.reshape(-1)]
         return b"".join(struct.pack("<I", len(item)) + item for item in items)
     return np.ascontiguousarray(array, array.dtype.newbyteorder("<")).tobytes()
 
 
 def _json_data(name, array):
-    if datatype_of(array) != "BYTES":
+    if datatype_of(array.dtype) != "BYTES":
         return array.reshape(-1).tolist()
     try:
         return [item.decode("utf-8") if isinstance(item, bytes) else str(item) for item in array.reshape(-1)]
@@ -278,9 +241,7 @@ def _json_data(name, array):
 
 
 def encode_reply(model, request, outputs):
-    """(body, headers) of the reply: the outputs asked for (all when the request names none), each in
-    JSON or as binary data (then the body is the JSON header and the data, and the
-    ``Inference-Header-Content-Length`` header says where the data starts)."""
+    """(body, headers) of the reply: the outputs asked for (all by default), in JSON or as binary data."""
     binary_all = request.get("parameters", {}).get("binary_data_output", False) is True
     asked = request.get("outputs") or [{"name": name} for name in sorted(outputs)]
     unknown = [o["name"] for o in asked if o["name"] not in outputs]
@@ -290,7 +251,7 @@ def encode_reply(model, request, outputs):
     for output in asked:
         name = output["name"]
         array = np.asarray(outputs[name])
-        entry = {"name": name, "datatype": datatype_of(array), "shape": list(array.shape)}
+        entry = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
         binary = output.get("parameters", {}).get("binary_data", binary_all) is True
         if binary:
             raw = _raw(array)
