@@ -92,7 +92,7 @@ class ResidualUnit(keras.layers.Layer):
     Args:
         filters: output channels of the unit (a bottleneck's inner width is ``filters // 4``).
         strides: spatial stride of the unit.
-        block, ordering, shortcut, shortcut_type, shortcut_scale, residual_scale, gate_bias_init,
+        options: block, ordering, shortcut, shortcut_type, shortcut_scale, residual_scale, gate_bias_init,
             shortcut_dropout_rate, preactivate_shortcut, skip_preactivation, stride_position, output_bias,
             normalization, norm_epsilon, norm_momentum, norm_groups, activation, dropout_rate, drop_path_rate,
             zero_init_residual, kernel_initializer, kernel_regularizer: the unit's design, keyword-only; their
