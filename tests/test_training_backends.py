@@ -17,6 +17,7 @@ import keras
 import numpy as np
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import cli
 from training import train as train_lib
 from training.data import pipelines, sources
@@ -30,7 +31,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 HAS_TF = importlib.util.find_spec("tensorflow") is not None
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32, batch_size=16,
-            epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False, jit_compile="false")
+            epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False, jit_compile=TRAIN_JIT_COMPILE)
 
 
 def env():
@@ -159,7 +160,7 @@ def test_cli_on_real_jpeg_folder(tmp_path, cifar_folder):
     run_dir = tmp_path / "run"
     done = run_cli("--dataset", "folder", "--data-dir", str(cifar_folder), "--cache-dir", str(tmp_path / "cache"),
                    "--depth", "8", "--batch-size", "20", "--epochs", "2", "--steps-per-epoch", "3",
-                   "--run-dir", str(run_dir), "--verbose", "0", "--no-export", "--jit-compile", "false")
+                   "--run-dir", str(run_dir), "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[train] summary" in done.stdout
     metrics = json.loads((run_dir / "metrics.json").read_text())
@@ -379,7 +380,7 @@ def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
          "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32", "--synthetic-test-size", "16",
-         "--verbose", "0", "--no-export", "--jit-compile", "false", "--run-dir", str(run_dir)],
+         "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(run_dir)],
         cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("[backend] "))

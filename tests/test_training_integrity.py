@@ -14,6 +14,7 @@ import zipfile
 
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import cli
 from training import export as export_cli
 from training.recipe import configs
@@ -22,7 +23,7 @@ from training.run import run_lock, run_state
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
          "--synthetic-test-size", "32", "--steps-per-epoch", "3", "--checkpoint-every", "2", "--verbose", "0",
-         "--no-export", "--jit-compile", "false", "--seed", "5"]
+         "--no-export", "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
 
 
 def command(run_dir, *extra, epochs=2):

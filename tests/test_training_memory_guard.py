@@ -13,6 +13,7 @@ import threading
 
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import train as train_lib
 from training.machine import memory_guard
 from training.recipe import configs
@@ -187,7 +188,7 @@ def test_the_guard_thread_runs_during_fit_and_evaluate_and_stops_after(tmp_path,
     config = configs.get_config(
         "synthetic-resnet8", run_dir=str(tmp_path / "run"), depth=8, image_size=(16, 16), synthetic_train_size=32,
         synthetic_test_size=16, batch_size=16, epochs=1, steps_per_epoch=2, verbose="0", export=False,
-        jit_compile="false")
+        jit_compile=TRAIN_JIT_COMPILE)
     train_lib.train(config)
     if memory_guard.read_memory() is None:
         pytest.skip("no memory readable here: the guard is off")
@@ -208,7 +209,7 @@ def test_keras_preact_train_stops_with_one_line_in_model_fit(tmp_path):
     run_dir = tmp_path / "run"
     result = run_cli("--depth", "8", "--image-size", "16", "16", "--synthetic-train-size", "32",
                      "--synthetic-test-size", "16", "--batch-size", "16", "--epochs", "1", "--verbose", "0",
-                     "--jit-compile", "false", "--no-export", "--run-dir", str(run_dir), "--memory-limit", "0.01")
+                     "--jit-compile", TRAIN_JIT_COMPILE, "--no-export", "--run-dir", str(run_dir), "--memory-limit", "0.01")
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if "out of host memory" in line]
     assert len(lines) == 1, result.stderr

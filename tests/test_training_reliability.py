@@ -14,6 +14,7 @@ import keras
 import numpy as np
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import cli
 from training import train as train_lib
 from training.data import sources
@@ -24,7 +25,7 @@ from training.run import run_state
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
             batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,
-            jit_compile="false")
+            jit_compile=TRAIN_JIT_COMPILE)
 
 
 def tiny(tmp_path, **overrides):
@@ -81,7 +82,7 @@ def _command(run_dir, export_dir):
     return [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16",
             "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-every", "2",
             "--run-dir", str(run_dir), "--export", "--export-dir", str(export_dir), "--verbose", "0",
-            "--jit-compile", "false", "--seed", "5"]
+            "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
 
 
 def _run(run_dir, export_dir, kill_at=None):
@@ -217,7 +218,7 @@ def test_real_full_tmpfs_fails_in_one_line_without_segfault(tmp_path):
         result = subprocess.run(
             [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16",
              "--batch-size", "16", "--epochs", "1", "--steps-per-epoch", "4", "--checkpoint-every", "2",
-             "--no-export", "--verbose", "0", "--jit-compile", "false", "--run-dir", str(full / "run")],
+             "--no-export", "--verbose", "0", "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(full / "run")],
             cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
         assert result.returncode == 1, result.stderr[-3000:]
         last = result.stderr.strip().splitlines()[-1]

@@ -15,6 +15,7 @@ import time
 import numpy as np
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import carry
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -38,7 +39,7 @@ def command(run_dir, data_dir, config=None):
         "--dataset", "folder", "--normalization", "centered", "--depth", "8", "--image-size", "16", "16",
         "--batch-size", "8", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--seed", "5"]
     return [sys.executable, "-m", "training.cli", *recipe, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-            "--checkpoint-every", "3", "--verbose", "0", "--no-export", "--jit-compile", "false"]
+            "--checkpoint-every", "3", "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE]
 
 
 def env():

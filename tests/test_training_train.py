@@ -8,6 +8,7 @@ import keras
 import numpy as np
 import pytest
 
+from support import TRAIN_JIT_COMPILE
 from training import cli
 from training import train as train_lib
 from training.data import pipelines, sources
@@ -19,7 +20,7 @@ from training.run import run_dir as run_files
 
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
             batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,
-            jit_compile="false")
+            jit_compile=TRAIN_JIT_COMPILE)
 
 
 def tiny(tmp_path, **overrides):
