@@ -98,15 +98,20 @@ def tree_bytes(path):
 
 
 def _mb(n):
-    return f"{n / 2**20:.1f} MB"
+    """MB to one decimal; to two below 10 MB, so that what is needed and what is free never read the same."""
+    return f"{n / 2**20:.{2 if n < 10 * 2**20 else 1}f} MB"
 
 
-def _full(path, needed, free):
+def _full(path, needed, free, inodes_free=None):
+    """The one line of a write refused for space: too few bytes free, or (bytes enough) no inode left."""
+    if free >= needed and inodes_free == 0:
+        lack = f"its file system has {_mb(free)} free but no free inode (`df -i`): remove some files"
+    else:
+        lack = f"it needs about {_mb(needed)} free, {_mb(free)} is available there. Free some space"
     return DiskFullError(
         errno.ENOSPC,
-        f"No space left to write {path}: it needs about {_mb(needed)} free, {_mb(free)} is available "
-        "there. Free some space (or choose another --run-dir / --export-dir) and re-run the same "
-        "command; the last complete checkpoint is kept.",
+        f"No space left to write {path}: {lack} (or choose another --run-dir / --export-dir) and re-run "
+        "the same command; the last complete checkpoint is kept.",
     )
 
 
@@ -146,14 +151,16 @@ def guard_write(path, needed, write, cleanup=None):
             error.__traceback__ = None  # its frames hold the half-written h5py file
         # Collect the failed writer's h5py objects now, while they can still be closed, not at exit.
         gc.collect()
-        free = shutil.disk_usage(parent).free
+        free, inodes_free = shutil.disk_usage(parent).free, os.statvfs(parent).f_favail
+    else:
+        inodes_free = None
     if cleanup is not None:
         cleanup = pathlib.Path(cleanup)
         if cleanup.is_dir():
             shutil.rmtree(cleanup, ignore_errors=True)
         else:
             cleanup.unlink(missing_ok=True)
-    raise _full(path, needed, free) from None
+    raise _full(path, needed, free, inodes_free) from None
 
 
 # ------------------------------------------------------------------------------------- export
