@@ -1,11 +1,13 @@
-"""The TF-Serving-compatible REST server: routes, formats, b64, bad requests, concurrent load; every
-server test runs with dynamic batching off and on, and the batching tests are at the end."""
+"""The TF-Serving-compatible REST server: routes, formats, b64, bad requests, concurrent load. Predictions
+and concurrent load run with dynamic batching off and on; what is refused or answered before a model call
+(status, metadata, bad requests, limits, image headers) runs once, unbatched; the batching tests are at the end."""
 
 import base64
 import http.client
 import json
 import os
 import pathlib
+import shutil
 import subprocess
 import sys
 import threading
@@ -28,30 +30,38 @@ MAX_BODY = 1_000_000
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
+    """Versions 1 and 2 (a copy: export's numbering is test_export's) of one export; 2 is served."""
     base = tmp_path_factory.mktemp("saved_models")
-    model = make_model()
-    export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
-    path = export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
-    assert path.name == "2"
-    return path
+    first = export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+    return pathlib.Path(shutil.copytree(first, first.parent / "2"))
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
-def batching(request):
-    """enable_batching for make_server: every server test runs both ways."""
-    return request.param
+def start(exported, batching):
+    """(server, port, signatures) of a make_server on ``exported``, serving in a thread."""
+    server = make_server(exported.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
+                         enable_batching=batching)
+    assert (server.batcher is not None) == batching
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, server.server_address[1], tf.saved_model.load(str(exported)).signatures
 
 
 @pytest.fixture(scope="module")
-def served(exported, batching):
-    path = exported
-    server = make_server(path.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
-                         enable_batching=batching)
-    assert (server.batcher is not None) == batching
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    signatures = tf.saved_model.load(str(path)).signatures
-    yield server.server_address[1], signatures
+def served(exported):
+    """(port, signatures) of the unbatched server: everything refused or answered before a model call."""
+    server, port, signatures = start(exported, False)
+    yield port, signatures
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
+def served_both_ways(request, exported):
+    """(port, signatures) of the unbatched server, then of the same server with dynamic batching: model calls."""
+    if not request.param:
+        yield request.getfixturevalue("served")
+        return
+    server, port, signatures = start(exported, True)
+    yield port, signatures
     server.shutdown()
     server.server_close()
 
@@ -95,8 +105,8 @@ def test_status_and_metadata_follow_tf_serving(served):
     assert signatures["serving_bytes"]["inputs"]["image_bytes"]["dtype"] == "DT_STRING"
 
 
-def test_predict_row_and_columnar_formats(served):
-    port, signatures = served
+def test_predict_row_and_columnar_formats(served_both_ways):
+    port, signatures = served_both_ways
     batch = images(3)
     reference = expected(signatures, batch)
     code, reply = request(port, "POST", "/v1/models/cifar:predict", {"instances": batch.tolist()})
@@ -189,9 +199,9 @@ def test_body_over_the_limit_is_refused_without_reading_it(served):
     conn.close()
 
 
-def test_concurrent_load_loses_nothing(served):
+def test_concurrent_load_loses_nothing(served_both_ways):
     """8 clients x 200 requests on keep-alive connections; every reply is checked."""
-    port, signatures = served
+    port, signatures = served_both_ways
     pool = images(16, seed=5)
     reference = expected(signatures, pool)
     clients, per_client = 8, 200
@@ -234,16 +244,15 @@ def test_concurrent_load_loses_nothing(served):
           f"p50 {p50:.1f} ms, p99 {p99:.1f} ms")
 
 
-def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, batching, tmp_path):
-    flags = ["--enable-batching", "--batching-max-size", "8", "--batching-timeout-ms", "1.5",
-             "--batching-max-queue", "10", "--batching-threads", "2"] if batching else ["--no-enable-batching"]
+def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, tmp_path):
+    """Unbatched; the console with every batching flag is the SIGTERM test's."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     bad = subprocess.run([sys.executable, "-m", "serving.server", str(tmp_path), "--port", "0"],
                          capture_output=True, text=True, timeout=120, env=env)
     assert bad.returncode == 2 and "no numeric version folder" in bad.stderr
     process = subprocess.Popen(
         [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0",
-         "--model-name", "resnet", *flags], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+         "--model-name", "resnet", "--no-enable-batching"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
         assert "Serving model 'resnet' version 2" in line, line
@@ -256,21 +265,24 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, batchi
 
 
 def test_sigterm_answers_what_the_console_server_holds_then_exits_0(exported):
-    """keras-preact-serve with batching holding 8 requests (a 1 s batching timeout), then SIGTERM: all 8
-    get their predictions, then the process exits 0."""
+    """keras-preact-serve with every batching flag, named resnet, holding 8 requests (a 1 s batching
+    timeout), then SIGTERM: all 8 get their predictions (the export's top 3), then the process exits 0."""
     import signal
 
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--enable-batching",
-         "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
+        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--model-name", "resnet",
+         "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64",
+         "--batching-max-queue", "10", "--batching-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
-        port = int(process.stdout.readline().split("http://127.0.0.1:", 1)[1].split("/")[0])
+        line = process.stdout.readline()
+        assert "Serving model 'resnet' version 2" in line, line
+        port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
         pool = images(8, seed=21)
         replies = [None] * 8
 
         def client(i):
-            replies[i] = request(port, "POST", "/v1/models/cifar:predict", {"instances": pool[i:i + 1].tolist()})
+            replies[i] = request(port, "POST", "/v1/models/resnet:predict", {"instances": pool[i:i + 1].tolist()})
 
         threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
         for t in threads:
@@ -285,6 +297,7 @@ def test_sigterm_answers_what_the_console_server_holds_then_exits_0(exported):
     reference = expected(tf.saved_model.load(str(exported)).signatures, pool)
     for i, (code, reply) in enumerate(replies):
         assert code == 200 and reply["predictions"][0]["classes"] == reference["classes"][i].tolist(), reply
+        assert len(reply["predictions"][0]["classes"]) == 3  # the export's top_k
 
 
 # ------------------------------------------------------------------------------------- hardening
@@ -429,22 +442,15 @@ def test_an_animated_gif_is_served_from_its_first_frame_without_decoding_the_res
     assert code == 413 and "(GIF 5000x5000) has 25000000 pixels" in reply["error"], reply
 
 
-def test_slow_idle_and_surplus_connections_are_bounded(exported, batching):
+def test_idle_and_surplus_connections_are_bounded(exported):
+    """(A body that never arrives gets its 408 in test_serving_connections, in every pass.)"""
     import socket
 
-    server = make_server(exported.parent, port=0, request_timeout=2, max_connections=2, enable_batching=batching)
+    server = make_server(exported.parent, port=0, request_timeout=2, max_connections=2)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.server_address[1]
     try:
-        # A body that never fully arrives: 408 after the timeout, then the connection is closed. (HTTP/1.1
-        # requires a Host header: RFC 9112 section 3.2; without one the server answers 400 at once.)
-        slow = socket.create_connection(("127.0.0.1", port), timeout=10)
-        slow.sendall(b"POST /v1/models/cifar:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"inst")
-        start = time.perf_counter()
-        reply = slow.recv(4096)
-        assert reply.startswith(b"HTTP/1.1 408") and time.perf_counter() - start < 5
-        slow.close()
         # Two idle connections hold both slots; a third is answered 503 at once, without a thread.
         idle = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
         time.sleep(0.1)

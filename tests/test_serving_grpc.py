@@ -48,16 +48,33 @@ def exported(tmp_path_factory):
     return export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
 
 
-@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
-def served(exported, request):
-    """(REST port, gRPC port) of one make_server, batching off then on."""
+def start(exported, batching):
+    """(server, (REST port, gRPC port, batching)) of a make_server serving in a thread."""
     from serving.server import make_server
 
     server = make_server(exported.parent, port=0, grpc_port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
-                         enable_batching=request.param)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    yield server.server_address[1], server.grpc_address[1], request.param
+                         enable_batching=batching)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, (server.server_address[1], server.grpc_address[1], batching)
+
+
+@pytest.fixture(scope="module")
+def served(exported):
+    """(REST port, gRPC port, False) of the unbatched server: what is answered or refused before a model call."""
+    server, ports = start(exported, False)
+    yield ports
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
+def served_both_ways(exported, request):
+    """The unbatched server, then one with dynamic batching: model calls and what is counted of them."""
+    if not request.param:
+        yield request.getfixturevalue("served")
+        return
+    server, ports = start(exported, True)
+    yield ports
     server.shutdown()
     server.server_close()
 
@@ -113,8 +130,8 @@ def jpegs(batch):
 
 
 @needs_grpc
-def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served):
-    rest_port, grpc_port, batching = served
+def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served_both_ways):
+    rest_port, grpc_port, batching = served_both_ways
     batch = images(3)
     encoded = jpegs(batch)
     cases = [
@@ -240,12 +257,12 @@ def metric_samples(port):
 
 
 @needs_grpc
-def test_outputs_fill_the_typed_fields_and_signature_and_filter_errors_are_tf_servings(served):
+def test_outputs_fill_the_typed_fields_and_signature_and_filter_errors_are_tf_servings(served_both_ways):
     """Issue 36, case 13: outputs in ``float_val``/``int_val``/``string_val`` as TF Serving's
     ``AsProtoField`` writes them (``tensor_content`` was used), ``tf.make_ndarray`` still reads them; an
     unknown signature is FAILED_PRECONDITION (was NOT_FOUND), a duplicate ``output_filter`` alias
     INVALID_ARGUMENT (was accepted), as in TF Serving's predict_util.cc."""
-    _, port, _ = served
+    _, port, _ = served_both_ways
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
     request = predict_pb2.PredictRequest()
@@ -314,10 +331,10 @@ def test_metadata_errors_name_the_field_without_echoing_a_long_value(served):
 
 
 @needs_grpc
-def test_grpc_requests_are_counted_and_timed_in_the_metrics(served):
+def test_grpc_requests_are_counted_and_timed_in_the_metrics(served_both_ways):
     """Issue 36, case 11: gRPC requests were missing from ``requests_total`` and the latency histogram;
     each is counted under ``api="grpc:..."`` with its gRPC status name as ``code``, success or failure."""
-    rest_port, port, _ = served
+    rest_port, port, _ = served_both_ways
     before = metric_samples(rest_port)
     predict(port, {"images": images(1)})
     predict(port, {"images": images(2)})

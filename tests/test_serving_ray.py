@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import select
+import shutil
 import signal
 import socket
 import subprocess
@@ -80,10 +81,10 @@ def tcp_listeners(port):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
+    """Versions 1 and 2 (a copy of 1) of one export; 2 is served."""
     base = tmp_path_factory.mktemp("saved_models")
-    model = make_model()
-    export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
-    return export_saved_model(model, base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+    first = export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+    return pathlib.Path(shutil.copytree(first, first.parent / "2"))
 
 
 @pytest.fixture(scope="module")
