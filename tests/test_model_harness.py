@@ -1,14 +1,15 @@
 """Every registered network through the same checks (timm's tests/test_models.py, keras-hub's
 ``run_backbone_test``): forward and backward, ``.keras`` round trip, mixed precision, pyramid
 outputs, channels_first. The largest networks run under the ``slow`` marker, and so does channels_first
-of a network deeper than another of its design (family and block)."""
+of a network deeper than another of its design (family and block); the shallowest CIFAR network of a design
+checks it at two units per stage."""
 
 import numpy as np
 import pytest
 
 import support
 from keras_preact.models import create_model, list_models, model_spec
-from keras_preact.models.cifar import cifar_depth_block
+from keras_preact.models.cifar import CIFAR_BLOCKS, cifar_depth_block
 from keras_preact.models.imagenet import IMAGENET_DEPTHS
 
 pytestmark = pytest.mark.core
@@ -44,6 +45,19 @@ def _deeper_of_a_design():
     for name in sorted(list_models(), key=lambda n: model_spec(n).arguments["depth"]):
         shallowest.setdefault((model_spec(name).family, _block(name)), name)
     return set(list_models()) - set(shallowest.values())
+
+
+def _channels_first_arguments(name):
+    """The registered arguments ``name``'s channels_first check overrides: the shallowest CIFAR network of a
+    design is checked at two units per stage, the fewest with every kind of unit of that design (each stage's
+    first unit, strided or preactivating its shortcut, and a unit on an identity shortcut): ``data_format`` is
+    a property of the layers, and tracing and XLA-compiling ResNet-164's 54 units took ~85 s of a CI core.
+    ImageNet depths are fixed tables (18 and 50 are their designs' shallowest); the deeper networks of a
+    design (the ``slow`` runs) are checked at their own depth, for the error their depth accumulates."""
+    if model_spec(name).family != "cifar" or name in _deeper_of_a_design():
+        return {}
+    block = _block(name)
+    return {"depth": 2 + 3 * 2 * CIFAR_BLOCKS[block]["layers"], "block": block}
 
 
 def _batch(name, rng):
@@ -85,6 +99,10 @@ def test_channels_first_covers_every_design():
                                   ("imagenet", "basic"), ("imagenet", "bottleneck")}
     assert {n for n in list_models() if not model_spec(n).slow} - _deeper_of_a_design() == {
         "cifar_resnet20", "cifar_resnet164", "cifar_resnet110_1layer", "imagenet_resnet18", "imagenet_resnet50"}
+    for name in ("cifar_resnet20", "cifar_resnet164", "cifar_resnet110_1layer"):
+        arguments = _channels_first_arguments(name)
+        assert cifar_depth_block(arguments["depth"], arguments["block"]) == (_block(name), 2)
+    assert _channels_first_arguments("imagenet_resnet50") == _channels_first_arguments("cifar_resnet1001") == {}
 
 
 @pytest.mark.parametrize("name", _models(slow=_deeper_of_a_design()))
@@ -94,7 +112,8 @@ def test_channels_first(name, rng):
     # on the probabilities (measured: 1.3e-3 and, with other random weights, 3.6e-3 at ResNet-1001);
     # a wrong layout or weight gives ~1e-1.
     support.run_channels_first_test(
-        lambda **kw: create_model(name, num_classes=NUM_CLASSES, **{"input_shape": _small_input(name), **kw}),
+        lambda **kw: create_model(name, num_classes=NUM_CLASSES,
+                                  **{"input_shape": _small_input(name), **_channels_first_arguments(name), **kw}),
         images,
         atol=6e-3 if model_spec(name).slow else 1e-5,
     )
