@@ -20,6 +20,10 @@ small evidence files (run directories stay under ``OUT/runs/``, which git ignore
   every run overlaid (one colour per trainer, one line style per seed);
 - ``<candidate>-seed<N>/history.csv`` and ``metrics.json`` of every run.
 
+``--depth`` and ``--image-size`` (defaults 20 and 32 32, the comparison's) set the network and the image size
+of every trainer, for a small check of the tool itself (tests: ResNet-8 on 16x16 images); the folder's images
+must have that size.
+
     python benchmarks/parity_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python \\
         --epochs 10 --seeds 1 2 --out reproduction/cifar10-parity-resnet20
 """
@@ -54,20 +58,28 @@ def commands(args, seed, run_dir):
         python = args.python if backend == "tensorflow" else (args.notf_python or args.python)
         found[f"keras-preact-{backend}"] = (python, [
             "-m", "training.cli", "--preset", speed.PRESET, "--data-dir", args.data_dir, "--backend", backend,
+            "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
             "--epochs", str(args.epochs), "--seed", str(seed), "--verbose", "0", "--no-export",
             "--run-dir", str(run_dir / f"keras-preact-{backend}-seed{seed}")])
     found[REFERENCE] = (args.notf_python or args.python, [
         str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir,
-        "--epochs", str(args.epochs), "--seed", str(seed), "--out", str(run_dir / f"{REFERENCE}-seed{seed}")])
+        "--depth", str(args.depth), "--epochs", str(args.epochs), "--seed", str(seed),
+        "--out", str(run_dir / f"{REFERENCE}-seed{seed}")])
     return found
 
 
+def finished(name, seed, run_dir, out):
+    """Where a finished run of this candidate and seed is (its run directory, else its kept copy in ``out``:
+    committed evidence resumes on another machine), or None."""
+    for where in (run_dir / f"{name}-seed{seed}", out / f"{name}-seed{seed}"):
+        if (where / "metrics.json").exists():
+            return where
+    return None
+
+
 def run(name, seed, python, argv, run_dir, out):
-    """Train one candidate at one seed; copy its small files to ``out``. A finished run is reused: its
-    run directory, or its kept copy in ``out`` (committed evidence resumes on another machine)."""
-    where, keep = run_dir / f"{name}-seed{seed}", out / f"{name}-seed{seed}"
-    if not (where / "metrics.json").exists() and (keep / "metrics.json").exists():
-        where = keep
+    """Train one candidate at one seed (unless a finished run is there); copy its small files to ``out``."""
+    where, keep = finished(name, seed, run_dir, out) or run_dir / f"{name}-seed{seed}", out / f"{name}-seed{seed}"
     if not (where / "metrics.json").exists():
         shutil.rmtree(where, ignore_errors=True)
         env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
@@ -102,7 +114,8 @@ def summarize(results):
 
 def markdown(args, table, machine, versions):
     lines = [
-        f"# Parity: keras-preact against plain PyTorch (pre-act ResNet-20, CIFAR-10 JPEG, {args.epochs} epochs)",
+        f"# Parity: keras-preact against plain PyTorch (pre-act ResNet-{args.depth}, CIFAR-10 JPEG, "
+        f"{args.epochs} epochs)",
         "",
         f"Command: `python benchmarks/parity_vs_pytorch.py {' '.join(sys.argv[1:])}`",
         "",
@@ -161,10 +174,17 @@ def parse_args(argv=None):
                    help="keras-preact backends compared with the reference")
     p.add_argument("--epochs", type=int, default=10, help="full epochs per run (the issue asks for 10-15)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2], help="one run per seed and trainer")
+    p.add_argument("--depth", type=int, default=20, help="pre-act ResNet depth of every trainer (6n+2)")
+    p.add_argument("--image-size", type=int, nargs=2, default=[32, 32], metavar=("H", "W"),
+                   help="the folder's image size (keras-preact-train's --image-size)")
     p.add_argument("--out", default="reproduction/cifar10-parity-resnet20", help="where the evidence goes")
     args = p.parse_args(argv)
     if args.epochs < 1:
         p.error(f"--epochs must be >= 1, got {args.epochs}")
+    if args.depth < 8 or (args.depth - 2) % 6:
+        p.error(f"--depth must be 6n+2 (8, 14, 20, 32, ...), got {args.depth}")
+    if min(args.image_size) < 1:
+        p.error(f"--image-size must be positive, got {args.image_size}")
     if len(set(args.seeds)) != len(args.seeds):
         p.error(f"--seeds must be distinct, got {args.seeds}")
     if not (pathlib.Path(args.data_dir) / "train").is_dir():
@@ -187,11 +207,12 @@ def main(argv=None):
     versions = [f"{python}: " + ", ".join(v for v in speed.versions(python) if v)
                 for python in dict.fromkeys([args.python, args.notf_python]) if python]
     print("machine:", machine, flush=True)
-    speed.prepare(args)  # decode and cache the JPEGs once, outside every run
+    runs = [(seed, name, spec) for seed in args.seeds for name, spec in commands(args, seed, run_dir).items()]
+    if any(finished(name, seed, run_dir, out) is None for seed, name, _ in runs):
+        speed.prepare(args)  # decode and cache the JPEGs once, outside every run
     results = {}
-    for seed in args.seeds:
-        for name, (python, argv_) in commands(args, seed, run_dir).items():
-            results.setdefault(name, {})[seed] = run(name, seed, python, argv_, run_dir, out)
+    for seed, name, (python, argv_) in runs:
+        results.setdefault(name, {})[seed] = run(name, seed, python, argv_, run_dir, out)
     table = summarize(results)
     write_text(out / "parity.md", markdown(args, table, machine, versions))
     write_json(out / "parity.json", {"epochs": args.epochs, "bound_points": BOUND_POINTS, "machine": machine,

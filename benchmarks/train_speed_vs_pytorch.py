@@ -21,6 +21,10 @@ the PyTorch reference.
 the seconds from the first step to the end of the first epoch whose test accuracy reaches the target
 (evaluation included, process start-up excluded); each run is stopped once its history has that epoch.
 
+``--depth`` and ``--image-size`` (defaults 20 and 32 32, the benchmark's) set the network and the image size of
+every candidate, for a small check of the tool itself (tests: ResNet-8 on 16x16 images); the folder's images
+must have that size.
+
 Two environments: ``--python`` runs the TensorFlow candidates, ``--notf-python`` (a TensorFlow-free
 virtual environment, e.g. ``.venv-notf/bin/python``) the JAX, PyTorch and reference ones; with one
 interpreter, candidates whose backend is missing are skipped with a note.
@@ -75,9 +79,11 @@ def candidates(args):
                 name = f"keras-preact-train/{backend}/{pipeline}" + ("/keras-bn" if normalization == "keras" else "")
                 entry = ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "training.cli"]
                 argv = [*entry, "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
+                        "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
                         "--pipeline", pipeline, "--backend", backend, *args.train_args]
                 found[name] = ("tf" if backend in ("tensorflow", "auto") else "notf", argv, {})
-    reference = [str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir]
+    reference = [str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir,
+                 "--depth", str(args.depth)]
     found[REFERENCE] = ("notf", reference, {})
     if args.torch_compile:
         found[REFERENCE + "-compile"] = ("notf", [*reference, "--compile"], {})
@@ -291,6 +297,9 @@ def parse_args(argv=None):
     p.add_argument("--steps", type=int, default=3, help="--steps-only: steps per candidate per round")
     p.add_argument("--step-child", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--torch-compile", action="store_true", help="also the reference under torch.compile")
+    p.add_argument("--depth", type=int, default=20, help="pre-act ResNet depth of every candidate (6n+2)")
+    p.add_argument("--image-size", type=int, nargs=2, default=[32, 32], metavar=("H", "W"),
+                   help="the folder's image size (keras-preact-train's --image-size)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--epochs", type=int, default=3, help="epochs per run (the first is not counted)")
     p.add_argument("--steps-per-epoch", type=int, default=60)
@@ -304,6 +313,10 @@ def parse_args(argv=None):
     args = p.parse_args(argv)
     if args.rounds < 1 or args.epochs < 1 or args.steps_per_epoch < 1:
         p.error("--rounds, --epochs and --steps-per-epoch must be >= 1")
+    if args.depth < 8 or (args.depth - 2) % 6:
+        p.error(f"--depth must be 6n+2 (8, 14, 20, 32, ...), got {args.depth}")
+    if min(args.image_size) < 1:
+        p.error(f"--image-size must be positive, got {args.image_size}")
     if args.to_accuracy is not None and not 0 < args.to_accuracy < 1:
         p.error(f"--to-accuracy must be in (0, 1), got {args.to_accuracy}")
     if args.steps_only or args.step_child:

@@ -18,6 +18,12 @@ import numpy as np
 # (XLA's compile of a step costs more than the few steps a test runs) and PyTorch.
 TRAIN_JIT_COMPILE = "true" if keras.backend.backend() == "jax" else "false"
 
+# The environment of the training and benchmark processes tests start: one OpenMP (PyTorch intra-op) thread.
+# CI runs two test workers on two cores; a PyTorch process's default of one thread per core oversubscribes them,
+# and its threads then wait on each other: the reference's ResNet-8 steps (batch 4) on the loaded 2-core machine
+# ran at 1.4 images/s with PyTorch's 2 threads, 33 with one. The numbers tests check do not depend on it.
+ONE_THREAD = {"OMP_NUM_THREADS": "1"}
+
 
 def trainable_params(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)

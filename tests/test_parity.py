@@ -14,6 +14,8 @@ import keras
 import pytest
 from test_train_speed import write_folder  # tests/ is on sys.path (pytest's default import mode)
 
+from support import ONE_THREAD
+
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
 pytestmark = [
@@ -27,9 +29,12 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
     from benchmarks import parity_vs_pytorch as parity
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the decoded-image caches of both trainers
-    data = write_folder(tmp_path / "data", per_class=48, classes=3)  # 144 images: one step of 128
+    for name, value in ONE_THREAD.items():  # the trainers' processes inherit this environment
+        monkeypatch.setenv(name, value)
+    data = write_folder(tmp_path / "data", per_class=48, classes=3, size=16)  # 144 images: one step of 128
     out = tmp_path / "parity"
-    argv = ["--data-dir", str(data), "--backends", "torch", "--epochs", "2", "--seeds", "1", "2", "--out", str(out)]
+    argv = ["--data-dir", str(data), "--backends", "torch", "--depth", "8", "--image-size", "16", "16",  # the
+            "--epochs", "2", "--seeds", "1", "2", "--out", str(out)]  # tool's check, not the comparison's ResNet-20
 
     def run():
         try:
@@ -52,6 +57,10 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
     assert table["keras-preact-torch"]["gap_points"] == pytest.approx(100 * (table["keras-preact-torch"]["mean"] - reference))
     assert passed == all(row["within_bound"] for row in table.values())
     assert "| keras-preact-torch | 1, 2 |" in printed and (out / "parity_curves.png").stat().st_size > 0
+    assert "pre-act ResNet-8," in printed  # both trainers train the network asked for
+    for seed in (1, 2):
+        assert json.loads((out / f"reference-torch-seed{seed}" / "metrics.json").read_text())["depth"] == 8
+        assert json.loads((out / f"keras-preact-torch-seed{seed}" / "config.json").read_text())["config"]["depth"] == 8
     for name in table:
         for seed in (1, 2):
             kept = out / f"{name}-seed{seed}"
@@ -92,6 +101,7 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
 @pytest.mark.parametrize("bad, message", [
     (["--epochs", "0"], "--epochs must be >= 1"),
     (["--seeds", "1", "1"], "--seeds must be distinct"),
+    (["--depth", "10"], "--depth must be 6n+2"),
 ])
 def test_bad_arguments_are_named(tmp_path, capsys, bad, message):
     from benchmarks import parity_vs_pytorch as parity

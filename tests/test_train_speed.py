@@ -6,6 +6,7 @@ benchmark runs end to end on a tiny image folder."""
 import csv
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +16,7 @@ import numpy as np
 import pytest
 
 from keras_preact.models import create_model
+from support import ONE_THREAD
 from training import cli
 from training.machine import backends
 from training.recipe.optimizers import TorchSGD
@@ -96,20 +98,20 @@ def test_reference_stopped_after_an_epoch_resumes_elsewhere_with_the_weights_of_
     import torch
 
     data = write_folder(tmp_path / "data", per_class=4)
-    env = {**__import__("os").environ, "REFERENCE_TEST_KILL_AFTER_EPOCH": "2"}
-    killed = subprocess.run(_reference_command(data, tmp_path / "first"), env=env, capture_output=True, text=True,
-                            timeout=300)
+    env = {**os.environ, **ONE_THREAD}
+    killed = subprocess.run(_reference_command(data, tmp_path / "first"), capture_output=True, text=True,
+                            env={**env, "REFERENCE_TEST_KILL_AFTER_EPOCH": "2"}, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
     assert sorted(p.name for p in (tmp_path / "first").iterdir()) == ["checkpoint.pt", "history.csv"]
     moved = tmp_path / "second"
     moved.mkdir()
     for name in ("checkpoint.pt", "history.csv"):
         (moved / name).write_bytes((tmp_path / "first" / name).read_bytes())
-    resumed = subprocess.run(_reference_command(data, moved), capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(_reference_command(data, moved), env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "resuming at step 4 (epoch 2)" in resumed.stdout
-    straight = subprocess.run(_reference_command(data, tmp_path / "straight"), capture_output=True, text=True,
-                              timeout=300)
+    straight = subprocess.run(_reference_command(data, tmp_path / "straight"), env=env, capture_output=True,
+                              text=True, timeout=300)
     assert straight.returncode == 0, straight.stderr[-2000:]
     a, b = (torch.load(d / "checkpoint.pt", weights_only=False) for d in (moved, tmp_path / "straight"))
     assert a["step"] == b["step"] == 7 and [r["epoch"] for r in a["rows"]] == [0, 1, 2, 3]
@@ -120,7 +122,8 @@ def test_reference_stopped_after_an_epoch_resumes_elsewhere_with_the_weights_of_
     metrics = json.loads((moved / "metrics.json").read_text())
     assert metrics["steps"] == 7 and metrics["epochs"] == 4
 
-    other = subprocess.run(_reference_command(data, moved, "--seed", "1"), capture_output=True, text=True, timeout=300)
+    other = subprocess.run(_reference_command(data, moved, "--seed", "1"), env=env, capture_output=True, text=True,
+                           timeout=300)
     assert other.returncode != 0 and "holds a run of" in other.stderr and "pass another --out" in other.stderr
 
 
@@ -217,7 +220,8 @@ def test_backend_flag_in_process_must_match_the_imported_keras(capsys):
 
 def test_cli_in_a_fresh_process_runs_on_the_backend_it_prints(tmp_path):
     backend = keras.backend.backend()
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3",
+           **ONE_THREAD}
     run_dir = tmp_path / "run"
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "--backend", backend, "--depth", "8", "--image-size", "16", "16",
@@ -238,10 +242,12 @@ def test_side_by_side_benchmark_runs_end_to_end(tmp_path, capsys, monkeypatch):
     from benchmarks import train_speed_vs_pytorch as bench
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the decoded-image caches of both trainers
-
-    data = write_folder(tmp_path / "data", per_class=48, classes=3)  # 144 images: one batch of 128
+    for name, value in ONE_THREAD.items():  # the candidates' processes inherit this environment
+        monkeypatch.setenv(name, value)
+    data = write_folder(tmp_path / "data", per_class=48, classes=3, size=16)  # 144 images: one batch of 128
     out = tmp_path / "figures.json"
-    bench.main(["--data-dir", str(data), "--backends", "torch", "--pipelines", "device", "--rounds", "1",
+    bench.main(["--data-dir", str(data), "--depth", "8", "--image-size", "16", "16",  # the tool's check, small
+                "--backends", "torch", "--pipelines", "device", "--rounds", "1",
                 "--epochs", "2", "--steps-per-epoch", "1", "--json", str(out), "--keep", str(tmp_path / "kept")])
     printed = capsys.readouterr().out
     figures = json.loads(out.read_text())

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from support import TRAIN_JIT_COMPILE
+from support import ONE_THREAD, TRAIN_JIT_COMPILE
 from training import cli
 from training import train as train_lib
 from training.data import pipelines, sources
@@ -35,7 +35,7 @@ TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_tes
 
 
 def env():
-    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **ONE_THREAD}
 
 
 def run_cli(*args, timeout=600):
