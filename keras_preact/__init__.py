@@ -4,6 +4,12 @@
 registry) -> ``applications`` (keras.applications-style entry points) -> ``export``. The apps beside
 the library, ``training`` and ``serving`` (which serves what ``export`` writes), import it; it imports
 neither.
+
+Examples:
+    >>> import keras_preact
+    >>> model = keras_preact.models.create_model("cifar_resnet20")  # the paper's ResNet-20 for CIFAR-10
+    >>> model.count_params()
+    271098
 """
 
 from keras_preact import layers, models

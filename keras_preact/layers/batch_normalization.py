@@ -70,6 +70,15 @@ class BatchNormalization(keras.layers.BatchNormalization):
 
     Same arguments, variables, config and weights files as Keras' layer; only the training-mode
     computation differs, and only in float32 rounding.
+
+    Examples:
+        >>> import keras
+        >>> from keras_preact.layers import BatchNormalization
+        >>> layer = BatchNormalization(momentum=0.9, epsilon=1e-5)  # Torch's BN, the official code's
+        >>> tuple(layer(keras.ops.ones((4, 2, 2, 8)), training=True).shape)
+        (4, 2, 2, 8)
+        >>> isinstance(layer, keras.layers.BatchNormalization), [w.name for w in layer.weights]
+        (True, ['gamma', 'beta', 'moving_mean', 'moving_variance'])
     """
 
     def _fused_axis(self, inputs, mask):

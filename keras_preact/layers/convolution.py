@@ -61,6 +61,15 @@ class Conv2D(keras.layers.Conv2D):
 
     Same arguments, variables, config and weights files as Keras' layer; only how the convolution is
     called differs.
+
+    Examples:
+        >>> import keras
+        >>> from keras_preact.layers import Conv2D
+        >>> conv = Conv2D(8, 3, padding="same", use_bias=False)
+        >>> tuple(conv(keras.ops.ones((1, 4, 4, 3))).shape), tuple(conv.kernel.shape)
+        ((1, 4, 4, 8), (3, 3, 3, 8))
+        >>> isinstance(conv, keras.layers.Conv2D)
+        True
     """
 
     def convolution_op(self, inputs, kernel):

@@ -1,7 +1,21 @@
 """Tables of the paper's design choices and factories for the layer types a unit is made of.
 
 Every variant the paper studies is one entry in a table here (Table 2 orderings, Table 1 shortcuts,
-normalizations), so the unit code never branches on names.
+normalizations), so the unit code never branches on names. A unit picks one entry of each by name
+(``ResidualUnit(filters, ordering=..., shortcut=..., shortcut_type=..., block=...)``).
+
+Examples:
+    >>> from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUT_TYPES, SHORTCUTS
+    >>> ORDERINGS["full_preact"].before_conv, ORDERINGS["full_preact"].after_addition  # Fig. 4e
+    (('norm', 'act'), ())
+    >>> ORDERINGS["original"].after_addition  # Fig. 4a: ReLU after the addition
+    ('act',)
+    >>> list(SHORTCUTS)  # Table 1 / Fig. 2 (a)-(f)
+    ['identity', 'constant_scaling', 'exclusive_gating', 'shortcut_only_gating', 'conv1x1', 'dropout']
+    >>> SHORTCUTS["constant_scaling"].options  # the options it reads, with their defaults
+    (('shortcut_scale', 0.5), ('residual_scale', 1.0))
+    >>> SHORTCUT_TYPES, list(BLOCKS)
+    (('A', 'B', 'C'), ['one_layer', 'basic', 'bottleneck'])
 """
 
 import dataclasses

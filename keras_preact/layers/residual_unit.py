@@ -27,6 +27,17 @@ class Step:
     ``"branch"`` (the dropout, pad and conv of branch conv ``conv``; with ``conv`` None, on F as a
     whole), ``"shortcut"``, ``"addition"``. ``conv``: 0-based, input side first. ``op``: a Keras layer,
     or a function of the tensor (the activation, option A's zero channels, a constant scaling).
+
+    Examples:
+        A full pre-activation basic unit (Fig. 4e): BN and ReLU before each 3x3 conv.
+
+        >>> import keras
+        >>> from keras_preact.layers import ResidualUnit
+        >>> unit = ResidualUnit(16)
+        >>> _ = unit(keras.ops.zeros((1, 4, 4, 16)))
+        >>> [(step.kind, step.place, step.conv) for step in unit.steps()]  # doctest: +NORMALIZE_WHITESPACE
+        [('norm', 'before', 0), ('act', 'before', 0), ('conv', 'branch', 0),
+         ('norm', 'before', 1), ('act', 'before', 1), ('conv', 'branch', 1)]
     """
 
     kind: str
@@ -45,7 +56,19 @@ class UnitPlan:
     """A built unit: x = ``preactivation``(input), shared by both paths (the official code's
     "projection shortcuts are also with pre-activation"); F = ``branch``(x); h = ``shortcut``(x); a
     gating shortcut's g(x) combines them (``opt.GATES[gate_kind]``, Fig. 2c/d); the output is
-    ``addition``(h + F)."""
+    ``addition``(h + F).
+
+    Examples:
+        Where the shape changes, the pre-activation is shared and the shortcut is a projection (type B).
+
+        >>> import keras
+        >>> from keras_preact.layers import ResidualUnit
+        >>> unit = ResidualUnit(32, strides=2)
+        >>> _ = unit(keras.ops.zeros((1, 8, 8, 16)))
+        >>> plan = unit.plan()
+        >>> [s.kind for s in plan.preactivation], [s.kind for s in plan.branch], [s.kind for s in plan.shortcut]
+        (['norm', 'act'], ['pad', 'conv', 'norm', 'act', 'conv'], ['projection'])
+    """
 
     preactivation: tuple
     branch: tuple
@@ -110,6 +133,24 @@ class ResidualUnit(keras.layers.Layer):
     one list, ``_sublayers``; a file addresses a sublayer's weights by its class and its rank among that
     class in the list (``residual_unit/_sublayers/conv2d_1/vars/0``: the second convolution made). The
     layout is pinned by ``tests/test_weights_layout.py``.
+
+    Examples:
+        >>> import keras
+        >>> from keras_preact.layers import ResidualUnit
+        >>> unit = ResidualUnit(64, strides=2, block="bottleneck")  # full pre-activation (Fig. 4e)
+        >>> tuple(unit(keras.ops.zeros((2, 8, 8, 32))).shape)
+        (2, 4, 4, 64)
+        >>> [tuple(conv.kernel.shape) for conv in unit.convs()]  # 1x1, 3x3 (the stride), 1x1
+        [(1, 1, 32, 16), (3, 3, 16, 16), (1, 1, 16, 64)]
+        >>> tuple(unit.projection().kernel.shape)  # the shape changes: a 1x1 projection shortcut (type B)
+        (1, 1, 32, 64)
+
+        The original unit (Fig. 4a) puts a ReLU after the addition; Table 1's shortcuts scale or gate h(x):
+
+        >>> original = ResidualUnit(32, ordering="original", shortcut="exclusive_gating", gate_bias_init=-6.0)
+        >>> _ = original(keras.ops.zeros((1, 8, 8, 32)))
+        >>> [step.kind for step in original.steps(place="addition")], tuple(original.gate().kernel.shape)
+        (['act'], (1, 1, 32, 32))
     """
 
     def __init__(

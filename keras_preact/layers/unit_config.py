@@ -47,6 +47,18 @@ class UnitConfig:
         last conv where no norm with a settable scale follows it (as timm).
     kernel_initializer: ``"he_normal_fan_out"`` (the official untruncated N(0, sqrt(2/(k*k*filters)))),
         ``"orthogonal"`` or any Keras initializer; kernel_regularizer: for every conv kernel.
+
+    Examples:
+        >>> from keras_preact.layers import UnitConfig
+        >>> config = UnitConfig(block="bottleneck", shortcut="constant_scaling")
+        >>> config.kernel_sizes, config.widths(256)  # 1x1, 3x3, 1x1; inner width filters // 4
+        ((1, 3, 1), [64, 64, 256])
+        >>> config.shortcut_options  # Fig. 2b's defaults
+        {'shortcut_scale': 0.5, 'residual_scale': 1.0}
+        >>> UnitConfig(shortcut_scale=0.5)  # an option of another shortcut is refused by name
+        Traceback (most recent call last):
+        ...
+        ValueError: shortcut_scale=0.5 is only used with shortcut='constant_scaling', not shortcut='identity'.
     """
 
     block: str = "basic"
