@@ -8,13 +8,12 @@ the builders, the backbone and classifier classes, ``keras_preact.applications``
 for the same arguments, its input config and class names included.
 
 Examples:
-
->>> from keras_preact.models import PreActResNetClassifier, create_model, imagenet_resnet
->>> a = create_model("imagenet_resnet18", num_classes=10)
->>> b = imagenet_resnet(18, num_classes=10)
->>> c = PreActResNetClassifier(imagenet_resnet(18, include_top=False), 10)
->>> a.input_config == b.input_config == c.input_config
-True
+    >>> from keras_preact.models import PreActResNetClassifier, cifar_resnet, create_model
+    >>> a = create_model("cifar_resnet20", num_classes=100)
+    >>> b = cifar_resnet(20, num_classes=100)
+    >>> c = PreActResNetClassifier(cifar_resnet(20, include_top=False), 100)
+    >>> a.input_config == b.input_config == c.input_config, a.count_params() == b.count_params() == c.count_params()
+    (True, True)
 """
 
 from keras_preact.models.backbone import PreActResNetBackbone

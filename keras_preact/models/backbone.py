@@ -225,11 +225,13 @@ class PreActResNetBackbone(keras.Model):
             model's math: inference and export run without it.
 
     Examples:
-
-    >>> from keras_preact.models import PreActResNetBackbone
-    >>> backbone = PreActResNetBackbone([2, 2, 2], [16, 32, 64], [1, 2, 2], input_shape=(32, 32, 3))
-    >>> sorted(backbone.pyramid_outputs)
-    ['P0', 'P1', 'P2']
+        >>> from keras_preact.models import PreActResNetBackbone
+        >>> backbone = PreActResNetBackbone([2, 2, 2], [16, 32, 64], [1, 2, 2], input_shape=(32, 32, 3),
+        ...                                 unit_options={"ordering": "full_preact"}, remat="units")
+        >>> {level: tensor.shape for level, tensor in backbone.pyramid_outputs.items()}
+        {'P0': (None, 32, 32, 16), 'P1': (None, 16, 16, 32), 'P2': (None, 8, 8, 64)}
+        >>> backbone.output_shape  # after the last unit's ordering's final BN-ReLU (Sec. 4.1)
+        (None, 8, 8, 64)
     """
 
     # keras-hub's Backbone attribute: a text backbone's token embedding layer, None for an image backbone.

@@ -77,11 +77,16 @@ def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), 
         name: the model's name. unit_options: any ``ResidualUnit`` argument, overriding the defaults above.
 
     Examples:
-
-    >>> from keras_preact.models import cifar_resnet
-    >>> model = cifar_resnet(164, num_classes=100, drop_path_rate=0.1)
-    >>> model.input_config.input_size
-    (32, 32, 3)
+        >>> from keras_preact.models import cifar_resnet
+        >>> model = cifar_resnet(20)  # 6n+2: n = 3 basic units per stage
+        >>> [len(stage) for stage in model.backbone.residual_units], model.count_params()
+        ([3, 3, 3], 271098)
+        >>> model.input_config.input_size, model.input_config.crop_fraction  # CIFAR: the whole image
+        ((32, 32, 3), 1.0)
+        >>> cifar_resnet(8, block="bottleneck")
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid depth=8 for block='bottleneck': CIFAR nets have depth 6n+2 with basic units ...
     """
     block, n = cifar_depth_block(depth, block)
     spec = CIFAR_BLOCKS[block]

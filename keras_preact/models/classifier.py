@@ -32,12 +32,13 @@ class PreActResNetClassifier(keras.Model):
             A backbone in another policy is replaced by a copy in this one (its config and weights).
 
     Examples:
-
-    >>> from keras_preact.models import PreActResNetClassifier, imagenet_resnet
-    >>> backbone = imagenet_resnet(18, include_top=False, input_shape=(224, 224, 3))
-    >>> model = PreActResNetClassifier(backbone, 10)  # the same model as imagenet_resnet(18, 10)
-    >>> model.input_config.resize_size, model.input_config.crop_size
-    (256, (224, 224))
+        >>> from keras_preact.models import PreActResNetClassifier, cifar_resnet
+        >>> backbone = cifar_resnet(20, include_top=False)  # a PreActResNetBackbone
+        >>> model = PreActResNetClassifier(backbone, 100, dropout=0.2)
+        >>> [layer.name for layer in model.head_layers], model.output_shape
+        (['avg_pool', 'head_dropout', 'logits', 'predictions'], (None, 100))
+        >>> model.input_config.input_size  # its family's (CIFAR's), at the backbone's input size
+        (32, 32, 3)
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",

@@ -87,11 +87,12 @@ def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 2
         unit_options: any ``ResidualUnit`` argument, overriding the defaults above.
 
     Examples:
-
-    >>> from keras_preact.models import imagenet_resnet
-    >>> model = imagenet_resnet(50, num_classes=10, dtype="mixed_bfloat16")
-    >>> model.input_config.resize_size
-    256
+        >>> from keras_preact.models import imagenet_resnet
+        >>> model = imagenet_resnet(18, num_classes=10, input_shape=(64, 64, 3))
+        >>> [info["stride"] for info in model.backbone.feature_info], model.count_params()
+        ([4, 8, 16, 32], 11187658)
+        >>> model.input_config.resize_size  # the centre 64 x 64 of the shorter side at 64 / 0.875
+        74
     """
     if depth not in IMAGENET_DEPTHS:
         raise ValueError(

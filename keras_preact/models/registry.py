@@ -6,11 +6,12 @@ The package's own networks are declared as data in ``presets.MODEL_PRESETS``. A 
 its family builder's does: ``create_model(name, **overrides)`` is ``builder(**arguments, **overrides)``.
 
 Examples:
-
->>> from keras_preact.models import create_model, list_models
->>> list_models("cifar_resnet1*")
-['cifar_resnet1001', 'cifar_resnet110', 'cifar_resnet110_1layer', 'cifar_resnet1202', 'cifar_resnet164']
->>> model = create_model("cifar_resnet20", num_classes=100, dtype="mixed_bfloat16")
+    >>> from keras_preact.models import create_model, list_models
+    >>> list_models("cifar_resnet1*")
+    ['cifar_resnet1001', 'cifar_resnet110', 'cifar_resnet110_1layer', 'cifar_resnet1202', 'cifar_resnet164']
+    >>> model = create_model("cifar_resnet20", num_classes=100, dtype="mixed_bfloat16")
+    >>> model.dtype_policy.name, model.output.dtype  # a float32 softmax under mixed precision
+    ('mixed_bfloat16', 'float32')
 """
 
 import dataclasses
@@ -31,7 +32,16 @@ class ModelSpec:
     """A registered network: ``builder(**arguments, **overrides)`` builds it; ``input_config`` is what it
     expects (size, pixel statistics, evaluation crop); ``paper`` where the paper uses it; ``weights``
     its trained weights, ``{name: weights.WeightsSpec}``. For test suites (as timm's cfgs): the small
-    ``test_input_size`` to check it at, and ``slow`` for the networks too large for every test run."""
+    ``test_input_size`` to check it at, and ``slow`` for the networks too large for every test run.
+
+    Examples:
+        >>> from keras_preact.models import model_spec
+        >>> spec = model_spec("cifar_resnet110")
+        >>> spec.family, spec.arguments, spec.paper
+        ('cifar', {'depth': 110}, 'Tables 1-3')
+        >>> spec.input_config.input_size, spec.test_input_size
+        ((32, 32, 3), (16, 16, 3))
+    """
 
     name: str
     family: str
@@ -92,6 +102,15 @@ def register_model(name, *, family, arguments, input_config, paper="", weights=N
     ``weights``: its trained weights, ``{name: {"file", "sha256", "class_names", "dataset", "top1", ...}}``
     (``weights.WeightsSpec``'s fields; ``file`` relative to ``keras_preact/weights/`` or absolute).
     ``test_input_size`` (default ``input_config.input_size``) and ``slow``: how test suites check it.
+
+    Examples:
+        >>> from keras_preact.models import create_model, get_input_config, register_model
+        >>> from keras_preact.models.registry import unregister_model
+        >>> spec = register_model("my_resnet14", family="cifar", arguments={"depth": 14},
+        ...                       input_config=get_input_config("cifar_resnet20"))
+        >>> create_model("my_resnet14", num_classes=100).count_params()
+        179284
+        >>> unregister_model("my_resnet14")
     """
     if not isinstance(name, str) or not name.isidentifier():
         raise ValueError(f"Invalid name={name!r}: a Python identifier is required.")
@@ -120,11 +139,29 @@ def unregister_model(name):
 
 
 def list_models(pattern="*"):
-    """Registered names matching the shell-style ``pattern``, sorted."""
+    """Registered names matching the shell-style ``pattern``, sorted.
+
+    Examples:
+        >>> from keras_preact.models import list_models
+        >>> list_models("imagenet_*")
+        ['imagenet_resnet101', 'imagenet_resnet152', 'imagenet_resnet18', 'imagenet_resnet200', 'imagenet_resnet34', 'imagenet_resnet50']
+    """
     return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
 
 
 def model_spec(name):
+    """The ``ModelSpec`` of a registered network; ValueError, listing the registered names, otherwise.
+
+    Examples:
+        >>> from keras_preact.models import model_spec
+        >>> trained = model_spec("cifar_resnet20").weights["cifar10"]
+        >>> trained.top1, trained.top5  # test accuracy of the shipped weights, fractions
+        (0.8637, 0.9957)
+        >>> model_spec("resnet20")
+        Traceback (most recent call last):
+        ...
+        ValueError: Unknown model name='resnet20'. Available: cifar_resnet1001, ...
+    """
     if name not in _REGISTRY:
         raise ValueError(f"Unknown model name={name!r}. Available: {', '.join(list_models())}.")
     return _REGISTRY[name]
@@ -140,18 +177,26 @@ def create_model(name, weights=None, **overrides):
     ``input_config`` at its input size.
 
     Examples:
-
-    >>> from keras_preact.models import create_model
-    >>> model = create_model("cifar_resnet164", num_classes=100)
-    >>> trained = create_model("cifar_resnet20", weights="cifar10")
-    >>> trained.class_names[:2]
-    ('airplane', 'automobile')
+        >>> from keras_preact.models import create_model
+        >>> model = create_model("cifar_resnet20", num_classes=100, drop_path_rate=0.1)
+        >>> model.name, model.count_params()
+        ('preact_resnet20_cifar', 276948)
+        >>> trained = create_model("cifar_resnet20", weights="cifar10")  # checked by sha256, then loaded
+        >>> trained.class_names[:3]
+        ('airplane', 'automobile', 'bird')
     """
     return model_spec(name).build(weights=weights, **overrides)
 
 
 def get_input_config(name):
-    """The ``InputConfig`` of a named network (input size, pixel statistics, evaluation crop)."""
+    """The ``InputConfig`` of a named network (input size, pixel statistics, evaluation crop).
+
+    Examples:
+        >>> from keras_preact.models import get_input_config
+        >>> config = get_input_config("imagenet_resnet50")
+        >>> config.resize_size, config.crop_size  # the shorter side to 256, the centre 224 x 224
+        (256, (224, 224))
+    """
     return model_spec(name).input_config
 
 
