@@ -17,6 +17,12 @@ itself (CIFAR, whose images are already at the crop size, and the 320 x 320 test
 TensorFlow graph functions (``tf.io``/``tf.image``), run inside ``tf.data`` and inside exported
 SavedModels; TensorFlow is imported when one is called, and without it the call raises one ImportError
 saying so.
+
+Examples:
+    >>> from keras_preact.preprocessing import InputConfig
+    >>> config = InputConfig(input_size=(224, 224, 3), crop_fraction=0.875)
+    >>> config.resize_size, config.crop_size  # shorter side to 256, then the centre 224 x 224
+    (256, (224, 224))
 """
 
 import dataclasses
@@ -87,6 +93,18 @@ class InputConfig:
         interpolation: the resize method (a ``tf.image.ResizeMethod`` name, ``INTERPOLATIONS``).
 
     Every field is checked on construction; a bad one raises ValueError naming it.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig
+        >>> config = InputConfig()  # ImageNet's: fb.resnet.torch's statistics, the centre 224 of 256
+        >>> config.resize_size, config.at_test_size(320).resize_size  # the paper's 320 x 320 test: no crop
+        (256, 320)
+        >>> InputConfig.from_dict(config.to_dict()) == config
+        True
+        >>> InputConfig(std=(58.4, 57.1, 0.0))
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid std=(58.4, 57.1, 0.0): expected 3 positive numbers (one per channel) in 0-255 pixel units.
     """
 
     input_size: tuple = (224, 224, 3)
@@ -196,7 +214,13 @@ def _view_parameters(config):
 
 # --------------------------------------------------------------------------------- formats
 def image_format(data):
-    """The format name (``IMAGE_FORMATS``) whose magic bytes ``data`` starts with, or None."""
+    """The format name (``IMAGE_FORMATS``) whose magic bytes ``data`` starts with, or None.
+
+    Examples:
+        >>> from keras_preact.preprocessing import image_format
+        >>> image_format(b"\\x89PNG\\r\\n\\x1a\\n"), image_format(b"\\xff\\xd8\\xff\\xe0"), image_format(b"<svg")
+        ('PNG', 'JPEG', None)
+    """
     head = bytes(data[:8])
     return next((name for name, magic in IMAGE_MAGIC.items() if head.startswith(magic)), None)
 
@@ -220,7 +244,18 @@ def gif_first_frame(data):
     decompresses every frame first (``DGifSlurp``): 1,500 frames of 1024 x 1024 in a 2.8 MB file cost
     seconds and gigabytes. The cut GIF decodes to the same first frame. Returns ``data`` itself when
     nothing but the trailer follows its first frame; ValueError when it is not a GIF or ends before its
-    first frame does."""
+    first frame does.
+
+    Examples:
+        >>> import io
+        >>> from PIL import Image
+        >>> from keras_preact.preprocessing import gif_first_frame
+        >>> frames, animation = [Image.new("L", (4, 3), 40 * i) for i in range(5)], io.BytesIO()
+        >>> frames[0].save(animation, "GIF", save_all=True, append_images=frames[1:])
+        >>> gif, size = gif_first_frame(animation.getvalue())
+        >>> size, len(gif) < len(animation.getvalue()), Image.open(io.BytesIO(gif)).n_frames
+        ((4, 3), True, 1)
+    """
     data = bytes(data)
     if len(data) < 13 or not data.startswith((b"GIF87a", b"GIF89a")):
         raise ValueError("Not a GIF: no GIF87a/GIF89a header.")
@@ -247,7 +282,14 @@ def gif_first_frame(data):
 
 def is_encoded_image(encoded):
     """A bool tensor: whether the string tensor ``encoded`` starts like a JPEG/PNG/GIF/BMP file (a
-    cheap check on the first bytes, nothing decoded)."""
+    cheap check on the first bytes, nothing decoded).
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import is_encoded_image
+        >>> bool(is_encoded_image(tf.io.encode_png(tf.zeros((2, 2, 3), tf.uint8)))), bool(is_encoded_image(b"text"))
+        (True, False)
+    """
     tf = _tensorflow("is_encoded_image")
     return tf.reduce_any(tf.stack([tf.strings.substr(encoded, 0, len(m)) == m for m in IMAGE_MAGIC.values()]))
 
@@ -260,7 +302,15 @@ def decode_image(encoded, channels=3):
     JPEGs are decoded with libjpeg's accurate integer IDCT (``dct_method="INTEGER_ACCURATE"``), as Pillow
     (the TensorFlow-free path and the ONNX/OpenVINO servers) and torchvision decode them, so every path
     sees the same pixels. TensorFlow's default, the fast IDCT, differs by up to 5 levels on CIFAR-10's
-    JPEGs (every test image)."""
+    JPEGs (every test image).
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import decode_image
+        >>> image = decode_image(tf.io.encode_jpeg(tf.zeros((4, 6, 3), tf.uint8)))
+        >>> tuple(image.shape), image.dtype.name
+        ((4, 6, 3), 'uint8')
+    """
     tf = _tensorflow("decode_image")
     encoded = tf.convert_to_tensor(encoded, tf.string)
     return tf.cond(
@@ -275,6 +325,12 @@ def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):
 
     The other side is ``round(side * size / shorter)`` (computed in float32, ties to even); the output
     is float32. ``antialias=True`` (the default, as training) low-pass filters when downscaling.
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import resize_shorter_side
+        >>> tuple(resize_shorter_side(tf.zeros((300, 400, 3)), 256).shape)  # 400 * 256 / 300 = 341.3
+        (256, 341, 3)
     """
     tf = _tensorflow("resize_shorter_side")
     shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
@@ -288,6 +344,13 @@ def center_crop(image, size):
 
     A side shorter than the crop is zero-padded (``tf.image.resize_with_crop_or_pad``); after
     ``resize_shorter_side`` to at least the crop that never happens.
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import center_crop
+        >>> image = tf.reshape(tf.range(16), (4, 4, 1))
+        >>> center_crop(image, 2)[..., 0].numpy().tolist()  # offsets (4 - 2) // 2
+        [[5, 6], [9, 10]]
     """
     tf = _tensorflow("center_crop")
     height, width = (size, size) if isinstance(size, numbers.Integral) else tuple(size)
@@ -306,6 +369,16 @@ def eval_view(image, input_config):
 
     Returns:
         float32 ``[height, width, 3]`` (``[N, height, width, 3]`` for a batch of encoded images).
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import InputConfig, eval_view
+        >>> jpeg = tf.io.encode_jpeg(tf.fill((300, 400, 3), tf.constant(128, tf.uint8)))
+        >>> view = eval_view(jpeg, InputConfig())  # shorter side to 256, the centre 224 x 224
+        >>> tuple(view.shape), view.dtype.name
+        ((224, 224, 3), 'float32')
+        >>> tuple(eval_view(tf.stack([jpeg, jpeg]), (32, 1.0)).shape)  # a batch; (crop, crop_fraction)
+        (2, 32, 32, 3)
     """
     tf = _tensorflow("eval_view")
     (height, width), side, interpolation = _view_parameters(input_config)
@@ -324,6 +397,12 @@ def eval_view(image, input_config):
 
 def normalize(images, mean, std):
     """``(images - mean) / std`` in float32: ``mean``/``std`` per channel (or a mean image), in the
-    pixel units of ``images`` (0-255)."""
+    pixel units of ``images`` (0-255).
+
+    Examples:
+        >>> from keras_preact.preprocessing import normalize
+        >>> normalize([[[125.3, 123.0, 113.9]]], mean=(125.3, 123.0, 113.9), std=(63.0, 62.1, 66.7)).numpy().tolist()
+        [[[0.0, 0.0, 0.0]]]
+    """
     tf = _tensorflow("normalize")
     return (tf.cast(images, tf.float32) - tf.constant(mean, tf.float32)) / tf.constant(std, tf.float32)

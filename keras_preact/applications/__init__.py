@@ -3,10 +3,10 @@
 conversion from keras.applications ResNetV2.
 
 Examples:
-
->>> from keras_preact.applications import PreActResNet50, preprocess_input
->>> model = PreActResNet50(classes=10)
->>> x = preprocess_input([[[[124.0, 117.0, 104.0]]]], model)  # ImageNet's statistics, not [-1, 1]
+    >>> from keras_preact.applications import PreActResNet18, preprocess_input
+    >>> model = PreActResNet18(classes=10)
+    >>> preprocess_input([[[[123.675, 116.28, 103.53]]]], model).tolist()  # ImageNet's mean and std, not [-1, 1]
+    [[[[0.0, 0.0, 0.0]]]]
 """
 
 from keras_preact.applications.convert import from_keras_applications

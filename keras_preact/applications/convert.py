@@ -38,6 +38,23 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
     ``model`` is a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2 with any weights, input
     shape, ``include_top`` and ``pooling``. The result gives the same outputs (to float rounding).
     ``classifier_activation`` defaults to the source's ("softmax" unless changed).
+
+    Examples:
+        Two 25M-parameter networks, so not run here:
+
+        >>> import keras
+        >>> from keras_preact.applications import from_keras_applications
+        >>> source = keras.applications.ResNet50V2(weights="imagenet")  # doctest: +SKIP
+        >>> model = from_keras_applications(source)  # preact_resnet50_from_resnet50v2  # doctest: +SKIP
+
+        Any other network is refused by name:
+
+        >>> from keras_preact.models import create_model
+        >>> from_keras_applications(create_model("cifar_resnet20"))
+        Traceback (most recent call last):
+        ...
+        ValueError: from_keras_applications expects a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2;
+        got 'preact_resnet20_cifar' with units per stage unknown.
     """
     units = _stage_units(model)
     depth = next((d for d, (b, u) in IMAGENET_DEPTHS.items() if b == "bottleneck" and u == units), None)

@@ -154,9 +154,14 @@ def preact_resnet(
     weights load with any value. ``dtype``: every layer's dtype policy (e.g. ``"mixed_bfloat16"``).
 
     Examples:
-
-    >>> from keras_preact.applications import preact_resnet
-    >>> features = preact_resnet(50, include_top=False, pooling="avg", input_shape=(160, 160, 3))
+        >>> from keras_preact.applications import preact_resnet
+        >>> features = preact_resnet(18, include_top=False, pooling="avg", input_shape=(160, 160, 3))
+        >>> features.output_shape  # pooled features of the last stage
+        (None, 512)
+        >>> preact_resnet(18, weights="imagenet")
+        Traceback (most recent call last):
+        ...
+        ValueError: weights='imagenet' is available for depth 50, 101, 152 (Keras' ResNetV2 weights), not PreActResNet18. ...
     """
     opt.check_choice("layout", layout, (None, *LAYOUTS))
     _check_weights(weights, depth, layout, include_top, classes, unit_options)
@@ -193,8 +198,10 @@ def PreActResNet18(include_top=True, weights=None, input_tensor=None, input_shap
     fb.resnet.torch ``preresnet.lua``): basic units, 2-2-2-2. Arguments: ``preact_resnet``'s.
 
     Examples:
-
-    >>> model = PreActResNet18(classes=10)  # imagenet_resnet(18, num_classes=10): 224, centre crop of 256
+        >>> from keras_preact.applications import PreActResNet18
+        >>> model = PreActResNet18(classes=10)  # imagenet_resnet(18, num_classes=10): 224, centre crop of 256
+        >>> model.name, model.input_shape, model.output_shape
+        ('preact_resnet18', (None, 224, 224, 3), (None, 10))
     """
     return preact_resnet(18, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)
@@ -206,8 +213,10 @@ def PreActResNet34(include_top=True, weights=None, input_tensor=None, input_shap
     fb.resnet.torch ``preresnet.lua``): basic units, 3-4-6-3. Arguments: ``preact_resnet``'s.
 
     Examples:
-
-    >>> features = PreActResNet34(include_top=False, pooling="avg", input_shape=(128, 128, 3))
+        >>> from keras_preact.applications import PreActResNet34
+        >>> features = PreActResNet34(include_top=False, pooling="max", input_shape=(128, 128, 3))
+        >>> [len(stage) for stage in features.backbone.residual_units], features.output_shape
+        ([3, 4, 6, 3], (None, 512))
     """
     return preact_resnet(34, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)
@@ -220,9 +229,18 @@ def PreActResNet50(include_top=True, weights=None, input_tensor=None, input_shap
     ResNet50V2 weights (TF-slim layout). Arguments: ``preact_resnet``'s.
 
     Examples:
+        Keras' ImageNet weights (downloaded once into Keras' cache) load into the TF-slim layout:
 
-    >>> model = PreActResNet50(weights="imagenet")  # doctest: +SKIP
-    >>> probabilities = model(preprocess_input(images, model))  # doctest: +SKIP
+        >>> from keras_preact.applications import PreActResNet50, preprocess_input
+        >>> model = PreActResNet50(weights="imagenet")  # doctest: +SKIP
+        >>> probabilities = model(preprocess_input(images, model))  # [-1, 1] pixels, as the weights  # doctest: +SKIP
+
+        Their rules are checked before anything is built or downloaded:
+
+        >>> PreActResNet50(weights="imagenet", classes=10)
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid classes=10: weights='imagenet' with include_top=True needs classes=1000.
     """
     return preact_resnet(50, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)
@@ -235,8 +253,11 @@ def PreActResNet101(include_top=True, weights=None, input_tensor=None, input_sha
     Arguments: ``preact_resnet``'s.
 
     Examples:
-
-    >>> backbone = PreActResNet101(include_top=False, input_shape=(None, None, 3))
+        >>> from keras_preact.applications import PreActResNet101
+        >>> from keras_preact.models import IMAGENET_DEPTHS
+        >>> IMAGENET_DEPTHS[101]  # units per stage
+        ('bottleneck', (3, 4, 23, 3))
+        >>> backbone = PreActResNet101(include_top=False, input_shape=(None, None, 3))  # doctest: +SKIP
     """
     return preact_resnet(101, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)
@@ -249,8 +270,11 @@ def PreActResNet152(include_top=True, weights=None, input_tensor=None, input_sha
     Arguments: ``preact_resnet``'s.
 
     Examples:
-
-    >>> model = PreActResNet152(classes=100, remat="stages")
+        >>> from keras_preact.applications import PreActResNet152
+        >>> from keras_preact.models import IMAGENET_DEPTHS
+        >>> IMAGENET_DEPTHS[152]  # units per stage
+        ('bottleneck', (3, 8, 36, 3))
+        >>> model = PreActResNet152(classes=100, remat="stages")  # doctest: +SKIP
     """
     return preact_resnet(152, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)
@@ -262,8 +286,11 @@ def PreActResNet200(include_top=True, weights=None, input_tensor=None, input_sha
     Table 5): bottleneck units, 3-24-36-3. Arguments: ``preact_resnet``'s.
 
     Examples:
-
-    >>> model = PreActResNet200(dtype="mixed_bfloat16")
+        >>> from keras_preact.applications import PreActResNet200
+        >>> from keras_preact.models import IMAGENET_DEPTHS
+        >>> IMAGENET_DEPTHS[200]  # units per stage
+        ('bottleneck', (3, 24, 36, 3))
+        >>> model = PreActResNet200(dtype="mixed_bfloat16")  # doctest: +SKIP
     """
     return preact_resnet(200, include_top, weights, input_tensor, input_shape, pooling, classes,
                          classifier_activation, name, **kwargs)

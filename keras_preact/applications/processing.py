@@ -6,15 +6,14 @@ and class names (what export and evaluation use), not one scaling for every mode
 the evaluation crop. Keras' own ResNetV2 scaling to [-1, 1] is ``preprocess_input_resnet_v2``.
 
 Examples:
-
->>> import numpy as np
->>> from keras_preact.applications import decode_predictions, preprocess_input
->>> from keras_preact.models import create_model
->>> model = create_model("cifar_resnet20", weights="cifar10")
->>> images = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3))
->>> top = decode_predictions(model.predict(preprocess_input(images, model), verbose=0), top=3, model=model)
->>> [name for _, name, _ in top[0]]  # doctest: +SKIP
-['frog', 'cat', 'bird']
+    >>> import numpy as np
+    >>> from keras_preact.applications import decode_predictions, preprocess_input
+    >>> from keras_preact.models import create_model
+    >>> model = create_model("cifar_resnet20", weights="cifar10")
+    >>> images = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3))
+    >>> top = decode_predictions(model.predict(preprocess_input(images, model), verbose=0), top=3, model=model)
+    >>> len(top), [(type(index), name in model.class_names) for index, name, _ in top[0]]
+    (2, [(<class 'int'>, True), (<class 'int'>, True), (<class 'int'>, True)])
 """
 
 import keras
@@ -75,10 +74,13 @@ def preprocess_input(x, model=None, data_format=None):
         data_format: of ``x``; default the model's, else Keras' setting.
 
     Examples:
-
-    >>> from keras_preact.applications import preprocess_input
-    >>> preprocess_input([[[[125.3, 123.0, 113.9]]]], "cifar_resnet20").tolist()
-    [[[[0.0, 0.0, 0.0]]]]
+        >>> from keras_preact.applications import preprocess_input
+        >>> preprocess_input([[[[125.3, 123.0, 113.9]]]], "cifar_resnet20").tolist()  # CIFAR's mean pixel
+        [[[[0.0, 0.0, 0.0]]]]
+        >>> preprocess_input([[[[0.0, 0.0, 0.0]]]])
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid model=None: preprocess_input needs a model carrying an input_config ...
     """
     config = _input_config(model)
     data_format = _data_format(model, data_format)
@@ -97,10 +99,10 @@ def preprocess_input_resnet_v2(x, data_format=None):
     built with ``weights="imagenet"`` (its input config says so).
 
     Examples:
-
-    >>> from keras_preact.applications import preprocess_input_resnet_v2
-    >>> preprocess_input_resnet_v2(np.array([[[[0.0, 127.5, 255.0]]]])).tolist()
-    [[[[-1.0, 0.0, 1.0]]]]
+        >>> import numpy as np
+        >>> from keras_preact.applications import preprocess_input_resnet_v2
+        >>> preprocess_input_resnet_v2(np.array([[[[0.0, 127.5, 255.0]]]])).tolist()
+        [[[[-1.0, 0.0, 1.0]]]]
     """
     return keras.applications.resnet_v2.preprocess_input(x, data_format=data_format)
 
@@ -145,10 +147,12 @@ def decode_predictions(preds, top=5, model=None, class_names=None):
         class_names: one name per class, index = label.
 
     Examples:
-
-    >>> from keras_preact.applications import decode_predictions
-    >>> decode_predictions(np.array([[0.1, 0.7, 0.2]]), top=2, class_names=["ant", "bee", "cat"])
-    [[(1, 'bee', 0.7), (2, 'cat', 0.2)]]
+        >>> import numpy as np
+        >>> from keras_preact.applications import decode_predictions
+        >>> decode_predictions(np.array([[0.1, 0.7, 0.2]]), top=2, class_names=["ant", "bee", "cat"])
+        [[(1, 'bee', 0.7), (2, 'cat', 0.2)]]
+        >>> decode_predictions(np.eye(10)[[3]], top=1, model="cifar_resnet20")  # the shipped weights' classes
+        [[(3, 'cat', 1.0)]]
     """
     names = _class_names(model, class_names)
     preds = np.asarray(keras.ops.convert_to_numpy(preds))
