@@ -97,7 +97,17 @@ AUTODIFF = {
 
 
 def get_autodiff(backend=None):
-    """The autodiff entry for ``backend`` (default: the running Keras backend)."""
+    """The autodiff entry for ``backend`` (default: the running Keras backend).
+
+    Examples:
+        >>> import keras
+        >>> from keras_preact.analysis import get_autodiff
+        >>> def objective(x):  # (a scalar, anything else)
+        ...     return keras.ops.sum(x * x), None
+        >>> _, _, grads = get_autodiff().value_and_grad(objective, [keras.ops.ones((3,))])
+        >>> keras.ops.convert_to_numpy(grads[0]).tolist()
+        [2.0, 2.0, 2.0]
+    """
     backend = backend or keras.backend.backend()
     opt.check_choice("backend", backend, AUTODIFF)
     return AUTODIFF[backend]

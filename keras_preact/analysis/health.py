@@ -18,7 +18,15 @@ from keras_preact.analysis.signals import network_parts
 
 def weight_groups(model):
     """Ordered ``{group: [variables]}``: ``stem`` (before the first unit), ``stage1`` ... ``stageN``
-    (the backbone's stages), ``head`` (the final ops and the classifier head)."""
+    (the backbone's stages), ``head`` (the final ops and the classifier head).
+
+    Examples:
+        >>> from keras_preact.analysis import weight_groups
+        >>> from keras_preact.models import cifar_resnet
+        >>> groups = weight_groups(cifar_resnet(8, input_shape=(8, 8, 3)))
+        >>> list(groups), [len(variables) for variables in groups.values()]
+        (['stem', 'stage1', 'stage2', 'stage3', 'head'], [1, 6, 6, 6, 4])
+    """
     backbone, _ = network_parts(model)
     stages = backbone.residual_units
     first = backbone.layers.index(stages[0][0])
@@ -77,6 +85,18 @@ class TrainingHealthCallback(keras.callbacks.Callback):
             behind on-device preprocessing); default the model being fit.
 
     Works under ``tf.distribute`` strategies (variables are read in cross-replica context).
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.analysis import TrainingHealthCallback
+        >>> from keras_preact.models import cifar_resnet
+        >>> model = cifar_resnet(8, input_shape=(8, 8, 3))
+        >>> model.compile("sgd", "sparse_categorical_crossentropy")
+        >>> images, labels = np.ones((4, 8, 8, 3)), np.arange(4)
+        >>> health = TrainingHealthCallback((images, labels), every_n_steps=1)
+        >>> history = model.fit(images, labels, batch_size=2, epochs=1, verbose=0, callbacks=[health])
+        >>> health.measured_steps, sorted(key for key in history.history if key.startswith("health/stage1/"))
+        ([0, 1], ['health/stage1/act_mean', 'health/stage1/act_std', 'health/stage1/grad_norm', 'health/stage1/update_ratio'])
     """
 
     def __init__(self, data, every_n_steps=100, *, log_dir=None, loss=None, prefix="health", model=None):

@@ -43,6 +43,17 @@ def plot_gradient_norms(results, path, title="Signal and gradient norms per resi
 
     ``results``: ``{label: GradientNorms}`` (e.g. ResNet-110 / ResNet-1001, original vs full
     pre-activation, constant scaling 0.5, dropout shortcut). Log scale: lambda^L decay is a line.
+
+    Examples:
+        >>> import os
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from keras_preact.analysis import GradientNorms, plot_gradient_norms
+        >>> halving = GradientNorms(("u1", "u2", "u3"), np.ones(3), 0.5 ** np.arange(3), np.ones(3), 1.0, 0.125, 2.3)
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     path = plot_gradient_norms({"lambda = 0.5": halving}, os.path.join(out, "norms.png"))
+        ...     open(path, "rb").read(4)
+        b'\\x89PNG'
     """
     _check_results("results", results)
     plt = _pyplot()
@@ -71,6 +82,17 @@ def plot_spectra(spectra, path, title="Input-output Jacobian of a stack of units
     median singular value and the 5-95% spread against depth.
 
     ``spectra``: ``{(variant, depth): Spectrum}`` as ``stack_spectra`` returns.
+
+    Examples:
+        >>> import os
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from keras_preact.analysis import Spectrum, plot_spectra
+        >>> spectra = {("identity", depth): Spectrum(np.linspace(2.0, 0.5, 16) ** depth) for depth in (1, 2, 4)}
+        >>> with tempfile.TemporaryDirectory() as out:
+        ...     path = plot_spectra(spectra, os.path.join(out, "spectra.png"))
+        ...     open(path, "rb").read(4)
+        b'\\x89PNG'
     """
     _check_results("spectra", spectra)
     plt = _pyplot()

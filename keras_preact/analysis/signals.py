@@ -30,7 +30,14 @@ def network_parts(model):
 
 def residual_units(model):
     """The network's ``ResidualUnit`` layers, input side first: a backbone's or classifier's, or
-    those at the top level of any other functional model (``model.layers`` is topological)."""
+    those at the top level of any other functional model (``model.layers`` is topological).
+
+    Examples:
+        >>> from keras_preact.analysis import residual_units
+        >>> from keras_preact.models import cifar_resnet
+        >>> [unit.name for unit in residual_units(cifar_resnet(14, input_shape=(8, 8, 3)))]
+        ['stage1_unit1', 'stage1_unit2', 'stage2_unit1', 'stage2_unit2', 'stage3_unit1', 'stage3_unit2']
+    """
     if isinstance(model, (PreActResNetBackbone, PreActResNetClassifier)):
         backbone, _ = network_parts(model)
         return [unit for stage in backbone.residual_units for unit in stage]
@@ -95,6 +102,16 @@ class UnitSignals:
     ``inputs[l]`` is unit l's input x_l for l < L and ``inputs[L]`` the last unit's output;
     ``input_grads[l]`` is dE/d inputs[l]; ``weight_grads[l]`` the gradients of unit l's trainable
     weights (in ``unit.trainable_weights`` order); ``loss`` is E on the batch.
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.analysis import unit_signals
+        >>> from keras_preact.models import cifar_resnet
+        >>> signals = unit_signals(cifar_resnet(8, input_shape=(8, 8, 3)), np.ones((2, 8, 8, 3)), np.array([0, 1]))
+        >>> [x.shape for x in signals.inputs]  # each unit's input x_l, then the last unit's output x_L
+        [(2, 8, 8, 16), (2, 8, 8, 16), (2, 4, 4, 32), (2, 2, 2, 64)]
+        >>> [g.shape for g in signals.input_grads] == [x.shape for x in signals.inputs]  # dE/dx_l
+        True
     """
 
     units: tuple
@@ -128,6 +145,15 @@ def unit_signals(model, images, labels, *, loss=None, training=False):
         loss: a Keras loss; default sparse categorical cross-entropy on the model's (softmax) output.
         training: run normalization and dropout in training mode (batch statistics; moving
             statistics are not updated).
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.analysis import unit_signals
+        >>> from keras_preact.models import cifar_resnet
+        >>> model = cifar_resnet(8, input_shape=(8, 8, 3))
+        >>> signals = unit_signals(model, np.ones((2, 8, 8, 3)), np.array([0, 1]), training=True)
+        >>> signals.units, [len(grads) for grads in signals.weight_grads]  # per unit, its weights' gradients
+        (('stage1_unit1', 'stage2_unit1', 'stage3_unit1'), [6, 6, 6])
     """
     segments = _segments(model)
     images, labels = _check_batch(images, labels, model)
@@ -172,6 +198,16 @@ class GradientNorms:
     ``signal[l]`` = ||x_l||, the unit's input over the whole batch (Frobenius norm);
     ``input_grad[l]`` = ||dE/dx_l||; ``weight_grad[l]`` = ||dE/dW_l|| over all trainable weights of
     unit l. ``output_signal`` / ``output_grad``: the same at the last unit's output x_L.
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.analysis import GradientNorms
+        >>> norms = GradientNorms(units=("stage1_unit1", "stage1_unit2"), signal=np.array([4.0, 5.0]),
+        ...                       input_grad=np.array([0.5, 0.25]), weight_grad=np.array([0.1, 0.2]),
+        ...                       output_signal=6.0, output_grad=0.125, loss=2.3)
+        >>> row = norms.rows()[1]  # one dict per unit, for CSV or pandas
+        >>> row["unit"], row["depth"], float(row["input_grad"])
+        ('stage1_unit2', 2, 0.25)
     """
 
     units: tuple
@@ -194,7 +230,16 @@ class GradientNorms:
 
 def gradient_norms(model, images, labels, *, loss=None, training=False):
     """Per-unit forward signal norms and backward gradient norms (w.r.t. each unit's input and its
-    weights), ordered from the input side to the output side. Arguments as ``unit_signals``."""
+    weights), ordered from the input side to the output side. Arguments as ``unit_signals``.
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.analysis import gradient_norms
+        >>> from keras_preact.models import cifar_resnet
+        >>> norms = gradient_norms(cifar_resnet(8, input_shape=(8, 8, 3)), np.ones((2, 8, 8, 3)), np.array([0, 1]))
+        >>> norms.signal.shape, norms.weight_grad.shape, [row["depth"] for row in norms.rows()]
+        ((3,), (3,), [1, 2, 3])
+    """
     s = unit_signals(model, images, labels, loss=loss, training=training)
     return GradientNorms(
         units=s.units,

@@ -9,10 +9,11 @@ package needs no TensorFlow; each format, the SavedModel's included, says in one
 (``keras_preact.export.saved_model``, the SavedModel's signatures, imports TensorFlow itself).
 
 Examples:
-
->>> from keras_preact.export import FORMATS, check_formats
->>> sorted(FORMATS)
-['litert', 'onnx', 'openvino', 'saved_model']
+    >>> from keras_preact.export import FORMATS, OUTPUT_NAMES
+    >>> list(FORMATS), OUTPUT_NAMES
+    (['saved_model', 'onnx', 'litert', 'openvino'], ('probabilities', 'scores', 'classes'))
+    >>> FORMATS["onnx"].install  # what each format needs installed
+    'pip install "keras-preact[onnx]"'
 """
 
 from keras_preact.export.contract import INPUT_NAME, OUTPUT_NAMES, ServingContract

@@ -31,7 +31,18 @@ OUTPUT_SPECS = {"probabilities": ("DT_FLOAT", "num_classes"), "scores": ("DT_FLO
 @dataclasses.dataclass(frozen=True)
 class ServingContract:
     """The contract of one export: its normalisation (``input_config``: input size, mean, std), ``top_k``
-    and the order of its outputs (a permutation of ``OUTPUT_NAMES``)."""
+    and the order of its outputs (a permutation of ``OUTPUT_NAMES``).
+
+    Examples:
+        >>> from keras_preact.export import ServingContract
+        >>> from keras_preact.models import get_input_config
+        >>> contract = ServingContract(get_input_config("cifar_resnet20"), top_k=3)
+        >>> contract.image_size, contract.output_names
+        ((32, 32), ('probabilities', 'scores', 'classes'))
+        >>> contract.output_dims(num_classes=10)  # as TF Serving's metadata states them
+        {'probabilities': ('DT_FLOAT', [-1, 10]), 'scores': ('DT_FLOAT', [-1, 3]), 'classes': ('DT_INT32', [-1, 3]),
+         'class_names': ('DT_STRING', [-1, 3])}
+    """
 
     input_config: typing.Any  # keras_preact.preprocessing.InputConfig
     top_k: int

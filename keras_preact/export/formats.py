@@ -39,7 +39,18 @@ _DISPLAY = {"tensorflow": "TensorFlow"}
 def serving_model(model, serving, structure="dict"):
     """The serving contract ``serving`` (a ``ServingContract``) as a Keras model on uint8 images, over
     ``keras.ops``; ``structure="tuple"``: the outputs in ``serving.output_names`` order, for exporters
-    that cannot return a dict."""
+    that cannot return a dict.
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.export import ServingContract, serving_model
+        >>> from keras_preact.models import create_model
+        >>> model = create_model("cifar_resnet20")
+        >>> contract = ServingContract(model.input_config, top_k=3)
+        >>> outputs = serving_model(model, contract)(np.zeros((2, 32, 32, 3), "uint8"))  # normalised inside
+        >>> [(name, tuple(outputs[name].shape)) for name in contract.output_names]
+        [('probabilities', (2, 10)), ('scores', (2, 3)), ('classes', (2, 3))]
+    """
     images = keras.Input((*serving.image_size, 3), dtype="uint8", name=serving.input_name)
     outputs = serving.serve(model, images, keras.ops)
     if structure == "tuple":
@@ -169,7 +180,19 @@ def _installed(module):
 
 def check_formats(formats, backend=None):
     """The requested format names in ``FORMATS`` order, after checking each is known, writable from
-    ``backend`` (default: Keras' backend) and installed. ValueError or ImportError, one line, otherwise."""
+    ``backend`` (default: Keras' backend) and installed. ValueError or ImportError, one line, otherwise.
+
+    Examples:
+        >>> from keras_preact.export import check_formats
+        >>> check_formats(["saved_model", "webp"])
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid formats=['saved_model', 'webp']: unknown 'webp'; the formats are saved_model, onnx, litert, openvino.
+        >>> check_formats(["onnx"], backend="jax")
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid formats: onnx cannot be written from the jax backend: jax2onnx ...
+    """
     names = [formats] if isinstance(formats, str) else formats
     allowed = ", ".join(FORMATS)
     if not isinstance(names, (list, tuple)) or not names or not all(isinstance(n, str) for n in names):
@@ -229,6 +252,23 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
 
     Returns:
         The version directory written, a ``pathlib.Path``.
+
+    Examples:
+        A small classifier (it carries its input config: CIFAR's statistics at 16 x 16) as a SavedModel;
+        ``formats=("saved_model", "onnx", "litert", "openvino")`` writes every format side by side.
+
+        >>> import tempfile
+        >>> import numpy as np
+        >>> from keras_preact.export import export_model, load
+        >>> from keras_preact.models import cifar_resnet
+        >>> model = cifar_resnet(8, input_shape=(16, 16, 3))
+        >>> with tempfile.TemporaryDirectory() as export_dir:
+        ...     version_dir = export_model(model, export_dir, formats=("saved_model",), name="cifar", top_k=3)
+        ...     version_dir.relative_to(export_dir).as_posix(), sorted(p.name for p in (version_dir / "assets").iterdir())
+        ...     outputs = load(version_dir, "saved_model").predict(np.zeros((2, 16, 16, 3), np.uint8))
+        ('cifar/1', ['class_names.txt', 'preprocessing.json'])
+        >>> {name: value.shape for name, value in outputs.items()}  # uint8 pixels in, normalised inside
+        {'probabilities': (2, 10), 'scores': (2, 3), 'classes': (2, 3)}
     """
     formats = check_formats(formats)
     input_config, class_names, image_size = version_dir.carried(model, input_config, class_names, image_size)
@@ -257,10 +297,14 @@ def export_saved_model(model, export_dir="saved_models", *, name=None, version=N
         The version directory written, a ``pathlib.Path``.
 
     Examples:
+        ``export_model``'s example, with the SavedModel alone. Every argument is checked before any work:
 
-    >>> from keras_preact.models import create_model
-    >>> from keras_preact.export import export_saved_model
-    >>> version_dir = export_saved_model(create_model("cifar_resnet20"), "saved_models")  # doctest: +SKIP
+        >>> from keras_preact.export import export_saved_model
+        >>> from keras_preact.models import cifar_resnet
+        >>> export_saved_model(cifar_resnet(8, input_shape=(16, 16, 3)), "saved_models", top_k=20)
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid top_k=20: expected an integer in [1, 10] (num_classes).
     """
     return export_model(model, export_dir, formats=("saved_model",), name=name, version=version,
                         class_names=class_names, input_config=input_config, mean=mean, std=std, top_k=top_k,

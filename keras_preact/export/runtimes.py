@@ -112,7 +112,17 @@ RUNTIMES = {runtime.format_name: runtime for runtime in (SavedModelRuntime, Onnx
 
 
 def load(version_dir, format):  # noqa: A002 (the format's name, as in model.export)
-    """``version_dir``'s ``format`` export loaded in its runtime (a ``Runtime``)."""
+    """``version_dir``'s ``format`` export loaded in its runtime (a ``Runtime``).
+
+    Examples:
+        ``export_model``'s example loads its SavedModel; the format is checked first:
+
+        >>> from keras_preact.export import load
+        >>> load("saved_models/cifar/1", "tflite")
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid format='tflite': the formats are saved_model, onnx, litert, openvino.
+    """
     if format not in RUNTIMES:
         raise ValueError(f"Invalid format={format!r}: the formats are {', '.join(RUNTIMES)}.")
     return RUNTIMES[format](version_dir)

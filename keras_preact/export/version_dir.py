@@ -177,7 +177,19 @@ def check_free_space(model_dir, model, copies=1):
 
 
 def next_version(model_dir):
-    """The next TF Serving version number under ``model_dir`` (1 when there is none)."""
+    """The next TF Serving version number under ``model_dir`` (1 when there is none).
+
+    Examples:
+        >>> import pathlib
+        >>> import tempfile
+        >>> from keras_preact.export import next_version
+        >>> with tempfile.TemporaryDirectory() as model_dir:
+        ...     next_version(model_dir)
+        ...     (pathlib.Path(model_dir) / "7").mkdir()
+        ...     next_version(model_dir)
+        1
+        8
+    """
     model_dir = pathlib.Path(model_dir)
     versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
     return max(versions, default=0) + 1
