@@ -317,7 +317,7 @@ def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process
                 started = time.perf_counter()
                 predicted, probabilities = served_predictions(client, kind, split, pixels, args.batch)
                 top1 = float(np.mean(predicted == labels))
-                row.update(served=True, images=len(predicted), top1=top1,
+                row.update(served=True, images=len(predicted), top1_accuracy=top1,
                            diff_points=round(100 * (top1 - evaluated), 4) + 0.0,
                            differing_predictions=int(np.sum(predicted != in_process)),
                            max_probability_diff=float(np.max(np.abs(probabilities - in_process_probabilities))),
@@ -334,7 +334,7 @@ def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process
 def measure(args, target, split):
     metrics, in_process_probabilities, model = reference(target, split, args.batch)
     in_process = np.argmax(in_process_probabilities, axis=-1).astype(np.int64)
-    evaluated = metrics["top1"]
+    evaluated = metrics["top1_accuracy"]
     print(f"[served] evaluated in process: top-1 {evaluated:.2%} on {split.data.label}", flush=True)
     pixels = split.pixels()
     results = []
@@ -358,7 +358,7 @@ def table(evaluated, results):
     for r in results:
         if r["served"]:
             lines.append(f"| {r['format']} | {r['input']} | {r['signature']} on {r['runtime']} | {r['images']:,} | "
-                         f"{r['top1']:.2%} | {evaluated:.2%} | {r['diff_points']:+.2f} | {r['differing_predictions']} | "
+                         f"{r['top1_accuracy']:.2%} | {evaluated:.2%} | {r['diff_points']:+.2f} | {r['differing_predictions']} | "
                          f"{r['max_probability_diff']:.1e} | {'yes' if r['within_tolerance'] else 'NO'} |")
         else:
             lines.append(f"| {r['format']} | {r['input']} | not served: {r['reason']} | | | {evaluated:.2%} | | | | |")
@@ -429,7 +429,7 @@ def main(argv=None):
         metrics, in_process, results = measure(args, target, split)
     except ValueError as error:
         parser.exit(2, f"{parser.prog}: error: {str(error).splitlines()[0]}\n")
-    evaluated = metrics["top1"]
+    evaluated = metrics["top1_accuracy"]
     results += [{"format": f, "input": "any", "served": False, "reason": f"not written: {why}"}
                 for f, why in refused.items()]
     print(table(evaluated, results), flush=True)

@@ -51,7 +51,7 @@ def main():
     print("\n| model | data | epochs | iterations | test acc | test error | train wall (s) | total wall (s) |")
     print("|---|---|---|---|---|---|---|---|")
     print(f"| pre-act ResNet-20 (ours) | CIFAR-10 JPEG folder | {metrics['epochs']} | {metrics['steps']} | "
-          f"{100 * metrics['test_accuracy']:.2f}% | {metrics['test_error']:.2f}% | {metrics['wall_time_s']:.0f} | {total:.0f} |")
+          f"{100 * metrics['test_accuracy']:.2f}% | {100 * metrics['test_error']:.2f}% | {metrics['wall_time_s']:.0f} | {total:.0f} |")
     print("| ResNet-20 (He et al. 2015, Table 6) | CIFAR-10 | 182 | 64000 | 91.25% | 8.75% | - | - |")
 
 

@@ -1,4 +1,4 @@
-"""``keras-preact-evaluate``: top-1 (and top-5) of a trained model on a data set's test split.
+"""``keras-preact-evaluate``: top-1 (and top-5) accuracy of a trained model on a data set's test split.
 
 ::
 
@@ -13,7 +13,8 @@ folders, as ``sources`` reads them) or a prepared TFDS data set's test split. Ev
 images at the model's input size (crop fraction 1.0: CIFAR) are normalized arrays
 (``pipelines.numpy_array_eval``), others go through ``keras_preact.preprocessing.eval_view`` (resize,
 centre crop; needs TensorFlow), both with the model's own mean/std, measured by ``model.evaluate`` with
-training's metrics. Every argument is checked before anything is loaded.
+training's metrics. Every argument is checked before anything is loaded. It prints, and ``--json`` writes,
+``top1_accuracy``/``top5_accuracy`` as fractions in [0, 1], as every accuracy keras-preact reports.
 
 While ``model.evaluate`` runs, ``training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
 out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit`` of the
@@ -41,6 +42,8 @@ from .data import pipelines, sources
 from .machine import memory_guard
 from .run.manifest import RunManifest
 
+__all__ = ["evaluate", "resolve_data", "resolve_model"]  # the Python API; main is the command line's
+
 
 @dataclasses.dataclass
 class Target:
@@ -50,7 +53,7 @@ class Target:
     load: object  # () -> keras.Model
     input_config: InputConfig
     class_names: tuple = None
-    registered: dict = dataclasses.field(default_factory=dict)  # the weights' recorded top1/top5
+    registered: dict = dataclasses.field(default_factory=dict)  # the registry's top1/top5 as top1_accuracy/top5_accuracy
 
 
 @dataclasses.dataclass
@@ -67,7 +70,20 @@ class TestData:
 
 # ---------------------------------------------------------------------------------------- model
 def resolve_model(model, weights):
-    """A ``Target`` for MODEL: a run directory, a ``.keras`` file or a registry name."""
+    """A ``Target`` for MODEL: a run directory, a ``.keras`` file or a registry name (with ``weights``).
+    Nothing is loaded: ``target.load()`` builds the model.
+
+    Examples:
+        >>> from training.evaluate import resolve_model
+        >>> target = resolve_model("cifar_resnet20", "cifar10")  # the shipped weights, sha256-checked
+        >>> target.label, target.input_config.input_size, target.class_names[:2]
+        ('cifar_resnet20 (weights cifar10)', (32, 32, 3), ('airplane', 'automobile'))
+        >>> resolve_model("cifar_resnet20", None)
+        Traceback (most recent call last):
+        ...
+        ValueError: Invalid --weights: a registry model is evaluated with its trained weights, --weights NAME;
+        for cifar_resnet20: 'cifar10'.
+    """
     path = pathlib.Path(model)
     if path.is_dir() or model.endswith(".keras"):
         if weights is not None:
@@ -92,7 +108,7 @@ def _registry_target(name, weights):
     trained = weights_lib.choose(name, spec.weights, weights)
     trained.checked_path(name)  # the sha256, before anything is built
     return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=weights),
-                  spec.input_config, trained.class_names, {"top1": trained.top1, "top5": trained.top5})
+                  spec.input_config, trained.class_names, {"top1_accuracy": trained.top1, "top5_accuracy": trained.top5})
 
 
 def _run_target(path):
@@ -135,7 +151,16 @@ def _saved_config(path):
 
 # ----------------------------------------------------------------------------------------- data
 def resolve_data(dataset, data_dir, cache_dir=None):
-    """The test split of an image folder (``dataset="folder"``) or of a prepared TFDS data set."""
+    """The test split of an image folder (``dataset="folder"``) or of a prepared TFDS data set, listed
+    but not read (``TestData``); ``cache_dir``: where decoded folder images are cached.
+
+    Examples:
+        >>> from training.evaluate import resolve_data
+        >>> resolve_data("folder", "no/such/folder")
+        Traceback (most recent call last):
+        ...
+        training.data.sources.DataError: data_dir='no/such/folder' is not a directory. ...
+    """
     if dataset == "folder":
         _, test_dir = sources.folder_splits(data_dir)
         files, labels, classes = sources._list_folder(test_dir)
@@ -216,9 +241,31 @@ OUT_OF_MEMORY_HINT = " -- out of memory: evaluate with a smaller --batch-size"  
 
 
 def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
-    """``{"top1", "top5" (more than 5 classes), "loss", "images"}`` by ``model.evaluate`` (Keras' progress bar).
+    """``{"top1_accuracy", "top5_accuracy" (more than 5 classes), "loss", "images"}`` by ``model.evaluate``
+    (Keras' progress bar); accuracies are fractions in [0, 1], as Keras' and the registry's.
     ``memory_limit``: the memory guard's fraction around ``model.evaluate`` (its line names this command's
-    flags: ``main`` passes ``--memory-limit``; 0, the default for other callers, is off)."""
+    flags: ``main`` passes ``--memory-limit``; 0, the default for other callers, is off).
+
+    Examples:
+        The shipped CIFAR-10 weights on a folder of ten grey test images, one per class:
+
+        >>> import pathlib
+        >>> import tempfile
+        >>> from PIL import Image
+        >>> from training.evaluate import evaluate, resolve_data, resolve_model
+        >>> target = resolve_model("cifar_resnet20", "cifar10")
+        >>> with tempfile.TemporaryDirectory() as root:
+        ...     for split in ("train", "test"):
+        ...         for name in target.class_names:
+        ...             pathlib.Path(root, split, name).mkdir(parents=True)
+        ...             Image.new("RGB", (32, 32), (128, 128, 128)).save(pathlib.Path(root, split, name, "0.png"))
+        ...     data = resolve_data("folder", root, cache_dir=pathlib.Path(root, "cache"))
+        ...     metrics = evaluate(target, data, verbose=0)
+        >>> sorted(metrics), metrics["images"]
+        (['images', 'loss', 'top1_accuracy', 'top5_accuracy'], 10)
+        >>> round(metrics["top1_accuracy"], 4), round(metrics["top5_accuracy"], 4)  # every image gets one class
+        (0.1, 0.5)
+    """
     import keras
 
     model = target.load()
@@ -232,19 +279,20 @@ def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
     inputs = evaluation_data(target, data, batch_size)
     with memory_guard.watch("model.evaluate", memory_limit, prefix="[evaluate]", remedies=OUT_OF_MEMORY_HINT):
         result = model.evaluate(inputs, verbose=verbose, return_dict=True)
-    metrics = {"top1": float(result["accuracy"]), "loss": float(result["loss"]), "images": data.size}
+    metrics = {"top1_accuracy": float(result["accuracy"]), "loss": float(result["loss"]), "images": data.size}
     if "top5_accuracy" in result:
-        metrics["top5"] = float(result["top5_accuracy"])
+        metrics["top5_accuracy"] = float(result["top5_accuracy"])
     return metrics
 
 
 def summary(target, data, metrics):
-    line = f"{target.label} on {data.label}: top-1 {metrics['top1']:.2%}"
-    if "top5" in metrics:
-        line += f", top-5 {metrics['top5']:.2%}"
+    """One line: the metrics by their keys, accuracies as fractions with four decimals (as
+    keras-preact-train's summary), then the registry's recorded figures under the same keys."""
+    shown = [key for key in ("top1_accuracy", "top5_accuracy") if key in metrics]
+    line = f"{target.label} on {data.label}: " + ", ".join(f"{key} {metrics[key]:.4f}" for key in shown)
     recorded = {k: v for k, v in target.registered.items() if v is not None}
     if recorded:
-        line += " (registered: " + ", ".join(f"{k} {v:.2%}" for k, v in recorded.items()) + ")"
+        line += " (registered: " + ", ".join(f"{k} {v:.4f}" for k, v in recorded.items()) + ")"
     return line
 
 

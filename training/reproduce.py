@@ -11,6 +11,10 @@ reproduction resumes). It then writes ``OUT/table{N}.md`` (our median, mean +- s
 number side by side), ``OUT/table{N}.json`` (every run's metrics) and ``OUT/table{N}_curves.png``
 (test error solid and training error dashed against iterations, as the paper's Fig. 1 / 4 / 6).
 
+Units: in ``table{N}.json``, as in every run's ``metrics.json``, errors and accuracies are fractions in
+[0, 1] (``test_error``, ``paper_error``); the markdown table and the curves show them as the paper prints
+them, in percent, with % in their headers and axis labels.
+
 Budgets (``BUDGETS``): ``paper`` runs the presets unchanged (the paper's 64k iterations, its depths,
 5 seeds: days on GPUs); ``scaled`` runs the table's smallest paper network at ``--depth`` (default
 ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proportionally, 1 seed.
@@ -33,6 +37,7 @@ from .recipe import configs, flags
 from .recipe.configs import FAIL
 from .run.plots import read_history
 from .run.run_dir import write_text
+from .run.run_state import read_metrics
 
 # Set per row or by the budget (--depth, --epochs, --seeds), not by a config flag.
 REPRODUCE_OWNS = ("depth", "epochs", "seed", "run_dir", "unit_options")
@@ -40,8 +45,8 @@ REPRODUCE_OWNS = ("depth", "epochs", "seed", "run_dir", "unit_options")
 
 @dataclasses.dataclass(frozen=True)
 class Row:
-    """One row of a paper table: the label, the training preset that runs it, the paper's error %
-    (a number, or ``FAIL``), the paper network's depth and its unit block (None: the depth's default)."""
+    """One row of a paper table: the label, the training preset that runs it, the paper's error (a
+    fraction, or ``FAIL``), the paper network's depth and its unit block (None: the depth's default)."""
 
     label: str
     preset: str
@@ -132,12 +137,17 @@ def run_overrides(budget, *, seed, depth=None, epochs=None, extra=None):
 
 
 # ------------------------------------------------------------------------------------ summary
+def _percent(error):
+    """A fraction as the paper prints it, in percent with two decimals."""
+    return f"{100 * error:.2f}"
+
+
 def _format_paper(error):
-    return "fail (>20%)" if error == FAIL else f"{error:.2f}"
+    return "fail (>20%)" if error == FAIL else _percent(error)
 
 
 def summarize(errors):
-    """(median, mean, std) of a list of test errors; std is the sample std (0 for one run)."""
+    """(median, mean, std) of a list of test errors (fractions); std is the sample std (0 for one run)."""
     if not errors:
         return None
     std = statistics.stdev(errors) if len(errors) > 1 else 0.0
@@ -145,11 +155,11 @@ def summarize(errors):
 
 
 def markdown_table(table, results, header_note=""):
-    """Markdown: one line per row, our median and mean +- std next to the paper's error."""
+    """Markdown: one line per row, our median and mean +- std next to the paper's error, in percent."""
     lines = [
         f"### Table {table}" + (f" ({header_note})" if header_note else ""),
         "",
-        "| case | preset | paper (ResNet-{d}) error % | ours median % | ours mean ± std % | runs |",
+        "| case | preset | paper (ResNet-{d}) error % | ours median error % | ours mean ± std error % | runs |",
         "|---|---|---|---|---|---|",
     ]
     depths = sorted({r["row"]["paper_depth"] for r in results})
@@ -157,7 +167,7 @@ def markdown_table(table, results, header_note=""):
     for entry in results:
         row, errors = entry["row"], [m["test_error"] for m in entry["runs"]]
         stats = summarize(errors)
-        ours = ("—", "—") if stats is None else (f"{stats[0]:.2f}", f"{stats[1]:.2f} ± {stats[2]:.2f}")
+        ours = ("—", "—") if stats is None else (_percent(stats[0]), f"{_percent(stats[1])} ± {_percent(stats[2])}")
         lines.append(
             f"| {row['label']} | `{row['preset']}` | {_format_paper(row['paper_error'])} | {ours[0]} | "
             f"{ours[1]} | {len(errors)} |"
@@ -198,19 +208,19 @@ def plot_curves(results, png_path, title):
 
 # ---------------------------------------------------------------------------------------- run
 def _run_once(config, run_dir, position):
-    """One row's run: its finished ``metrics.json`` reused, or trained; a diverged run is a result
-    (shown as "fail"), not a crash."""
+    """One row's run: its finished ``metrics.json`` reused (``read_metrics``: one written before errors
+    were fractions too), or trained; a diverged run is a result (a test error of 0.9), not a crash."""
     from .train import TrainingDiverged, train
 
     metrics_path = run_dir / "metrics.json"
     if metrics_path.exists():
         print(f"[reproduce] {position} {run_dir.name}: reusing finished run", flush=True)
-        return json.loads(metrics_path.read_text())
+        return read_metrics(metrics_path)
     print(f"[reproduce] {position} {run_dir.name}: training", flush=True)
     try:
         return train(config)
     except TrainingDiverged as e:
-        return {"test_error": 90.0, "diverged": str(e), "run_dir": str(run_dir), "steps": 0}
+        return {"test_error": 0.9, "diverged": str(e), "run_dir": str(run_dir), "steps": 0}
 
 
 def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seeds=None, depth=None,

@@ -330,13 +330,18 @@ def fit(run):
 
 
 def run_metrics(run, evaluation):
-    """``metrics.json``: the test evaluation, the run's length and speed, the last training epoch."""
+    """``metrics.json``: the test evaluation, the run's length and speed, the last training epoch.
+
+    Accuracies and errors are fractions in [0, 1], as Keras reports them (``accuracy``, ``val_accuracy``):
+    ``test_accuracy``, ``test_error`` (= 1 - ``test_accuracy``), ``test_top5_accuracy``, ``train_accuracy``.
+    A ``metrics.json`` written before ``test_error`` was a fraction held it in percent;
+    ``run_state.read_metrics`` reads either."""
     config, steps = run.config, run.backup_callback.step
     metrics = {
         "name": config.name,
         "test_loss": float(evaluation["loss"]),
         "test_accuracy": float(evaluation["accuracy"]),
-        "test_error": 100.0 * (1.0 - float(evaluation["accuracy"])),
+        "test_error": run_state.error_of(evaluation["accuracy"]),
         **({"test_top5_accuracy": float(evaluation["top5_accuracy"])} if "top5_accuracy" in evaluation else {}),
         "epochs": run.resolved.epochs,
         "steps": steps,

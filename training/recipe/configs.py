@@ -155,13 +155,20 @@ FAIL = "fail"  # the paper's "fail": test error above 20%
 
 @dataclasses.dataclass(frozen=True)
 class Experiment:
-    """One run of the paper: its table and row label there, the paper's test error % (a number,
-    ``FAIL`` or None where the table has none) and the ``Config`` that reproduces it (a preset)."""
+    """One run of the paper: its table and row label there, the paper's test error (a fraction in
+    [0, 1] as every error here, ``FAIL`` or None where the table has none) and the ``Config`` that
+    reproduces it (a preset). The tables below transcribe the paper's percentages as printed
+    (``from_percent``)."""
 
     table: str
     label: str
     paper_error: object
     config: Config
+
+
+def from_percent(error):
+    """A test error the paper prints in percent (6.37), as a fraction (0.0637); ``FAIL`` and None as they are."""
+    return error if error in (None, FAIL) else round(error / 100, 6)
 
 
 def _table1():
@@ -185,7 +192,7 @@ def _table1():
         ("dropout shortcut 0.5", "dropout", dict(shortcut="dropout", shortcut_dropout_rate=0.5), FAIL),
     ]
     return [
-        Experiment("1", label, error, _cifar(f"t1-resnet110-{key}", "Table 1, Fig. 2", 110,
+        Experiment("1", label, from_percent(error), _cifar(f"t1-resnet110-{key}", "Table 1, Fig. 2", 110,
                                              unit_options={"ordering": "original", **options}))
         for label, key, options, error in rows
     ]
@@ -201,7 +208,7 @@ def _table2():
         "full_preact": (6.37, 5.46),
     }
     return [
-        Experiment("2", f"{ordering} (ResNet-{depth})", errors[i],
+        Experiment("2", f"{ordering} (ResNet-{depth})", from_percent(errors[i]),
                    _cifar(f"t2-resnet{depth}-{ordering.replace('_', '-')}", "Table 2, Fig. 4", depth,
                           unit_options={"ordering": ordering}))
         for i, depth in enumerate((110, 164))
@@ -227,7 +234,7 @@ def _table3():
             network, key, options = f"ResNet-{depth} (1-layer skip)", f"resnet{depth}-1layer", {"block": block}
         for error, (ordering, label) in zip(errors, (("original", "original"), ("full_preact", "preact"))):
             experiments.append(Experiment(
-                "3", f"{dataset} {network} {label}", error,
+                "3", f"{dataset} {network} {label}", from_percent(error),
                 _cifar(f"t3-{dataset}-{key}-{label}", "Table 3", depth, dataset,
                        unit_options={"ordering": ordering, **options})))
     return experiments

@@ -42,13 +42,29 @@ def restore(model, backup):
     model.load_weights(backup["weights"])
 
 
+def error_of(accuracy):
+    """The error, a fraction like the accuracy: ``1 - accuracy``."""
+    return 1.0 - float(accuracy)
+
+
+def read_metrics(path):
+    """A run's ``metrics.json``, every accuracy and error a fraction in [0, 1]: a file written before
+    ``test_error`` was a fraction (it held ``100 * (1 - test_accuracy)``, a percentage) reads as one now
+    written, its ``test_error`` recomputed from ``test_accuracy``. OSError or ValueError for a missing or
+    unreadable file."""
+    metrics = json.loads(pathlib.Path(path).read_text())
+    if isinstance(metrics, dict) and "test_error" in metrics and isinstance(metrics.get("test_accuracy"), (int, float)):
+        metrics["test_error"] = error_of(metrics["test_accuracy"])
+    return metrics
+
+
 def finished(run_dir, config, total_steps, backup):
     """The saved metrics when the run is complete (nothing left to do), else None."""
     run_dir = pathlib.Path(run_dir)
     if backup is None or backup["step"] < total_steps:
         return None
     try:
-        metrics = json.loads((run_dir / "metrics.json").read_text())
+        metrics = read_metrics(run_dir / "metrics.json")
     except (OSError, ValueError):
         return None
     if not isinstance(metrics, dict) or metrics.get("steps") != total_steps:
