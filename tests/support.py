@@ -8,6 +8,7 @@ processes. Tests import it as ``support`` (pytest puts tests/ on the path), benc
 
 import inspect
 import os
+import re
 import tempfile
 
 import keras
@@ -238,6 +239,46 @@ def photo_like(height, width, seed=0):
         ramp = rng.uniform(-1, 1) * x / width + rng.uniform(-1, 1) * y / height
         channels.append(128 + 90 * blob + 60 * ramp + 20 * np.sin(x / rng.uniform(3, 12)))
     return np.clip(np.stack(channels, -1), 0, 255).astype(np.uint8)
+
+
+# ------------------------------------------------------------------------------- units of metrics
+# The convention every command line and JSON file follows: an accuracy or an error is a fraction in [0, 1],
+# under a key that says which (``*_accuracy``, ``*_error``; the registry's ``top1``/``top5``).
+METRIC_KEY = re.compile(r"^(?:\w*_)?(?:accuracy|error)$|^top[15]$")
+PRINTED_METRIC = re.compile(r"(?<![\w-])(\w*(?:accuracy|error)|top-?[15])(?::)?\s+(-?\d+(?:\.\d+)?)(\s*%)?")
+
+
+def misnamed_metrics(value, where="$"):
+    """``[(path, value)]`` of every accuracy or error in ``value`` (nested dicts and lists, as read from
+    JSON) that is not a fraction in [0, 1], and of every key naming a percentage (``*_percent``)."""
+    wrong = []
+    if isinstance(value, dict):
+        for key, item in value.items():
+            path = f"{where}.{key}"
+            if str(key).endswith("_percent") or (METRIC_KEY.match(str(key)) and isinstance(item, (int, float))
+                                                 and not 0 <= item <= 1):
+                wrong.append((path, item))
+            wrong += misnamed_metrics(item, path)
+    elif isinstance(value, list):
+        for i, item in enumerate(value):
+            wrong += misnamed_metrics(item, f"{where}[{i}]")
+    return wrong
+
+
+def printed_metrics(text):
+    """``[(name, value, percent sign)]`` of every accuracy or error printed in ``text``: ``name value``
+    (keras-preact's summaries) or ``top-1 86.37%`` (a percentage)."""
+    return [(name, float(value), bool(percent)) for name, value, percent in PRINTED_METRIC.findall(text)]
+
+
+def assert_printed_fractions(text, expected_names):
+    """Every accuracy and error printed in ``text`` is a fraction in [0, 1], with no % sign, under one of
+    its keys; ``expected_names`` are all printed."""
+    printed = printed_metrics(text)
+    wrong = [(name, value) for name, value, percent in printed
+             if percent or not METRIC_KEY.match(name) or not 0 <= value <= 1]
+    assert wrong == [], f"not a fraction under its key: {wrong} in {text!r}"
+    assert set(expected_names) <= {name for name, _, _ in printed}, text
 
 
 # ---------------------------------------------------------------------- test and benchmark processes

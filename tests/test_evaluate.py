@@ -17,7 +17,7 @@ import pytest
 from keras_preact.models import create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import sha256_of
-from support import randomize_statistics, to_numpy
+from support import assert_printed_fractions, misnamed_metrics, randomize_statistics, to_numpy
 from training import evaluate as evaluate_lib
 from training.run.manifest import RunManifest
 
@@ -96,10 +96,25 @@ def test_registry_weights_on_a_folder_equal_model_evaluate(registered, tmp_path,
                "--cache-dir", tmp_path / "cache", "--batch-size", 5)
     expected = _keras_metrics(model, _normalized(images, CIFAR16), labels)
     written = json.loads((tmp_path / "m.json").read_text())
-    assert written["top1"] == float(expected["accuracy"]) == 0.5
-    assert written["top5"] == float(expected["top5_accuracy"]) and written["images"] == 16
+    assert written["top1_accuracy"] == float(expected["accuracy"]) == 0.5
+    assert written["top5_accuracy"] == float(expected["top5_accuracy"]) and written["images"] == 16
     assert written["input_config"] == CIFAR16.to_dict() and written["backend"] == keras.backend.backend()
-    assert f"top-1 50.00%, top-5 {expected['top5_accuracy']:.2%} (registered: top1 50.00%)" in out
+    assert (f"top1_accuracy 0.5000, top5_accuracy {expected['top5_accuracy']:.4f} (registered: top1_accuracy 0.5000)"
+            in out)
+
+
+@pytest.mark.notf
+def test_every_printed_and_written_accuracy_is_a_fraction_under_its_key(registered, tmp_path, capsys):
+    """Issue 38: one unit everywhere. keras-preact-evaluate prints and writes top1_accuracy/top5_accuracy
+    (and the registry's figures) as fractions in [0, 1], as keras-preact-train and Keras do: no %, no
+    unnamed top-1 (it printed "top-1 50.00%" and wrote "top1")."""
+    _, data_dir, _, _ = registered
+    out = _run(capsys, NAME, "--weights", "toy", "--data-dir", data_dir, "--json", tmp_path / "m.json",
+               "--cache-dir", tmp_path / "cache")
+    assert "%" not in out, out
+    assert_printed_fractions(out, {"top1_accuracy", "top5_accuracy"})
+    written = json.loads((tmp_path / "m.json").read_text())
+    assert {"top1_accuracy", "top5_accuracy"} <= set(written) and misnamed_metrics(written) == []
 
 
 @pytest.mark.notf
@@ -107,19 +122,19 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
     model, data_dir, _, _ = registered
     model.save(tmp_path / "tiny.keras")  # carries its input config and class names
     out = _run(capsys, tmp_path / "tiny.keras", "--data-dir", data_dir, "--cache-dir", tmp_path / "cache")
-    assert "top-1 50.00%" in out
+    assert "top1_accuracy 0.5000" in out
     run = tmp_path / "run"
     run.mkdir()
     plain = keras.Model(model.inputs, model.outputs)  # no input config of its own: the manifest's is used
     plain.save(run / "model.keras")
     manifest = RunManifest(name="tiny", class_names=tuple(CLASSES), input_config=CIFAR16, config={})
     (run / "config.json").write_text(manifest.to_json())
-    assert "top-1 50.00%" in _run(capsys, run / "model.keras", "--data-dir", data_dir)  # beside its config.json
+    assert "top1_accuracy 0.5000" in _run(capsys, run / "model.keras", "--data-dir", data_dir)  # beside its config.json
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [os.getcwd(), os.environ.get("PYTHONPATH")]))}
     done = subprocess.run([sys.executable, "-m", "training.evaluate", str(run), "--data-dir", str(data_dir),
                            "--json", str(tmp_path / "run.json")], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "top-1 50.00%" in done.stdout and json.loads((tmp_path / "run.json").read_text())["top1"] == 0.5
+    assert "top1_accuracy 0.5000" in done.stdout and json.loads((tmp_path / "run.json").read_text())["top1_accuracy"] == 0.5
 
 
 @pytest.mark.notf
@@ -184,7 +199,7 @@ def test_the_evaluation_view_path_equals_model_evaluate_on_eval_view(tmp_path, c
                    "--json", tmp_path / "m.json")
         order = np.argsort(labels, kind="stable")
         expected = _keras_metrics(model, _normalized(views[order], config), labels[order])
-        assert json.loads((tmp_path / "m.json").read_text())["top1"] == float(expected["accuracy"]) == 0.5
-        assert "top-1 50.00%" in out
+        assert json.loads((tmp_path / "m.json").read_text())["top1_accuracy"] == float(expected["accuracy"]) == 0.5
+        assert "top1_accuracy 0.5000" in out
     finally:
         unregister_model("test_eval_view")

@@ -8,7 +8,7 @@ import pytest
 
 from keras_preact.models import cifar_resnet, create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
-from support import randomize_statistics, to_numpy
+from support import misnamed_metrics, randomize_statistics, to_numpy
 from training import publish
 from training.run.manifest import RunManifest
 
@@ -51,6 +51,7 @@ def test_published_weights_load_by_sha256_and_give_the_runs_outputs(tiny, tmp_pa
     assert code == 0, out.err
     entry = json.loads(out.out.split("presets.py):\n", 1)[1])["toy"]
     assert entry["class_names"] == CLASSES and entry["top1"] == 0.5123 and entry["top5"] == 0.9
+    assert misnamed_metrics(entry) == []  # the registry's top1/top5: fractions, as metrics.json's accuracies
     assert entry["dataset"] == "folder" and "some-preset" in entry["source"]
     assert entry["file"] == str(tmp_path / "w" / f"{tiny}_toy.weights.h5")
     assert [p.name for p in (tmp_path / "w").iterdir()] == [f"{tiny}_toy.weights.h5"]  # no temporary left

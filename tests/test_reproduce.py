@@ -1,9 +1,12 @@
 """training.reproduce: row selection, the summary table, and a tiny end-to-end reproduction."""
 
 import json
+import pathlib
+import statistics
 
 import pytest
 
+from support import misnamed_metrics
 from training import reproduce
 from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summarize
 
@@ -11,12 +14,13 @@ from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summar
 def test_tables_cover_the_paper():
     assert len(TABLES["1"]) == 16 and len(TABLES["2"]) == 10 and len(TABLES["3"]) == 12
     paper = {r.preset: r.paper_error for t in TABLES.values() for r in t}
-    assert paper["t2-resnet164-full-preact"] == 5.46
+    # The paper's test errors, as fractions (it prints 5.46%).
+    assert paper["t2-resnet164-full-preact"] == 0.0546
     assert paper["t1-resnet110-dropout"] == FAIL
-    assert paper["t3-cifar100-resnet1001-preact"] == 22.71
+    assert paper["t3-cifar100-resnet1001-preact"] == 0.2271
     # Table 3's "ResNet-110 (1-layer skip)" rows, original and full pre-activation units.
-    assert paper["t3-cifar10-resnet110-1layer-original"] == 9.90
-    assert paper["t3-cifar10-resnet110-1layer-preact"] == 8.91
+    assert paper["t3-cifar10-resnet110-1layer-original"] == 0.099
+    assert paper["t3-cifar10-resnet110-1layer-preact"] == 0.0891
     one_layer = [r for r in TABLES["3"] if r.block == "one_layer"]
     assert [r.label for r in one_layer] == ["cifar10 ResNet-110 (1-layer skip) original",
                                            "cifar10 ResNet-110 (1-layer skip) preact"]
@@ -69,9 +73,9 @@ def test_select_rows():
 def test_summary_statistics_and_markdown():
     assert summarize([10.0, 12.0, 20.0]) == (12.0, 14.0, pytest.approx(28 ** 0.5))
     assert summarize([7.5]) == (7.5, 7.5, 0.0)
-    results = [
-        {"row": {"label": "a", "preset": "t1-x", "paper_error": 6.61, "paper_depth": 110},
-         "runs": [{"test_error": 10.0}, {"test_error": 12.0}, {"test_error": 20.0}]},
+    results = [  # fractions, as metrics.json and table{N}.json hold them; percent in the markdown
+        {"row": {"label": "a", "preset": "t1-x", "paper_error": 0.0661, "paper_depth": 110},
+         "runs": [{"test_error": 0.10}, {"test_error": 0.12}, {"test_error": 0.20}]},
         {"row": {"label": "b", "preset": "t1-y", "paper_error": FAIL, "paper_depth": 110}, "runs": []},
     ]
     text = markdown_table("1", results, "scale note")
@@ -106,6 +110,21 @@ def test_bad_arguments():
         reproduce.reproduce("2", "scaled", overrides={"dataset": "folder"})
 
 
+def test_a_metrics_json_written_before_errors_were_fractions_is_read_as_fractions(tmp_path):
+    """A finished run whose metrics.json holds test_error in percent (the committed ResNet-20 run) is reused
+    with its error as a fraction, as a new run's."""
+    committed = pathlib.Path(__file__).resolve().parents[1] / "reproduction" / "cifar10-preact-resnet20" / "metrics.json"
+    old = json.loads(committed.read_text())
+    assert old["test_error"] == pytest.approx(13.62, abs=1e-4)  # percent, as written then
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "metrics.json").write_text(committed.read_text())
+    reused = reproduce._run_once(None, run_dir, "1/1")
+    assert reused["test_error"] == 1 - old["test_accuracy"] == pytest.approx(0.1362, abs=1e-6)
+    assert {k: v for k, v in reused.items() if k != "test_error"} == {k: v for k, v in old.items() if k != "test_error"}
+    assert misnamed_metrics(reused) == []
+
+
 @pytest.mark.notf
 def test_end_to_end_synthetic(tmp_path, capsys):
     args = ["--table", "2", "--rows", "resnet110-full-preact", "--depth", "8", "--epochs", "2",
@@ -113,11 +132,16 @@ def test_end_to_end_synthetic(tmp_path, capsys):
             "--set", "synthetic_test_size=64", "--set", "batch_size=64", "--out", str(tmp_path)]
     assert reproduce.main(args) == 0
     data = json.loads((tmp_path / "table2.json").read_text())
+    assert misnamed_metrics(data) == []  # every error and accuracy a fraction, the paper's included
+    assert data["results"][0]["row"]["paper_error"] == 0.0637
     runs = data["results"][0]["runs"]
     assert [r["seed"] for r in runs] == [0, 1]
     assert all(r["steps"] == 4 and r["epochs"] == 2 for r in runs)
     table = (tmp_path / "table2.md").read_text()
-    assert "| full_preact (ResNet-110) | `t2-resnet110-full-preact` | 6.37 |" in table
+    assert "| full_preact (ResNet-110) | `t2-resnet110-full-preact` | 6.37 |" in table  # the paper's table: percent
+    median = statistics.median(run["test_error"] for run in runs)  # fractions, shown in percent
+    assert f"| 6.37 | {100 * median:.2f} | " in table
+    assert table in capsys.readouterr().out and "error % | ours median error % | ours mean ± std error %" in table
     assert (tmp_path / "table2_curves.png").read_bytes()[:4] == b"\x89PNG"
     # A finished run is reused, not retrained.
     capsys.readouterr()

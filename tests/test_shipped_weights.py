@@ -150,7 +150,7 @@ def test_the_whole_test_split_reproduces_the_registered_top1(name, weights, tmp_
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads((tmp_path / "m.json").read_text())
     assert measured["images"] == 10000
-    assert abs(measured["top1"] - model_spec(name).weights[weights].top1) <= 0.0005
+    assert abs(measured["top1_accuracy"] - model_spec(name).weights[weights].top1) <= 0.0005
 
 
 def record():

@@ -17,7 +17,7 @@ import keras
 import numpy as np
 import pytest
 
-from support import ONE_THREAD, TRAIN_JIT_COMPILE
+from support import ONE_THREAD, TRAIN_JIT_COMPILE, assert_printed_fractions, misnamed_metrics, printed_metrics
 from training import cli
 from training import train as train_lib
 from training.data import pipelines, sources
@@ -176,7 +176,7 @@ def test_cli_on_real_jpeg_folder(tmp_path, cifar_folder):
     assert evaluate.main([str(run_dir), "--dataset", "folder", "--data-dir", str(cifar_folder),
                           "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "evaluation.json")]) == 0
     evaluation = json.loads((tmp_path / "evaluation.json").read_text())
-    assert evaluation["top1"] == pytest.approx(metrics["test_accuracy"], abs=1e-6), evaluation
+    assert evaluation["top1_accuracy"] == pytest.approx(metrics["test_accuracy"], abs=1e-6), evaluation
 
 
 def test_default_command_and_what_needs_tensorflow(tmp_path):
@@ -187,6 +187,14 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
                    "--export-dir", str(tmp_path / "exported"), "--verbose", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[train] summary" in done.stdout and "Traceback" not in done.stderr
+    # Issue 38: the summary's accuracy and error are fractions under their keys (test_error was a percentage
+    # beside the fraction test_accuracy), as in metrics.json.
+    summary = done.stdout.split("[train] summary", 1)[1]
+    assert_printed_fractions(summary, {"test_accuracy", "test_error"})
+    printed = {name: value for name, value, _ in printed_metrics(summary)}
+    assert printed["test_error"] == pytest.approx(1 - printed["test_accuracy"], abs=1.5e-4), summary
+    metrics = json.loads((run_dir / "metrics.json").read_text())
+    assert misnamed_metrics(metrics) == [] and metrics["test_error"] == 1 - metrics["test_accuracy"]
     # model.keras is the bare classifier: it loads in a fresh process with Keras and our layers only.
     load = subprocess.run([sys.executable, "-c", "import sys, keras, keras_preact.layers; "
                            "print(keras.saving.load_model(sys.argv[1]).count_params())", str(run_dir / "model.keras")],
