@@ -96,9 +96,9 @@ def stack_spectra(variants, depths, *, channels=8, size=4, batch=4, seed=0, trai
         >>> import numpy as np
         >>> from keras_preact.analysis import stack_spectra
         >>> variants = {"identity": {}, "scaling 0.5": {"shortcut": "constant_scaling", "residual_scale": 0.5}}
-        >>> spectra = stack_spectra(variants, depths=[1, 2], channels=2, size=2, batch=2)
+        >>> spectra = stack_spectra(variants, depths=[2], channels=2, size=2, batch=2)
         >>> sorted(spectra)
-        [('identity', 1), ('identity', 2), ('scaling 0.5', 1), ('scaling 0.5', 2)]
+        [('identity', 2), ('scaling 0.5', 2)]
         >>> medians = {name: np.median(spectra[(name, 2)].singular_values) for name in variants}
         >>> bool(medians["scaling 0.5"] < medians["identity"] / 2)  # 0.5 per unit, two units
         True

@@ -4,8 +4,10 @@ conversion from keras.applications ResNetV2.
 
 Examples:
     >>> from keras_preact.applications import PreActResNet18, preprocess_input
-    >>> model = PreActResNet18(classes=10)
-    >>> preprocess_input([[[[123.675, 116.28, 103.53]]]], model).tolist()  # ImageNet's mean and std, not [-1, 1]
+    >>> model = PreActResNet18(classes=10)  # imagenet_resnet(18, num_classes=10)
+    >>> model.input_config.resize_size, model.input_config.crop_size  # evaluated on the centre 224 of 256
+    (256, (224, 224))
+    >>> preprocess_input([[[[123.675, 116.28, 103.53]]]], model).tolist()  # its mean and std, not [-1, 1]
     [[[[0.0, 0.0, 0.0]]]]
 """
 
