@@ -1,4 +1,5 @@
-"""Dynamic batching, as TF Serving's ``--enable_batching`` (README, "Dynamic batching"); ``FlagRecord``, records of flags."""
+"""Dynamic batching, as TF Serving's ``--enable_batching`` (docs/export-and-serving.md, "Dynamic batching");
+``FlagRecord``, records of flags."""
 
 import asyncio
 import collections

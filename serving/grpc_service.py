@@ -1,5 +1,5 @@
 """TF Serving's gRPC API for ``keras-preact-serve --grpc-port``, on REST's event loop, ``ServingState`` and limits,
-with TF Serving's status codes (README, "TF Serving's gRPC API"); needs TensorFlow."""
+with TF Serving's status codes (docs/export-and-serving.md, "TF Serving's gRPC API"); needs TensorFlow."""
 
 import asyncio
 import time

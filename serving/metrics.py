@@ -1,4 +1,4 @@
-"""Prometheus metrics of one serving application (README, "Metrics and health"); labels never come from a request."""
+"""Prometheus metrics of one serving application (docs/export-and-serving.md, "Metrics and health"); labels never come from a request."""
 
 import time
 

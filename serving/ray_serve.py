@@ -1,5 +1,5 @@
 """``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
-the predict requests it gets (README, "Scale-out on Ray Serve").
+the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serve").
 
     keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--address auto] [--max-replicas-per-node 1]
 """

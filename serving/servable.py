@@ -1,4 +1,5 @@
-"""What the front ends serve: the newest version that loads, on the runtime ``runtime`` picks (README, "Which runtime serves")."""
+"""What the front ends serve: the newest version that loads, on the runtime ``runtime`` picks
+(docs/export-and-serving.md, "Which runtime serves")."""
 
 import importlib.util
 import logging

@@ -29,7 +29,7 @@ import keras
 @dataclasses.dataclass(frozen=True)
 class RematPolicy:
     """How a policy groups the units: ``groups(units per stage, k)`` -> lists of flat unit indices,
-    each list one checkpoint; ``stores`` what is kept for the backward pass (README's table)."""
+    each list one checkpoint; ``stores`` what is kept for the backward pass (docs/training.md's table)."""
 
     groups: object
     stores: str

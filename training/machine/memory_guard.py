@@ -46,7 +46,7 @@ NO_LIMIT = 2**60  # cgroup v1 writes 2**63 - 4096 for "no limit"; anything this 
 THREAD_NAME = "keras-preact-memory-guard"
 GIB = 2**30
 # Training's remedies: the default of the guard's line, and what training.train's out-of-memory error ends with.
-OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (README, \"Training the "
+OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (docs/training.md, \"Training the "
                       "deepest networks on one device\") or a smaller --batch-size")
 
 

@@ -56,7 +56,7 @@ HELP = {
     "0.95, 0: off",
     "remat": "recompute activations in the backward pass to save memory (same loss, gradients and weights): "
     "units (keep each residual unit's input), stages (each stage's input) or segments:K (the input of "
-    "every K consecutive units); default none. README: Training the deepest networks on one device",
+    "every K consecutive units); default none. docs/training.md: Training the deepest networks on one device",
 }
 # Not flags: the preset's identity (``name``/``paper``); ``unit_options`` is a JSON flag.
 NOT_FLAGS = ("name", "paper")
