@@ -5,7 +5,9 @@ A page's python blocks run in order in one namespace, in a temporary working dir
 run here says so in an HTML comment on the line before it:
 
 - ``<!-- not run: REASON -->``: never run (it needs a server, a data set, a download); the reason is required;
-- ``<!-- needs: MODULE -->``: run where MODULE imports (``tensorflow``), else skipped and counted.
+- ``<!-- needs: MODULE -->``: run where MODULE imports (``tensorflow``), else skipped and counted;
+- ``<!-- run by: tests/FILE.py -->``: run, as written, by a test of FILE that has what it needs (a running
+  server); FILE must name the page.
 
 Every fenced block names its language, one of ``LANGUAGES``, so no python block escapes as ``py`` or as
 an unnamed block. The blocks are cheap on a CPU: CIFAR ResNet-20 or smaller, a few images.
@@ -36,7 +38,7 @@ PYPROJECT = tomllib.loads((REPO / "pyproject.toml").read_text())
 SCRIPTS = PYPROJECT["project"]["scripts"]
 EXTRAS = set(PYPROJECT["project"]["optional-dependencies"])
 FENCE = re.compile(r"^```(\S*)[^\n]*$")
-MARKER = re.compile(r"^<!-- (not run|needs): (.*?) -->$")
+MARKER = re.compile(r"^<!-- (not run|needs|run by): (.*?) -->$")
 # Each console script's (and ``python -m`` module's) argparse parser, to check the flags a block gives it.
 PARSERS = {
     "keras-preact-train": ("training.cli", "build_parser"),
@@ -55,7 +57,7 @@ class Block:
     line: int  # of the opening fence, 1-based
     language: str
     code: str
-    marker: str = ""  # "not run" or "needs"
+    marker: str = ""  # "not run", "needs" or "run by"
     reason: str = ""
 
     @property
@@ -93,6 +95,11 @@ def test_every_block_names_a_known_language_and_every_marker_a_reason():
             assert block.reason.strip(), f"{block.where}: <!-- {block.marker}: --> needs a reason"
         if block.marker == "needs":
             assert re.fullmatch(r"[a-z_][a-z0-9_.]*", block.reason), f"{block.where}: <!-- needs: MODULE -->"
+        if block.marker == "run by":
+            runner = REPO / block.reason
+            assert re.fullmatch(r"tests/test_\w+\.py", block.reason) and runner.is_file(), \
+                f"{block.where}: <!-- run by: tests/test_FILE.py --> names no test file"
+            assert f'"{block.page}"' in runner.read_text(), f"{block.where}: {block.reason} does not name {block.page}"
 
 
 def available(module):
@@ -103,7 +110,7 @@ def available(module):
 
 
 def python_blocks_count():
-    """(run here, needs a module missing here, never run) over every page."""
+    """(run here or by another test, needs a module missing here, never run) over every page."""
     python = [b for b in ALL_BLOCKS if b.language == "python"]
     never = [b for b in python if b.marker == "not run"]
     missing = [b for b in python if b.marker == "needs" and not available(b.reason)]
@@ -138,7 +145,7 @@ def test_python_blocks_run(page, tmp_path):
         # A page may register networks: they leave the registry with it.
         cleanup.callback(lambda: [registry.unregister_model(n) for n in set(registry.list_models()) - registered])
         for block in blocks(page):
-            if block.language != "python" or block.marker == "not run":
+            if block.language != "python" or block.marker in ("not run", "run by"):
                 continue
             if block.marker == "needs" and not available(block.reason):
                 continue

@@ -147,13 +147,13 @@ def test_the_guard_watches_model_evaluate_with_the_flags_fraction(run_and_data, 
 
     monkeypatch.setattr(memory_guard.MemoryGuard, "poll", recording_poll)
     assert evaluate_lib.main([str(run), "--data-dir", str(data), "--memory-limit", "0.5"]) == 0
-    assert "top-1" in capsys.readouterr().out
+    assert "top1_accuracy" in capsys.readouterr().out
     assert set(polled) == {("model.evaluate", 0.5, "[evaluate]", evaluate_lib.OUT_OF_MEMORY_HINT,
                             memory_guard.THREAD_NAME)}
     assert not [t for t in threading.enumerate() if t.name == memory_guard.THREAD_NAME]
     polled.clear()
     assert evaluate_lib.main([str(run), "--data-dir", str(data), "--memory-limit", "0"]) == 0
-    assert polled == [] and "top-1" in capsys.readouterr().out
+    assert polled == [] and "top1_accuracy" in capsys.readouterr().out
 
 
 @no_memory_readable
@@ -170,7 +170,7 @@ def test_keras_preact_evaluate_stops_with_one_line_and_exit_1(run_and_data, tmp_
         f"{evaluate_lib.OUT_OF_MEMORY_HINT}; --memory-limit FRACTION changes the threshold (default 0.95), "
         "--memory-limit 0 switches this guard off"), lines[0]
     assert "Traceback" not in result.stderr and "[train]" not in result.stderr
-    assert f"[evaluate] run {run} on " in result.stdout and "top-1" not in result.stdout
+    assert f"[evaluate] run {run} on " in result.stdout and "top1_accuracy" not in result.stdout
     assert not list(tmp_path.iterdir())  # no m.json, no temporary
 
 
@@ -180,7 +180,7 @@ def test_keras_preact_evaluate_memory_limit_0_runs_to_the_summary(run_and_data, 
     assert result.returncode == 0, result.stderr[-3000:]
     assert "out of host memory" not in result.stderr and "memory guard off" not in result.stderr
     summary = result.stdout.strip().splitlines()[-1]
-    assert summary.startswith(f"run {run} on ") and ": top-1 " in summary, result.stdout
+    assert summary.startswith(f"run {run} on ") and ": top1_accuracy " in summary, result.stdout
     assert json.loads((tmp_path / "m.json").read_text())["images"] == 8
 
 

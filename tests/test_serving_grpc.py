@@ -9,6 +9,7 @@ import http.client
 import importlib.util
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -119,6 +120,31 @@ def batch_size_metric(port, signature):
             if line.startswith(f"keras_preact_serving_batch_size_{field}{{") and f'signature="{signature}"' in line:
                 values[field] = float(line.rsplit(" ", 1)[1])
     return values.get("count", 0.0), values.get("sum", 0.0)
+
+
+@needs_grpc
+def test_the_documented_client_runs_against_this_server(served, tmp_path):
+    """The gRPC client of "docs/export-and-serving.md", as written, against this module's server: only its port,
+    the model's name and the image file are this test's. It prints the REST reply's top-3 classes."""
+    import contextlib
+    import io
+
+    from test_docs import blocks, working_directory
+
+    from support import CLASS_NAMES, encode_image, photo_like
+
+    [block] = [b for b in blocks("docs/export-and-serving.md") if b.marker == "run by"]
+    assert 'grpc.insecure_channel("localhost:8500")' in block.code and 'name = "<name>"' in block.code
+    code = block.code.replace("localhost:8500", f"localhost:{served[1]}").replace('"<name>"', '"cifar"')
+    jpeg = encode_image(photo_like(32, 32))
+    (tmp_path / "cat.jpg").write_bytes(jpeg)
+    printed = io.StringIO()
+    with working_directory(tmp_path), contextlib.redirect_stdout(printed):
+        exec(compile(code, block.where, "exec"), {"__name__": "docs_grpc_client"})  # the documentation's own code
+    [rest] = rest_predict(served[0], {"signature_name": "serving_bytes",
+                                      "instances": [{"b64": base64.b64encode(jpeg).decode()}]})
+    top3 = re.findall(r"b'(\w+)'", printed.getvalue())
+    assert top3 == rest["class_names"] and set(top3) <= set(CLASS_NAMES), printed.getvalue()
 
 
 def images(n, seed=0):

@@ -320,7 +320,7 @@ def fit(run):
     if not backup.finite:
         last = backup.last_good
         raise TrainingDiverged(
-            f"The training loss became NaN/inf near step {backup.step} of {config.name}; stopped "
+            f"The training diverged (a NaN/inf loss or weight) near step {backup.step} of {config.name}; stopped "
             f"(TerminateOnNaN). Last good checkpoint: "
             + (f"{last['weights']} (step {last['step']})" if last else "none (diverged before the first backup)")
             + ". Lower the learning rate (--lr) or use float32 (--precision float32)."

@@ -13,6 +13,7 @@ import shutil
 import tempfile
 
 import keras
+import numpy as np
 
 from keras_preact.scratch import atomic_path
 
@@ -64,7 +65,7 @@ class AtomicBackup(keras.callbacks.Callback):
     Each backup (model + optimizer weights, epoch, global step) goes to a fresh ``state-<step>/``
     directory, then ``latest.json`` is replaced atomically to point at it; older states are removed
     afterwards. Backups happen every ``save_freq`` steps and at every epoch end, never with a
-    non-finite loss (so the last good state survives a divergence). ``train`` restores the backup
+    non-finite loss or variable (so the last good state survives a divergence). ``train`` restores the backup
     (``read_backup``, ``run_state.restore``) before anything else and resumes the data stream and the
     epoch where they stopped; ``last_good`` is that backup, the one a divergence falls back to.
     """
@@ -95,7 +96,19 @@ class AtomicBackup(keras.callbacks.Callback):
         if self.finite and self.step != self.last_saved_step:
             self._save_model()
 
+    def _state_finite(self):
+        """Whether every model and optimizer variable is finite. A step's loss is computed before its update,
+        so a finite loss can come with weights that update made NaN/inf: such a state is no good backup."""
+        variables = list(self.model.weights)
+        if self.model.optimizer is not None and self.model.optimizer.built:
+            variables += list(self.model.optimizer.variables)
+        return all(np.isfinite(keras.ops.convert_to_numpy(v)).all() for v in variables)
+
     def _save_model(self):
+        if not self._state_finite():
+            self.finite = False  # as for a non-finite loss: the last good backup stays, the run stops
+            self.model.stop_training = True
+            return
         backup_dir = pathlib.Path(self.backup_dir)
         backup_dir.mkdir(parents=True, exist_ok=True)
         state = backup_dir / f"state-{self.step:010d}"
