@@ -24,3 +24,10 @@ def _fresh_keras_state():
 @pytest.fixture
 def rng():
     return np.random.default_rng(0)
+
+
+def pytest_collection_modifyitems(config, items):
+    """A test marked ``once`` runs in CI's TensorFlow-free JAX pass only, so it must be marked ``notf`` too."""
+    for item in items:
+        if item.get_closest_marker("once") and not item.get_closest_marker("notf"):
+            raise pytest.UsageError(f"{item.nodeid} is marked once but not notf: CI would never run it")

@@ -12,7 +12,7 @@ import pytest
 from serving.batching import Batcher, BatchingOptions
 from serving.rest import RequestError
 
-pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
 WEIGHTS = np.random.default_rng(0).normal(size=(12, 5))
 

@@ -22,7 +22,7 @@ from test_serving_metrics import PREDICT, Model, Running
 
 from serving import app, rest
 
-pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
 SIZE = 60_000_000
 INFER = "/v2/models/m/infer"

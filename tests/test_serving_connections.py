@@ -24,7 +24,7 @@ import pytest
 
 import keras_preact
 
-pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
 REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
 TIMEOUT = 3.0  # the server's request_timeout: long enough for a loaded CI machine, short for the test

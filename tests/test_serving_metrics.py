@@ -22,7 +22,7 @@ from serving import app, rest, server
 from serving.batching import BatchingOptions
 from serving.metrics import ServingMetrics
 
-pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
 PREDICT = "/v1/models/m:predict"
 HOLD = -1.0  # an example whose first value is HOLD makes the model wait for its gate
