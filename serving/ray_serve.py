@@ -6,11 +6,13 @@ the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serv
 
 import argparse
 import dataclasses
+import errno
 import functools
 import math
 import os
 import pathlib
 import signal
+import socket
 import sys
 import threading
 
@@ -20,6 +22,7 @@ from ray import serve
 from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from serving.batching import BatchingOptions, check_number
 from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
+from serving.server import PortInUse, port_in_use
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
@@ -125,6 +128,9 @@ def main(argv=None):
     if local and needed > 1:
         parser.error(f"--replicas {args.replicas} with --max-replicas-per-node {args.max_replicas_per_node} needs "
                      f"{needed} nodes: the Ray instance started here is one (deploy onto a cluster with --address)")
+    if local and port_in_use(args.host, args.port, socket.AF_INET6 if ":" in args.host else socket.AF_INET):
+        # else Ray's proxy fails to bind a minute later, in a 70-line traceback (a running Serve on a cluster keeps its own)
+        parser.exit(1, f"{parser.prog}: error: {PortInUse(args.host, args.port, '--port', os.strerror(errno.EADDRINUSE))}\n")
     if local:
         os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics unless asked (a cluster keeps its own)
         # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)

@@ -412,3 +412,18 @@ def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, c
     assert main_ray(["saved_models/x"]) == 2
     assert capsys.readouterr().err == (
         'keras-preact-serve-ray: error: serving on Ray needs Ray Serve: pip install "keras-preact[ray]"\n')
+
+
+def test_a_port_in_use_exits_1_in_one_line_before_starting_ray(exported, capsys):
+    """Issue 36, item 8: --port held by another socket: exit 1 in one line naming the port, before Ray starts
+    (Ray's proxy failed to bind a minute later and the command exited 1 in a 69-line traceback)."""
+    import ray
+
+    with socket.create_server(("127.0.0.1", 0)) as held:
+        port = held.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            main_ray([str(exported.parent), "--port", str(port)])
+    (line,) = capsys.readouterr().err.splitlines()
+    assert exit_info.value.code == 1 and line.startswith(
+        f"keras-preact-serve-ray: error: port {port} is in use (--port, 127.0.0.1:{port}: "), line
+    assert not ray.is_initialized()
