@@ -329,7 +329,8 @@ def wait_for(condition, timeout, interval=0.5, message="condition"):
 
 
 
-# In-process: the console function refuses before starting Ray, checked while this process is no Ray driver.
+# In this process, no server: the replica's batcher, and the console function's refusals, each checked to
+# start no Ray while this process is not yet the cluster's driver.
 
 def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(exported):
     """What a replica's X-Batch-Id and X-Batch-Size report, without Ray: the batcher (as build_app
