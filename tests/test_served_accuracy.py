@@ -1,8 +1,8 @@
-"""Smoke test of benchmarks/served_accuracy.py: a random-weight CIFAR ResNet-20 saved as .keras (carrying
-its input config and class names), a tiny JPEG folder, the SavedModel served by the real
-``keras-preact-serve`` subprocess. Served predictions must be the in-process ones, image by image,
-for JPEG bytes and for uint8 pixels. TensorFlow backend (the SavedModel export, and a fast in-process
-evaluation); about 30 s.
+"""Smoke test of benchmarks/served_accuracy.py: a random-weight CIFAR ResNet-8 (the family's smallest
+depth) saved as .keras (carrying its input config and class names), a tiny JPEG folder, the SavedModel
+served by the real ``keras-preact-serve`` subprocess. Served predictions must be the in-process ones,
+image by image, for JPEG bytes and for uint8 pixels. TensorFlow backend (the SavedModel export, and a
+fast in-process evaluation); about 30 s.
 """
 
 import json
@@ -37,11 +37,10 @@ def write_folder(root, per_class, rng):
 def test_served_predictions_are_the_evaluated_ones(tmp_path, rng):
     pytest.importorskip("tensorflow")
     from benchmarks import served_accuracy
-    from keras_preact.models import create_model
+    from keras_preact.models import cifar_resnet
 
     write_folder(tmp_path / "data", 6, rng)
-    model = create_model("cifar_resnet20", num_classes=len(CLASSES))
-    model.class_names = CLASSES
+    model = cifar_resnet(8, len(CLASSES), class_names=CLASSES)  # CIFAR's input config, as the registry's
     head = model.get_layer("logits")
     kernel, bias = head.get_weights()
     head.set_weights([rng.normal(0, 1, kernel.shape).astype("float32"), bias])  # probabilities far from uniform
