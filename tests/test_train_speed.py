@@ -72,6 +72,8 @@ def test_reference_network_is_ours(depth, rng):
 
 
 @needs_torch
+@pytest.mark.any_backend  # the reference is PyTorch alone: nothing the Keras backend or TensorFlow changes
+@pytest.mark.once
 def test_reference_trains_and_writes_the_history_columns_of_ours(tmp_path):
     from benchmarks import reference_torch_cifar as ref
 
@@ -92,6 +94,8 @@ def _reference_command(data, out, *extra):
 
 
 @needs_torch
+@pytest.mark.any_backend  # the reference's own processes, PyTorch alone: the same in every pass
+@pytest.mark.once
 def test_reference_stopped_after_an_epoch_resumes_elsewhere_with_the_weights_of_a_straight_run(tmp_path):
     """The reference at the paper's length spans machines too: its three files carried to another folder
     resume there, the last epoch partial (7 iterations = 3 epochs of 2 + 1), equal to a run never stopped."""

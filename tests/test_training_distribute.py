@@ -1,6 +1,6 @@
 """Distribution in real subprocesses: MirroredStrategy on 2 logical CPUs, JAX DataParallel on 2 host
 devices, JAX multi-process via keras.distribution.initialize, TF MultiWorkerMirroredStrategy with two
-workers on loopback (training, kill-and-resume, and a check that the Keras fix is still needed)."""
+workers on loopback (training killed and resumed in sync, and a check that the Keras fix is still needed)."""
 
 import json
 import os
@@ -22,15 +22,16 @@ sys.path.insert(0, {repo!r})
 {setup}
 from training import train
 from training.recipe import configs
-config = configs.get_config("synthetic-resnet8", depth=8, image_size=(16, 16), synthetic_train_size=128,
-    synthetic_test_size=32, batch_size={batch}, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0",
-    jit_compile={jit!r}, export=False, run_dir={run_dir!r}, distribute={distribute!r})
-try:
-    result = train.train(config)
-except ValueError as e:
-    print("VALUEERROR", e)
-else:
-    print("RESULT", json.dumps(result))
+for batch, run_dir in {runs!r}:
+    config = configs.get_config("synthetic-resnet8", depth=8, image_size=(16, 16), synthetic_train_size=128,
+        synthetic_test_size=32, batch_size=batch, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0",
+        jit_compile={jit!r}, export=False, run_dir=run_dir, distribute={distribute!r})
+    try:
+        result = train.train(config)
+    except ValueError as e:
+        print("VALUEERROR", e, flush=True)
+    else:
+        print("RESULT", json.dumps(result), flush=True)
 """
 
 TWO_LOGICAL_CPUS = """
@@ -60,16 +61,16 @@ def free_port():
 
 
 def test_mirrored_strategy_on_two_logical_cpus(tmp_path):
+    """One process (the logical devices are fixed at TensorFlow's start): a batch the 2 replicas cannot split
+    is refused before any work, then a divisible one trains."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    code = TRAIN.format(repo=str(REPO), setup=TWO_LOGICAL_CPUS, batch=16, run_dir=str(tmp_path / "run"),
-                        distribute="mirrored", jit="false")
+    runs = [(15, str(tmp_path / "odd")), (16, str(tmp_path / "run"))]
+    code = TRAIN.format(repo=str(REPO), setup=TWO_LOGICAL_CPUS, runs=runs, distribute="mirrored", jit="false")
     out = run_python(code, {"KERAS_BACKEND": "tensorflow"})
     result = result_of(out)
     assert "on 2 replica(s) (mirrored)" in out.stdout
     assert (result["epochs"], result["steps"]) == (2, 6)
-    odd = run_python(TRAIN.format(repo=str(REPO), setup=TWO_LOGICAL_CPUS, batch=15, run_dir=str(tmp_path / "odd"),
-                                  distribute="mirrored", jit="false"), {"KERAS_BACKEND": "tensorflow"})
-    assert "VALUEERROR Invalid batch_size=15: the global batch must be divisible by the 2 replicas" in odd.stdout
+    assert "VALUEERROR Invalid batch_size=15: the global batch must be divisible by the 2 replicas" in out.stdout
 
 
 def only_in_the_jax_pass():
@@ -87,7 +88,7 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
     # forced host devices share one small thread pool: CI hung once in such a rendezvous (2026-11-23, both
     # devices waiting 600 s). XLA gives up on a missed rendezvous after 180 s, before the 420 s subprocess
     # limit, so a hang fails with XLA's own message.
-    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel",
+    code = TRAIN.format(repo=str(REPO), setup="", runs=[(16, str(tmp_path / "run"))], distribute="data-parallel",
                         jit="auto")
     flags = ("--xla_force_host_platform_device_count=2 --xla_cpu_multi_thread_eigen=false "
              "--xla_cpu_collective_call_terminate_timeout_seconds=180")
@@ -101,7 +102,7 @@ def test_jax_data_parallel_on_two_host_devices(tmp_path):
 def test_jax_multi_process_data_parallel(tmp_path):
     only_in_the_jax_pass()
     port = free_port()
-    code = TRAIN.format(repo=str(REPO), setup="", batch=16, run_dir=str(tmp_path / "run"), distribute="data-parallel",
+    code = TRAIN.format(repo=str(REPO), setup="", runs=[(16, str(tmp_path / "run"))], distribute="data-parallel",
                         jit="false")
     procs = [
         subprocess.Popen(
@@ -169,26 +170,12 @@ def trainable_weights(path):
     return [np.asarray(w) for w in keras.saving.load_model(path).trainable_weights]
 
 
-def test_tf_multi_worker_mirrored_with_two_workers(tmp_path):
+def test_tf_multi_worker_mirrored_with_two_workers_resumes_after_a_worker_is_killed(tmp_path):
+    """Two workers on loopback: one is killed mid-run, the restarted job resumes both from the chief's backup
+    and ends with both workers' trainable weights equal, bit for bit (synchronous data parallelism)."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     run = tmp_path / "run"
-    procs = start_workers(MULTIWORKER_ARGS + ["--epochs", "2", "--steps-per-epoch", "3", "--run-dir", str(run)], tmp_path)
-    outs = finish(procs)
-    assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
-    assert "on 2 replica(s) (multiworker)" in outs[0] and "[train] summary" in outs[0]
-    metrics = json.loads((run / "metrics.json").read_text())
-    assert (metrics["epochs"], metrics["steps"]) == (2, 6)
-    # Synchronous data parallelism: both workers end with the same trainable weights, bit for bit.
-    chief, other = trainable_weights(run / "model.keras"), trainable_weights(run / "worker-1" / "model.keras")
-    assert len(chief) == len(other) > 10
-    for a, b in zip(chief, other):
-        np.testing.assert_array_equal(a, b)
-
-
-def test_tf_multi_worker_resumes_after_a_worker_is_killed(tmp_path):
-    pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    run = tmp_path / "run"
-    argv = MULTIWORKER_ARGS + ["--epochs", "2", "--steps-per-epoch", "12", "--checkpoint-every", "2",
+    argv = MULTIWORKER_ARGS + ["--epochs", "2", "--steps-per-epoch", "6", "--checkpoint-every", "2",
                                "--run-dir", str(run)]
     pointer = run / "checkpoints" / "backup" / "latest.json"
     procs = start_workers(argv, tmp_path)
@@ -208,18 +195,23 @@ def test_tf_multi_worker_resumes_after_a_worker_is_killed(tmp_path):
         for p in procs:  # ... and the job is restarted: the chief goes down with it
             p.kill()
             p.wait()
-    assert killed_at and killed_at >= 4 and procs[1].returncode == -signal.SIGKILL
+    first = [p.stdout.read() for p in procs]
+    assert killed_at and killed_at >= 4 and procs[1].returncode == -signal.SIGKILL, first[0][-3000:]
+    assert "on 2 replica(s) (multiworker)" in first[0] and "resuming" not in first[0]
     assert not (run / "metrics.json").exists()
 
     procs = start_workers(argv, tmp_path)
     outs = finish(procs)
     assert [p.returncode for p in procs] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "on 2 replica(s) (multiworker)" in outs[0] and "[train] summary" in outs[0]
     resumed = [int(out.split("resuming at step ")[1].split()[0].rstrip(";")) for out in outs]
     assert resumed[0] == resumed[1] >= killed_at  # both resume from the chief's backup
     metrics = json.loads((run / "metrics.json").read_text())
-    assert (metrics["epochs"], metrics["steps"]) == (2, 24)
-    assert metrics["steps_this_session"] == 24 - resumed[0]
-    for a, b in zip(trainable_weights(run / "model.keras"), trainable_weights(run / "worker-1" / "model.keras")):
+    assert (metrics["epochs"], metrics["steps"]) == (2, 12)
+    assert metrics["steps_this_session"] == 12 - resumed[0]
+    chief, other = trainable_weights(run / "model.keras"), trainable_weights(run / "worker-1" / "model.keras")
+    assert len(chief) == len(other) > 10
+    for a, b in zip(chief, other):
         np.testing.assert_array_equal(a, b)
 
 

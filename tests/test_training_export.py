@@ -41,9 +41,10 @@ def test_export_run_and_cli_use_the_run_manifest(tmp_path, capsys, manifest):
     write_run(tmp_path / "run", model, manifest)
     path = export_lib.export_run(tmp_path / "run", tmp_path / "exports")
     assert path == tmp_path / "exports" / "cifar_run" / "1"
-    assert export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--name", "other",
-                            "--version", "4"]) == 0
-    assert capsys.readouterr().out.strip() == str(tmp_path / "exports" / "other" / "4")
+    if manifest is not LEGACY:  # the command line's flags, once: it hands the run to export_run, checked for both
+        assert export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--name", "other",
+                                "--version", "4"]) == 0
+        assert capsys.readouterr().out.strip() == str(tmp_path / "exports" / "other" / "4")
     images = np.random.default_rng(2).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
     out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
     np.testing.assert_allclose(out["probabilities"].numpy(), reference(model, images), atol=1e-5)

@@ -14,6 +14,7 @@ import threading
 import pytest
 
 from support import TRAIN_JIT_COMPILE
+from training import cli
 from training import train as train_lib
 from training.machine import memory_guard
 from training.recipe import configs
@@ -225,10 +226,21 @@ def test_keras_preact_train_stops_with_one_line_in_model_fit(tmp_path):
     assert not (run_dir / "metrics.json").exists()
 
 
-@pytest.mark.parametrize("value", ["1.5", "-1"])
-def test_keras_preact_train_refuses_a_bad_memory_limit_before_any_work(tmp_path, value):
-    result = run_cli("--run-dir", str(tmp_path / "run"), "--memory-limit", value)
-    assert result.returncode == 2
+@pytest.mark.parametrize("value, in_process", [("1.5", False), ("-1", True)], ids=["1.5", "-1-in-process"])
+def test_keras_preact_train_refuses_a_bad_memory_limit_before_any_work(tmp_path, capsys, value, in_process):
+    """The console script in a process of its own (1.5); its ``main`` in this process (-1: argparse takes it
+    as the flag's value, not as a flag)."""
+    argv = ["--run-dir", str(tmp_path / "run"), "--memory-limit", value]
+    if in_process:
+        try:
+            returncode = cli.main(argv)
+        except SystemExit as e:
+            returncode = e.code
+        stderr = capsys.readouterr().err
+    else:
+        result = run_cli(*argv)
+        returncode, stderr = result.returncode, result.stderr
+    assert returncode == 2
     assert f"keras-preact-train: error: Invalid memory_limit={float(value)!r} (--memory-limit): 0 (the memory guard " \
-           "off) or a fraction 0 < f <= 1" in result.stderr
+           "off) or a fraction 0 < f <= 1" in stderr
     assert not (tmp_path / "run").exists()

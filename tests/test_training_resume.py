@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 from support import TRAIN_JIT_COMPILE
-from training import carry
+from training import carry, cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH, EPOCHS = 8, 2
@@ -76,15 +76,16 @@ def train_until_killed(run_dir, data_dir):
 
 
 @pytest.mark.notf
-def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the_carried_files(tmp_path):
+def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the_carried_files(tmp_path, capsys):
+    """The killed run and both resumes are processes of their own (``keras-preact-train``); the carry, the
+    refusal and the straight reference run in this process, through the same entry points' ``main``."""
     first, second = tmp_path / "first-machine", tmp_path / "second-machine"
     killed_at = train_until_killed(first / "run", write_folder(first / "data"))
     assert not (first / "run" / "model.keras").exists()
 
-    done = subprocess.run([sys.executable, "-m", "training.carry", str(first / "run"), str(tmp_path / "committed")],
-                          cwd=REPO, env=env(), capture_output=True, text=True, timeout=120)
-    assert done.returncode == 0, done.stderr
-    assert f"step {killed_at}" in done.stdout and "keras-preact-train --config RUN/config.json" in done.stdout
+    assert carry.main([str(first / "run"), str(tmp_path / "committed")]) == 0
+    done = capsys.readouterr()
+    assert f"step {killed_at}" in done.out and "keras-preact-train --config RUN/config.json" in done.out
     carried = sorted(str(p.relative_to(tmp_path / "committed")) for p in (tmp_path / "committed").rglob("*")
                      if p.is_file())
     assert carried == ["checkpoints/backup/latest.json", f"checkpoints/backup/state-{killed_at:010d}/model.weights.h5",
@@ -109,11 +110,11 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     shutil.copytree(tmp_path / "committed", second / "run")
     carried_config = second / "run" / "config.json"
     other = write_folder(second / "other-data", classes=("cat", "dog", "fox"))
-    refused = subprocess.run(command(second / "run", other, config=carried_config), cwd=REPO, env=env(),
-                             capture_output=True, text=True, timeout=300)
-    assert refused.returncode != 0
+    with pytest.raises(SystemExit) as refused:
+        cli.main(command(second / "run", other, config=carried_config)[3:])
+    assert refused.value.code == 2
     assert ("the data has classes ['cat', 'dog', 'fox'], the run was trained on ['cat', 'dog', 'emu']; pass the "
-            "--data-dir of the run's data set") in refused.stderr
+            "--data-dir of the run's data set") in capsys.readouterr().err
     resumed = subprocess.run(command(second / "run", second / "data", config=carried_config),
                              cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
@@ -123,9 +124,7 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     assert [line.split(",")[0] for line in history[1:]] == [str(e) for e in range(EPOCHS)]
 
     # Both resumes continued the exact data stream and optimizer state: the weights of a run never stopped.
-    straight = subprocess.run(command(tmp_path / "straight", second / "data"), cwd=REPO, env=env(),
-                              capture_output=True, text=True, timeout=600)
-    assert straight.returncode == 0, straight.stderr[-3000:]
+    assert cli.main(command(tmp_path / "straight", second / "data")[3:]) == 0
     expected = weights(tmp_path / "straight")
     for got in (resumed_in_place, weights(second / "run")):
         for a, b in zip(got, expected):

@@ -27,10 +27,27 @@ def tiny(tmp_path, **overrides):
     return configs.get_config("synthetic-resnet8", **{"run_dir": str(tmp_path / "run"), **TINY, **overrides})
 
 
+# The tests that read ``tiny_run`` share one pytest-xdist worker (`--dist loadgroup`): the run trains once.
+TINY_RUN_READER = pytest.mark.xdist_group("test_training_train-tiny-run")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory):
+    """(folder, result) of one ``tiny`` run (seed 0), read by the run-directory and the determinism tests."""
+    root = tmp_path_factory.mktemp("tiny")
+    return root, train_lib.train(tiny(root))
+
+
+def trained_weights(run_dir):
+    model = keras.saving.load_model(run_dir / "model.keras")
+    return [np.asarray(w) for w in model.get_weights()]
+
+
 @pytest.mark.core
 @pytest.mark.notf
-def test_run_directory_contract(tmp_path):
-    result = train_lib.train(tiny(tmp_path))
+@TINY_RUN_READER
+def test_run_directory_contract(tiny_run):
+    tmp_path, result = tiny_run
     run = tmp_path / "run"
     assert result["run_dir"] == str(run) and (result["epochs"], result["steps"]) == (2, 6)
     for name in ("config.json", "model.keras", "history.csv", "metrics.json", "curves.png", "tensorboard",
@@ -147,13 +164,14 @@ def test_finalise_alone_on_a_fitted_model(tmp_path, capsys):
 
 @pytest.mark.core
 @pytest.mark.notf
-def test_same_seed_gives_identical_weights(tmp_path):
+@TINY_RUN_READER
+def test_same_seed_gives_identical_weights(tiny_run, tmp_path):
     def weights(sub, seed):
         train_lib.train(tiny(tmp_path / sub, seed=seed))
-        model = keras.saving.load_model(tmp_path / sub / "run" / "model.keras")
-        return [np.asarray(w) for w in model.get_weights()]
+        return trained_weights(tmp_path / sub / "run")
 
-    a, b, c = weights("a", 1), weights("b", 1), weights("c", 2)
+    a = trained_weights(tiny_run[0] / "run")  # seed 0, the default
+    b, c = weights("b", 0), weights("c", 2)
     for x, y in zip(a, b):
         np.testing.assert_array_equal(x, y)
     assert any(not np.array_equal(x, z) for x, z in zip(a, c))
