@@ -2,9 +2,9 @@
 ``run_backbone_test``): forward and backward, ``.keras`` round trip, mixed precision, pyramid
 outputs, channels_first. The paper's headline depths (the registry's ``slow`` networks: ResNet-1001/1202,
 ImageNet 101/152/200) are checked in test_models.py instead, each built once at its smallest input;
-channels_first of a network deeper than another of its design (family and block) runs under the ``slow``
-marker, but for the cheapest headline network's there; the shallowest CIFAR network of a design checks it at
-two units per stage."""
+channels_first of a network deeper than another of its design (family and block) runs here under the ``slow``
+marker, except the cheapest headline network's, checked there; the shallowest CIFAR network of a design checks
+it at two units per stage."""
 
 import numpy as np
 import pytest
@@ -17,8 +17,8 @@ from keras_preact.models.imagenet import IMAGENET_DEPTHS
 pytestmark = pytest.mark.core
 
 NUM_CLASSES = 5
-# test_models.py's headline checks: forward and backward, .keras round trip, mixed precision, pyramid outputs,
-# and channels_first of CHANNELS_FIRST_ELSEWHERE.
+# Checked in test_models.py, built once each: forward and backward, and where depth can matter to them the
+# .keras round trip, mixed precision, pyramid outputs, and channels_first of CHANNELS_FIRST_ELSEWHERE.
 HEADLINE = {n for n in list_models() if model_spec(n).slow}
 CHANNELS_FIRST_ELSEWHERE = "imagenet_resnet101"
 
