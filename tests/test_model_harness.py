@@ -3,8 +3,7 @@
 outputs, channels_first. The paper's headline depths (the registry's ``slow`` networks: ResNet-1001/1202,
 ImageNet 101/152/200) are checked in test_models.py instead, each built once at its smallest input;
 channels_first of a network deeper than another of its design (family and block) runs here under the ``slow``
-marker, except the cheapest headline network's, checked there; the shallowest CIFAR network of a design checks
-it at two units per stage."""
+marker; the shallowest CIFAR network of a design checks it at two units per stage."""
 
 import numpy as np
 import pytest
@@ -18,9 +17,8 @@ pytestmark = pytest.mark.core
 
 NUM_CLASSES = 5
 # Checked in test_models.py, built once each: forward and backward, and where depth can matter to them the
-# .keras round trip, mixed precision, pyramid outputs, and channels_first of CHANNELS_FIRST_ELSEWHERE.
+# .keras round trip, mixed precision and pyramid outputs (channels_first below, under slow).
 HEADLINE = {n for n in list_models() if model_spec(n).slow}
-CHANNELS_FIRST_ELSEWHERE = "imagenet_resnet101"
 
 
 def _small_input(name):
@@ -72,7 +70,7 @@ def test_every_model_is_in_the_harness():
     slow = {n for n in list_models() if model_spec(n).slow}
     assert slow == {"cifar_resnet1001", "cifar_resnet1202", "imagenet_resnet101", "imagenet_resnet152",
                     "imagenet_resnet200"}
-    assert HEADLINE == slow and CHANNELS_FIRST_ELSEWHERE in HEADLINE
+    assert HEADLINE == slow
 
 
 @pytest.mark.parametrize("name", _models())
@@ -108,7 +106,7 @@ def test_channels_first_covers_every_design():
     assert _channels_first_arguments("imagenet_resnet50") == _channels_first_arguments("cifar_resnet1001") == {}
 
 
-@pytest.mark.parametrize("name", _models(skip={CHANNELS_FIRST_ELSEWHERE}, slow=_deeper_of_a_design()))
+@pytest.mark.parametrize("name", _models(skip=(), slow=_deeper_of_a_design()))
 def test_channels_first(name, rng):
     images, _ = _batch(name, rng)
     # Over hundreds of units the NHWC and NCHW kernels' different summation orders add up to ~1e-3

@@ -24,7 +24,6 @@ from keras_preact.models import (
 )
 from keras_preact.models.registry import unregister_model
 from support import (
-    compiled_call,
     run_config_echo_test,
     run_pyramid_outputs_test,
     run_saving_test,
@@ -100,15 +99,16 @@ def registered_classes(name):
 # ImageNet's 1 x 1), batch 2, at their registered classes. Building and running hundreds of units layer by
 # layer is the whole cost, so each network is built once (the parameter count and unit tests above count that
 # build's weights), runs one training-mode forward and backward, stateless (nothing changes the model the
-# checks share), and the round trip and channels_first compare with that forward. Each further check runs
+# checks share), and the round trip compares with that forward. Each further check runs
 # where depth can matter to it, not again on a network of the same builder and unit that adds nothing but
 # units: the .keras round trip on ResNet-1001 (over a thousand layers, its ~4,000 variables; the config lists
 # units per stage, so its size does not grow with depth) and ImageNet-200 (the deepest of its table, the largest
 # file) -- ResNet-1202's basic, option-A units are round-tripped by ResNet-20 to 110 in test_model_harness,
 # ImageNet-101/152 are ImageNet-50/200 with other stage counts (checked by their parameter counts); mixed_float16
 # on ResNet-1202 (the most units: the residual stream's variance grows with each, float16's range is what
-# depth can exceed) and ImageNet-200; the pyramid outputs on the deepest of each family; channels_first on the
-# cheapest (ImageNet-101, 33 units; at the others' depth under slow in test_model_harness).
+# depth can exceed) and ImageNet-200; the pyramid outputs on the deepest of each family. channels_first stays
+# under slow in test_model_harness: at these inputs the last stage is 1 x 1 (ImageNet) and batch statistics over
+# two values amplify the NCHW/NHWC summation-order differences (ImageNet-101 on JAX: up to 6e-3, 3x relative).
 HEADLINE_INPUTS = {
     "cifar_resnet1001": (8, 8, 3),
     "cifar_resnet1202": (8, 8, 3),
@@ -501,15 +501,3 @@ def test_headline_mixed_precision(name, headline):
 def test_headline_pyramid_outputs(name, headline):
     network = headline(name)
     run_pyramid_outputs_test(network.model.backbone, network.images)
-
-
-@BUILT_ONCE
-def test_headline_channels_first(headline):
-    """The cheapest headline network (33 units) built channels_first gives the channels_last build's outputs on
-    transposed images, with the same weights (on TensorFlow's CPU through XLA: support.compiled_call)."""
-    network = headline("imagenet_resnet101")
-    height, width, channels = HEADLINE_INPUTS["imagenet_resnet101"]
-    first = create_model("imagenet_resnet101", data_format="channels_first", input_shape=(channels, height, width))
-    first.set_weights(network.model.get_weights())
-    actual = to_numpy(compiled_call(first, np.transpose(network.images, (0, 3, 1, 2)), training=True))
-    np.testing.assert_allclose(actual, network.step[0], rtol=1e-4, atol=1e-5)
