@@ -49,6 +49,9 @@ class TFServingReplica:
     model is ready (``loaded``); a load that fails: one line, exit 1, and the failed replica's health check reports it.
     """
 
+    def __init__(self):
+        self.health_checked = False  # Ray Serve's first health check, right after the constructor, is done
+
     async def loaded(self):
         """(this replica's id, None) once its model is ready, or (its id, the load error in one line)."""
         state = self.app.state.serving
@@ -56,9 +59,12 @@ class TFServingReplica:
         return serve.get_replica_context().replica_id.unique_id, None if ready else load_error_line(state.load_error)
 
     def check_health(self):
-        """Ray Serve's periodic health check: fails once loading failed, so the deployment reports the error."""
+        """Ray Serve's health check: fails once loading failed, so Ray reports the deployment unhealthy with the error
+        and replaces the replica. The first check (right after the constructor) passes: else a load that fails at once
+        fails the deployment, and the command in Ray's traceback instead of one line (``wait_until_loaded``)."""
+        first, self.health_checked = not self.health_checked, True
         error = self.app.state.serving.load_error
-        if error is not None:
+        if error is not None and not first:
             raise RuntimeError(load_error_line(error))
 
 
