@@ -31,6 +31,7 @@ from serving.rest import RequestError
 JSON = "application/json"
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
+LOAD_POLL_S = 0.05  # how often a request waiting for the model (``ServingState.wait_for_load``) looks
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,11 +109,12 @@ def warm_up(model):
 class ServingState:
     """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and metrics."""
 
-    def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False):
+    def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False, wait_for_load=False):
         self._load, self._identify = load, identify
         self.limits = limits or RequestLimits()
         self.batching = batching
         self.load_in_background = load_in_background
+        self.wait_for_load = wait_for_load  # model routes wait up to ``limits.request_timeout`` for it, not a 503 at once
         self.model = self.batcher = self.load_error = self._loader = None
         self.headers = {}
         self.ready = threading.Event()
@@ -120,7 +122,8 @@ class ServingState:
         self._lock = threading.Lock()
 
     def __reduce__(self):  # a Ray Serve replica unpickles a new state of its own
-        return ServingState, (self._load, self.limits, self.batching, self._identify, self.load_in_background)
+        return ServingState, (self._load, self.limits, self.batching, self._identify, self.load_in_background,
+                              self.wait_for_load)
 
     def start(self):
         """Load the model, warm it up (``warm_up``), start the batcher, then set ``ready`` (once)."""
@@ -148,6 +151,13 @@ class ServingState:
 
         self._loader = threading.Thread(target=start, name="keras-preact-loader", daemon=True)
         self._loader.start()
+
+    async def loaded(self, timeout=None):
+        """Whether the model is ready, once it is, loading it has failed, or ``timeout`` seconds (None: no limit) passed."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while not self.ready.is_set() and self.load_error is None and (deadline is None or time.monotonic() < deadline):
+            await asyncio.sleep(LOAD_POLL_S)
+        return self.ready.is_set()
 
     def check_ready(self):
         """A 503 ``RequestError`` unless the model is loaded and warmed up."""
@@ -443,6 +453,8 @@ class _Served:
 
         try:
             body = await read_body(request, self.state.limits)
+            if self.state.wait_for_load and scope["path"] not in SERVICE_PATHS:
+                await self.state.loaded(self.state.limits.request_timeout)  # then a 503 if still loading (``_served``)
 
             async def replay():  # the body read, then what the server sends next (a disconnect)
                 nonlocal body

@@ -22,7 +22,7 @@ from ray import serve
 from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from serving.batching import BatchingOptions, check_number
 from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
-from serving.server import PortInUse, port_in_use
+from serving.server import PortInUse, load_error_line, port_in_use
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
@@ -38,7 +38,45 @@ def replica_headers():
 
 
 class TFServingReplica:
-    """One Ray Serve replica: everything it does is the ingress app's (``build_app``)."""
+    """One Ray Serve replica: the ingress app's (``build_app``), its model loaded in the background.
+
+    Its constructor returns at once (the app's lifespan starts the load in a thread, as ``keras-preact-serve``'s), so
+    while the model loads and warms up the replica answers: ``/v2/health/ready`` 503 ``{"ready": false}``,
+    ``/v2/health/live`` 200. Model routes wait for the load (at most ``--request-timeout``, then 503) where the local
+    server answers 503 at once: Ray routes requests to a replica as soon as its constructor returns (it has no
+    readiness apart from that), so a replica replacing a crashed one takes requests while it loads, and they must
+    succeed as before (tests/test_serving_ray_cluster.py). The command prints what it serves once every replica's
+    model is ready (``loaded``); a load that fails: one line, exit 1, and the failed replica's health check reports it.
+    """
+
+    def __init__(self):
+        self.health_checked = False  # Ray Serve's first health check, right after the constructor, is done
+
+    async def loaded(self):
+        """(this replica's id, None) once its model is ready, or (its id, the load error in one line)."""
+        state = self.app.state.serving
+        ready = await state.loaded()
+        return serve.get_replica_context().replica_id.unique_id, None if ready else load_error_line(state.load_error)
+
+    def check_health(self):
+        """Ray Serve's health check: fails once loading failed, so Ray reports the deployment unhealthy with the error
+        and replaces the replica. The first check (right after the constructor) passes: else a load that fails at once
+        fails the deployment, and the command in Ray's traceback instead of one line (``wait_until_loaded``)."""
+        first, self.health_checked = not self.health_checked, True
+        error = self.app.state.serving.load_error
+        if error is not None and not first:
+            raise RuntimeError(load_error_line(error))
+
+
+def wait_until_loaded(handle, replicas):
+    """None once each of the deployment's ``replicas`` has its model ready, else the first load error (one line)."""
+    ready = set()
+    while len(ready) < replicas:
+        for replica, error in [response.result() for response in [handle.loaded.remote() for _ in range(replicas)]]:
+            if error is not None:
+                return error
+            ready.add(replica)
+    return None
 
 
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
@@ -61,7 +99,8 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
     choose_runtimes(formats_in(path), runtime)  # the runtime is valid and installed here (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
     state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
-                         dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers)
+                         dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers,
+                         load_in_background=True, wait_for_load=True)  # ``TFServingReplica``
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
         ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,
@@ -149,7 +188,10 @@ def main(argv=None):
         signal.signal(signum, _stop)
     try:
         serve.start(http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)})
-        serve.run(app, name=model_name, route_prefix="/")
+        error = wait_until_loaded(serve.run(app, name=model_name, route_prefix="/"), args.replicas)
+        if error is not None:
+            print(f"{parser.prog}: error: {error}", file=sys.stderr, flush=True)
+            return 1
         print(f"Serving model '{model_name}' version {version} ({path}) on {args.replicas} Ray Serve replica(s) "
               f"at http://{args.host}:{args.port}/v1/models/{model_name}", flush=True)
         threading.Event().wait()

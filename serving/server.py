@@ -237,12 +237,16 @@ def main(argv=None):
     return 0 if server.state.load_error is None else 1
 
 
+def load_error_line(error):
+    """What a console prints when the model failed to load: one line."""
+    return str(error) if isinstance(error, NoVersionLoads) else one_line(error)
+
+
 def announce(server, prog):
     """Once the model serves, what is served where; if it fails to load, one line, and the server stops."""
     while not server.state.ready.wait(0.1):
         if server.state.load_error is not None:
-            error = server.state.load_error
-            print(f"{prog}: error: {error if isinstance(error, NoVersionLoads) else one_line(error)}", file=sys.stderr, flush=True)
+            print(f"{prog}: error: {load_error_line(server.state.load_error)}", file=sys.stderr, flush=True)
             server.shutdown()
             return
     host, port = server.server_address[:2]

@@ -34,6 +34,7 @@ The tests that call the console function in this process come first: they check 
 
 import base64
 import collections
+import concurrent.futures
 import dataclasses
 import http.client
 import json
@@ -736,3 +737,99 @@ def test_a_killed_replica_fails_at_most_the_requests_in_flight_and_ray_places_a_
     assert sorted(actor.node_id for actor in replacement.values()) == sorted(node.node_id for node in nodes)
     assert parent_pid(replacement[new_id].pid) == nodes[1].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
     replies_from_every_replica(port, replacement, reference)
+
+
+LOAD_GATE = '''
+import builtins, os, sys, time
+if sys.argv and sys.argv[0].endswith("default_worker.py"):  # Ray's worker processes: each replica's load waits
+    _import = builtins.__import__
+
+    def _gate_the_load(name, *args, **kwargs):
+        module = _import(name, *args, **kwargs)
+        servable = sys.modules.get("serving.servable")
+        if servable is not None and hasattr(servable, "Servable"):
+            load = servable.Servable._load
+
+            def gated(self, *load_args, **load_kwargs):
+                while not os.path.exists(os.environ["LOAD_GATE"]):
+                    time.sleep(0.05)
+                return load(self, *load_args, **load_kwargs)
+
+            servable.Servable._load = gated
+            builtins.__import__ = _import
+        return module
+
+    builtins.__import__ = _gate_the_load
+'''
+
+
+def answer(port, method, path, body=None, timeout=2):
+    """(status, decoded JSON) of one request, or None when no answer came within ``timeout`` seconds."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=timeout)
+    try:
+        return request(port, method, path, body, connection=connection)
+    except (OSError, http.client.HTTPException):
+        return None
+    finally:
+        connection.close()
+
+
+def proxy_up(port):
+    """Whether Ray's proxy answers its own health check (200 "success" as soon as it runs)."""
+    connection = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+    try:
+        connection.request("GET", "/-/healthz")
+        return connection.getresponse().status == 200
+    except (OSError, http.client.HTTPException):
+        return False
+    finally:
+        connection.close()
+
+
+def test_ray_replicas_are_not_ready_until_loaded_and_hold_model_requests_meanwhile(exported, local, tmp_path):
+    """Issue 36, items 7 and 12: the replica's model load held by a gate (a sitecustomize that Ray's workers
+    inherit): Ray's proxy answers /v2/health/ready 503 {"ready": false} and /v2/health/live 200 meanwhile (it
+    answered neither until the replica had loaded), a predict sent meanwhile waits for the load and succeeds, and
+    the command says what it serves only once the replica is ready."""
+    gate = tmp_path / "open"
+    (tmp_path / "sitecustomize.py").write_text(LOAD_GATE)
+    port = free_port()
+    command, options = run_entry_point(
+        str(exported.parent), "--replicas", "1", "--port", str(port), "--num-cpus", "1",
+        "--object-store-memory", str(100 * 2**20), "--request-timeout", "120",
+        env={"PYTHONPATH": f"{tmp_path}:{REPO}", "LOAD_GATE": str(gate)})
+    for name in CLUSTER_ENV:  # a user's environment, not the cluster's (the module's cluster may be running)
+        options["env"].pop(name, None)
+    log = tmp_path / "serve.log"
+    with open(log, "w") as stderr:
+        process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
+                                   **options)
+    body = {"instances": images(1, seed=3).tolist()}
+    try:
+        deadline = time.monotonic() + 240
+        while not proxy_up(port):
+            assert time.monotonic() < deadline and process.poll() is None, log.read_text()[-4000:]
+            time.sleep(0.5)
+        deadline = time.monotonic() + 60  # the replica started: its constructor does not wait for the load
+        while (ready := answer(port, "GET", "/v2/health/ready")) is None:
+            assert time.monotonic() < deadline, "no answer to /v2/health/ready while the model loads"
+        assert ready == (503, {"ready": False})
+        assert answer(port, "GET", "/v2/health/live") == (200, {"live": True})
+        assert select.select([process.stdout], [], [], 0)[0] == []  # nothing served yet: nothing said
+        waiting = concurrent.futures.ThreadPoolExecutor(1).submit(
+            answer, port, "POST", "/v1/models/cifar:predict", body, timeout=120)
+        time.sleep(1)
+        assert not waiting.done() and not gate.exists()  # held while the model loads, not refused
+        gate.touch()
+        status, reply = waiting.result(timeout=150)
+        expected_status, expected_reply = request(local, "POST", "/v1/models/cifar:predict", body)
+        assert status == expected_status == 200
+        np.testing.assert_allclose(reply["predictions"][0]["probabilities"],
+                                   expected_reply["predictions"][0]["probabilities"], rtol=0, atol=1e-6)
+        assert answer(port, "GET", "/v2/health/ready") == (200, {"ready": True})
+        assert select.select([process.stdout], [], [], 120)[0], log.read_text()[-4000:]
+        assert f"Serving model 'cifar' version 2 ({exported}) on 1 Ray Serve replica(s)" in process.stdout.readline()
+    finally:
+        gate.touch()
+        returncode, leftover = stop_entry_point(process)
+    assert returncode == 0 and leftover == "", (returncode, leftover, log.read_text()[-4000:])
