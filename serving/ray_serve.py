@@ -45,7 +45,7 @@ class TFServingReplica:
     ``/v2/health/live`` 200. Model routes wait for the load (at most ``--request-timeout``, then 503) where the local
     server answers 503 at once: Ray routes requests to a replica as soon as its constructor returns (it has no
     readiness apart from that), so a replica replacing a crashed one takes requests while it loads, and they must
-    succeed as before (tests/test_serving_ray_cluster.py). The command prints what it serves once every replica's
+    succeed as before (tests/test_serving_ray.py, the killed replica). The command prints what it serves once every replica's
     model is ready (``loaded``); a load that fails: one line, exit 1, and the failed replica's health check reports it.
     """
 
