@@ -18,9 +18,6 @@ pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
 pytest.importorskip("openvino", reason="needs OpenVINO")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from keras_preact.export import export_model  # noqa: E402
-from support import CLASS_NAMES, MEAN, STD  # noqa: E402
-from support import make_export_model as make_model  # noqa: E402
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 # keras-preact-serve's own function (pyproject.toml's script; its quiet start keeps TensorFlow's C++ lines out).
@@ -28,11 +25,10 @@ SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; s
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """A whole version: SavedModel, ONNX and OpenVINO side by side (auto: serving_default on OpenVINO)."""
-    return export_model(make_model(), tmp_path_factory.mktemp("exports"), name="m",
-                        formats=("saved_model", "onnx", "openvino"), class_names=CLASS_NAMES, mean=MEAN, std=STD,
-                        top_k=3)
+def whole(tmp_path_factory, export_copy):
+    """A whole version: SavedModel, ONNX and OpenVINO side by side (auto: serving_default on OpenVINO), a
+    copy of conftest's export."""
+    return export_copy(tmp_path_factory.mktemp("exports"), "m", formats=("saved_model", "onnx", "openvino"))
 
 
 def truncate(path):
