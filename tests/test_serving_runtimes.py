@@ -255,13 +255,16 @@ def test_the_console_binds_first_and_is_ready_only_once_the_model_is_loaded(expo
 
 def test_a_port_in_use_is_refused_before_the_model_loads(exported, tmp_path):
     """The port is bound before anything loads: held by another socket, exit 1 in one line at once,
-    though the model would never load (its gate stays shut)."""
+    though the model would never load (its gate stays shut). (Issue 36, case 9 for --port: the line names
+    the flag and the address; test_serving_versions holds the --grpc-port case.)"""
     _, onnx_only = exported
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
         process = gated_serve(onnx_only.parent, port, tmp_path / "gate")
         try:
-            _, stderr = process.communicate(timeout=120)
+            stdout, stderr = process.communicate(timeout=120)
         finally:
             process.kill()
-    assert process.returncode == 1 and stderr.startswith(f"keras-preact-serve: error: port {port} is in use"), stderr
+    assert process.returncode == 1 and stdout == "", (stdout, stderr)
+    (line,) = [line for line in stderr.splitlines() if line.strip()]
+    assert line.startswith(f"keras-preact-serve: error: port {port} is in use (--port, 127.0.0.1:{port}"), stderr

@@ -132,9 +132,10 @@ def test_a_corrupt_onnx_only_version_exits_1_in_one_line(whole, tmp_path):
     assert "model.onnx" in line and "Protobuf parsing failed" in line, line
 
 
-@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+# --port: test_serving_runtimes' port-in-use test (the same one line, exit 1, before the model loads).
+@pytest.mark.parametrize("flag", ["--grpc-port"])
 def test_a_port_in_use_exits_1_in_one_line(whole, tmp_path, flag):
-    """Case 9: the REST or gRPC port held by another socket: exit 1, one line naming the port."""
+    """Case 9: the gRPC port held by another socket: exit 1, one line naming the port."""
     pytest.importorskip("tensorflow_serving", reason="--grpc-port needs tensorflow-serving-api")
     shutil.copytree(whole, tmp_path / "m" / "1", ignore=shutil.ignore_patterns("openvino", "model.onnx"))
     with socket.create_server(("127.0.0.1", 0)) as held:
