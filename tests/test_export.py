@@ -16,6 +16,8 @@ from keras_preact.export import export_saved_model
 from support import CLASS_NAMES, MEAN, STD
 from support import make_export_model as make_model
 
+# One worker (`--dist loadgroup`): the module fixture's export is made once, not on each worker.
+pytestmark = pytest.mark.xdist_group("test_export")
 TOP_K = 3
 
 

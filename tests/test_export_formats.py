@@ -25,6 +25,8 @@ from training import export as export_lib
 from training.recipe.configs import get_config
 from training.run.manifest import RunManifest, input_config_for
 
+# One worker (`--dist loadgroup`): the exports of the module fixture, one per mean, are made once, not on each worker.
+pytestmark = pytest.mark.xdist_group("test_export_formats")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 BACKEND = keras.backend.backend()
 TOP_K = 3

@@ -24,6 +24,8 @@ from support import (
     randomize_statistics,
 )
 
+# One worker (`--dist loadgroup`): the module fixture's exports (224 and 320) are made once, not on each worker.
+pytestmark = pytest.mark.xdist_group("test_export_preprocessing")
 IMAGENET = get_input_config("imagenet_resnet18")  # 224, crop_fraction 0.875
 CONFIGS = {"224": IMAGENET, "320": IMAGENET.at_test_size(320)}
 # Landscape and portrait photos, as a client would send them.

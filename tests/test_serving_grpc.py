@@ -1,7 +1,7 @@
 """TF Serving's gRPC API on ``--grpc-port``, spoken by a client written for TF Serving: only the official
 ``tensorflow-serving-api`` stubs and ``tf.make_tensor_proto``. Same replies as REST (uint8 pixels, float
 pixels, JPEG bytes), metadata and status, each error as its gRPC status code, batching off and on, and
-SIGTERM draining gRPC requests in flight. Without TensorFlow (the `notf` test), ``--grpc-port`` is
+SIGTERM draining the gRPC and REST requests in flight. Without TensorFlow (the `notf` test), ``--grpc-port`` is
 refused at start in one line."""
 
 import base64
@@ -40,13 +40,9 @@ ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
-    from keras_preact.export import export_saved_model
-    from support import CLASS_NAMES, MEAN, STD
-    from support import make_export_model as make_model
-
-    base = tmp_path_factory.mktemp("saved_models")
-    return export_saved_model(make_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD, top_k=3)
+def exported(tmp_path_factory, export_copy):
+    """conftest's SavedModel (top 3 of 10 classes), served as cifar version 1."""
+    return export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
 
 
 def start(exported, batching):
@@ -527,25 +523,37 @@ def test_a_model_not_loaded_yet_is_unavailable():
 
 
 @needs_grpc
-def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
-    """keras-preact-serve --grpc-port with batching holding 8 gRPC requests (a 1 s batching timeout),
-    then SIGTERM: all 8 get their predictions, then the process exits 0."""
+def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(exported):
+    """keras-preact-serve --grpc-port with every batching flag, named resnet, holding 4 REST and 4 gRPC
+    requests (a 1 s batching timeout), then SIGTERM: all 8 get their predictions (the export's top 3),
+    then the process exits 0. (One process for both protocols; test_serving's console test serves unbatched.)"""
     process = subprocess.Popen(
         [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
-         "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64"],
+         "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64",
+         "--batching-max-queue", "10", "--batching-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     try:
-        assert "Serving model 'cifar' version 1" in process.stdout.readline()
+        line = process.stdout.readline()
+        assert "Serving model 'resnet' version 1" in line, line
+        rest_port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
         line = process.stdout.readline()
         assert line.startswith("gRPC (TF Serving's PredictionService and ModelService) at 127.0.0.1:"), line
         port = int(line.rsplit(":", 1)[1])
         pool = images(8, seed=21)
         replies = [None] * 8
 
-        def client(i):
-            replies[i] = predict(port, {"images": pool[i:i + 1]}, timeout=60)
+        def rest_client(i):
+            conn = http.client.HTTPConnection("127.0.0.1", rest_port, timeout=60)
+            conn.request("POST", "/v1/models/resnet:predict", body=json.dumps({"instances": pool[i:i + 1].tolist()}),
+                         headers={"Content-Type": "application/json"})
+            response = conn.getresponse()
+            replies[i] = response.status, json.loads(response.read())
+            conn.close()
 
-        threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
+        def grpc_client(i):
+            replies[i] = predict(port, {"images": pool[i:i + 1]}, model="resnet", timeout=60)
+
+        threads = [threading.Thread(target=rest_client if i < 4 else grpc_client, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
         time.sleep(0.5)  # all 8 wait in the batcher's queue
@@ -556,8 +564,12 @@ def test_sigterm_answers_the_grpc_requests_in_flight_then_exits_0(exported):
     finally:
         process.kill()
     reference = tf.saved_model.load(str(exported)).signatures["serving_default"](images=tf.constant(pool))
-    for i, reply in enumerate(replies):
-        assert reply is not None and reply["classes"][0].tolist() == reference["classes"][i].numpy().tolist(), i
+    classes = reference["classes"].numpy().tolist()
+    for i, (code, reply) in enumerate(replies[:4]):  # REST
+        assert code == 200 and reply["predictions"][0]["classes"] == classes[i], reply
+        assert len(reply["predictions"][0]["classes"]) == 3  # the export's top_k
+    for i, reply in enumerate(replies[4:], start=4):  # gRPC
+        assert reply is not None and reply["classes"][0].tolist() == classes[i], i
 
 
 @pytest.mark.notf

@@ -15,7 +15,7 @@ from test_serving_metrics import Model, started
 
 from serving import app, openapi
 
-EXAMPLES_PER_OPERATION = 25  # at most, per generation mode (23 operations x 2 modes): about 500 requests, 25 s
+EXAMPLES_PER_OPERATION = 10  # at most, per operation and generation mode (23 operations x 2 modes, each fuzzed)
 TIME_BUDGET_S = 120  # the whole fuzzing run; CI's bound, should the machine be slow
 
 
@@ -59,15 +59,12 @@ def test_the_document_is_generated_from_the_routes_and_served():
 
 
 @pytest.fixture(scope="module")
-def export_served(tmp_path_factory):
+def export_served(tmp_path_factory, export_copy):
+    """conftest's SavedModel, served as cifar version 1 with batching on."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    from keras_preact.export import export_saved_model
     from serving.server import make_server
-    from support import CLASS_NAMES, MEAN, STD, make_export_model
 
-    base = tmp_path_factory.mktemp("saved_models")
-    path = export_saved_model(make_export_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD,
-                              top_k=3)
+    path = export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
     server = make_server(path.parent, port=0, max_batch_size=16, max_body_bytes=1_000_000, enable_batching=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]

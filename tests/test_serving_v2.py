@@ -22,7 +22,6 @@ from tritonclient.utils import InferenceServerException
 
 from serving import app, server
 from serving.batching import BatchingOptions
-from support import CLASS_NAMES, MEAN, STD
 
 BATCHING = [None, BatchingOptions(batching_max_size=8, batching_timeout_ms=10)]
 
@@ -322,14 +321,10 @@ def test_not_ready_until_warmed_up():
 
 # ----------------------------------------------------------------------------- a real export (TensorFlow)
 @pytest.fixture(scope="module")
-def exported(tmp_path_factory):
+def exported(tmp_path_factory, export_copy):
+    """conftest's SavedModel (top 3 of 10 classes), served as cifar version 1."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    from keras_preact.export import export_saved_model
-    from support import make_export_model
-
-    base = tmp_path_factory.mktemp("saved_models")
-    return export_saved_model(make_export_model(), base, name="cifar", class_names=CLASS_NAMES, mean=MEAN, std=STD,
-                              top_k=3)
+    return export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
 
 
 @pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])

@@ -18,9 +18,6 @@ pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
 pytest.importorskip("openvino", reason="needs OpenVINO")
 httpclient = pytest.importorskip("tritonclient.http")
 
-from keras_preact.export import export_model  # noqa: E402
-from support import CLASS_NAMES, MEAN, STD  # noqa: E402
-from support import make_export_model as make_model  # noqa: E402
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 # keras-preact-serve's own function (pyproject.toml's script; its quiet start keeps TensorFlow's C++ lines out).
@@ -28,11 +25,10 @@ SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; s
 
 
 @pytest.fixture(scope="module")
-def whole(tmp_path_factory):
-    """A whole version: SavedModel, ONNX and OpenVINO side by side (auto: serving_default on OpenVINO)."""
-    return export_model(make_model(), tmp_path_factory.mktemp("exports"), name="m",
-                        formats=("saved_model", "onnx", "openvino"), class_names=CLASS_NAMES, mean=MEAN, std=STD,
-                        top_k=3)
+def whole(tmp_path_factory, export_copy):
+    """A whole version: SavedModel, ONNX and OpenVINO side by side (auto: serving_default on OpenVINO), a
+    copy of conftest's export."""
+    return export_copy(tmp_path_factory.mktemp("exports"), "m", formats=("saved_model", "onnx", "openvino"))
 
 
 def truncate(path):
@@ -136,9 +132,10 @@ def test_a_corrupt_onnx_only_version_exits_1_in_one_line(whole, tmp_path):
     assert "model.onnx" in line and "Protobuf parsing failed" in line, line
 
 
-@pytest.mark.parametrize("flag", ["--port", "--grpc-port"])
+# --port: test_serving_runtimes' port-in-use test (the same one line, exit 1, before the model loads).
+@pytest.mark.parametrize("flag", ["--grpc-port"])
 def test_a_port_in_use_exits_1_in_one_line(whole, tmp_path, flag):
-    """Case 9: the REST or gRPC port held by another socket: exit 1, one line naming the port."""
+    """Case 9: the gRPC port held by another socket: exit 1, one line naming the port."""
     pytest.importorskip("tensorflow_serving", reason="--grpc-port needs tensorflow-serving-api")
     shutil.copytree(whole, tmp_path / "m" / "1", ignore=shutil.ignore_patterns("openvino", "model.onnx"))
     with socket.create_server(("127.0.0.1", 0)) as held:
