@@ -91,7 +91,9 @@ def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path,
         for extra in ([], ["--seed", "6"]):
             if extra:
                 capsys.readouterr()
-                code, err = cli.main(command(run, *extra, epochs=100000)), capsys.readouterr().err
+                with pytest.raises(SystemExit) as refused:  # argparse's error exit, as the console script's
+                    cli.main(command(run, *extra, epochs=100000))
+                code, err = refused.value.code, capsys.readouterr().err
             else:
                 code, _, err = run_cli(command(run, *extra, epochs=100000), timeout=120)  # refused in seconds
             assert code == 2, err[-3000:]
