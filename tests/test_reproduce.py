@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from support import misnamed_metrics
+from support import TRAIN_JIT_COMPILE, misnamed_metrics
 from training import reproduce
 from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summarize
 
@@ -127,7 +127,8 @@ def test_a_metrics_json_written_before_errors_were_fractions_is_read_as_fraction
 
 @pytest.mark.notf
 def test_end_to_end_synthetic(tmp_path, capsys):
-    args = ["--table", "2", "--rows", "resnet110-full-preact", "--depth", "8", "--epochs", "2",
+    args = ["--table", "2", "--rows", "resnet110-full-preact", "--depth", "8", "--image-size", "16", "16",
+            "--jit-compile", TRAIN_JIT_COMPILE, "--epochs", "2",
             "--seeds", "2", "--dataset", "synthetic", "--set", "synthetic_train_size=128",
             "--set", "synthetic_test_size=64", "--set", "batch_size=64", "--out", str(tmp_path)]
     assert reproduce.main(args) == 0

@@ -294,6 +294,7 @@ def fresh_process(monkeypatch):
     monkeypatch.setattr(backends, "installed", lambda backend: True)
 
 
+@pytest.mark.any_backend  # every installed backend's probe runs in test_cli_auto_measures_the_installed_backends
 def test_probe_subprocess_times_the_runs_model_on_this_backend():
     backend = keras.backend.backend()
     result = backends.run_probe(backend, TINY_RUN, steps=2, warmup=1)
@@ -381,14 +382,16 @@ def test_a_chosen_backend_is_never_probed(tmp_path, fresh_process, monkeypatch):
 @pytest.mark.any_backend  # KERAS_BACKEND unset: the pass's backend plays no part
 def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
     """The real entry point, KERAS_BACKEND unset: every installed backend is probed on this run's model in
-    its own process, the line names the figures, and the run trains on the fastest."""
+    its own process, the line names the figures, and the run trains on the fastest. No --jit-compile: each
+    backend compiles as Keras does by default (``auto``: XLA on JAX and TensorFlow, eager PyTorch), as a user's
+    run does; one flag for all would probe JAX eagerly (``false``) or PyTorch through torch.compile (``true``)."""
     run_dir = tmp_path / "run"
     environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
     environ.update(KERAS_HOME=str(tmp_path / "keras_home"), KERAS_PREACT_CACHE=str(tmp_path / "cache"))
     done = subprocess.run(
         [sys.executable, "-m", "training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
          "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32", "--synthetic-test-size", "16",
-         "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(run_dir)],
+         "--verbose", "0", "--no-export", "--run-dir", str(run_dir)],
         cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     line = next(line for line in done.stdout.splitlines() if line.startswith("[backend] "))

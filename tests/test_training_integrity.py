@@ -6,6 +6,7 @@ import io
 import json
 import os
 import pathlib
+import shutil
 import signal
 import subprocess
 import sys
@@ -74,7 +75,7 @@ def trained_run(tmp_path, *extra):
 # ------------------------------------------------------------------------------ one owner per run
 @pytest.mark.notf
 @pytest.mark.any_backend  # the lock and the manifest check come before any backend work
-def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path):
+def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path, capsys):
     run = tmp_path / "run"
     first = spawn(command(run, epochs=100000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
@@ -85,8 +86,16 @@ def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path)
         # The owner paused (SIGSTOP): it keeps its lock and leaves the cores to the commands refused meanwhile.
         first.send_signal(signal.SIGSTOP)
         files = {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()}
-        for extra in ([], ["--seed", "6"]):  # the same command twice, or with another seed
-            code, _, err = run_cli(command(run, *extra, epochs=100000), timeout=120)  # refused in seconds
+        # The same command in a process of its own (the console script's start), then with another seed through
+        # the same entry function in this process (the lock is read before any backend work: no start to repeat).
+        for extra in ([], ["--seed", "6"]):
+            if extra:
+                capsys.readouterr()
+                with pytest.raises(SystemExit) as refused:  # argparse's error exit, as the console script's
+                    cli.main(command(run, *extra, epochs=100000))
+                code, err = refused.value.code, capsys.readouterr().err
+            else:
+                code, _, err = run_cli(command(run, *extra, epochs=100000), timeout=120)  # refused in seconds
             assert code == 2, err[-3000:]
             last = err.strip().splitlines()[-1]
             assert last.startswith(f"keras-preact-train: error: Invalid run_dir={str(run)!r}: it is in use by "
@@ -213,9 +222,23 @@ def test_run_dir_that_is_a_file_says_so(tmp_path, capsys):
 
 
 # ------------------------------------------------------------------------------ exports
-def finished_run(tmp_path, capsys):
-    run = tmp_path / "run"
+# On one pytest-xdist worker (CI's --dist loadgroup), so the run is trained once, not once per worker.
+SHARES_THE_FINISHED_RUN = pytest.mark.xdist_group("test_training_integrity_finished_run")
+
+
+@pytest.fixture(scope="module")
+def trained_once(tmp_path_factory):
+    """One finished run of ``command``, trained once for the export tests: each works on a copy of it."""
+    run = tmp_path_factory.mktemp("finished") / "run"
     assert cli.main(command(run)) == 0
+    return run
+
+
+@pytest.fixture
+def finished_run(trained_once, tmp_path, capsys):
+    """A finished run of its own (a copy of ``trained_once``: config.json, model.keras, metrics.json, backups)."""
+    run = tmp_path / "run"
+    shutil.copytree(trained_once, run)
     capsys.readouterr()
     return run
 
@@ -230,10 +253,11 @@ def export_error(run, tmp_path, capsys, code=2):
     return lines[-1]
 
 
-def test_export_refuses_a_model_that_is_not_the_runs(tmp_path, capsys):
+@SHARES_THE_FINISHED_RUN
+def test_export_refuses_a_model_that_is_not_the_runs(finished_run, tmp_path, capsys):
     import keras
 
-    run = finished_run(tmp_path, capsys)
+    run = finished_run
     # A plain Keras model of the same input and output shapes, and a run's model of another design.
     inputs = keras.Input((16, 16, 3))
     plain = keras.Model(inputs, keras.layers.Dense(10, activation="softmax")(keras.layers.Flatten()(inputs)))
@@ -249,10 +273,11 @@ def test_export_refuses_a_model_that_is_not_the_runs(tmp_path, capsys):
         assert f"the file holds a {kind} of " in line
 
 
-def test_export_names_a_corrupt_weights_file_inside_a_valid_keras_zip(tmp_path, capsys):
+@SHARES_THE_FINISHED_RUN
+def test_export_names_a_corrupt_weights_file_inside_a_valid_keras_zip(finished_run, tmp_path, capsys):
     import h5py
 
-    run = finished_run(tmp_path, capsys)
+    run = finished_run
     model = run / "model.keras"
     with zipfile.ZipFile(model) as z:
         members = {n: z.read(n) for n in z.namelist()}
@@ -268,12 +293,13 @@ def test_export_names_a_corrupt_weights_file_inside_a_valid_keras_zip(tmp_path, 
         assert "re-run the training command with the same --run-dir" in line
 
 
-def test_disk_filling_during_the_savedmodel_write_is_one_line(tmp_path, capsys, monkeypatch):
+@SHARES_THE_FINISHED_RUN
+def test_disk_filling_during_the_savedmodel_write_is_one_line(finished_run, tmp_path, capsys, monkeypatch):
     import tensorflow as tf
 
     from keras_preact.export import saved_model
 
-    run = finished_run(tmp_path, capsys)
+    run = finished_run
 
     def full(path, *args, **kwargs):  # the SavedModel write, cut short by a full disk
         pathlib.Path(path).mkdir(parents=True, exist_ok=True)
@@ -289,8 +315,9 @@ def test_disk_filling_during_the_savedmodel_write_is_one_line(tmp_path, capsys, 
     assert list(model_dir.iterdir()) == []  # nothing partial
 
 
-def test_a_second_export_of_a_run_waits_for_the_first(tmp_path, capsys):
-    run = finished_run(tmp_path, capsys)
+@SHARES_THE_FINISHED_RUN
+def test_a_second_export_of_a_run_waits_for_the_first(finished_run, tmp_path, capsys):
+    run = finished_run
     exp = tmp_path / "exp"
     with run_lock.owned(run / run_lock.EXPORT_LOCK, "an export"):  # an export of this run is under way
         proc = subprocess.Popen([sys.executable, "-m", "training.export", str(run), "--export-dir", str(exp)],
