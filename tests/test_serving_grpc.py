@@ -522,14 +522,27 @@ def test_a_model_not_loaded_yet_is_unavailable():
     assert code == grpc.StatusCode.UNAVAILABLE and "not loaded yet" in details
 
 
+def queue_depth(port, model):
+    """The server's ``queue_depth`` gauge for ``model``, read from its Prometheus metrics."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", "/monitoring/prometheus/metrics")
+        text = conn.getresponse().read().decode()
+    finally:
+        conn.close()
+    key = f'keras_preact_serving_queue_depth{{model="{model}"}} '
+    return next(float(line[len(key):]) for line in text.splitlines() if line.startswith(key))
+
+
 @needs_grpc
 def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(exported):
     """keras-preact-serve --grpc-port with every batching flag, named resnet, holding 4 REST and 4 gRPC
-    requests (a 1 s batching timeout), then SIGTERM: all 8 get their predictions (the export's top 3),
-    then the process exits 0. (One process for both protocols; test_serving's console test serves unbatched.)"""
+    requests (a 30 s batching timeout; SIGTERM once the metrics show all 8 waiting): all 8 get their predictions
+    (the export's top 3), then the process exits 0. (One process for both protocols; test_serving's console test
+    serves unbatched.)"""
     process = subprocess.Popen(
         [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
-         "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "1000", "--batching-max-size", "64",
+         "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "30000", "--batching-max-size", "64",
          "--batching-max-queue", "10", "--batching-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     try:
@@ -556,7 +569,10 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
         threads = [threading.Thread(target=rest_client if i < 4 else grpc_client, args=(i,)) for i in range(8)]
         for t in threads:
             t.start()
-        time.sleep(0.5)  # all 8 wait in the batcher's queue
+        deadline = time.monotonic() + 60
+        while queue_depth(rest_port, "resnet") < 8:  # all 8 wait in the batcher's queue (a fixed sleep raced a loaded CPU)
+            assert time.monotonic() < deadline, queue_depth(rest_port, "resnet")
+            time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
         for t in threads:
             t.join(60)
