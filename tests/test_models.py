@@ -72,13 +72,13 @@ def build_without_initial_values(name, **kwargs):
 @pytest.fixture(scope="module")
 def build(headline):
     """``create_model(name, **kwargs)`` without initial values, each (name, kwargs) built once per module; a
-    headline network at its registered classes is its one build below (at its small input: a parameter count
-    and the units do not depend on the input size, every layer's weights are the same)."""
+    headline network at its registered classes already built by its checks below is that build (at its small
+    input: a parameter count and the units do not depend on the input size, every layer's weights are the same)."""
     built = {}
 
     def build(name, **kwargs):
-        if name in HEADLINE_INPUTS and kwargs == registered_classes(name):
-            return headline(name).model
+        if name in headline and kwargs == registered_classes(name):  # built (initialized) by a check below
+            return headline[name].model
         key = (name, tuple(sorted(kwargs.items())))
         if key not in built:
             built[key] = build_without_initial_values(name, **kwargs)
@@ -94,11 +94,11 @@ def registered_classes(name):
 
 # The paper's headline depths: Table 3's ResNet-1001, the original ResNet paper's ResNet-1202 and Table 5's
 # ImageNet ResNet-101/152/200 (the registry's ``slow`` networks, too large for test_model_harness's checks at
-# their test_input_size), checked wherever the core tests run at the smallest input that leaves every stage a
+# their test_input_size), checked in CI's TensorFlow pass (HEADLINE_ONCE) at the smallest input that leaves every stage a
 # nonzero size (the total stride, 4 on CIFAR and 32 on ImageNet: 8 x 8 leaves CIFAR's last stage 2 x 2, 32 x 32
 # ImageNet's 1 x 1), batch 2, at their registered classes. Building and running hundreds of units layer by
-# layer is the whole cost, so each network is built once (the parameter count and unit tests above count that
-# build's weights), runs one training-mode forward and backward, stateless (nothing changes the model the
+# layer is the whole cost, so each network is built once (the unit tests above count that build's weights when
+# it is there), runs one training-mode forward and backward, stateless (nothing changes the model the
 # checks share), and the round trip compares with that forward. Each further check runs
 # where depth can matter to it, not again on a network of the same builder and unit that adds nothing but
 # units: the .keras round trip on ResNet-1001 (over a thousand layers, its ~4,000 variables; the config lists
@@ -109,6 +109,10 @@ def registered_classes(name):
 # depth can exceed) and ImageNet-200; the pyramid outputs on the deepest of each family. channels_first stays
 # under slow in test_model_harness: at these inputs the last stage is 1 x 1 (ImageNet) and batch statistics over
 # two values amplify the NCHW/NHWC summation-order differences (ImageNet-101 on JAX: up to 6e-3, 3x relative).
+# What depth changes is checked once per environment (any_backend: on TensorFlow with it, CI's TensorFlow pass):
+# what the backend changes, the layers' math, test_model_harness checks on every backend on the smaller networks
+# of the same builders and units (a ResNet-1001's forward and backward takes ~2 minutes on JAX, eagerly).
+HEADLINE_ONCE = pytest.mark.any_backend
 HEADLINE_INPUTS = {
     "cifar_resnet1001": (8, 8, 3),
     "cifar_resnet1202": (8, 8, 3),
@@ -151,17 +155,19 @@ class Headline:
         return to_numpy(outputs), float(to_numpy(loss)), dead
 
 
+class Headlines(dict):
+    """``Headline(name)`` by name, each built on first use."""
+
+    def __missing__(self, name):
+        self[name] = Headline(name)
+        return self[name]
+
+
 @pytest.fixture(scope="module")
 def headline():
-    """``Headline(name)``, each built once per module."""
-    built = {}
-
-    def headline(name):
-        if name not in built:
-            built[name] = Headline(name)
-        return built[name]
-
-    yield headline
+    """The module's ``Headlines``: each network built once per module."""
+    built = Headlines()
+    yield built
     built.clear()
 
 
@@ -446,11 +452,12 @@ def test_the_headline_networks_are_the_registrys_slow_ones():
 
 
 @BUILT_ONCE
+@HEADLINE_ONCE
 @pytest.mark.parametrize("name", HEADLINE_INPUTS)
 def test_headline_forward_and_backward(name, headline):
     """Finite softmax outputs and loss, and a finite, non-zero gradient on every trainable variable through
     all of its units (training mode; inference mode too where untrained statistics do not overflow)."""
-    network = headline(name)
+    network = headline[name]
     outputs, loss, dead = network.step
     assert outputs.shape == (2, network.model.output_shape[-1]) and np.isfinite(outputs).all()
     np.testing.assert_allclose(outputs.sum(axis=1), 1.0, rtol=1e-5)
@@ -461,10 +468,11 @@ def test_headline_forward_and_backward(name, headline):
 
 
 @BUILT_ONCE
+@HEADLINE_ONCE
 @pytest.mark.parametrize("name", ["cifar_resnet1001", "imagenet_resnet200"])
 def test_headline_keras_round_trip(name, headline):
     """``.keras`` saved and loaded (``safe_mode=True``): every weight equal, and the same outputs."""
-    network = headline(name)
+    network = headline[name]
     with tempfile.TemporaryDirectory() as directory:  # up to 260 MB: not kept with pytest's tmp_path
         network.model.save(os.path.join(directory, "model.keras"))
         restored = keras.saving.load_model(os.path.join(directory, "model.keras"), safe_mode=True)
@@ -475,12 +483,13 @@ def test_headline_keras_round_trip(name, headline):
 
 
 @BUILT_ONCE
+@HEADLINE_ONCE
 @pytest.mark.parametrize("name", ["cifar_resnet1202", "imagenet_resnet200"])
 def test_headline_mixed_precision(name, headline):
     """Built under mixed_float16 (float16's range is where depth could overflow): every convolution
     computes in float16 on float32 variables, and the float32 outputs are finite. The twin is built without
     initial values and runs on the float32 build's (training mode, batch statistics)."""
-    network = headline(name)
+    network = headline[name]
     keras.config.set_dtype_policy("mixed_float16")
     try:
         mixed = build_without_initial_values(name, **network.arguments)
@@ -497,7 +506,8 @@ def test_headline_mixed_precision(name, headline):
 
 
 @BUILT_ONCE
+@HEADLINE_ONCE
 @pytest.mark.parametrize("name", ["cifar_resnet1202", "imagenet_resnet200"])
 def test_headline_pyramid_outputs(name, headline):
-    network = headline(name)
+    network = headline[name]
     run_pyramid_outputs_test(network.model.backbone, network.images)
