@@ -101,9 +101,9 @@ def registered_classes(name):
 # it is there), runs one training-mode forward and backward, stateless (nothing changes the model the
 # checks share), and the round trip compares with that forward. Each further check runs
 # where depth can matter to it, not again on a network of the same builder and unit that adds nothing but
-# units: the .keras round trip on ResNet-1001 (over a thousand layers, its ~4,000 variables; the config lists
-# units per stage, so its size does not grow with depth) and ImageNet-200 (the deepest of its table, the largest
-# file) -- ResNet-1202's basic, option-A units are round-tripped by ResNet-20 to 110 in test_model_harness,
+# units: the .keras round trip on ImageNet-200 (the deepest of its table, the largest file; the config lists
+# units per stage, so its size does not grow with depth; ResNet-1001's load is too slow for CI, see the test) --
+# ResNet-1202's basic, option-A units are round-tripped by ResNet-20 to 110 in test_model_harness,
 # ImageNet-101/152 are ImageNet-50/200 with other stage counts (checked by their parameter counts); mixed_float16
 # on ResNet-1202 (the most units: the residual stream's variance grows with each, float16's range is what
 # depth can exceed) and ImageNet-200; the pyramid outputs on the deepest of each family. channels_first stays
@@ -469,7 +469,10 @@ def test_headline_forward_and_backward(name, headline):
 
 @BUILT_ONCE
 @HEADLINE_ONCE
-@pytest.mark.parametrize("name", ["cifar_resnet1001", "imagenet_resnet200"])
+# Not ResNet-1001: loading its .keras file took over 6 minutes on TensorFlow (2-core AMD EPYC, 2026-11-26; Keras
+# 3.15's saving_lib walks every layer's attributes, get_attr_skipset building a Layer on each visit), more than
+# CI can pay; its units are round-tripped by ResNet-164's in test_model_harness.
+@pytest.mark.parametrize("name", ["imagenet_resnet200"])
 def test_headline_keras_round_trip(name, headline):
     """``.keras`` saved and loaded (``safe_mode=True``): every weight equal, and the same outputs."""
     network = headline[name]
