@@ -148,11 +148,10 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         return reply
 
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
-        state = self.state
-
         async def predict(model, call):
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **state.limits.model_limits())
-            outputs, headers = await run_predict(state, signature_name, inputs)
+            limits = self.state.limits.model_limits()
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **limits)
+            outputs, headers = await run_predict(self.state, signature_name, inputs)
             if headers:  # the model call that ran a batched request
                 context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
             return await run_in_threadpool(encode_predict_response, model, signature_name, outputs, list(request.output_filter))

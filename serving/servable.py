@@ -18,12 +18,11 @@ RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
 # The file that marks each format in a version folder, and the modules that run it: the export's table.
 ARTIFACTS = {name: FORMATS[name].files[0] for name in RUNTIME_SPEED_ORDER}
-RUNTIME_MODULES = {name: FORMATS[name].runtime_modules for name in RUNTIME_SPEED_ORDER}
 logger = logging.getLogger(__name__)
 
 
 def _installed(fmt):
-    modules = [*RUNTIME_MODULES[fmt]] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
+    modules = [*FORMATS[fmt].runtime_modules] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
     return any(importlib.util.find_spec(m) is not None for m in modules)
 
 
