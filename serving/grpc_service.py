@@ -104,10 +104,8 @@ def encode_predict_response(model, signature_name, outputs, output_filter):
     if unknown:
         raise RequestError(f"output_filter names {unknown}, not outputs of signature '{signature_name}' "
                            f"(its outputs: {sorted(outputs)}).")
-    response = predict_pb2.PredictResponse()
-    response.model_spec.name = model.name
-    response.model_spec.version.value = model.version
-    response.model_spec.signature_name = signature_name
+    response = predict_pb2.PredictResponse(
+        model_spec={"name": model.name, "version": {"value": model.version}, "signature_name": signature_name})
     for name in output_filter or sorted(outputs):
         as_proto_field(outputs[name], response.outputs[name])
     return response
@@ -166,9 +164,7 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
                 sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
                 raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
                                    "metadata field served is 'signature_def'.")
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = model.name
-            response.model_spec.version.value = model.version
+            response = get_model_metadata_pb2.GetModelMetadataResponse(model_spec={"name": model.name, "version": {"value": model.version}})
             response.metadata["signature_def"].Pack(json_format.ParseDict(  # the servable's signature defs
                 model.metadata["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()))
             return response

@@ -149,9 +149,8 @@ def main(argv=None):
         parser.error(str(error))
     except ImportError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    model_base = pathlib.Path(args.model_base_path).resolve()
-    model_name = model_name_or_default(model_base, args.model_name)
-    version, path = latest_version_dir(model_base)
+    model_name = model_name_or_default(args.model_base_path, args.model_name)
+    version, path = latest_version_dir(pathlib.Path(args.model_base_path).resolve())
     local = args.address is None
     needed = 1 if args.max_replicas_per_node is None else math.ceil(args.replicas / args.max_replicas_per_node)
     if local and needed > 1:
