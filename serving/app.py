@@ -68,14 +68,13 @@ class Call:
     signature: str = ""
 
 
-def decode_predict(model, body, call=None, **limits):
+def decode_predict(model, body, call, **limits):
     """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within ``limits``."""
     request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
     if signature_name not in model.signatures:
         raise RequestError(f"Serving signature name: '{signature_name}' not found in signature def; "
                            f"available: {sorted(model.signatures)}.")
-    if call is not None:
-        call.signature = signature_name
+    call.signature = signature_name
     specs = model.input_specs[signature_name]
     inputs = rest.decode_inputs(request, mode, specs)
     rest.check_inputs(specs, inputs, **limits)

@@ -19,10 +19,9 @@ def check_number(argument, value, *, real=False, at_least=None):
     is_number = not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
     if not real:
         valid, expected = is_number and value >= 1, "a positive integer"
-    elif at_least is None:
-        valid, expected = is_number and 0 < value < math.inf, "a positive number"
     else:
-        valid, expected = is_number and at_least <= value < math.inf, f"a number >= {at_least:g}"
+        valid = is_number and (0 < value if at_least is None else at_least <= value) and value < math.inf
+        expected = "a positive number" if at_least is None else f"a number >= {at_least:g}"
     if not valid:
         raise ValueError(f"Invalid {argument}={value!r}: expected {expected}.")
 

@@ -19,9 +19,8 @@ def raw_reply(status, message):
 
 
 class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 connection with a cap on open connections (``max_connections``, 503 beyond) and a deadline,
-    the keep-alive timeout, from the connection's start or last reply until a request's body has arrived (then 408),
-    not restarted by bytes arriving meanwhile (slowloris)."""
+    """uvicorn's h11 connection with ``max_connections`` (503 beyond) and the keep-alive timeout as a deadline from the
+    connection's start or last reply until a request's body has arrived (then 408), not restarted by bytes arriving."""
 
     def __init__(self, *args, max_connections=None, **kwargs):
         super().__init__(*args, **kwargs)

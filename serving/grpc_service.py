@@ -104,10 +104,8 @@ def encode_predict_response(model, signature_name, outputs, output_filter):
     if unknown:
         raise RequestError(f"output_filter names {unknown}, not outputs of signature '{signature_name}' "
                            f"(its outputs: {sorted(outputs)}).")
-    response = predict_pb2.PredictResponse()
-    response.model_spec.name = model.name
-    response.model_spec.version.value = model.version
-    response.model_spec.signature_name = signature_name
+    response = predict_pb2.PredictResponse(
+        model_spec={"name": model.name, "version": {"value": model.version}, "signature_name": signature_name})
     for name in output_filter or sorted(outputs):
         as_proto_field(outputs[name], response.outputs[name])
     return response
@@ -148,11 +146,10 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         return reply
 
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
-        state = self.state
-
         async def predict(model, call):
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **state.limits.model_limits())
-            outputs, headers = await run_predict(state, signature_name, inputs)
+            limits = self.state.limits.model_limits()
+            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **limits)
+            outputs, headers = await run_predict(self.state, signature_name, inputs)
             if headers:  # the model call that ran a batched request
                 context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
             return await run_in_threadpool(encode_predict_response, model, signature_name, outputs, list(request.output_filter))
@@ -167,9 +164,7 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
                 sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
                 raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
                                    "metadata field served is 'signature_def'.")
-            response = get_model_metadata_pb2.GetModelMetadataResponse()
-            response.model_spec.name = model.name
-            response.model_spec.version.value = model.version
+            response = get_model_metadata_pb2.GetModelMetadataResponse(model_spec={"name": model.name, "version": {"value": model.version}})
             response.metadata["signature_def"].Pack(json_format.ParseDict(  # the servable's signature defs
                 model.metadata["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()))
             return response

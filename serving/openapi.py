@@ -3,10 +3,12 @@
 import copy
 import re
 
+import numpy as np
 import yaml
 from starlette.schemas import SchemaGenerator
 
 import keras_preact
+from serving import v2
 
 PATH = "/openapi.json"
 _BASE = yaml.safe_load("""
@@ -85,10 +87,6 @@ def document(routes, model=None):
 
 def _add_examples(doc, model):
     """An example predict and infer body: one example of zeros, unless ``serving_default`` takes no one array."""
-    import numpy as np
-
-    from serving import v2
-
     specs = model.input_specs.get("serving_default", {})
     if len(specs) != 1 or next(iter(specs.values())).dtype == "string":
         return

@@ -1,8 +1,5 @@
 """``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
-the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serve").
-
-    keras-preact-serve-ray saved_models/<name> [--replicas 2] [--port 8000] [--address auto] [--max-replicas-per-node 1]
-"""
+the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serve")."""
 
 import argparse
 import dataclasses
@@ -38,15 +35,9 @@ def replica_headers():
 
 
 class TFServingReplica:
-    """One Ray Serve replica: the ingress app's (``build_app``), its model loaded in the background.
-
-    Its constructor returns at once (the app's lifespan starts the load in a thread, as ``keras-preact-serve``'s), so
-    while the model loads and warms up the replica answers: ``/v2/health/ready`` 503 ``{"ready": false}``,
-    ``/v2/health/live`` 200. Model routes wait for the load (at most ``--request-timeout``, then 503) where the local
-    server answers 503 at once: Ray routes requests to a replica as soon as its constructor returns (it has no
-    readiness apart from that), so a replica replacing a crashed one takes requests while it loads, and they must
-    succeed as before (tests/test_serving_ray.py, the killed replica). The command prints what it serves once every replica's
-    model is ready (``loaded``); a load that fails: one line, exit 1, and the failed replica's health check reports it.
+    """One Ray Serve replica: the ingress app's (``build_app``), its model loaded in the background; while it loads,
+    model routes wait for it, at most ``--request-timeout`` (why: docs/export-and-serving.md, "Metrics and health").
+    The command prints what it serves once every replica's model is ready (``loaded``); a failed load: one line, exit 1.
     """
 
     def __init__(self):
@@ -95,8 +86,7 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_b
     options = BatchingOptions(merge_batch_size, merge_wait_s * 1000)  # checks merge_batch_size (batching_max_size)
     max_ongoing = 2 * merge_batch_size  # one merged call running and the next one filling, per replica
     model_base = pathlib.Path(model_base).resolve()
-    _, path = latest_version_dir(model_base)
-    choose_runtimes(formats_in(path), runtime)  # the runtime is valid and installed here (else Value/ImportError)
+    choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # valid and installed here (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
     state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
                          dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers,
@@ -159,9 +149,8 @@ def main(argv=None):
         parser.error(str(error))
     except ImportError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
-    model_base = pathlib.Path(args.model_base_path).resolve()
-    model_name = model_name_or_default(model_base, args.model_name)
-    version, path = latest_version_dir(model_base)
+    model_name = model_name_or_default(args.model_base_path, args.model_name)
+    version, path = latest_version_dir(pathlib.Path(args.model_base_path).resolve())
     local = args.address is None
     needed = 1 if args.max_replicas_per_node is None else math.ceil(args.replicas / args.max_replicas_per_node)
     if local and needed > 1:

@@ -145,7 +145,7 @@ def check_shape(shape, spec):
         raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
 
 
-def check_inputs(specs, inputs, *, max_batch_size, max_image_pixels, max_aspect_ratio, max_request_pixels):
+def check_inputs(specs, inputs, *, max_batch_size, **image_limits):
     """A 400 unless ``inputs`` have one batch size; a 413 past the limits (the batch, ``check_encoded_images``)."""
     sizes = {a.shape[0] for a in inputs.values()}
     if len(sizes) != 1:
@@ -154,8 +154,7 @@ def check_inputs(specs, inputs, *, max_batch_size, max_image_pixels, max_aspect_
         raise RequestError(f"Batch size {max(sizes)} exceeds the limit of {max_batch_size}.", 413)
     encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
     if encoded:
-        check_encoded_images(encoded, max_image_pixels=max_image_pixels, max_aspect_ratio=max_aspect_ratio,
-                             max_request_pixels=max_request_pixels)
+        check_encoded_images(encoded, **image_limits)
 
 
 def decode_inputs(request, mode, specs):

@@ -2,13 +2,18 @@
 (docs/export-and-serving.md, "Which runtime serves")."""
 
 import importlib.util
+import json
 import logging
 import pathlib
+import traceback
+import xml.etree.ElementTree as ElementTree
 
 import numpy as np
 
 from keras_preact.export.contract import ServingContract
 from keras_preact.export.formats import FORMATS
+from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
+from keras_preact.preprocessing import InputConfig
 from serving import rest
 from serving.rest import RequestError
 
@@ -18,12 +23,11 @@ RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
 # The file that marks each format in a version folder, and the modules that run it: the export's table.
 ARTIFACTS = {name: FORMATS[name].files[0] for name in RUNTIME_SPEED_ORDER}
-RUNTIME_MODULES = {name: FORMATS[name].runtime_modules for name in RUNTIME_SPEED_ORDER}
 logger = logging.getLogger(__name__)
 
 
 def _installed(fmt):
-    modules = [*RUNTIME_MODULES[fmt]] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
+    modules = [*FORMATS[fmt].runtime_modules] + (["tensorflow"] if fmt == "litert" else [])  # tf.lite also runs LiteRT
     return any(importlib.util.find_spec(m) is not None for m in modules)
 
 
@@ -89,10 +93,9 @@ class SavedModelSignatures:
             for key, value in saved_model.meta_graphs[0].signature_def.items() if not key.startswith("__")}
 
     def predict(self, signature_name, inputs):
-        tf = self._tf
         try:
-            outputs = self._functions[signature_name](**{k: tf.constant(v) for k, v in inputs.items()})
-        except (tf.errors.InvalidArgumentError, tf.errors.OutOfRangeError) as error:
+            outputs = self._functions[signature_name](**{k: self._tf.constant(v) for k, v in inputs.items()})
+        except (self._tf.errors.InvalidArgumentError, self._tf.errors.OutOfRangeError) as error:
             # E.g. bytes that are not a decodable image.
             raise RequestError(f"Invalid input: {_first_useful_line(error.message)}") from None
         return {k: v.numpy() for k, v in outputs.items()}
@@ -172,12 +175,6 @@ def _named_file(error, path, default):
 
 def check_version_files(path, formats):
     """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged; None when whole."""
-    import json
-    import xml.etree.ElementTree as ElementTree
-
-    from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
-    from keras_preact.preprocessing import InputConfig
-
     path = pathlib.Path(path)
     names, preprocessing = f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{ASSETS}/{PREPROCESSING_ASSET}"
     required = [names, preprocessing] + (["saved_model.pb", "variables/variables.index"] if "saved_model" in formats else [])
@@ -211,8 +208,6 @@ def check_version_files(path, formats):
 
 def _blame_saved_model(error, path):
     """The SavedModel file an error comes from: the one it names, the variables (the checkpoint's), else the graph."""
-    import traceback
-
     if any("checkpoint" in frame.filename for frame in traceback.extract_tb(error.__traceback__)):
         shards = sorted(p.name for p in (pathlib.Path(path) / "variables").glob("variables.data-*"))
         return _named_file(error, path, f"variables/{shards[0] if len(shards) == 1 else 'variables.data-*'}")
@@ -244,11 +239,9 @@ class Servable:
         from serving.app import warm_up
 
         self.version, self.path = version, path
-        self.formats = formats_in(path)
-        choice = choose_runtimes(self.formats, runtime)
+        choice = choose_runtimes(formats_in(path), runtime)
         loaded = {choice["pixels"]} | ({"saved_model"} if choice["saved_model"] else set())
-        damaged = check_version_files(path, loaded)
-        if damaged is not None:
+        if (damaged := check_version_files(path, loaded)) is not None:
             raise VersionError(version, path, *damaged)
         self._runners, self.input_specs, signature_defs, self.signatures = {}, {}, {}, {}
         if choice["saved_model"]:

@@ -1,8 +1,5 @@
 """``keras-preact-serve``: ``serving.app`` on uvicorn, and ``serving.grpc_service`` on its event loop, for the
-newest version that loads; it binds first and loads in the background (docs/export-and-serving.md).
-
-    keras-preact-serve saved_models/<name> [--port 8501] [--grpc-port 8500] [--model-name NAME] [--host 127.0.0.1]
-"""
+newest version that loads; it binds first and loads in the background (docs/export-and-serving.md)."""
 
 import argparse
 import asyncio

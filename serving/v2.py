@@ -190,9 +190,7 @@ def decode_inputs(request, binary, specs):
                                    f"({len(binary) - offset} bytes left).")
             data, offset = binary[offset:offset + size], offset + size
             if datatype == "BYTES":  # the elements first: a shape's count alone allocates nothing
-                elements = _bytes_elements(data, count, name)
-                array = np.empty(count, dtype=object)
-                array[:] = elements
+                array = np.fromiter(_bytes_elements(data, count, name), object, count)
             else:
                 dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
                 if count * dtype.itemsize != size:
@@ -206,8 +204,7 @@ def decode_inputs(request, binary, specs):
             if datatype == "BYTES":
                 if not all(isinstance(item, str) for item in flat):
                     raise RequestError(f"Input '{name}': BYTES 'data' must be strings (send binary data for bytes).")
-                array = np.empty(count, dtype=object)
-                array[:] = [item.encode("utf-8") for item in flat]
+                array = np.fromiter((item.encode("utf-8") for item in flat), object, count)
             else:
                 array = rest.to_array(flat, rest.TensorSpec(name, DATATYPES[datatype], (count,))) if count else \
                     np.zeros(0, DATATYPES[datatype])
@@ -252,8 +249,7 @@ def encode_reply(model, request, outputs):
         name = output["name"]
         array = np.asarray(outputs[name])
         entry = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
-        binary = output.get("parameters", {}).get("binary_data", binary_all) is True
-        if binary:
+        if output.get("parameters", {}).get("binary_data", binary_all) is True:
             raw = _raw(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             data.append(raw)
