@@ -106,8 +106,8 @@ def main(argv=None):
     parser.add_argument("--clients", type=int, default=16)
     parser.add_argument("--requests", type=int, default=50, help="single-image requests per client")
     parser.add_argument("--replicas", type=int, default=2)
-    parser.add_argument("--merge-batch-size", type=int, default=16)
-    parser.add_argument("--merge-wait-s", type=float, default=0.005)
+    parser.add_argument("--batching-max-size", type=int, default=16)
+    parser.add_argument("--batching-timeout-ms", type=float, default=5.0)
     args = parser.parse_args(argv)
     import tensorflow as tf
 
@@ -121,10 +121,10 @@ def main(argv=None):
         servers = {
             "keras-preact-serve (1 process)": (
                 ["-m", "serving.server", str(path.parent)], "Serving model"),
-            f"keras-preact-serve-ray ({args.replicas} replicas, merge <= {args.merge_batch_size}, "
-            f"wait {args.merge_wait_s * 1e3:g} ms)": (
+            f"keras-preact-serve-ray ({args.replicas} replicas, batches <= {args.batching_max_size}, "
+            f"wait {args.batching_timeout_ms:g} ms)": (
                 ["-m", "serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
-                 "--merge-batch-size", str(args.merge_batch_size), "--merge-wait-s", str(args.merge_wait_s),
+                 "--batching-max-size", str(args.batching_max_size), "--batching-timeout-ms", str(args.batching_timeout_ms),
                  "--object-store-memory", str(200 * 2**20)], "Serving model"),
         }
         rows = []

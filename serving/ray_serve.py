@@ -23,8 +23,8 @@ from serving.server import PortInUse, load_error_line, port_in_use
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
-DEFAULT_MERGE_BATCH_SIZE = 32
-DEFAULT_MERGE_WAIT_S = 0.005
+DEFAULT_BATCHING_MAX_SIZE = 32  # each replica's batcher (``BatchingOptions``): at most this many examples a call
+DEFAULT_BATCHING_TIMEOUT_MS = 5.0  # and the oldest request waits this long for more
 MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
 PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "serving.connections.ray_proxy_setup_hook"}
 
@@ -70,21 +70,20 @@ def wait_until_loaded(handle, replicas):
     return None
 
 
-def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, merge_batch_size=DEFAULT_MERGE_BATCH_SIZE,
-              merge_wait_s=DEFAULT_MERGE_WAIT_S, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
+def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, batching_max_size=DEFAULT_BATCHING_MAX_SIZE,
+              batching_timeout_ms=DEFAULT_BATCHING_TIMEOUT_MS, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
               runtime="auto", **limit_values):
     """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every node."""
     limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
     check_number("replicas", replicas)
-    for argument, value in (("merge_wait_s", merge_wait_s), ("replica_cpus", replica_cpus)):
-        check_number(argument, value, real=True, at_least=0)
+    check_number("replica_cpus", replica_cpus, real=True, at_least=0)
     if max_replicas_per_node is not None and (
             isinstance(max_replicas_per_node, bool) or not isinstance(max_replicas_per_node, int)
             or not 1 <= max_replicas_per_node <= MAX_REPLICAS_PER_NODE):
         raise ValueError(f"Invalid max_replicas_per_node={max_replicas_per_node!r}: expected None (no limit) or an "
                          f"integer from 1 to {MAX_REPLICAS_PER_NODE}.")
-    options = BatchingOptions(merge_batch_size, merge_wait_s * 1000)  # checks merge_batch_size (batching_max_size)
-    max_ongoing = 2 * merge_batch_size  # one merged call running and the next one filling, per replica
+    options = BatchingOptions(batching_max_size, batching_timeout_ms)  # both checked (keras-preact-serve's flags)
+    max_ongoing = 2 * options.batching_max_size  # one merged call running and the next one filling, per replica
     model_base = pathlib.Path(model_base).resolve()
     choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # valid and installed here (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
@@ -111,10 +110,10 @@ def build_parser():
     parser.add_argument("--address", default=None,
                         help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--merge-batch-size", type=int, default=DEFAULT_MERGE_BATCH_SIZE,
-                        help="examples one merged model call may hold (the batcher's batching_max_size)")
-    parser.add_argument("--merge-wait-s", type=float, default=DEFAULT_MERGE_WAIT_S,
-                        help="seconds the oldest request waits for more to merge (the batcher's timeout)")
+    parser.add_argument("--batching-max-size", type=int, default=DEFAULT_BATCHING_MAX_SIZE,
+                        help="examples in one model call of a replica; a larger request runs alone (as keras-preact-serve's)")
+    parser.add_argument("--batching-timeout-ms", type=float, default=DEFAULT_BATCHING_TIMEOUT_MS,
+                        help="milliseconds the oldest request of a replica's batch waits for more (as keras-preact-serve's)")
     parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
     parser.add_argument("--max-replicas-per-node", type=int, default=None,
                         help=f"most replicas Ray places on one node, 1-{MAX_REPLICAS_PER_NODE} (default: no limit; 1 "
@@ -143,7 +142,8 @@ def main(argv=None):
     try:
         app = build_app(
             args.model_base_path, model_name=args.model_name, replicas=args.replicas,
-            merge_batch_size=args.merge_batch_size, merge_wait_s=args.merge_wait_s, replica_cpus=args.replica_cpus,
+            batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
+            replica_cpus=args.replica_cpus,
             max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime)
     except ValueError as error:
         parser.error(str(error))

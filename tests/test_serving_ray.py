@@ -215,7 +215,7 @@ def served(cluster, exported, signatures, tmp_path_factory):
     log = tmp_path_factory.mktemp("ray") / "serve.log"
     command, options = run_entry_point(
         str(exported.parent), "--replicas", "2", "--port", str(port), "--num-cpus", "2",
-        "--object-store-memory", str(200 * 2**20), "--merge-batch-size", "8", "--merge-wait-s", "0.05",
+        "--object-store-memory", str(200 * 2**20), "--batching-max-size", "8", "--batching-timeout-ms", "50",
         "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY), "--request-timeout", str(REQUEST_TIMEOUT))
     for name in CLUSTER_ENV:  # a user's environment, not the cluster's
         options["env"].pop(name, None)
@@ -242,7 +242,7 @@ def cluster_served(cluster, exported, tmp_path_factory):
     log = tmp_path_factory.mktemp("ray_cluster") / "serve.log"
     command, options = run_entry_point(
         str(exported.parent), "--address", cluster.address, "--replicas", "2", "--max-replicas-per-node", "1",
-        "--port", str(port), "--merge-batch-size", "8", "--merge-wait-s", "0.005")
+        "--port", str(port), "--batching-max-size", "8", "--batching-timeout-ms", "5")
     with open(log, "w") as stderr:
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                    **options)
@@ -371,7 +371,7 @@ def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):
 
     for args, message in (([str(tmp_path)], "no numeric version folder"),
                           ([str(tmp_path), "--replicas", "0"], "Invalid replicas=0: expected a positive integer"),
-                          ([str(tmp_path), "--merge-wait-s", "-1"], "Invalid merge_wait_s=-1.0: expected a number >= 0"),
+                          ([str(tmp_path), "--batching-timeout-ms", "-1"], "Invalid batching_timeout_ms=-1.0: expected a number >= 0"),
                           ([str(tmp_path), "--port", "0"], "invalid port 0: expected 1-65535"),
                           ([str(tmp_path), "--max-replicas-per-node", "0"],
                            "Invalid max_replicas_per_node=0: expected None (no limit) or an integer from 1 to 100"),
