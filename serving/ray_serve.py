@@ -44,10 +44,13 @@ class TFServingReplica:
         self.health_checked = False  # Ray Serve's first health check, right after the constructor, is done
 
     async def loaded(self):
-        """(this replica's id, None) once its model is ready, or (its id, the load error in one line)."""
+        """(this replica's id, the version and path it serves, None) once its model is ready (the newest version that
+        loads), or (its id, None, the load error in one line)."""
         state = self.app.state.serving
-        ready = await state.loaded()
-        return serve.get_replica_context().replica_id.unique_id, None if ready else load_error_line(state.load_error)
+        replica = serve.get_replica_context().replica_id.unique_id
+        if await state.loaded():
+            return replica, (state.model.version, state.model.path), None
+        return replica, None, load_error_line(state.load_error)
 
     def check_health(self):
         """Ray Serve's health check: fails once loading failed, so Ray reports the deployment unhealthy with the error
@@ -60,14 +63,15 @@ class TFServingReplica:
 
 
 def wait_until_loaded(handle, replicas):
-    """None once each of the deployment's ``replicas`` has its model ready, else the first load error (one line)."""
-    ready = set()
+    """((version, path) served, None) once each of the deployment's ``replicas`` has its model ready, else (None, the
+    first load error in one line)."""
+    ready = {}
     while len(ready) < replicas:
-        for replica, error in [response.result() for response in [handle.loaded.remote() for _ in range(replicas)]]:
+        for replica, served, error in [response.result() for response in [handle.loaded.remote() for _ in range(replicas)]]:
             if error is not None:
-                return error
-            ready.add(replica)
-    return None
+                return None, error
+            ready[replica] = served
+    return min(ready.values()), None  # the same on every replica unless a version was copied in meanwhile
 
 
 def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, batching_max_size=DEFAULT_BATCHING_MAX_SIZE,
@@ -150,7 +154,6 @@ def main(argv=None):
     except ImportError as error:
         parser.exit(2, f"{parser.prog}: error: {error}\n")
     model_name = model_name_or_default(args.model_base_path, args.model_name)
-    version, path = latest_version_dir(pathlib.Path(args.model_base_path).resolve())
     local = args.address is None
     needed = 1 if args.max_replicas_per_node is None else math.ceil(args.replicas / args.max_replicas_per_node)
     if local and needed > 1:
@@ -177,10 +180,11 @@ def main(argv=None):
         signal.signal(signum, _stop)
     try:
         serve.start(http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)})
-        error = wait_until_loaded(serve.run(app, name=model_name, route_prefix="/"), args.replicas)
+        served, error = wait_until_loaded(serve.run(app, name=model_name, route_prefix="/"), args.replicas)
         if error is not None:
             print(f"{parser.prog}: error: {error}", file=sys.stderr, flush=True)
             return 1
+        version, path = served
         print(f"Serving model '{model_name}' version {version} ({path}) on {args.replicas} Ray Serve replica(s) "
               f"at http://{args.host}:{args.port}/v1/models/{model_name}", flush=True)
         threading.Event().wait()

@@ -87,6 +87,9 @@ CLUSTER_ENV = {
     "RAY_SERVE_PROXY_MIN_DRAINING_PERIOD_S": str(3 * RECOVERY_TIMEOUT_S),  # no load balancer here (docstring)
     "RAY_enable_worker_prestart": "0",  # no idle workers at a node's start: none would have the job's runtime_env
     "RAY_prestart_worker_first_driver": "0",  # nor for this process's job, which runs no task
+    # A proxy's worker starts cold (no prestarted one) on two nodes sharing a loaded 2-core machine: Ray's 3 x 5 s
+    # readiness checks killed it under load (serve.start failed); Serve's own setting gives it a minute.
+    "RAY_SERVE_PROXY_READY_CHECK_TIMEOUT_S": "60",
 }
 
 
@@ -790,12 +793,15 @@ def test_ray_replicas_are_not_ready_until_loaded_and_hold_model_requests_meanwhi
     """Issue 36, items 7 and 12: the replica's model load held by a gate (a sitecustomize that Ray's workers
     inherit): Ray's proxy answers /v2/health/ready 503 {"ready": false} and /v2/health/live 200 meanwhile (it
     answered neither until the replica had loaded), a predict sent meanwhile waits for the load and succeeds, and
-    the command says what it serves only once the replica is ready."""
+    the command says what it serves only once the replica is ready: the newest version that loads (item 2; a
+    half-copied version 3 beside it, its variables/ missing, was named before)."""
     gate = tmp_path / "open"
     (tmp_path / "sitecustomize.py").write_text(LOAD_GATE)
+    served = pathlib.Path(shutil.copytree(exported, tmp_path / "models" / "cifar" / "2"))
+    shutil.copytree(exported, served.parent / "3", ignore=shutil.ignore_patterns("variables"))
     port = free_port()
     command, options = run_entry_point(
-        str(exported.parent), "--replicas", "1", "--port", str(port), "--num-cpus", "1",
+        str(served.parent), "--replicas", "1", "--port", str(port), "--num-cpus", "1",
         "--object-store-memory", str(100 * 2**20), "--request-timeout", "120",
         env={"PYTHONPATH": f"{tmp_path}:{REPO}", "LOAD_GATE": str(gate)})
     for name in CLUSTER_ENV:  # a user's environment, not the cluster's (the module's cluster may be running)
@@ -828,7 +834,7 @@ def test_ray_replicas_are_not_ready_until_loaded_and_hold_model_requests_meanwhi
                                    expected_reply["predictions"][0]["probabilities"], rtol=0, atol=1e-6)
         assert answer(port, "GET", "/v2/health/ready") == (200, {"ready": True})
         assert select.select([process.stdout], [], [], 120)[0], log.read_text()[-4000:]
-        assert f"Serving model 'cifar' version 2 ({exported}) on 1 Ray Serve replica(s)" in process.stdout.readline()
+        assert f"Serving model 'cifar' version 2 ({served}) on 1 Ray Serve replica(s)" in process.stdout.readline()
     finally:
         gate.touch()
         returncode, leftover = stop_entry_point(process)
