@@ -32,7 +32,7 @@ def top_k(probabilities, k=TOP_K):
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory):
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = make_model()
     export_dir = tmp_path_factory.mktemp("saved_models")
     path = export_saved_model(

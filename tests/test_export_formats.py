@@ -61,7 +61,7 @@ def batches():
 @pytest.fixture(scope="module", params=["per_channel_mean", "mean_image"])
 def exported(request, tmp_path_factory):
     """Every format this backend writes, in one version directory (per-channel mean, or a mean image)."""
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = make_export_model()
     mean = MEAN if request.param == "per_channel_mean" else MEAN_IMAGE
     export_dir = tmp_path_factory.mktemp("exports")

@@ -40,7 +40,7 @@ def evaluated(model, encoded, config):
 
 @pytest.fixture(scope="module", params=sorted(CONFIGS))
 def exported(request, tmp_path_factory):
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     config = CONFIGS[request.param]
     model = make_position_sensitive_classifier(config.input_size, name=f"tiny{request.param}")
     path = export_saved_model(model, tmp_path_factory.mktemp("exports"), input_config=config, top_k=2)
@@ -131,7 +131,7 @@ def test_every_way_to_build_an_imagenet_model_serves_its_evaluation_view(build, 
     """Exported with ``mean``/``std`` only, a 224 ResNet-18 serves ``serving_bytes`` of a 500 x 375 photo
     through ImageNet's evaluation view (shorter side 256, centre 224), whichever way it was built: the
     input config comes with the model (``imagenet_resnet`` once built none, and served another crop)."""
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     keras.utils.set_random_seed(0)
     model = randomize_statistics(IMAGENET18[build]())
     path = export_saved_model(model, tmp_path, name="resnet18", mean=IMAGENET.mean, std=IMAGENET.std, top_k=1)

@@ -140,9 +140,9 @@ def init_summary(build):
 
 
 def describe(build):
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     record = {"init": init_summary(build)}
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = build()
     record["weights"] = weight_paths(model)
     record["file_keys"], record["other_datasets"] = file_keys(model)
@@ -159,7 +159,7 @@ def main():
     for name, build in models().items():
         print(name, file=sys.stderr)
         layout["models"][name] = describe(build)
-    keras.utils.clear_session()
+    keras.utils.clear_session(free_memory=False)
     model = units_model()
     deterministic_weights(model)
     with tempfile.TemporaryDirectory() as tmp:
