@@ -75,6 +75,7 @@ def trained_run(tmp_path, *extra):
 # ------------------------------------------------------------------------------ one owner per run
 @pytest.mark.notf
 @pytest.mark.any_backend  # the lock and the manifest check come before any backend work
+@pytest.mark.once  # nor does an installed TensorFlow change them
 def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path, capsys):
     run = tmp_path / "run"
     first = spawn(command(run, epochs=100000), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -132,6 +133,7 @@ MISMATCHES = [
 
 @pytest.mark.notf
 @pytest.mark.any_backend  # the lock and the manifest check come before any backend work
+@pytest.mark.once  # nor does an installed TensorFlow change them
 def test_a_resume_with_another_design_is_refused_and_allowed_changes_are_recorded(tmp_path, capsys):
     run = trained_run(tmp_path)
     manifest = (run / "config.json").read_bytes()

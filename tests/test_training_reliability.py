@@ -210,6 +210,7 @@ def train_on_a_tmpfs(tmp_path, options, **env):
 
 @pytest.mark.notf
 @pytest.mark.any_backend  # the file system's answer, not the backend's
+@pytest.mark.once  # nor an installed TensorFlow's
 def test_a_real_full_tmpfs_fails_the_space_check_before_a_checkpoint_in_one_line(tmp_path):
     code, err, temporaries, _ = train_on_a_tmpfs(tmp_path, "size=1m")
     assert code == 1, err[-3000:]
@@ -223,6 +224,7 @@ def test_a_real_full_tmpfs_fails_the_space_check_before_a_checkpoint_in_one_line
 
 @pytest.mark.notf
 @pytest.mark.any_backend  # the file system's answer, not the backend's
+@pytest.mark.once  # nor an installed TensorFlow's
 def test_a_real_enospc_while_writing_a_checkpoint_fails_in_one_line_and_removes_the_temporary(tmp_path):
     """Out of inodes: the space check passes, and the kernel refuses the checkpoint's file (ENOSPC). How many
     inodes the run has made when it creates that file is counted by a run killed just after writing it."""
