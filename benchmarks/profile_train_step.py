@@ -103,11 +103,12 @@ def reference_step():
 
     from benchmarks import reference_torch_cifar as ref
 
-    model = ref.PreActResNet(20, 10).to(memory_format=torch.channels_last)
+    device = ref.resolve_device("auto")  # the GPU where PyTorch sees one, as Keras' PyTorch backend
+    model = ref.PreActResNet(20, 10).to(device, memory_format=torch.channels_last)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
     rng = np.random.default_rng(0)
-    x = ref.normalize(rng.integers(0, 256, (BATCH, 32, 32, 3), dtype=np.uint8), True)
-    y = torch.from_numpy(rng.integers(0, 10, BATCH))
+    x = ref.normalize(rng.integers(0, 256, (BATCH, 32, 32, 3), dtype=np.uint8), True).to(device)
+    y = torch.from_numpy(rng.integers(0, 10, BATCH)).to(device)
 
     def step():
         loss = F.cross_entropy(model(x), y)

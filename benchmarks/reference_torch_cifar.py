@@ -14,7 +14,9 @@ per-channel normalisation, pad 4 with zeros after normalisation + random crop + 
 
 Input: the JPEG folder (``DIR/train/<class>/*.jpg``, ``DIR/test/<class>/*.jpg``), decoded once with
 Pillow and cached as ``.npy``. Augmentation runs on whole batches in torch on the training thread (no
-worker processes: on a 2-core machine they would take cores from the step).
+worker processes: on a 2-core machine they would take cores from the step), on the CPU with the seeded CPU
+generator; ``--device`` (default ``auto``: CUDA where PyTorch sees a GPU, else the CPU) holds the network
+and runs the step, so a run draws the same crops and flips on either, and resumes on either.
 
 Writes ``history.csv`` (epoch, loss, accuracy, val_loss, val_accuracy, lr, train_seconds,
 eval_seconds; the columns keras-preact's ``history.csv`` has) and ``metrics.json`` to ``--out``, and at every
@@ -26,6 +28,7 @@ weights of a run that never stopped.
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --epochs 15 --out /tmp/ref
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --total-steps 64000 \
         --schedule piecewise --out runs/ref-paper-seed0     # the paper's length, as preset cifar10-folder-resnet20-paper
+    python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --device cuda ...  # on a GPU
 """
 
 import argparse
@@ -180,18 +183,33 @@ SCHEDULES = {"cosine": learning_rate, "piecewise": piecewise_learning_rate}
 
 
 # ------------------------------------------------------------------------------------------- loop
-def evaluate(model, images, labels, batch_size, channels_last):
+def evaluate(model, images, labels, batch_size, channels_last, device="cpu"):
     model.eval()
-    loss_sum, correct = 0.0, 0
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    correct = torch.zeros((), dtype=torch.int64, device=device)
     with torch.no_grad():
         for start in range(0, len(labels), batch_size):
-            x = normalize(images[start:start + batch_size], channels_last)
-            y = torch.from_numpy(labels[start:start + batch_size])
+            x = normalize(images[start:start + batch_size], channels_last).to(device)
+            y = torch.from_numpy(labels[start:start + batch_size]).to(device)
             logits = model(x)
-            loss_sum += F.cross_entropy(logits, y, reduction="sum").item()
-            correct += (logits.argmax(1) == y).sum().item()
+            loss_sum += F.cross_entropy(logits, y, reduction="sum")
+            correct += (logits.argmax(1) == y).sum()
     model.train()
-    return loss_sum / len(labels), correct / len(labels)
+    return loss_sum.item() / len(labels), correct.item() / len(labels)
+
+
+def resolve_device(name):
+    """``--device``: ``auto`` is CUDA where PyTorch sees a GPU, else the CPU; ``cuda`` without one is refused."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise SystemExit("reference_torch_cifar: --device cuda, but PyTorch sees no GPU "
+                         f"(torch {torch.__version__}); use --device cpu or auto")
+    return torch.device(name)
+
+
+def device_name(device):
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
 
 
 def parse_args(argv=None):
@@ -212,6 +230,8 @@ def parse_args(argv=None):
     p.add_argument("--warmup-fraction", type=float, default=400 / 64000, help="of the run's iterations")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--channels-last", action=argparse.BooleanOptionalAction, default=True)
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where the network trains: auto (CUDA where PyTorch sees a GPU, else the CPU), cpu, cuda")
     p.add_argument("--compile", action="store_true", help="torch.compile the model (inductor)")
     p.add_argument("--threads", type=int, default=None, help="torch.set_num_threads (default: torch's)")
     p.add_argument("--prepare-only", action="store_true", help="decode and cache the images, then exit")
@@ -231,13 +251,14 @@ def main(argv=None):
         raise SystemExit(f"reference_torch_cifar: --data-dir {data_dir} needs train/ and test/ class folders")
     if args.threads:
         torch.set_num_threads(args.threads)
+    device = resolve_device(args.device)
     torch.manual_seed(args.seed)
     train_x, train_y = load_split(data_dir / "train", args.cache_dir)
     test_x, test_y = load_split(data_dir / "test", args.cache_dir)
     if args.prepare_only:
         return None
     num_classes = int(train_y.max()) + 1
-    model = PreActResNet(args.depth, num_classes)
+    model = PreActResNet(args.depth, num_classes).to(device)
     if args.channels_last:
         model = model.to(memory_format=torch.channels_last)
     step_fn = torch.compile(model) if args.compile else model
@@ -253,16 +274,17 @@ def main(argv=None):
     rows, step, first_epoch = [], 0, 0
     checkpoint = out / CHECKPOINT
     if checkpoint.is_file():
-        state = torch.load(checkpoint, weights_only=False)
+        state = torch.load(checkpoint, weights_only=False, map_location=device)
         if state["run"] != _run_key(args, total):
             raise SystemExit(f"reference_torch_cifar: --out {out} holds a run of {state['run']}, this command "
                              f"trains {_run_key(args, total)}; pass another --out")
         model.load_state_dict(state["model"])
         optimizer.load_state_dict(state["optimizer"])
-        generator.set_state(state["generator"])
+        generator.set_state(state["generator"].cpu())
         rows, step, first_epoch = state["rows"], state["step"], len(state["rows"])
         print(f"[reference] resuming at step {step} (epoch {first_epoch}) from {checkpoint}", flush=True)
-    print(f"[reference] torch {torch.__version__}, {torch.get_num_threads()} threads, pre-act ResNet-{args.depth} "
+    print(f"[reference] torch {torch.__version__} on {device_name(device)}, {torch.get_num_threads()} threads, "
+          f"pre-act ResNet-{args.depth} "
           f"({sum(p.numel() for p in model.parameters()):,} params), {len(train_y)} train images, "
           f"{total} iterations ({epochs} epochs x {steps_per_epoch} steps), batch {args.batch_size}, "
           f"channels_last={args.channels_last}, compile={args.compile}", flush=True)
@@ -270,12 +292,15 @@ def main(argv=None):
     stopped_early = args.stop_at_accuracy is not None and rows and rows[-1]["val_accuracy"] >= args.stop_at_accuracy
     for epoch in range(first_epoch, 0 if stopped_early else epochs):
         order = np.random.default_rng([args.seed, epoch]).permutation(len(train_y))
-        t0, loss_sum, correct = time.perf_counter(), 0.0, 0
+        t0 = time.perf_counter()
+        # Summed on the device: no wait for the GPU at every step (the CPU sums the same float64 values).
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        correct = torch.zeros((), dtype=torch.int64, device=device)
         epoch_steps = min(steps_per_epoch, total - step)
         for i in range(epoch_steps):
             index = order[(i * args.batch_size) % len(order):][:args.batch_size]
-            x = augment(normalize(train_x[index], args.channels_last), generator, args.channels_last)
-            y = torch.from_numpy(train_y[index])
+            x = augment(normalize(train_x[index], args.channels_last), generator, args.channels_last).to(device)
+            y = torch.from_numpy(train_y[index]).to(device)
             lr = SCHEDULES[args.schedule](step, total, warmup)
             for group in optimizer.param_groups:
                 group["lr"] = lr
@@ -284,12 +309,13 @@ def main(argv=None):
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
-            loss_sum += loss.item()
-            correct += (logits.argmax(1) == y).sum().item()
+            loss_sum += loss.detach()
+            correct += (logits.argmax(1) == y).sum()
             step += 1
+        loss_sum, correct = loss_sum.item(), correct.item()  # waits for the epoch's last step
         train_seconds = time.perf_counter() - t0
         t0 = time.perf_counter()
-        val_loss, val_acc = evaluate(step_fn, test_x, test_y, eval_batch, args.channels_last)
+        val_loss, val_acc = evaluate(step_fn, test_x, test_y, eval_batch, args.channels_last, device)
         eval_seconds = time.perf_counter() - t0
         rows.append(dict(epoch=epoch, loss=loss_sum / epoch_steps,
                          accuracy=correct / (epoch_steps * args.batch_size), val_loss=val_loss,
@@ -310,7 +336,8 @@ def main(argv=None):
                    steps=step, train_seconds=round(sum(r["train_seconds"] for r in rows), 1),
                    eval_seconds=round(sum(r["eval_seconds"] for r in rows), 1),
                    wall_time_s=round(time.time() - started, 1), torch=torch.__version__,
-                   threads=torch.get_num_threads(), channels_last=args.channels_last, compile=args.compile,
+                   threads=torch.get_num_threads(), device=device_name(device), channels_last=args.channels_last,
+                   compile=args.compile,
                    depth=args.depth, seed=args.seed)
     tmp = out / f"metrics.json.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(metrics, indent=2))

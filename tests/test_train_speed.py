@@ -85,6 +85,25 @@ def test_reference_trains_and_writes_the_history_columns_of_ours(tmp_path):
     assert {"loss", "accuracy", "val_loss", "val_accuracy", "train_seconds", "eval_seconds"} <= set(rows[0])
     assert all(float(r["train_seconds"]) > 0 and float(r["eval_seconds"]) > 0 for r in rows)
     assert json.loads((tmp_path / "out" / "metrics.json").read_text())["steps"] == metrics["steps"] == 4
+    import torch
+
+    # --device auto trains where PyTorch sees a GPU, and says where: the metrics name the device.
+    assert metrics["device"] == (torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu")
+
+
+@needs_torch
+def test_reference_refuses_cuda_without_a_gpu_before_any_work(tmp_path, capsys):
+    import torch
+
+    from benchmarks import reference_torch_cifar as ref
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: --device cuda is allowed")
+    data = write_folder(tmp_path / "data")
+    with pytest.raises(SystemExit, match="--device cuda, but PyTorch sees no GPU.*use --device cpu or auto"):
+        ref.main(["--data-dir", str(data), "--out", str(tmp_path / "out"), "--cache-dir", str(tmp_path / "c"),
+                  "--device", "cuda"])
+    assert not (tmp_path / "out").exists() and not (tmp_path / "c").exists()
 
 
 def _reference_command(data, out, *extra):
