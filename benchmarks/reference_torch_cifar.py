@@ -20,10 +20,13 @@ and runs the step, so a run draws the same crops and flips on either, and resume
 
 Writes ``history.csv`` (epoch, loss, accuracy, val_loss, val_accuracy, lr, train_seconds,
 eval_seconds; the columns keras-preact's ``history.csv`` has) and ``metrics.json`` to ``--out``, and at every
-epoch end ``checkpoint.pt`` (model, optimizer, augmentation generator, history: about 2 MB for ResNet-20, written
-to a temporary name and renamed). The same command re-run on ``--out`` resumes after the last finished epoch,
-on this machine or another one that has the folder (commit ``--out``'s three small files), with the
-weights of a run that never stopped.
+epoch end ``checkpoint.pt`` (model, augmentation generator, history) and ``optimizer-<step>.pt`` (the momentum
+buffers), about 1.1 MB each for ResNet-20, so each fits a repository's 2 MB limit for a file: each written to a
+temporary name and renamed, the optimizer's first, ``checkpoint.pt`` (which names it) last, then the older
+optimizer files removed, so a kill at any moment leaves a checkpoint and the optimizer state of its step.
+The same command re-run on ``--out`` resumes after the last finished epoch, on this machine or another one
+that has the folder (commit ``--out``'s files but ``metrics.json``), with the weights of a run that never
+stopped.
 
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --epochs 15 --out /tmp/ref
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --total-steps 64000 \
@@ -275,6 +278,8 @@ def main(argv=None):
     checkpoint = out / CHECKPOINT
     if checkpoint.is_file():
         state = torch.load(checkpoint, weights_only=False, map_location=device)
+        if "optimizer" not in state:  # kept beside it (checkpoints before it was split hold it inside)
+            state["optimizer"] = torch.load(out / state["optimizer_file"], weights_only=False, map_location=device)
         if state["run"] != _run_key(args, total):
             raise SystemExit(f"reference_torch_cifar: --out {out} holds a run of {state['run']}, this command "
                              f"trains {_run_key(args, total)}; pass another --out")
@@ -325,9 +330,8 @@ def main(argv=None):
               f"{epoch_steps * args.batch_size / train_seconds:.1f} img/s, eval "
               f"{len(test_y) / eval_seconds:.1f} img/s", flush=True)
         _write_history(out / "history.csv", rows)
-        _save(checkpoint, dict(run=_run_key(args, total), model=model.state_dict(),
-                               optimizer=optimizer.state_dict(), generator=generator.get_state(), rows=rows,
-                               step=step))
+        save_checkpoint(out, dict(run=_run_key(args, total), model=model.state_dict(),
+                                  generator=generator.get_state(), rows=rows, step=step), optimizer.state_dict())
         if os.environ.get(TEST_KILL_ENV) == str(epoch + 1):  # test hook: a machine lost after this epoch
             os.kill(os.getpid(), signal.SIGKILL)
         if args.stop_at_accuracy is not None and val_acc >= args.stop_at_accuracy:
@@ -354,6 +358,16 @@ def _run_key(args, total):
     return dict(depth=args.depth, total_steps=total, steps_per_epoch=args.steps_per_epoch,
                 batch_size=args.batch_size, schedule=args.schedule, warmup_fraction=args.warmup_fraction,
                 seed=args.seed, channels_last=args.channels_last)
+
+
+def save_checkpoint(out, state, optimizer_state):
+    """``checkpoint.pt`` and the ``optimizer-<step>.pt`` it names, each renamed into place (module docstring)."""
+    name = f"optimizer-{state['step']:07d}.pt"
+    _save(out / name, optimizer_state)
+    _save(out / CHECKPOINT, {**state, "optimizer_file": name})
+    for old in out.glob("optimizer-*.pt"):
+        if old.name != name:
+            old.unlink()
 
 
 def _save(path, state):

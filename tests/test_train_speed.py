@@ -92,6 +92,33 @@ def test_reference_trains_and_writes_the_history_columns_of_ours(tmp_path):
 
 
 @needs_torch
+def test_reference_checkpoint_of_resnet20_is_two_files_under_2_mb_that_load_back_equal(tmp_path):
+    """The reference's state at the paper's length is committed to carry a run between machines: each file
+    stays under a repository's 2 MB limit for one file (the whole state is 2.2 MB), and loads back equal."""
+    import torch
+    import torch.nn.functional as F
+
+    from benchmarks import reference_torch_cifar as ref
+
+    torch.manual_seed(0)
+    model = ref.PreActResNet(20, 10)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, nesterov=True, weight_decay=1e-4)
+    F.cross_entropy(model(torch.randn(4, 3, 32, 32)), torch.tensor([0, 1, 2, 3])).backward()
+    optimizer.step()  # the momentum buffers exist
+    for step in (390, 780):
+        ref.save_checkpoint(tmp_path, dict(model=model.state_dict(), rows=[], step=step), optimizer.state_dict())
+    files = {p.name: p.stat().st_size for p in tmp_path.iterdir()}
+    assert sorted(files) == ["checkpoint.pt", "optimizer-0000780.pt"]  # the older optimizer file removed
+    assert all(size < 2_000_000 for size in files.values()), files
+    assert sum(files.values()) > 2_000_000  # one file would not fit
+    state = torch.load(tmp_path / "checkpoint.pt", weights_only=False)
+    momentum = torch.load(tmp_path / state["optimizer_file"], weights_only=False)["state"]
+    assert all(torch.equal(momentum[i]["momentum_buffer"], optimizer.state[p]["momentum_buffer"])
+               for i, p in enumerate(model.parameters()))
+    assert all(torch.equal(state["model"][k], v) for k, v in model.state_dict().items())
+
+
+@needs_torch
 def test_reference_refuses_cuda_without_a_gpu_before_any_work(tmp_path, capsys):
     import torch
 
@@ -125,10 +152,11 @@ def test_reference_stopped_after_an_epoch_resumes_elsewhere_with_the_weights_of_
     killed = subprocess.run(_reference_command(data, tmp_path / "first"), capture_output=True, text=True,
                             env={**env, "REFERENCE_TEST_KILL_AFTER_EPOCH": "2"}, timeout=300)
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert sorted(p.name for p in (tmp_path / "first").iterdir()) == ["checkpoint.pt", "history.csv"]
+    carried = ["checkpoint.pt", "history.csv", "optimizer-0000004.pt"]  # the momentum of step 4 beside it
+    assert sorted(p.name for p in (tmp_path / "first").iterdir()) == carried
     moved = tmp_path / "second"
     moved.mkdir()
-    for name in ("checkpoint.pt", "history.csv"):
+    for name in carried:
         (moved / name).write_bytes((tmp_path / "first" / name).read_bytes())
     resumed = subprocess.run(_reference_command(data, moved), env=env, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0, resumed.stderr[-2000:]
