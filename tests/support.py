@@ -267,7 +267,7 @@ def misnamed_metrics(value, where="$"):
 
 def printed_metrics(text):
     """``[(name, value, percent sign)]`` of every accuracy or error printed in ``text``: ``name value``
-    (keras-preact's summaries) or ``top-1 86.37%`` (a percentage)."""
+    (keras-preact's summaries) or ``top-1 87.15%`` (a percentage)."""
     return [(name, float(value), bool(percent)) for name, value, percent in PRINTED_METRIC.findall(text)]
 
 

@@ -9,16 +9,14 @@ once) must reproduce the registry's top-1 within 0.05 points: the probe's 100 im
 let a regression of a few points pass. The whole split runs once, in CI's TensorFlow-free JAX pass (``once``):
 decoding is Pillow's and the batches are numpy's in every environment, and each backend's outputs are the probe's.
 
-``cifar_resnet20/cifar10`` was written in the weights layout of the units before issue 34 and converted
-once to the current layout (``keras_preact/weights/README.md``): its values are those the old layout
-held, bit for bit (``CONVERTED_VALUES_SHA256``).
+Each shipped file holds, bit for bit, the weights of the trained model it was published from
+(``training.publish``; the run's ``model.keras`` is committed under ``reproduction/``, ``PUBLISHED_FROM``).
 
 Re-record the probe after shipping new weights (on TensorFlow)::
 
     KERAS_BACKEND=tensorflow python tests/test_shipped_weights.py
 """
 
-import hashlib
 import io
 import json
 import os
@@ -39,10 +37,9 @@ CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 PROBE_FILE = pathlib.Path(__file__).with_name("shipped_weights_probe.json")
 PER_CLASS = 10
 SHIPPED = [(name, weights) for name in list_models() for weights in model_spec(name).weights]
-# sha256 of the weights' values (float32 bytes, in ``model.weights`` order) as the code of the old layout
-# (main at 6dabd6a) loaded them from the file before its conversion (sha256 0a711325d52c...).
-CONVERTED_VALUES_SHA256 = {
-    "cifar_resnet20/cifar10": "ae15eda190f4b7e18ffbcc2648e3185f3cc3e2e35ce89d734066e6637520de2c",
+# The run each shipped weights file was published from (its final model, committed with the run's history).
+PUBLISHED_FROM = {
+    "cifar_resnet20/cifar10": REPO / "reproduction/cifar10-preact-resnet20-paper/ours-jax-h100-seed0/model.keras",
 }
 
 
@@ -106,14 +103,20 @@ def test_shipped_weights_load_carry_their_config_and_give_the_recorded_outputs(n
     assert accuracy == recorded["accuracy"] and accuracy >= 0.8  # trained weights, not a fresh draw
 
 
-@pytest.mark.parametrize("key", sorted(CONVERTED_VALUES_SHA256))
-def test_converted_weights_hold_the_values_of_the_file_they_were_converted_from(key):
+def test_every_shipped_weights_file_names_the_run_it_was_published_from():
+    assert sorted(PUBLISHED_FROM) == sorted(f"{name}/{weights}" for name, weights in SHIPPED)
+
+
+@pytest.mark.parametrize("key", sorted(PUBLISHED_FROM))
+def test_shipped_weights_hold_the_values_of_the_trained_model_they_were_published_from(key):
     import keras
 
     name, weights = key.split("/")
-    model = create_model(name, weights=weights)
-    values = b"".join(np.ascontiguousarray(keras.ops.convert_to_numpy(v), np.float32).tobytes() for v in model.weights)
-    assert hashlib.sha256(values).hexdigest() == CONVERTED_VALUES_SHA256[key]
+    shipped = create_model(name, weights=weights)
+    trained = keras.saving.load_model(PUBLISHED_FROM[key], compile=False)
+    assert [v.path for v in trained.weights] == [v.path for v in shipped.weights]
+    for a, b in zip(trained.weights, shipped.weights):
+        np.testing.assert_array_equal(keras.ops.convert_to_numpy(a), keras.ops.convert_to_numpy(b), err_msg=a.path)
 
 
 @pytest.mark.parametrize("name, weights", SHIPPED)
