@@ -261,9 +261,8 @@ def main(argv=None):
     if args.prepare_only:
         return None
     num_classes = int(train_y.max()) + 1
-    model = PreActResNet(args.depth, num_classes).to(device)
-    if args.channels_last:
-        model = model.to(memory_format=torch.channels_last)
+    layout = torch.channels_last if args.channels_last else torch.contiguous_format
+    model = PreActResNet(args.depth, num_classes).to(device, memory_format=layout)
     step_fn = torch.compile(model) if args.compile else model
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9, nesterov=True, weight_decay=1e-4)
     steps_per_epoch = args.steps_per_epoch or len(train_y) // args.batch_size

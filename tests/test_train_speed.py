@@ -119,7 +119,7 @@ def test_reference_checkpoint_of_resnet20_is_two_files_under_2_mb_that_load_back
 
 
 @needs_torch
-def test_reference_refuses_cuda_without_a_gpu_before_any_work(tmp_path, capsys):
+def test_reference_refuses_cuda_without_a_gpu_before_any_work(tmp_path):
     import torch
 
     from benchmarks import reference_torch_cifar as ref
