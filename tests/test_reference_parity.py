@@ -126,3 +126,43 @@ def test_pad_value_and_crop_offsets_have_the_same_distribution():
         kept = images.sum(axis=(1, 2, 3))  # pixels of the image kept in the 4x4 window: (4-|dy|)(4-|dx|) for offsets
         assert kept.min() == 0 and kept.max() == 16  # offsets reach the whole range -4..4 each way
         assert abs(np.mean(kept == 16) - 1 / 81) < 0.01  # offset (4, 4) of 9 x 9, uniformly
+
+
+@pytest.mark.parametrize("pipeline", ["device", "numpy"])
+def test_both_trainers_evaluate_in_inference_mode_on_the_same_normalised_test_images(tmp_path, pipeline):
+    """The per-epoch test figures: ours through the recipe's own model, test stream and ``model.evaluate`` (the
+    ``device`` pipeline normalises in the compiled model, ``numpy`` before it), the reference through its
+    ``evaluate``; from the same weights and moving statistics both score the same loss and the same images."""
+    import torch
+
+    from benchmarks import reference_torch_cifar as ref
+
+    folder = write_folder(tmp_path / "data", per_class=10)
+    config = configs.get_config(PRESET, depth=8, data_dir=str(folder), cache_dir=str(tmp_path / "ours"),
+                                batch_size=8, pipeline=pipeline, epochs=1)
+    data = sources.load(config)
+    resolved = schedules.resolve(config, data.train_size)
+    mean, std = pipelines.pixel_stats(config, data)
+    classifier, ours = model_lib.build_model(config, data.num_classes, resolved, pipeline=pipeline, mean=mean, std=std)
+    rng = np.random.default_rng(1)
+    for layer in classifier.layers:  # moving statistics far from a batch's own: the two modes disagree
+        if isinstance(layer, keras.layers.BatchNormalization):
+            for weight, value in zip(layer.weights, (rng.uniform(0.5, 1.5, layer.gamma.shape),
+                                                     rng.normal(0, 0.5, layer.beta.shape),
+                                                     rng.normal(0, 0.5, layer.moving_mean.shape),
+                                                     rng.uniform(0.2, 3.0, layer.moving_variance.shape))):
+                weight.assign(value.astype("float32"))
+    theirs = ref.PreActResNet(8, data.num_classes)
+    copy_weights_into_reference(classifier, theirs)
+    _, test_stream = pipelines.pipelines(data, config, config.batch_size)
+    evaluation = ours.evaluate(test_stream, verbose=0, return_dict=True)
+    images, labels = ref.load_split(folder / "test", str(tmp_path / "theirs"))
+    loss, accuracy = ref.evaluate(theirs, images, labels, batch_size=8, channels_last=True)
+    assert evaluation["loss"] == pytest.approx(loss, rel=1e-5)
+    assert evaluation["accuracy"] == pytest.approx(accuracy, abs=1e-7)
+    x = (images.astype("float32") - np.asarray(ref.MEAN, "float32")) / np.asarray(ref.STD, "float32")
+    theirs.eval()
+    with torch.no_grad():
+        expected = torch.softmax(theirs(torch.from_numpy(x).permute(0, 3, 1, 2)), 1).numpy()  # ours ends in softmax
+    np.testing.assert_allclose(keras.ops.convert_to_numpy(classifier(x, training=False)), expected, atol=1e-5)
+    assert not np.allclose(keras.ops.convert_to_numpy(classifier(x, training=True)), expected, atol=1e-2)
