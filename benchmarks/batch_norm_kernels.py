@@ -1,9 +1,10 @@
-"""Training-mode batch normalization alone, forward + backward: Keras' path against the backend's kernel.
+"""Batch normalization alone: Keras' path against the backend's kernel, in training or inference mode.
 
 The measurement behind ``keras_preact.layers.BatchNormalization``'s per-backend choice
-(``FUSED_TRAINING``). For the three activation shapes of pre-act ResNet-20 at batch 128
-(channels_last), milliseconds per forward + backward of the normalization in training mode, executed as
-the backend executes a Keras training step:
+(``FUSED_TRAINING``, ``FUSED_INFERENCE``). For the three activation shapes of pre-act ResNet-20 at batch
+128 (channels_last), milliseconds per forward + backward of the normalization in training mode, executed
+as the backend executes a Keras training step (``--mode inference``: per forward with the moving
+statistics, as ``model.evaluate`` and ``predict`` run it; on torch under ``torch.no_grad``):
 
 - torch (eager): Keras' ``BatchNormalization`` against ``torch.nn.functional.batch_norm``;
 - tensorflow (``tf.function``, and with ``--jit`` under XLA): Keras' layer against
@@ -14,6 +15,7 @@ the backend executes a Keras training step:
 Rounds alternate the candidates in one process; it prints the median and min-max ms per shape.
 
     KERAS_BACKEND=torch python benchmarks/batch_norm_kernels.py
+    KERAS_BACKEND=torch python benchmarks/batch_norm_kernels.py --mode inference
 """
 
 import argparse
@@ -59,6 +61,53 @@ def torch_candidates(x, shape):
         torch.autograd.grad(torch.movedim(y, 1, -1), [x, gamma, beta], upstream)
 
     return {"keras": keras_path, "F.batch_norm": fused}
+
+
+def torch_inference_candidates(x, shape):
+    import torch
+    import torch.nn.functional as F
+
+    layer = keras_layer(shape)
+    x = torch.tensor(x)
+    mean, var = torch.zeros(shape[-1]), torch.ones(shape[-1])
+    gamma, beta = torch.ones(shape[-1]), torch.zeros(shape[-1])
+
+    def keras_path():
+        with torch.no_grad():
+            layer(x, training=False)
+
+    def fused():
+        with torch.no_grad():
+            torch.movedim(F.batch_norm(torch.movedim(x, -1, 1), mean, var, gamma, beta, False, 0.0, 1e-5), 1, -1)
+
+    return {"keras": keras_path, "F.batch_norm": fused}
+
+
+def tensorflow_inference_candidates(x, shape, jit):
+    import tensorflow as tf
+
+    layer = keras_layer(shape)
+    x = tf.constant(x)
+    mean, var = tf.zeros(shape[-1]), tf.ones(shape[-1])
+    gamma, beta = tf.ones(shape[-1]), tf.zeros(shape[-1])
+    keras_path = tf.function(lambda: layer(x, training=False), jit_compile=jit)
+    fused = tf.function(lambda: tf.compat.v1.nn.fused_batch_norm(x, gamma, beta, mean, var, epsilon=1e-5,
+                                                                 is_training=False)[0], jit_compile=jit)
+    return {"keras": lambda: keras_path().numpy(), "fused_batch_norm": lambda: fused().numpy()}
+
+
+def jax_inference_candidates(x, shape):
+    import jax
+    import jax.numpy as jnp
+
+    layer = keras_layer(shape)
+    x = jnp.asarray(x)
+    variables = [v.value for v in layer.trainable_variables], [v.value for v in layer.non_trainable_variables]
+    keras_path = jax.jit(lambda x: layer.stateless_call(*variables, x, training=False)[0])
+    gamma, beta = jnp.ones(shape[-1]), jnp.zeros(shape[-1])
+    floor = jax.jit(lambda x: x * gamma + beta)
+    return {"keras": lambda: keras_path(x).block_until_ready(),
+            "multiply-add floor": lambda: floor(x).block_until_ready()}
 
 
 def tensorflow_candidates(x, shape, jit):
@@ -112,15 +161,23 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--repeats", type=int, default=10, help="calls per candidate per round")
     p.add_argument("--jit", action="store_true", help="tensorflow: compile both with XLA")
+    p.add_argument("--mode", choices=["training", "inference"], default="training",
+                   help="training: forward + backward with the batch statistics (default); inference: forward with "
+                        "the moving statistics")
     args = p.parse_args(argv)
     backend = keras.backend.backend()
     rng = np.random.default_rng(0)
-    print(f"backend {backend}, keras {keras.__version__}; ms per forward + backward, median (min-max) of "
+    what = "forward + backward, training mode" if args.mode == "training" else "forward, inference mode"
+    print(f"backend {backend}, keras {keras.__version__}; ms per {what}, median (min-max) of "
           f"{args.rounds} alternating rounds of {args.repeats} calls")
     for shape in SHAPES:
         x = rng.normal(size=shape).astype("float32")
-        make = {"torch": torch_candidates, "jax": jax_candidates,
-                "tensorflow": lambda x, s: tensorflow_candidates(x, s, args.jit)}[backend]
+        if args.mode == "training":
+            make = {"torch": torch_candidates, "jax": jax_candidates,
+                    "tensorflow": lambda x, s: tensorflow_candidates(x, s, args.jit)}[backend]
+        else:
+            make = {"torch": torch_inference_candidates, "jax": jax_inference_candidates,
+                    "tensorflow": lambda x, s: tensorflow_inference_candidates(x, s, args.jit)}[backend]
         candidates = make(x, shape)
         times = {name: [] for name in candidates}
         for _ in range(args.rounds):

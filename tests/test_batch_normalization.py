@@ -221,3 +221,25 @@ def test_recipe_stays_exact_with_it(scope, monkeypatch):
     assert type(recipe.tiny_model().get_layer("bn")) is BatchNormalization
     recipe.test_three_steps_equal_torch_optim_sgd(scope)
     recipe.test_bn_moving_statistics_follow_torch_momentum()
+
+
+@pytest.mark.parametrize("mode", ["training", "inference"])
+def test_kernel_benchmark_times_both_candidates_for_every_shape(mode, capsys):
+    """benchmarks/batch_norm_kernels.py, the measurement behind FUSED_TRAINING: one row per ResNet-20 shape with
+    Keras' path and the backend's candidate, in either mode."""
+    import re
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+    from benchmarks import batch_norm_kernels
+
+    batch_norm_kernels.main(["--rounds", "1", "--repeats", "1", "--mode", mode])
+    out = capsys.readouterr().out.splitlines()
+    assert ("training mode" if mode == "training" else "inference mode") in out[0]
+    other = {"torch": "F.batch_norm", "tensorflow": "fused_batch_norm", "jax": "multiply-add floor"}
+    for line, shape in zip(out[1:], batch_norm_kernels.SHAPES):
+        times = re.fullmatch(rf"  \({', '.join(map(str, shape))}\): keras ([\d.]+) \(.*\), "
+                             rf"{other[keras.backend.backend()]} ([\d.]+) \(.*\)", line)
+        assert times and all(float(t) > 0 for t in times.groups()), line
+    assert len(out) == 1 + len(batch_norm_kernels.SHAPES)
