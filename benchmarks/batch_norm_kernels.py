@@ -1,10 +1,11 @@
 """Batch normalization alone: Keras' path against the backend's kernel, in training or inference mode.
 
 The measurement behind ``keras_preact.layers.BatchNormalization``'s per-backend choice
-(``FUSED_TRAINING``, ``FUSED_INFERENCE``). For the three activation shapes of pre-act ResNet-20 at batch
-128 (channels_last), milliseconds per forward + backward of the normalization in training mode, executed
-as the backend executes a Keras training step (``--mode inference``: per forward with the moving
-statistics, as ``model.evaluate`` and ``predict`` run it; on torch under ``torch.no_grad``):
+(``FUSED_TRAINING``; with ``--mode inference``, what inference on Keras' path costs). For the three
+activation shapes of pre-act ResNet-20 at batch 128 (channels_last), milliseconds per forward + backward
+of the normalization in training mode, executed as the backend executes a Keras training step
+(``--mode inference``: per forward with the moving statistics, as ``model.evaluate`` and ``predict`` run
+it; on torch under ``torch.no_grad``):
 
 - torch (eager): Keras' ``BatchNormalization`` against ``torch.nn.functional.batch_norm``;
 - tensorflow (``tf.function``, and with ``--jit`` under XLA): Keras' layer against
