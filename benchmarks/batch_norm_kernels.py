@@ -157,6 +157,17 @@ def jax_candidates(x, shape):
             "multiply-add floor": lambda: floor_grad(x, gamma, beta)[0].block_until_ready()}
 
 
+# (mode, backend) -> candidates(x, shape, jit): {name: call}; ``jit`` is TensorFlow's XLA switch.
+CANDIDATES = {
+    ("training", "torch"): lambda x, shape, jit: torch_candidates(x, shape),
+    ("training", "jax"): lambda x, shape, jit: jax_candidates(x, shape),
+    ("training", "tensorflow"): tensorflow_candidates,
+    ("inference", "torch"): lambda x, shape, jit: torch_inference_candidates(x, shape),
+    ("inference", "jax"): lambda x, shape, jit: jax_inference_candidates(x, shape),
+    ("inference", "tensorflow"): tensorflow_inference_candidates,
+}
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -173,13 +184,7 @@ def main(argv=None):
           f"{args.rounds} alternating rounds of {args.repeats} calls")
     for shape in SHAPES:
         x = rng.normal(size=shape).astype("float32")
-        if args.mode == "training":
-            make = {"torch": torch_candidates, "jax": jax_candidates,
-                    "tensorflow": lambda x, s: tensorflow_candidates(x, s, args.jit)}[backend]
-        else:
-            make = {"torch": torch_inference_candidates, "jax": jax_inference_candidates,
-                    "tensorflow": lambda x, s: tensorflow_inference_candidates(x, s, args.jit)}[backend]
-        candidates = make(x, shape)
+        candidates = CANDIDATES[args.mode, backend](x, shape, args.jit)
         times = {name: [] for name in candidates}
         for _ in range(args.rounds):
             for name, fn in candidates.items():

@@ -160,9 +160,10 @@ def test_both_trainers_evaluate_in_inference_mode_on_the_same_normalised_test_im
     loss, accuracy = ref.evaluate(theirs, images, labels, batch_size=8, channels_last=True)
     assert evaluation["loss"] == pytest.approx(loss, rel=1e-5)
     assert evaluation["accuracy"] == pytest.approx(accuracy, abs=1e-7)
-    x = (images.astype("float32") - np.asarray(ref.MEAN, "float32")) / np.asarray(ref.STD, "float32")
+    x = ref.normalize(images, channels_last=False)  # NCHW
     theirs.eval()
     with torch.no_grad():
-        expected = torch.softmax(theirs(torch.from_numpy(x).permute(0, 3, 1, 2)), 1).numpy()  # ours ends in softmax
+        expected = torch.softmax(theirs(x), 1).numpy()  # ours ends in softmax
+    x = x.permute(0, 2, 3, 1).numpy()
     np.testing.assert_allclose(keras.ops.convert_to_numpy(classifier(x, training=False)), expected, atol=1e-5)
     assert not np.allclose(keras.ops.convert_to_numpy(classifier(x, training=True)), expected, atol=1e-2)
