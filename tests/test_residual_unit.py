@@ -147,6 +147,18 @@ def test_option_a_subsamples_and_zero_pads(rng, preactivate_shortcut):
     assert not [w for w in unit.trainable_weights if "projection" in w.path]
 
 
+def test_option_a_subsamples_and_zero_pads_channels_first(rng):
+    x = random_input(rng).transpose(0, 3, 1, 2)  # NCHW
+    unit = ResidualUnit(filters=32, strides=2, shortcut_type="A", preactivate_shortcut=False,
+                        data_format="channels_first")
+    unit.build(x.shape)
+    zero_branch(unit)
+    y = to_numpy(unit(x, training=False))
+    assert y.shape == (2, 32, 4, 4)
+    np.testing.assert_array_equal(y[:, :16], x[:, :, ::2, ::2])  # the strided identity: the same values
+    np.testing.assert_array_equal(y[:, 16:], 0)
+
+
 @pytest.mark.parametrize(
     "shortcut_type, strides, filters, projects",
     [("A", 1, 16, False), ("B", 1, 16, False), ("B", 2, 16, True), ("B", 1, 32, True), ("C", 1, 16, True)],

@@ -129,9 +129,9 @@ class Format:
     finish: callable = None  # (exported, target, serving contract): the artifact in place, named
 
 
-_NO_JAX_ONNX = ("jax2onnx (Keras' JAX exporter) turns max pooling (MaxPooling2D: the option-A shortcut of the "
-                "CIFAR networks, the ImageNet stem) into an ONNX MaxPool over four axes, which onnxruntime cannot run; "
-                "export ONNX with KERAS_BACKEND=tensorflow or torch")
+_NO_JAX_ONNX = ("jax2onnx (Keras' JAX exporter) turns max pooling (MaxPooling2D: the ImageNet stem) into an ONNX "
+                "MaxPool over four axes, which onnxruntime cannot run; export ONNX with KERAS_BACKEND=tensorflow or "
+                "torch")
 FORMATS = {
     "saved_model": Format(
         files=("saved_model.pb", "variables/"), keras_format="",

@@ -87,6 +87,12 @@ def _run(steps, x, training):
     return x
 
 
+def _subsample(x, strides, channel_axis):
+    """Option A's strided identity: every ``strides``-th row and column (original ResNet paper, Sec. 3.3)."""
+    every = slice(None, None, strides)
+    return x[:, :, every, every] if channel_axis == 1 else x[:, every, every, :]
+
+
 def _zero_channels(x, channels, axis):
     """Option A's shortcut: ``channels`` zero channels appended (original ResNet paper, Sec. 3.3)."""
     pad = [[0, 0]] * 4
@@ -267,8 +273,8 @@ class ResidualUnit(keras.layers.Layer):
             return steps
         steps = []
         if shape_changes and self.strides > 1:
-            pool = keras.layers.MaxPooling2D(1, self.strides, data_format=self.data_format, dtype=self.dtype_policy)
-            steps.append(Step("subsample", "shortcut", None, self._track(pool)))
+            subsample = functools.partial(_subsample, strides=self.strides, channel_axis=self._channel_axis)
+            steps.append(Step("subsample", "shortcut", None, subsample))
         if shape_changes and self.filters > in_channels:
             zeros = functools.partial(_zero_channels, channels=self.filters - in_channels, axis=self._channel_axis)
             steps.append(Step("zero_channels", "shortcut", None, zeros))
