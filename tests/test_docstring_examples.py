@@ -57,6 +57,7 @@ MODULES = [
     "keras_preact.analysis.plots",
     "keras_preact.analysis.signals",
     "training.evaluate",
+    "training.recipe.augment",
 ]
 # Public modules: (module, whether its own docstring must carry Examples too).
 PUBLIC = [

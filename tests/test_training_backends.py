@@ -100,6 +100,42 @@ def test_pad_crop_flip_draws_a_valid_view_per_image():
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(images, training=False)), images)
 
 
+@pytest.mark.parametrize("dtype", ["uint8", "float32"])
+@pytest.mark.parametrize("padding", [0, 3])
+def test_pad_crop_flip_puts_every_pixel_where_the_crop_and_mirror_do(dtype, padding):
+    """The one gather of ``pad_crop_flip`` against the definition, per image: zero-pad, crop at (oy, ox), mirror
+    where drawn. Non-square images (rows and columns strides differ), the extreme offsets, both flips."""
+    rng = np.random.default_rng(3)
+    images = rng.integers(1, 256, (6, 5, 7, 2)).astype(dtype)
+    offsets = np.array([[0, 2 * padding, padding, 0, 2 * padding, 1 % (2 * padding + 1)],
+                        [2 * padding, 0, padding, 0, 2 * padding, 1 % (2 * padding + 1)]], "int32")
+    flip = np.array([False, True, False, True, True, False])
+    out = keras.ops.convert_to_numpy(augment.pad_crop_flip(images, offsets, flip, padding))
+    padded = np.pad(images, [(0, 0), (padding, padding), (padding, padding), (0, 0)])
+    for i, (oy, ox) in enumerate(offsets.T):
+        view = padded[i, oy:oy + 5, ox:ox + 7]
+        np.testing.assert_array_equal(out[i], view[:, ::-1] if flip[i] else view, err_msg=f"image {i}")
+    assert out.dtype == np.dtype(dtype) and out.shape == images.shape
+
+
+def test_augmentation_benchmark_checks_both_gathers_agree_and_times_them(capsys):
+    """benchmarks/augmentation_kernels.py, the measurement behind the one gather: it checks that the layer's
+    one gather and the two gathers it replaced give the same values, then times both (and, on PyTorch, the
+    reference trainer's augmentation)."""
+    import re
+
+    sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
+    from benchmarks import augmentation_kernels
+
+    augmentation_kernels.main(["--rounds", "1", "--repeats", "1"])
+    out = capsys.readouterr().out.splitlines()
+    assert "the same values from the same draws: yes" in out[0]
+    names = ["one gather", "two gathers"] + (["reference"] if keras.backend.backend() == "torch" else [])
+    assert [line.split(":")[0].strip() for line in out[1:]] == names
+    for line in out[1:]:
+        assert re.fullmatch(r"  [a-z ]+: [\d.]+ \([\d.]+-[\d.]+\)", line) and float(line.split()[-2]) > 0, line
+
+
 def test_device_model_normalizes_like_the_host():
     from keras_preact.models import cifar_resnet
 

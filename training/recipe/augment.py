@@ -43,26 +43,46 @@ class PadCropFlip(keras.layers.Layer):
                               state.dtype))
         self.iterations.assign_add(ops.convert_to_tensor(1, "int32"))
         batch = ops.shape(images)[0]
-        height, width, channels = images.shape[1], images.shape[2], images.shape[3]
-        p = self.padding
-        padded = ops.pad(images, [[0, 0], [p, p], [p, p], [0, 0]])
-        offsets = keras.random.randint((2, batch), 0, 2 * p + 1, seed=self._rng, dtype="int32")
-        rows = offsets[0][:, None] + ops.arange(height, dtype="int32")[None]
-        cols = offsets[1][:, None] + ops.arange(width, dtype="int32")[None]
-        out = ops.take_along_axis(
-            padded, ops.broadcast_to(rows[:, :, None, None], (batch, height, width + 2 * p, channels)), axis=1
-        )
-        out = ops.take_along_axis(
-            out, ops.broadcast_to(cols[:, None, :, None], (batch, height, width, channels)), axis=2
-        )
+        offsets = keras.random.randint((2, batch), 0, 2 * self.padding + 1, seed=self._rng, dtype="int32")
         flip = keras.random.uniform((batch,), seed=self._rng) < 0.5
-        return ops.where(flip[:, None, None, None], ops.flip(out, axis=2), out)
+        return pad_crop_flip(images, offsets, flip, self.padding)
 
     def compute_output_shape(self, input_shape):
         return input_shape
 
     def get_config(self):
         return {**super().get_config(), "padding": self.padding, "seed": self.seed}
+
+
+def pad_crop_flip(images, offsets, flip, padding):
+    """Image ``b`` of NHWC ``images``, zero-padded by ``padding``, cropped at rows ``offsets[0, b]`` + (0..H-1)
+    and columns ``offsets[1, b]`` + (0..W-1), mirrored left-right where ``flip[b]``.
+
+    One gather of whole pixels: output (i, j) is padded pixel (b, oy + i, ox + j), or (b, oy + i, ox + W-1-j)
+    when flipped. Two gathers (along H, then W), a flip and a select give the same values at several times
+    the time on PyTorch and TensorFlow (``benchmarks/augmentation_kernels.py``).
+
+    Examples:
+
+    >>> x = np.arange(4, dtype="float32").reshape(1, 2, 2, 1)  # [[0, 1], [2, 3]]
+    >>> centre = pad_crop_flip(x, np.array([[1], [1]], "int32"), np.array([False]), padding=1)
+    >>> ops.convert_to_numpy(centre)[0, :, :, 0].tolist()
+    [[0.0, 1.0], [2.0, 3.0]]
+    >>> down_right = pad_crop_flip(x, np.array([[1], [0]], "int32"), np.array([True]), padding=1)
+    >>> ops.convert_to_numpy(down_right)[0, :, :, 0].tolist()  # rows 1-2, columns 0-1 of the padded, mirrored
+    [[0.0, 0.0], [2.0, 0.0]]
+    """
+    images, offsets, flip = ops.convert_to_tensor(images), ops.convert_to_tensor(offsets), ops.convert_to_tensor(flip)
+    height, width, channels = images.shape[1], images.shape[2], images.shape[3]
+    padded = ops.pad(images, [[0, 0], [padding, padding], [padding, padding], [0, 0]])
+    padded_height, padded_width = height + 2 * padding, width + 2 * padding
+    j = ops.arange(width, dtype="int32")[None]
+    rows = offsets[0][:, None] + ops.arange(height, dtype="int32")[None]
+    cols = offsets[1][:, None] + ops.where(flip[:, None], width - 1 - j, j)
+    first = ops.arange(ops.shape(images)[0], dtype="int32")[:, None, None] * (padded_height * padded_width)
+    pixels = first + rows[:, :, None] * padded_width + cols[:, None, :]
+    out = ops.take(ops.reshape(padded, (-1, channels)), ops.reshape(pixels, (-1,)), axis=0)
+    return ops.reshape(out, (-1, height, width, channels))
 
 
 AUGMENTATION_LAYERS = {"cifar": lambda seed: PadCropFlip(4, seed=seed, name="pad_crop_flip")}
