@@ -21,7 +21,6 @@ import argparse
 import pathlib
 import statistics
 import sys
-import time
 
 import keras
 import numpy as np
@@ -30,6 +29,7 @@ from keras import ops
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from benchmarks.kernel_timing import alternating_rounds  # noqa: E402
 from training.recipe.augment import pad_crop_flip  # noqa: E402
 
 SHAPE, PADDING = (128, 32, 32, 3), 4
@@ -79,14 +79,6 @@ def candidates(images, offsets, flip):
     return ours
 
 
-def timed(fn, repeats):
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return 1000 * (time.perf_counter() - start) / repeats
-
-
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=5)
@@ -104,10 +96,7 @@ def main(argv=None):
     print(f"backend {keras.backend.backend()}, keras {keras.__version__}; batch {SHAPE}, pad {PADDING}; the same "
           f"values from the same draws: yes; ms per call, median (min-max) of {args.rounds} alternating rounds of "
           f"{args.repeats} calls")
-    times = {name: [] for name in calls}
-    for _ in range(args.rounds):
-        for name, call in calls.items():
-            times[name].append(timed(call, args.repeats))
+    times = alternating_rounds(calls, args.rounds, args.repeats)
     for name, t in times.items():
         print(f"  {name}: {statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})")
 

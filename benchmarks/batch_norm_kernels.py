@@ -20,21 +20,18 @@ Rounds alternate the candidates in one process; it prints the median and min-max
 """
 
 import argparse
+import pathlib
 import statistics
-import time
+import sys
 
 import keras
 import numpy as np
 
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_timing import alternating_rounds  # noqa: E402
+
 SHAPES = ((128, 32, 32, 16), (128, 16, 16, 32), (128, 8, 8, 64))
-
-
-def timed(fn, repeats):
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return 1000 * (time.perf_counter() - start) / repeats
 
 
 def keras_layer(shape):
@@ -185,10 +182,7 @@ def main(argv=None):
     for shape in SHAPES:
         x = rng.normal(size=shape).astype("float32")
         candidates = CANDIDATES[args.mode, backend](x, shape, args.jit)
-        times = {name: [] for name in candidates}
-        for _ in range(args.rounds):
-            for name, fn in candidates.items():
-                times[name].append(timed(fn, args.repeats))
+        times = alternating_rounds(candidates, args.rounds, args.repeats)
         row = ", ".join(f"{n} {statistics.median(t):.2f} ({min(t):.2f}-{max(t):.2f})" for n, t in times.items())
         print(f"  {shape}: {row}")
 

@@ -17,13 +17,18 @@ Rounds alternate the candidates in one process; it prints the median and min-max
 
 import argparse
 import os
+import pathlib
 import statistics
-import time
+import sys
 
 os.environ.setdefault("KERAS_BACKEND", "torch")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.kernel_timing import alternating_rounds  # noqa: E402
 
 # (input shape, filters, stride, padding): the convs of cifar_resnet20 (strided ones see a padded input).
 CASES = (
@@ -33,14 +38,6 @@ CASES = (
     ((128, 18, 18, 32), 64, 2, "valid"),
     ((128, 8, 8, 64), 64, 1, "same"),
 )
-
-
-def timed(fn, repeats):
-    fn()
-    start = time.perf_counter()
-    for _ in range(repeats):
-        fn()
-    return 1000 * (time.perf_counter() - start) / repeats
 
 
 def candidates(shape, filters, stride, padding):
@@ -96,10 +93,7 @@ def main():
     total = {}
     for shape, filters, stride, padding in CASES:
         fns = candidates(shape, filters, stride, padding)
-        times = {name: [] for name in fns}
-        for _ in range(args.rounds):
-            for name, fn in fns.items():
-                times[name].append(timed(fn, args.repeats))
+        times = alternating_rounds(fns, args.rounds, args.repeats)
         print(f"{shape} -> {filters}, stride {stride}, {padding}:")
         for name, fn in fns.items():
             count, ms = copies(fn)
