@@ -58,6 +58,7 @@ MODULES = [
     "keras_preact.analysis.signals",
     "training.evaluate",
     "training.recipe.augment",
+    "training.run.parts",
 ]
 # Public modules: (module, whether its own docstring must carry Examples too).
 PUBLIC = [

@@ -1,7 +1,7 @@
 """Fault tolerance: SIGKILL a real training process mid-epoch; the same command resumes it, and so does another
-machine from what ``training.carry`` copied out (what is committed: the run directory and the first machine are
-gone, the data lives at another path). Both end with the weights of a run that was never stopped (issue
-"Weights at the data's ceiling", item 1)."""
+machine from what ``training.carry`` copied out (what is committed, the backup in parts under a per-file
+limit: the run directory and the first machine are gone, the data lives at another path). Both end with the
+weights of a run that was never stopped (issue "Weights at the data's ceiling", item 1)."""
 
 import json
 import os
@@ -83,14 +83,19 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     killed_at = train_until_killed(first / "run", write_folder(first / "data"))
     assert not (first / "run" / "model.keras").exists()
 
-    assert carry.main([str(first / "run"), str(tmp_path / "committed")]) == 0
+    # The backup in parts of at most 0.1 MiB, as ResNet-20's 2.4 MB backup goes in parts of 1 MiB (the default).
+    weights_bytes = (first / "run" / "checkpoints" / "backup" / f"state-{killed_at:010d}" / "model.weights.h5").stat().st_size
+    assert carry.main([str(first / "run"), str(tmp_path / "committed"), "--part-mb", "0.1"]) == 0
     done = capsys.readouterr()
     assert f"step {killed_at}" in done.out and "keras-preact-train --config RUN/config.json" in done.out
     carried = sorted(str(p.relative_to(tmp_path / "committed")) for p in (tmp_path / "committed").rglob("*")
                      if p.is_file())
-    assert carried == ["checkpoints/backup/latest.json", f"checkpoints/backup/state-{killed_at:010d}/model.weights.h5",
-                       "config.json", "history.csv"]
-    assert sum((tmp_path / "committed" / p).stat().st_size for p in carried) < 2**20
+    state = f"checkpoints/backup/state-{killed_at:010d}"
+    count = -(-weights_bytes // (2**20 // 10))
+    assert count >= 3 and carried == ["checkpoints/backup/latest.json",
+                                      *(f"{state}/model.weights.h5.part-{k:03d}" for k in range(count)),
+                                      f"{state}/model.weights.h5.parts.json", "config.json", "history.csv"]
+    assert max((tmp_path / "committed" / p).stat().st_size for p in carried) <= 2**20 // 10
 
     # The same command on the same machine resumes inside the epoch where the kill left it.
     again = subprocess.run(command(first / "run", first / "data"), cwd=REPO, env=env(), capture_output=True,
@@ -108,6 +113,9 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     shutil.copytree(first / "data", second / "data")
     shutil.rmtree(first)
     shutil.copytree(tmp_path / "committed", second / "run")
+    assert carry.main([str(second / "run"), str(tmp_path / "carried-again")]) == 0  # a carry not resumed yet
+    assert sorted(p.name for p in (tmp_path / "carried-again" / state).iterdir()) == sorted(
+        p.name for p in (tmp_path / "committed" / state).iterdir())
     carried_config = second / "run" / "config.json"
     other = write_folder(second / "other-data", classes=("cat", "dog", "fox"))
     with pytest.raises(SystemExit) as refused:
@@ -118,7 +126,7 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     resumed = subprocess.run(command(second / "run", second / "data", config=carried_config),
                              cwd=REPO, env=env(), capture_output=True, text=True, timeout=600)
     assert resumed.returncode == 0, resumed.stdout[-3000:] + resumed.stderr[-3000:]
-    assert f"resuming at step {killed_at}" in resumed.stdout
+    assert f"resuming at step {killed_at}" in resumed.stdout  # from the joined parts
     assert "changed on resume, as allowed: data_dir" in resumed.stdout
     history = (second / "run" / "history.csv").read_text().splitlines()
     assert [line.split(",")[0] for line in history[1:]] == [str(e) for e in range(EPOCHS)]
@@ -158,3 +166,39 @@ def test_carry_replaces_an_earlier_carry_whole(tmp_path):
     kept = sorted(p.name for p in (tmp_path / "dest" / "checkpoints" / "backup").iterdir())
     assert kept == ["latest.json", "state-0000000006"]
     assert not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.notf
+def test_carried_parts_join_to_the_file_and_a_missing_or_damaged_part_is_named(tmp_path):
+    from training.run import parts
+
+    data = bytes(range(256)) * 41  # 10,496 bytes: parts of 4,096, 4,096 and 2,304
+    (tmp_path / "w.h5").write_bytes(data)
+    names = parts.split(tmp_path / "w.h5", tmp_path / "carried", part_bytes=4096)
+    assert names == ["w.h5.part-000", "w.h5.part-001", "w.h5.part-002"]
+    assert [(tmp_path / "carried" / n).stat().st_size for n in names] == [4096, 4096, 2304]
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tmp_path / "carried", damaged)
+    assert parts.join(tmp_path / "carried" / "w.h5").read_bytes() == data
+    assert parts.join(tmp_path / "carried" / "w.h5").read_bytes() == data  # an existing file is kept
+
+    (damaged / "w.h5.part-001").write_bytes(b"x" * 4096)
+    with pytest.raises(ValueError, match=r"join to 10496 bytes that are not the file it records .*a part is damaged"):
+        parts.join(damaged / "w.h5")
+    (damaged / "w.h5.part-002").unlink()
+    with pytest.raises(ValueError, match=r"lists parts that are not there: w\.h5\.part-002"):
+        parts.join(damaged / "w.h5")
+    (damaged / "w.h5.parts.json").unlink()
+    with pytest.raises(ValueError, match=r"neither .*w\.h5 nor a readable index"):
+        parts.join(damaged / "w.h5")
+    assert not (damaged / "w.h5").exists() and not list(damaged.glob(".tmp-*"))  # nothing half-written
+    with pytest.raises(ValueError, match=r"Invalid part_bytes=0"):
+        parts.split(tmp_path / "w.h5", tmp_path / "none", part_bytes=0)
+
+
+@pytest.mark.notf
+def test_carry_refuses_a_part_size_below_one_byte(tmp_path, capsys):
+    with pytest.raises(SystemExit) as refused:
+        carry.main([str(tmp_path / "run"), str(tmp_path / "dest"), "--part-mb", "0"])
+    assert refused.value.code == 2 and "--part-mb must be positive" in capsys.readouterr().err
+    assert not (tmp_path / "dest").exists()

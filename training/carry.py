@@ -9,7 +9,9 @@ A long run (the paper's 64,000 iterations take several hours of a CPU machine) o
 resume needs four files: the manifest ``config.json`` (what the run trains), ``history.csv`` (its epochs so far)
 and the last complete backup (``checkpoints/backup/latest.json`` and the ``model.weights.h5`` it names: model and
 optimizer state). ``carry`` copies exactly those into ``DEST`` (written to a temporary folder, then renamed, so
-``DEST`` is the old carry or the new one, never half of each) and prints the command that resumes there.
+``DEST`` is the old carry or the new one, never half of each) and prints the command that resumes there. A weights
+file over ``--part-mb`` (default 1 MiB: ResNet-20's backup is 2.4 MB, over a repository's 2 MB limit for a file)
+is written as parts of at most that size and their index (``training/run/parts.py``); the resume joins them.
 TensorBoard events, ``model.keras``, exports and caches stay behind: the resumed run rewrites what it needs. The
 data may live elsewhere on the next machine (``--data-dir`` may change on resume; ``training/run/resume.py``).
 
@@ -24,11 +26,14 @@ import shutil
 import sys
 import tempfile
 
+from training.run import parts
+
 MANIFEST, HISTORY = "config.json", "history.csv"
 BACKUP = pathlib.PurePath("checkpoints", "backup")
 POINTER = "latest.json"
 WEIGHTS = "model.weights.h5"
 ATTEMPTS = 5  # a live run writes a new backup at most every few seconds
+PART_BYTES = 2**20  # the default --part-mb, 1 MiB
 
 
 def resumable_files(run_dir):
@@ -43,23 +48,36 @@ def resumable_files(run_dir):
     except (OSError, ValueError, KeyError, TypeError):
         raise ValueError(f"Invalid run_dir={str(run_dir)!r}: no complete backup in {run_dir / BACKUP} yet "
                          "(one is written every --checkpoint-every steps and at every epoch end).") from None
-    if state.name != str(state) or not (run_dir / BACKUP / state / WEIGHTS).is_file():
+    weights = [BACKUP / state / WEIGHTS]
+    if state.name == str(state) and not (run_dir / weights[0]).is_file():  # a carry not resumed yet: its parts
+        try:
+            index = json.loads(parts.index_path(run_dir / weights[0]).read_text())
+            weights = [BACKUP / state / parts.index_path(WEIGHTS).name] + [BACKUP / state / n for n in index["parts"]]
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    if state.name != str(state) or not all((run_dir / w).is_file() for w in weights):
         raise ValueError(f"Invalid run_dir={str(run_dir)!r}: {run_dir / BACKUP / POINTER} names "
                          f"{str(state)!r}, which holds no {WEIGHTS}.")
-    files = [pathlib.PurePath(MANIFEST), BACKUP / POINTER, BACKUP / state / WEIGHTS]
+    files = [pathlib.PurePath(MANIFEST), BACKUP / POINTER, *weights]
     if (run_dir / HISTORY).is_file():
         files.insert(1, pathlib.PurePath(HISTORY))
     return files, pointer
 
 
-def _copy(run_dir, files, staging):
+def _copy(run_dir, files, staging, part_bytes):
     for relative in files:
         (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-        shutil.copy2(run_dir / relative, staging / relative)
+        if relative.name == WEIGHTS and (run_dir / relative).stat().st_size > part_bytes:
+            parts.split(run_dir / relative, (staging / relative).parent, part_bytes)
+        else:
+            shutil.copy2(run_dir / relative, staging / relative)
 
 
-def carry(run_dir, dest):
-    """Copy ``resumable_files(run_dir)`` into ``dest`` (replacing an earlier carry there); the backup's pointer."""
+def carry(run_dir, dest, part_bytes=PART_BYTES):
+    """Copy ``resumable_files(run_dir)`` into ``dest`` (replacing an earlier carry there), a file over ``part_bytes``
+    as parts of at most that size; the backup's pointer."""
+    if not isinstance(part_bytes, int) or part_bytes < 1:
+        raise ValueError(f"Invalid part_bytes={part_bytes!r}: a whole number of bytes >= 1 is required.")
     run_dir, dest = pathlib.Path(run_dir), pathlib.Path(dest)
     files, pointer = resumable_files(run_dir)
     if dest.resolve() == run_dir.resolve():
@@ -71,7 +89,7 @@ def carry(run_dir, dest):
     try:
         for attempt in range(ATTEMPTS):
             try:
-                _copy(run_dir, files, staging)
+                _copy(run_dir, files, staging, part_bytes)
                 break
             except FileNotFoundError:  # a live run replaced its backup meanwhile: take the new one
                 if attempt == ATTEMPTS - 1:
@@ -98,9 +116,13 @@ def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m training.carry", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="the run directory of a keras-preact-train run (running or stopped)")
     parser.add_argument("dest", help="the folder to write (replaced when it exists), e.g. under reproduction/")
+    parser.add_argument("--part-mb", type=float, default=PART_BYTES / 2**20,
+                        help="largest file written, in MiB (default 1); a larger weights file goes in parts")
     args = parser.parse_args(argv)
+    if not args.part_mb * 2**20 >= 1:
+        parser.error(f"--part-mb must be positive (at least one byte), got {args.part_mb}")
     try:
-        pointer = carry(args.run_dir, args.dest)
+        pointer = carry(args.run_dir, args.dest, part_bytes=int(args.part_mb * 2**20))
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -17,7 +17,7 @@ import numpy as np
 
 from keras_preact.scratch import atomic_path
 
-from . import run_state
+from . import parts, run_state
 
 BACKUP_POINTER = "latest.json"
 
@@ -131,10 +131,11 @@ class AtomicBackup(keras.callbacks.Callback):
 
 
 def read_backup(backup_dir):
-    """The last complete backup {"step", "epoch", "weights"} or None."""
+    """The last complete backup {"step", "epoch", "weights"} or None. A backup carried in parts
+    (``training.carry``) is joined into its weights file first (``parts.join``)."""
     pointer = pathlib.Path(backup_dir) / BACKUP_POINTER
     if not pointer.exists():
         return None
     state = json.loads(pointer.read_text())
-    state["weights"] = str(pathlib.Path(backup_dir) / state["state"] / "model.weights.h5")
+    state["weights"] = str(parts.join(pathlib.Path(backup_dir) / state["state"] / "model.weights.h5"))
     return state
