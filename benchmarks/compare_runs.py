@@ -149,7 +149,10 @@ def markdown(table, window, times, command):
     return "\n".join(lines) + "\n"
 
 
-def plot(runs, png):
+def plot(runs, png, styles=None, accuracy_span=None):
+    """Training loss (log scale) and test top-1 per epoch of every run ({label: history rows}), overlaid; ``styles``
+    ({label: matplotlib line keywords}) defaults to one colour per run; ``accuracy_span`` shows only that many
+    points below the highest test top-1."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -160,13 +163,14 @@ def plot(runs, png):
     fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
     for colour, (label, rows) in enumerate(runs.items()):
         epochs = [int(r["epoch"]) + 1 for r in rows]
-        style = dict(color=f"C{colour}", linewidth=1, label=label)
+        style = dict((styles or {}).get(label, {"color": f"C{colour}", "linewidth": 1}), label=label)
         ax_loss.plot(epochs, [float(r["loss"]) for r in rows], **style)
         ax_acc.plot(epochs, [100 * float(r["val_accuracy"]) for r in rows], **style)
     ax_loss.set(xlabel="epoch", ylabel="training loss", yscale="log")
     ax_acc.set(xlabel="epoch", ylabel="test top-1 (%)")
-    top = max(100 * float(r["val_accuracy"]) for rows in runs.values() for r in rows)
-    ax_acc.set_ylim(top - 15, top + 1)
+    if accuracy_span is not None:
+        top = max(100 * float(r["val_accuracy"]) for rows in runs.values() for r in rows)
+        ax_acc.set_ylim(top - accuracy_span, top + 1)
     ax_acc.legend(fontsize=8)
     for ax in (ax_loss, ax_acc):
         ax.grid(alpha=0.3)
@@ -209,7 +213,7 @@ def main(argv=None):
         with atomic_path(args.md) as tmp:
             tmp.write_text(text)
     if args.png:
-        plot(args.runs, args.png)
+        plot(args.runs, args.png, accuracy_span=15)
     return 0
 
 

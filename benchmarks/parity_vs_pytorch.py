@@ -42,6 +42,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ and training/ are not installed
 
+from benchmarks import compare_runs  # noqa: E402
 from benchmarks import train_speed_vs_pytorch as speed  # noqa: E402
 from training.run.plots import read_history  # noqa: E402
 from training.run.run_dir import write_json, write_text  # noqa: E402
@@ -139,30 +140,14 @@ def markdown(args, table, machine, versions):
 
 
 def plot(results, png):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    from keras_preact.analysis.plots import save_figure
-
-    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(11, 4))
-    styles = ["-", "--", ":", "-."]
+    """Every run's curves (``compare_runs.plot``): one colour per trainer, one line style per seed."""
+    runs, styles = {}, {}
     for colour, (name, by_seed) in enumerate(results.items()):
         for k, seed in enumerate(sorted(by_seed)):
-            rows = by_seed[seed]["history"]
-            epochs = [int(r["epoch"]) + 1 for r in rows]
             label = f"{name} seed {seed}"
-            style = dict(color=f"C{colour}", linestyle=styles[k % len(styles)], marker="o", ms=2, label=label)
-            ax_loss.plot(epochs, [float(r["loss"]) for r in rows], **style)
-            ax_acc.plot(epochs, [100 * float(r["val_accuracy"]) for r in rows], **style)
-    ax_loss.set(xlabel="epoch", ylabel="training loss")
-    ax_acc.set(xlabel="epoch", ylabel="test accuracy (%)")
-    ax_acc.legend(fontsize=7)
-    for ax in (ax_loss, ax_acc):
-        ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return save_figure(fig, png, dpi=100)
+            runs[label] = by_seed[seed]["history"]
+            styles[label] = dict(color=f"C{colour}", linestyle=("-", "--", ":", "-.")[k % 4], marker="o", ms=2)
+    return compare_runs.plot(runs, png, styles)
 
 
 def parse_args(argv=None):
