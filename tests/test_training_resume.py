@@ -197,8 +197,28 @@ def test_carried_parts_join_to_the_file_and_a_missing_or_damaged_part_is_named(t
 
 
 @pytest.mark.notf
-def test_carry_refuses_a_part_size_below_one_byte(tmp_path, capsys):
+@pytest.mark.parametrize("size, part_bytes, expected", [
+    (0, 4, [0]),  # an empty file is one empty part: the index still names a part to join
+    (8, 4, [4, 4]),  # a whole number of parts: no empty last part
+    (9, 4, [4, 4, 1]),
+    (3, 4, [3]),
+])
+def test_split_cuts_at_part_bytes_and_joins_back(tmp_path, size, part_bytes, expected):
+    from training.run import parts
+
+    data = bytes(range(size))
+    (tmp_path / "w.h5").write_bytes(data)
+    names = parts.split(tmp_path / "w.h5", tmp_path / "carried", part_bytes=part_bytes)
+    assert [(tmp_path / "carried" / n).stat().st_size for n in names] == expected
+    assert parts.join(tmp_path / "carried" / "w.h5").read_bytes() == data
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("part_mb", ["0", "-1", "inf", "nan"])
+def test_carry_refuses_a_part_size_that_is_not_a_finite_byte_or_more(tmp_path, capsys, part_mb):
     with pytest.raises(SystemExit) as refused:
-        carry.main([str(tmp_path / "run"), str(tmp_path / "dest"), "--part-mb", "0"])
-    assert refused.value.code == 2 and "--part-mb must be positive" in capsys.readouterr().err
+        carry.main([str(tmp_path / "run"), str(tmp_path / "dest"), "--part-mb", part_mb])
+    assert refused.value.code == 2
+    assert f"--part-mb must be a finite size of at least one byte (e.g. 1 or 0.5), got {float(part_mb)}" in (
+        capsys.readouterr().err)
     assert not (tmp_path / "dest").exists()

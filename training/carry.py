@@ -20,6 +20,7 @@ Standard library only: it runs beside a live training without loading Keras.
 
 import argparse
 import json
+import math
 import os
 import pathlib
 import shutil
@@ -119,8 +120,8 @@ def main(argv=None):
     parser.add_argument("--part-mb", type=float, default=PART_BYTES / 2**20,
                         help="largest file written, in MiB (default 1); a larger weights file goes in parts")
     args = parser.parse_args(argv)
-    if not args.part_mb * 2**20 >= 1:
-        parser.error(f"--part-mb must be positive (at least one byte), got {args.part_mb}")
+    if not (math.isfinite(args.part_mb) and args.part_mb * 2**20 >= 1):
+        parser.error(f"--part-mb must be a finite size of at least one byte (e.g. 1 or 0.5), got {args.part_mb}")
     try:
         pointer = carry(args.run_dir, args.dest, part_bytes=int(args.part_mb * 2**20))
     except ValueError as e:

@@ -39,13 +39,20 @@ def split(path, dest_dir, part_bytes):
     if not isinstance(part_bytes, int) or part_bytes < 1:
         raise ValueError(f"Invalid part_bytes={part_bytes!r}: a whole number of bytes >= 1 is required.")
     path, dest_dir = pathlib.Path(path), pathlib.Path(dest_dir)
-    data = path.read_bytes()
     dest_dir.mkdir(parents=True, exist_ok=True)
-    names = []
-    for number, start in enumerate(range(0, max(len(data), 1), part_bytes)):
-        names.append(f"{path.name}.part-{number:03d}")
-        (dest_dir / names[-1]).write_bytes(data[start:start + part_bytes])
-    index = {"file": path.name, "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(), "parts": names}
+    names, size, digest = [], 0, hashlib.sha256()
+    with open(path, "rb") as source:  # one part in memory at a time
+        while True:
+            chunk = source.read(part_bytes)
+            if not chunk and names:
+                break
+            names.append(f"{path.name}.part-{len(names):03d}")
+            (dest_dir / names[-1]).write_bytes(chunk)
+            size += len(chunk)
+            digest.update(chunk)
+            if len(chunk) < part_bytes:
+                break
+    index = {"file": path.name, "bytes": size, "sha256": digest.hexdigest(), "parts": names}
     index_path(dest_dir / path.name).write_text(json.dumps(index, indent=2) + "\n")
     return names
 
@@ -66,14 +73,18 @@ def join(path):
     if missing:
         raise ValueError(f"Invalid backup: {index_file} lists parts that are not there: {', '.join(missing)} "
                          "(copy every part of the carry).")
-    data = b"".join((path.parent / name).read_bytes() for name in names)
-    if len(data) != size or hashlib.sha256(data).hexdigest() != digest:
-        raise ValueError(f"Invalid backup: the parts {index_file} lists join to {len(data)} bytes that are not the "
-                         f"file it records ({size} bytes, sha256 {digest[:12]}...): a part is damaged.")
     handle, tmp = tempfile.mkstemp(prefix=f".tmp-{path.name}-", dir=path.parent)
     try:
-        with os.fdopen(handle, "wb") as f:
-            f.write(data)
+        joined, hashed = 0, hashlib.sha256()
+        with os.fdopen(handle, "wb") as f:  # one part in memory at a time
+            for name in names:
+                data = (path.parent / name).read_bytes()
+                f.write(data)
+                joined += len(data)
+                hashed.update(data)
+        if joined != size or hashed.hexdigest() != digest:
+            raise ValueError(f"Invalid backup: the parts {index_file} lists join to {joined} bytes that are not the "
+                             f"file it records ({size} bytes, sha256 {digest[:12]}...): a part is damaged.")
         os.replace(tmp, path)
     except BaseException:
         pathlib.Path(tmp).unlink(missing_ok=True)
