@@ -10,7 +10,9 @@ is its per-epoch history: keras-preact-train's ``history.csv`` (CSVLogger) or th
   epoch of the shortest run reaching it (or ``--to-epoch``), and each run's gap to the first run on those
   figures; with ``--time NAME A=EPOCHS B=EPOCHS`` (repeatable), the median training and evaluation seconds per
   epoch of run A and run B over those epochs (for instance the epochs each ran alone on one machine) and how
-  many times longer B's epoch took.
+  many times longer B's epoch took; with ``--group NAME RUN [RUN ...]`` (repeatable, two groups or more: the
+  seeds of one trainer), each group's mean and sample standard deviation of those figures over its runs, and
+  each group's difference to the first group with Welch's t and its degrees of freedom (two runs or more in both).
 
 Both files are written to a temporary name and renamed.
 
@@ -115,7 +117,68 @@ def time_row(name, pair, runs):
     return {"name": name, "a": a, "b": b, "ratio": (b["train"] + b["eval"]) / (a["train"] + a["eval"])}
 
 
-def markdown(table, window, times, command):
+def welch(a, b):
+    """(mean(b) - mean(a), Welch's t, its degrees of freedom) of two samples; t and df None when either sample has
+    fewer than two values or both have no spread.
+
+    Examples:
+
+    >>> welch([86.38, 86.36], [87.26, 86.67])  # doctest: +ELLIPSIS
+    (0.59..., 2.01..., 1.00...)
+    """
+    difference = statistics.fmean(b) - statistics.fmean(a)
+    if min(len(a), len(b)) < 2:
+        return difference, None, None
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    if va + vb == 0:
+        return difference, None, None
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    return difference, difference / (va + vb) ** 0.5, df
+
+
+def group_table(table, groups):
+    """``groups`` [(name, [run labels])] -> [{"name", "runs", "last", "window_mean"}], each figure (mean, sd,
+    difference to the first group, Welch's t, df) over the group's runs of the last epoch's and the window mean's
+    test top-1; sd None for one run, the last three None for the first group, a figure None when a run lacks it."""
+    values = [{figure: [table[label][figure] for label in labels] for figure in ("last", "window_mean")}
+              for _, labels in groups]
+    rows = []
+    for k, (name, labels) in enumerate(groups):
+        row = {"name": name, "runs": len(labels)}
+        for figure, sample in values[k].items():
+            first = values[0][figure]
+            if None in sample:
+                row[figure] = None
+                continue
+            sd = statistics.stdev(sample) if len(sample) > 1 else None
+            compared = k > 0 and None not in first
+            row[figure] = (statistics.fmean(sample), sd, *(welch(first, sample) if compared else (None, None, None)))
+        rows.append(row)
+    return rows
+
+
+def parse_groups(specs, runs):
+    """``--group NAME RUN [RUN ...]`` arguments -> [(name, labels)]; two groups or more, each run named once."""
+    if not specs:
+        return []
+    if len(specs) < 2:
+        raise ValueError("--group: give two groups or more (the first is the one compared with)")
+    groups, seen = [], set()
+    for spec in specs:
+        name, labels = spec[0], spec[1:]
+        if not labels:
+            raise ValueError(f"--group {name}: name one run or more after the group's name")
+        for label in labels:
+            if label not in runs:
+                raise ValueError(f"--group {name}: {label!r} is not one of the runs ({', '.join(runs)})")
+            if label in seen:
+                raise ValueError(f"--group {name}: {label!r} is in another group already")
+            seen.add(label)
+        groups.append((name, labels))
+    return groups
+
+
+def markdown(table, window, times, command, groups=()):
     first = next(iter(table))
     lines = [
         f"Command: `{command}`",
@@ -146,6 +209,27 @@ def markdown(table, window, times, command):
             a, b = t["a"], t["b"]
             lines.append(f"| {t['name']} | {a['run']}, {a['epochs']} | {a['train']:.2f} + {a['eval']:.2f} | "
                          f"{b['run']}, {b['epochs']} | {b['train']:.2f} + {b['eval']:.2f} | {t['ratio']:.2f}x |")
+    if groups:
+        def cell(figure):
+            if figure is None:
+                return "-", "-", "-"
+            mean, sd, difference, t, df = figure
+            spread = f"{mean:.2f}" + ("" if sd is None else f" +- {sd:.2f}")
+            if difference is None:
+                return spread, "-", "-"
+            return spread, f"{difference:+.2f}", "-" if t is None else f"{t:+.2f} ({df:.1f})"
+
+        lines += [
+            "",
+            f"Groups: mean +- sample standard deviation of their runs' test top-1, and the difference to {groups[0]['name']} "
+            "with Welch's t (its degrees of freedom):",
+            "",
+            f"| group | runs | last epoch | difference | t (df) | mean, epochs {window[0]}-{window[1]} | difference | t (df) |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for row in groups:
+            lines.append(f"| {row['name']} | {row['runs']} | " + " | ".join(cell(row["last"])) + " | "
+                         + " | ".join(cell(row["window_mean"])) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -187,6 +271,9 @@ def parse_args(argv=None):
                    help="last epoch of the mean (default: the last of the shortest run reaching --from-epoch)")
     p.add_argument("--time", nargs=3, action="append", default=[], metavar=("NAME", "A=EPOCHS", "B=EPOCHS"),
                    help="median seconds per epoch of two runs over the epochs named (A-B, 1-based) and B's over A's")
+    p.add_argument("--group", nargs="+", action="append", default=[], metavar="NAME_THEN_RUNS",
+                   help="NAME RUN [RUN ...]: runs of one trainer (seeds); two groups or more, compared with the first "
+                   "by their means and Welch's t")
     p.add_argument("--png", help="write the overlaid curves here")
     p.add_argument("--md", help="write the table here (it is printed either way)")
     args = p.parse_args(argv)
@@ -198,6 +285,7 @@ def parse_args(argv=None):
             raise ValueError("--run: every label must be distinct")
         args.table, args.window = accuracy_table(args.runs, args.from_epoch, args.to_epoch)
         args.times = [time_row(name, (a, b), args.runs) for name, a, b in args.time]
+        args.groups = group_table(args.table, parse_groups(args.group, args.runs))
     except ValueError as e:
         p.error(str(e))
     return args
@@ -207,7 +295,7 @@ def main(argv=None):
     args = parse_args(argv)
     command = "python benchmarks/compare_runs.py " + " ".join(
         f'"{a}"' if " " in a else a for a in (sys.argv[1:] if argv is None else argv))
-    text = markdown(args.table, args.window, args.times, command)
+    text = markdown(args.table, args.window, args.times, command, args.groups)
     print(text, end="")
     if args.md:
         with atomic_path(args.md) as tmp:

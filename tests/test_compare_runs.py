@@ -70,6 +70,40 @@ def test_a_run_stopped_before_the_window_has_no_mean(tmp_path, capsys):
     assert "| c | 3 | 72.00 | -8.00 | 72.00 (3) | 72.00 | +2.00 |" in out
 
 
+def test_groups_of_seeds_get_their_mean_spread_and_welch_t_against_the_first(tmp_path, capsys):
+    from benchmarks import compare_runs
+
+    def run(name, accuracies):
+        return f"{name}=" + str(write_history(tmp_path / f"{name}.csv", REFERENCE_COLUMNS, accuracies,
+                                               train_seconds=[1] * len(accuracies)))
+
+    argv = ["--from-epoch", "2",
+            "--run", run("ref0", [0.5, 0.86, 0.87]), "--run", run("ref1", [0.5, 0.85, 0.86]),
+            "--run", run("ours0", [0.5, 0.84, 0.85]), "--run", run("ours1", [0.5, 0.85, 0.855]),
+            "--run", run("lone", [0.5, 0.80, 0.83]),
+            "--group", "reference", "ref0", "ref1", "--group", "ours", "ours0", "ours1", "--group", "one", "lone"]
+    assert compare_runs.main(argv) == 0
+    out = capsys.readouterr().out
+    assert "the difference to reference with Welch's t (its degrees of freedom)" in out
+    # last epoch: reference 87, 86 (86.50 +- 0.71), ours 85, 85.5 (85.25 +- 0.35): -1.25;
+    # squared standard errors 0.5/2 and 0.125/2: t = -1.25 / sqrt(0.3125) = -2.24, df = 0.3125^2 / (0.25^2 + 0.0625^2) = 1.47.
+    # Window (epochs 2-3): means 86.5, 85.5 (86.00 +- 0.71); 84.5, 85.25 (84.88 +- 0.53): -1.125; squared standard
+    # errors 0.25 and 0.28125/2: t = -1.125 / sqrt(0.390625) = -1.80, df = 0.390625^2 / (0.25^2 + 0.140625^2) = 1.86.
+    assert "| ours | 2 | 85.25 +- 0.35 | -1.25 | -2.24 (1.5) | 84.88 +- 0.53 | -1.12 | -1.80 (1.9) |" in out
+    assert "| reference | 2 | 86.50 +- 0.71 | - | - | 86.00 +- 0.71 | - | - |" in out
+    assert "| one | 1 | 83.00 | -3.50 | - | 81.50 | -4.50 | - |" in out  # one run: no spread, no t
+    assert compare_runs.welch([1.0, 1.0], [2.0, 2.0]) == (1.0, None, None)  # no spread in either: no t
+
+
+def test_the_docstring_examples_of_compare_runs_hold():
+    import doctest
+
+    from benchmarks import compare_runs
+
+    result = doctest.testmod(compare_runs, optionflags=doctest.ELLIPSIS)
+    assert result.attempted >= 1 and result.failed == 0
+
+
 @pytest.mark.parametrize("bad, message", [
     (["--run", "ours={ours}"], r"--run: give two runs or more"),
     (["--run", "{ours}", "--run", "ref={ref}"], r"--run takes LABEL=PATH"),
@@ -86,6 +120,14 @@ def test_a_run_stopped_before_the_window_has_no_mean(tmp_path, capsys):
      r"--time ours=2-9: the run has epochs 1-3"),
     (["--run", "ours={ours}", "--run", "ref={ref}", "--time", "m", "ours=last", "ref=1-2"],
      r"--time ours=last: epochs are A-B"),
+    (["--run", "ours={ours}", "--run", "ref={ref}", "--group", "g", "ours"],
+     r"--group: give two groups or more \(the first is the one compared with\)"),
+    (["--run", "ours={ours}", "--run", "ref={ref}", "--group", "a", "ours", "--group", "b"],
+     r"--group b: name one run or more after the group's name"),
+    (["--run", "ours={ours}", "--run", "ref={ref}", "--group", "a", "ours", "--group", "b", "them"],
+     r"--group b: 'them' is not one of the runs \(ours, ref\)"),
+    (["--run", "ours={ours}", "--run", "ref={ref}", "--group", "a", "ours", "--group", "b", "ref", "ours"],
+     r"--group b: 'ours' is in another group already"),
 ])
 def test_bad_arguments_are_named_before_anything_is_written(tmp_path, capsys, bad, message):
     from benchmarks import compare_runs
