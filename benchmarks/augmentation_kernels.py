@@ -1,6 +1,6 @@
 """The CIFAR augmentation on the device alone: one gather of whole pixels against two gathers, per backend.
 
-The measurement behind ``training.recipe.augment.pad_crop_flip``, which ``PadCropFlip`` (``pipeline="device"``)
+The measurement behind ``keras_preact_training.recipe.augment.pad_crop_flip``, which ``PadCropFlip`` (``pipeline="device"``)
 runs inside every training step: pad 4, crop 32x32 at a per-image offset, mirror half the images, for a
 batch of 128 CIFAR images (NHWC, float32, normalised). Executed as the backend executes a Keras training
 step: torch eagerly, JAX under ``jax.jit``, TensorFlow under ``tf.function``. Candidates:
@@ -30,7 +30,7 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from benchmarks.kernel_timing import alternating_rounds  # noqa: E402
-from training.recipe.augment import pad_crop_flip  # noqa: E402
+from keras_preact_training.recipe.augment import pad_crop_flip  # noqa: E402
 
 SHAPE, PADDING = (128, 32, 32, 3), 4
 

@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ and training/ are not installed
 
 from keras_preact.scratch import atomic_path  # noqa: E402
-from training.run.plots import read_history  # noqa: E402
+from keras_preact_training.run.plots import read_history  # noqa: E402
 
 COLUMNS = ("epoch", "loss", "val_accuracy", "train_seconds", "eval_seconds")
 

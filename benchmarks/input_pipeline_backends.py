@@ -7,7 +7,7 @@ Compares (each in its own process, the order rotated every round so drift cancel
 - TensorFlow, ``pipeline="tf_data"``: the TensorFlow default (tf.data on the host);
 - optionally PyTorch, ``pipeline="device"`` (``--torch``).
 
-Each process builds the model and stream exactly as ``training.train`` does, runs ``--warmup`` steps
+Each process builds the model and stream exactly as ``keras_preact_training.train`` does, runs ``--warmup`` steps
 (compilation), then times ``--steps`` steps of ``fit``. Prints per-round images/s, the medians and the
 median of per-round ratios against TensorFlow + tf.data.
 
@@ -36,9 +36,9 @@ def child(args):
     sys.path.insert(0, str(REPO))
     import keras
 
-    from training.data import pipelines, sources
-    from training.recipe import configs, schedules
-    from training.recipe import model as model_lib
+    from keras_preact_training.data import pipelines, sources
+    from keras_preact_training.recipe import configs, schedules
+    from keras_preact_training.recipe import model as model_lib
 
     _, pipeline = VARIANTS[args.child]
     overrides = dict(depth=20, batch_size=args.batch_size, pipeline=pipeline, verbose="0")

@@ -44,8 +44,8 @@ if str(REPO) not in sys.path:
 
 from benchmarks import compare_runs  # noqa: E402
 from benchmarks import train_speed_vs_pytorch as speed  # noqa: E402
-from training.run.plots import read_history  # noqa: E402
-from training.run.run_dir import write_json, write_text  # noqa: E402
+from keras_preact_training.run.plots import read_history  # noqa: E402
+from keras_preact_training.run.run_dir import write_json, write_text  # noqa: E402
 
 REFERENCE = "reference-torch"
 BOUND_POINTS = 0.5  # issue "Trained for real": each keras-preact mean within 0.5 points of the reference's
@@ -58,7 +58,7 @@ def commands(args, seed, run_dir):
     for backend in args.backends:
         python = args.python if backend == "tensorflow" else (args.notf_python or args.python)
         found[f"keras-preact-{backend}"] = (python, [
-            "-m", "training.cli", "--preset", speed.PRESET, "--data-dir", args.data_dir, "--backend", backend,
+            "-m", "keras_preact_training.cli", "--preset", speed.PRESET, "--data-dir", args.data_dir, "--backend", backend,
             "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
             "--epochs", str(args.epochs), "--seed", str(seed), "--verbose", "0", "--no-export",
             "--run-dir", str(run_dir / f"keras-preact-{backend}-seed{seed}")])

@@ -24,8 +24,8 @@ import numpy as np
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training.recipe import configs, schedules  # noqa: E402
-from training.recipe import model as model_lib  # noqa: E402
+from keras_preact_training.recipe import configs, schedules  # noqa: E402
+from keras_preact_training.recipe import model as model_lib  # noqa: E402
 
 BATCH = 128
 NORMALIZATIONS = ("fused", "keras")

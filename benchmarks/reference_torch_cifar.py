@@ -176,7 +176,7 @@ def learning_rate(step, total, warmup, base_lr=0.1, warmup_lr=0.01):
 
 def piecewise_learning_rate(step, total, warmup, base_lr=0.1, warmup_lr=0.01):
     """The paper's: ``warmup_lr`` for the first ``warmup`` iterations, then ``base_lr``, divided by 10 at
-    50% and 75% of the run (32k and 48k of 64k), as ``training.recipe.schedules.piecewise``."""
+    50% and 75% of the run (32k and 48k of 64k), as ``keras_preact_training.recipe.schedules.piecewise``."""
     if step < warmup:
         return warmup_lr
     return base_lr * 0.1 ** sum(step >= round(total * f) for f in (0.5, 0.75))

@@ -1,6 +1,6 @@
 """Peak memory and step time of ``keras-preact-train --remat`` policies, side by side in one run (issue 26).
 
-Each policy trains in its own process, the real entry point (``python -m training.cli``) under
+Each policy trains in its own process, the real entry point (``python -m keras_preact_training.cli``) under
 ``/usr/bin/time -v``, on built-in synthetic data (no input pipeline cost): ``--epochs`` epochs of
 ``--steps-per-epoch`` steps at ``--batch-size``, no export. Reported per policy: peak RSS (``Maximum
 resident set size``), the last epoch's seconds per step (``history.csv`` ``train_seconds``; with one
@@ -34,7 +34,7 @@ def run_policy(policy, args, work, batch_size=None):
     """One process of keras-preact-train; ``batch_size`` 1 with policy "none" is the baseline row."""
     batch_size = batch_size or args.batch_size
     run_dir = pathlib.Path(work) / f"{policy.replace(':', '-')}-batch{batch_size}"
-    command = [sys.executable, "-m", "training.cli", "--preset", args.preset, "--backend", args.backend,
+    command = [sys.executable, "-m", "keras_preact_training.cli", "--preset", args.preset, "--backend", args.backend,
                "--dataset", "synthetic", "--synthetic-train-size", str(batch_size * args.steps_per_epoch),
                "--synthetic-test-size", str(batch_size), "--batch-size", str(batch_size),
                "--epochs", str(args.epochs), "--no-export", "--run-dir", str(run_dir)]

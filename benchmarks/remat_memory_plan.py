@@ -1,7 +1,7 @@
 """XLA's compiled memory plan of a training step, per ``--remat`` policy and batch size, without running it (issue 26).
 
 JAX only. Each row builds the network and its compiled training model as ``keras-preact-train`` does
-(``training.recipe.model.build_model``: the preset's optimizer, loss and metrics), lowers the Keras JAX trainer's
+(``keras_preact_training.recipe.model.build_model``: the preset's optimizer, loss and metrics), lowers the Keras JAX trainer's
 own step (``model.train_step``, jitted with the trainer's ``donate_argnums=0``) at the batch size, compiles it
 and reads ``compiled.memory_analysis()``: the step's arguments (weights, optimizer state, the batch), its
 outputs, what the donated arguments alias, and XLA's temporary buffers (the activations kept for the
@@ -15,7 +15,7 @@ the step needs. Nothing runs, so sizes that no machine here could hold are plann
   algorithms on, autotuning is off (``--xla_gpu_autotune_level=0``): cuDNN's first choice is planned, whose
   workspace may differ from the one autotuning picks. Nothing here ran on a GPU, so it stays a projection.
 - ``cpu``: XLA's CPU compiler (JAX ``cpu``), with the flags ``keras-preact-train --remat`` sets on a CPU
-  (``training.machine.backends.XLA_CPU_REMAT_FLAGS``: without them XLA's CPU compile merges the recomputation back
+  (``keras_preact_training.machine.backends.XLA_CPU_REMAT_FLAGS``: without them XLA's CPU compile merges the recomputation back
   into the forward pass, and keeps the activations whatever the policy): the plan to check against the RSS
   measured here (``benchmarks/remat_memory.py``).
 
@@ -39,7 +39,7 @@ import time
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from training.machine import backends  # noqa: E402  (standard library only: before JAX starts)
+from keras_preact_training.machine import backends  # noqa: E402  (standard library only: before JAX starts)
 
 GIB = 2**30
 H100_GIB = 79.6  # an 80 GB H100's memory as CUDA reports it (81,559 MiB)
@@ -73,8 +73,8 @@ def plan(preset, batch_size, policy, depth=None, num_classes=10, target="cpu", s
     import jax
     import numpy as np
 
-    from training.recipe import configs, schedules
-    from training.recipe.model import build_model
+    from keras_preact_training.recipe import configs, schedules
+    from keras_preact_training.recipe.model import build_model
 
     config = configs.get_config(preset, needs_data=False, batch_size=batch_size,
                                 remat=None if policy == "none" else policy, **({"depth": depth} if depth else {}))
@@ -150,7 +150,7 @@ def main(argv=None):
                           XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} --xla_gpu_autotune_level=0".strip())
     os.environ["KERAS_BACKEND"] = "jax"
     from keras_preact.models.remat import parse_remat
-    from training.recipe import configs
+    from keras_preact_training.recipe import configs
 
     for preset in args.preset:
         if preset not in configs.PRESETS:

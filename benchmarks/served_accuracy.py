@@ -5,9 +5,9 @@ against the in-process evaluation of ``keras-preact-evaluate``.
         cifar_resnet20 --weights cifar10 --data-dir /tmp/cifar10-jpeg --json served_accuracy.json
 
 MODEL is what ``keras-preact-evaluate`` takes (a registry name with ``--weights``, a run directory or a
-``.keras`` file; ``training.evaluate.resolve_model``). Steps:
+``.keras`` file; ``keras_preact_training.evaluate.resolve_model``). Steps:
 
-1. The reference: ``training.evaluate.evaluate`` on the test split of ``--data-dir`` (the same
+1. The reference: ``keras_preact_training.evaluate.evaluate`` on the test split of ``--data-dir`` (the same
    preprocessing, the same ``model.evaluate`` top-1), and the in-process predicted class of every image.
 2. One export per format (``keras_preact.export.export_model(model, formats=(fmt,))``, nothing else
    passed: the model must carry the input config and class names its evaluation uses; one that does not
@@ -18,7 +18,7 @@ MODEL is what ``keras-preact-evaluate`` takes (a registry name with ``--weights`
 4. Every test image sent through TF Serving's REST API (``POST /v1/models/<name>:predict``, row format
    ``{"signature_name", "instances"}``) twice: the original file bytes to ``serving_bytes``
    (``{"b64": ...}`` per image), and decoded uint8 pixels to ``serving_default``, decoded exactly as
-   the evaluation decodes them (``training.data.sources``: ``keras_preact.preprocessing.decode_image``, Pillow without
+   the evaluation decodes them (``keras_preact_training.data.sources``: ``keras_preact.preprocessing.decode_image``, Pillow without
    TensorFlow; images not at the model's input size get the client-side evaluation view
    ``keras_preact.preprocessing.eval_view``, rounded to uint8). Top-1 is each reply's ``classes[0]``.
    ``serving_bytes`` is a SavedModel signature: an ONNX, LiteRT or OpenVINO export holds
@@ -53,16 +53,16 @@ import numpy as np
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))  # training/ and benchmarks/ are not installed
 
+from keras_preact_training import evaluate as ev  # noqa: E402
+from keras_preact_training.data import sources  # noqa: E402
 from tests.support import decline_usage_telemetry  # noqa: E402
-from training import evaluate as ev  # noqa: E402
-from training.data import sources  # noqa: E402
 
 KINDS = {  # input kind -> (signature, input name)
     "jpeg_bytes": ("serving_bytes", "image_bytes"),
     "uint8_pixels": ("serving_default", "images"),
 }
 MODEL_NAME = "served"
-SERVE = "import sys; from serving import main; sys.exit(main())"  # the keras-preact-serve script
+SERVE = "import sys; from keras_preact_serving import main; sys.exit(main())"  # the keras-preact-serve script
 _READY = re.compile(r"^Serving model '(?P<name>[^']+)' version (?P<version>\S+) .* at "
                     r"http://(?P<host>[^:/]+):(?P<port>\d+)/v1/models/\S+ \[(?P<runtimes>.*)\]$")
 
@@ -114,8 +114,8 @@ def test_split(data_dir, limit, cache_dir, target):
 
 def decoder_name():
     if importlib.util.find_spec("tensorflow") is not None:
-        return "keras_preact.preprocessing.decode_image (accurate IDCT, as training.data.sources decodes)"
-    return "Pillow Image.open(...).convert('RGB') (training.data.sources without TensorFlow)"
+        return "keras_preact.preprocessing.decode_image (accurate IDCT, as keras_preact_training.data.sources decodes)"
+    return "Pillow Image.open(...).convert('RGB') (keras_preact_training.data.sources without TensorFlow)"
 
 
 # ---------------------------------------------------------------------------------------- model

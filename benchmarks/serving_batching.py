@@ -1,7 +1,7 @@
 """keras-preact-serve with and without dynamic batching under concurrent single-image clients.
 
 Exports each model once, then, in the same run, starts the server (the real entry point,
-``python -m serving.server``, its own process) once per variant and round, and drives it
+``python -m keras_preact_serving.server``, its own process) once per variant and round, and drives it
 with ``--clients`` client *processes* (not threads: they hold no GIL of the server's, and each only sends
 a prepared body and reads the reply status), each sending one image per request on a keep-alive
 connection, back to back, for ``--warmup`` + ``--duration`` seconds. Requests started in the timed window
@@ -97,8 +97,8 @@ def client(port, path, payloads, ready, go, stop_at, results):
     results.put(records)
 
 
-def launch_server(base, flags, module="serving.server", **popen):
-    """The server process (``python -m serving.server``, or ``module``; any free port), not waited for."""
+def launch_server(base, flags, module="keras_preact_serving.server", **popen):
+    """The server process (``python -m keras_preact_serving.server``, or ``module``; any free port), not waited for."""
     return subprocess.Popen([sys.executable, "-m", module, str(base), "--port", "0", *flags],
                             stdout=subprocess.PIPE, text=True, **popen)
 

@@ -22,7 +22,7 @@ import tensorflow as tf
 
 from keras_preact.export import export_saved_model
 from keras_preact.models import cifar_resnet, imagenet_resnet
-from serving.server import make_server
+from keras_preact_serving.server import make_server
 
 MODELS = {
     "cifar_resnet20": lambda size: cifar_resnet(20, 10, input_shape=(size, size, 3)),

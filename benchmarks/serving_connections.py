@@ -1,6 +1,6 @@
 """keras-preact-serve under idle and slowloris connections: the server's RSS, and a normal client's latency.
 
-Exports one CIFAR ResNet-20 (32 x 32) SavedModel, serves it with ``python -m serving.server``
+Exports one CIFAR ResNet-20 (32 x 32) SavedModel, serves it with ``python -m keras_preact_serving.server``
 (its own process), then opens ``--idle`` idle TCP connections and ``--slow`` slowloris clients (request
 headers at one byte per second) on loopback, and meanwhile sends single-image predicts from one normal
 client, one connection each. Prints the server's RSS (``/proc/<pid>/status`` VmRSS) before and with the
@@ -84,7 +84,7 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         path = export_saved_model(cifar_resnet(20, 10, input_shape=(32, 32, 3)), tmp, name="m",
                                   mean=[127.5] * 3, std=[127.5] * 3)
-        process = subprocess.Popen([sys.executable, "-m", "serving.server", str(path.parent), "--port", "0",
+        process = subprocess.Popen([sys.executable, "-m", "keras_preact_serving.server", str(path.parent), "--port", "0",
                                     "--request-timeout", str(args.request_timeout)],
                                    stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         stop = threading.Event()

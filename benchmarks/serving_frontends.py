@@ -10,7 +10,7 @@ connection, last in commit c09ad94) and today's Starlette app on uvicorn, REST a
 - The old front end is ``git archive <--old-ref> keras_preact`` extracted into a temporary directory and run
   from there (``PYTHONPATH`` and the working directory are that tree: nothing of today's package is imported);
   the new one is this working tree's. Both run ``python -m <SERVER_MODULES[frontend]> BASE --runtime
-  saved_model`` (the old tree's ``keras_preact.serving.server``, today's ``serving.server``: the SavedModel
+  saved_model`` (the old tree's ``keras_preact.serving.server``, today's ``keras_preact_serving.server``: the SavedModel
   on TensorFlow in every row), batching off, and on with the same flags (``batching_flags``). A model's
   servers are started once, side by side, and stay up, idle (~0.3% of a core each), while the others are
   measured. Before any timing each server must answer as the runtime does in-process (probabilities within
@@ -84,7 +84,7 @@ from benchmarks import serving_batching as shared  # noqa: E402
 OLD_REF = "c09ad94"  # the last commit with the http.server front end
 FRONTENDS = ("old", "new")
 # Each front end's server module: serving lived in the library (keras_preact/serving/) until issue 34.
-SERVER_MODULES = {"old": "keras_preact.serving.server", "new": "serving.server"}
+SERVER_MODULES = {"old": "keras_preact.serving.server", "new": "keras_preact_serving.server"}
 PROTOCOLS = ("rest", "grpc")
 INPUTS = ("pixels", "jpeg")
 DEFAULT_INPUTS = {"cifar_resnet20": ("pixels", "jpeg"), "imagenet_resnet50": ("jpeg",)}
@@ -687,7 +687,7 @@ def main(argv=None):
         try:
             import tensorflow as tf
 
-            from serving.servable import Servable
+            from keras_preact_serving.servable import Servable
 
             models = []
             for name, inputs in args.models:

@@ -120,10 +120,10 @@ def main(argv=None):
         bodies = [json.dumps({"instances": pool[i:i + 1].tolist()}).encode() for i in range(len(pool))]
         servers = {
             "keras-preact-serve (1 process)": (
-                ["-m", "serving.server", str(path.parent)], "Serving model"),
+                ["-m", "keras_preact_serving.server", str(path.parent)], "Serving model"),
             f"keras-preact-serve-ray ({args.replicas} replicas, batches <= {args.batching_max_size}, "
             f"wait {args.batching_timeout_ms:g} ms)": (
-                ["-m", "serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
+                ["-m", "keras_preact_serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
                  "--batching-max-size", str(args.batching_max_size), "--batching-timeout-ms", str(args.batching_timeout_ms),
                  "--object-store-memory", str(200 * 2**20)], "Serving model"),
         }

@@ -37,8 +37,8 @@ def main():
     p.add_argument("--subset", type=int)
     args = p.parse_args()
 
-    from training.recipe.configs import get_config
-    from training.train import train
+    from keras_preact_training.recipe.configs import get_config
+    from keras_preact_training.train import train
 
     root = extract(args.cache)
     config = get_config(

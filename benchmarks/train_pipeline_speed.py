@@ -48,9 +48,9 @@ def main():
     import numpy as np
 
     from benchmarks.train_cifar10_folder import extract
-    from training.data import pipelines, sources
-    from training.recipe import configs, schedules
-    from training.recipe import model as model_lib
+    from keras_preact_training.data import pipelines, sources
+    from keras_preact_training.recipe import configs, schedules
+    from keras_preact_training.recipe import model as model_lib
 
     if args.synthetic:
         config = configs.get_config("synthetic-resnet8", depth=args.depth, batch_size=args.batch_size)

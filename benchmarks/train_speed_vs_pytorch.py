@@ -77,7 +77,7 @@ def candidates(args):
                 if normalization == "keras" and backend == "auto":
                     continue  # Keras' layer is put in before Keras loads, with the backend named
                 name = f"keras-preact-train/{backend}/{pipeline}" + ("/keras-bn" if normalization == "keras" else "")
-                entry = ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "training.cli"]
+                entry = ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "keras_preact_training.cli"]
                 argv = [*entry, "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
                         "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
                         "--pipeline", pipeline, "--backend", backend, *args.train_args]
@@ -94,7 +94,7 @@ def keras_bn_entry(backend):
     """``python -c`` code running ``keras-preact-train`` with Keras' own BatchNormalization as "batch"."""
     return (f"import os, runpy; os.environ['KERAS_BACKEND'] = {backend!r}; "
             "from benchmarks.profile_train_step import use_normalization; use_normalization('keras'); "
-            "runpy.run_module('training.cli', run_name='__main__', alter_sys=True)")
+            "runpy.run_module('keras_preact_training.cli', run_name='__main__', alter_sys=True)")
 
 
 def step_child(args):
@@ -255,7 +255,8 @@ def seconds_to_accuracy(result, target):
 def prepare(args):
     """Decode and cache the JPEGs once for both trainers, outside the timed runs."""
     # Any installed backend decodes (the CLI's own choice); the cache is shared by both environments.
-    code = f"from training.machine import backends; backends.select(); from training.data import sources; sources.folder({args.data_dir!r})"
+    code = ("from keras_preact_training.machine import backends; backends.select(); "
+            f"from keras_preact_training.data import sources; sources.folder({args.data_dir!r})")
     subprocess.run([interpreter(args, "notf"), "-c", code], cwd=REPO, check=True, stdout=subprocess.DEVNULL,
                    env={**os.environ, "PYTHONPATH": str(REPO)})
     ref = REPO / "benchmarks" / "reference_torch_cifar.py"

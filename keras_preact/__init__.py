@@ -2,8 +2,8 @@
 
 ``layers`` (the residual unit and the paper's design tables) -> ``models`` (backbone, classifier,
 registry) -> ``applications`` (keras.applications-style entry points) -> ``export``. The apps beside
-the library, ``training`` and ``serving`` (which serves what ``export`` writes), import it; it imports
-neither.
+the library, ``keras_preact_training`` and ``keras_preact_serving`` (which serves what ``export`` writes),
+import it; it imports neither.
 
 Examples:
     >>> import keras_preact

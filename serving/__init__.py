@@ -1,4 +1,5 @@
-"""The serving app beside the model library, as ``training`` is; nothing in ``keras_preact`` imports it."""
+"""The serving app (import name ``keras_preact_serving``, from the folder ``serving/``) beside the model library, as
+the training app is; nothing in ``keras_preact`` imports it."""
 
 import importlib
 import sys
@@ -15,9 +16,9 @@ _INSTALL_HINTS = {
 
 
 def _run(prog, module, argv):
-    """``serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot import."""
+    """``keras_preact_serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot import."""
     try:
-        command = importlib.import_module(f"serving.{module}")
+        command = importlib.import_module(f"keras_preact_serving.{module}")
     except ImportError as error:
         hint = _INSTALL_HINTS[prog].get((error.name or "").split(".")[0])
         if hint is None:

@@ -23,10 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 import keras_preact
-from serving import batching, metrics, openapi, rest, v2
-from serving.batching import FlagRecord, flag
-from serving.metrics import ServingMetrics
-from serving.rest import RequestError
+from keras_preact_serving import batching, metrics, openapi, rest, v2
+from keras_preact_serving.batching import FlagRecord, flag
+from keras_preact_serving.metrics import ServingMetrics
+from keras_preact_serving.rest import RequestError
 
 JSON = "application/json"
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's

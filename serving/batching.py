@@ -11,7 +11,7 @@ import time
 
 import numpy as np
 
-from serving.rest import RequestError
+from keras_preact_serving.rest import RequestError
 
 
 def check_number(argument, value, *, real=False, at_least=None):
@@ -137,7 +137,7 @@ class Batcher:
         return self._enqueue(signature_name, inputs).future.result().outputs
 
     async def submit(self, signature_name, inputs):
-        """``predict`` for a coroutine (``serving.app``): a ``BatchResult``, awaited without holding a thread."""
+        """``predict`` for a coroutine (``keras_preact_serving.app``): a ``BatchResult``, awaited without holding a thread."""
         return await asyncio.wrap_future(self._enqueue(signature_name, inputs).future)
 
     def _enqueue(self, signature_name, inputs):

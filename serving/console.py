@@ -1,7 +1,7 @@
-"""The console scripts: TensorFlow's C++ start-up log lines hidden (``training.machine.start_up``), then the command."""
+"""The console scripts: TensorFlow's C++ start-up log lines hidden (``keras_preact_training.machine.start_up``), then the command."""
 
-from serving import main, main_ray  # standard library only (``serving/__init__.py``): imports no Keras
-from training.machine.start_up import quiet_tensorflow_start_up
+from keras_preact_serving import main, main_ray  # standard library only (``serving/__init__.py``): imports no Keras
+from keras_preact_training.machine.start_up import quiet_tensorflow_start_up
 
 
 def serve(argv=None):

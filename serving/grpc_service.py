@@ -16,9 +16,9 @@ from tensorflow_serving.apis import (
     prediction_service_pb2_grpc,
 )
 
-from serving import rest
-from serving.app import Call, run_predict
-from serving.rest import RequestError
+from keras_preact_serving import rest
+from keras_preact_serving.app import Call, run_predict
+from keras_preact_serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
 STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,

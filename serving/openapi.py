@@ -8,7 +8,7 @@ import yaml
 from starlette.schemas import SchemaGenerator
 
 import keras_preact
-from serving import v2
+from keras_preact_serving import v2
 
 PATH = "/openapi.json"
 _BASE = yaml.safe_load("""

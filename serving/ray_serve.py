@@ -16,17 +16,17 @@ import threading
 import ray
 from ray import serve
 
-from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
-from serving.batching import BatchingOptions, check_number
-from serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
-from serving.server import PortInUse, load_error_line, port_in_use
+from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
+from keras_preact_serving.batching import BatchingOptions, check_number
+from keras_preact_serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
+from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
 DEFAULT_REPLICAS = 1
 DEFAULT_BATCHING_MAX_SIZE = 32  # each replica's batcher (``BatchingOptions``): at most this many examples a call
 DEFAULT_BATCHING_TIMEOUT_MS = 5.0  # and the oldest request waits this long for more
 MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
-PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "serving.connections.ray_proxy_setup_hook"}
+PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "keras_preact_serving.connections.ray_proxy_setup_hook"}
 
 
 def replica_headers():

@@ -14,8 +14,8 @@ from keras_preact.export.contract import ServingContract
 from keras_preact.export.formats import FORMATS
 from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
 from keras_preact.preprocessing import InputConfig
-from serving import rest
-from serving.rest import RequestError
+from keras_preact_serving import rest
+from keras_preact_serving.rest import RequestError
 
 # Fastest first on CPU, as measured in BENCHMARKS.md, "Export runtimes".
 RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
@@ -236,7 +236,7 @@ class Servable:
         raise NoVersionLoads(name, self.failed)
 
     def _load(self, version, path, runtime):
-        from serving.app import warm_up
+        from keras_preact_serving.app import warm_up
 
         self.version, self.path = version, path
         choice = choose_runtimes(formats_in(path), runtime)

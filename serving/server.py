@@ -1,4 +1,4 @@
-"""``keras-preact-serve``: ``serving.app`` on uvicorn, and ``serving.grpc_service`` on its event loop, for the
+"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its event loop, for the
 newest version that loads; it binds first and loads in the background (docs/export-and-serving.md)."""
 
 import argparse
@@ -16,15 +16,15 @@ import threading
 import uvicorn
 from uvicorn._compat import asyncio_run
 
-from serving import batching
-from serving.app import RequestLimits, ServingState, create_app, model_name_or_default
-from serving.connections import BoundedH11Protocol
-from serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
+from keras_preact_serving import batching
+from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
+from keras_preact_serving.connections import BoundedH11Protocol
+from keras_preact_serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
-GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what serving.grpc_service imports
+GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact_serving.grpc_service imports
 
 
 class PortInUse(OSError):
@@ -73,7 +73,7 @@ class Server:
         self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
         self.grpc_address = self.grpc_server = None
         if grpc_port is not None:
-            from serving import grpc_service
+            from keras_preact_serving import grpc_service
 
             async def bind():  # a grpc.aio server belongs to the loop it is created in
                 return grpc_service.create_server(state, host, grpc_port)

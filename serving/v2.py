@@ -7,8 +7,8 @@ import struct
 
 import numpy as np
 
-from serving import rest
-from serving.rest import RequestError
+from keras_preact_serving import rest
+from keras_preact_serving.rest import RequestError
 
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor data extension
 DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "uint32", "UINT64": "uint64",

@@ -41,13 +41,13 @@ FENCE = re.compile(r"^```(\S*)[^\n]*$")
 MARKER = re.compile(r"^<!-- (not run|needs|run by): (.*?) -->$")
 # Each console script's (and ``python -m`` module's) argparse parser, to check the flags a block gives it.
 PARSERS = {
-    "keras-preact-train": ("training.cli", "build_parser"),
-    "keras-preact-export": ("training.export", "build_parser"),
-    "keras-preact-evaluate": ("training.evaluate", "build_parser"),
-    "keras-preact-serve": ("serving.server", "build_parser"),
-    "keras-preact-serve-ray": ("serving.ray_serve", "build_parser"),
-    "training.reproduce": ("training.reproduce", "build_parser"),
-    "training.publish": ("training.publish", "build_parser"),
+    "keras-preact-train": ("keras_preact_training.cli", "build_parser"),
+    "keras-preact-export": ("keras_preact_training.export", "build_parser"),
+    "keras-preact-evaluate": ("keras_preact_training.evaluate", "build_parser"),
+    "keras-preact-serve": ("keras_preact_serving.server", "build_parser"),
+    "keras-preact-serve-ray": ("keras_preact_serving.ray_serve", "build_parser"),
+    "keras_preact_training.reproduce": ("keras_preact_training.reproduce", "build_parser"),
+    "keras_preact_training.publish": ("keras_preact_training.publish", "build_parser"),
 }
 
 
@@ -222,8 +222,8 @@ def test_bash_blocks_name_real_scripts_modules_files_and_flags():
             elif name.endswith(".py"):
                 assert (REPO / name).is_file(), f"{block.where}: {name} does not exist"
             else:
-                assert available(name.split(".")[0]) and (REPO / (name.replace(".", "/") + ".py")).is_file(), (
-                    f"{block.where}: python -m {name}: no such module")
+                spec = importlib.util.find_spec(name) if available(name.split(".")[0]) else None
+                assert spec is not None and spec.origin.endswith(".py"), f"{block.where}: python -m {name}: no such module"
             options = parser_options(name) if name in PARSERS else None
             for flag in (a.split("=")[0] for a in arguments if re.match(r"--?[A-Za-z]", a)):
                 assert options is None or flag in options, f"{block.where}: {name} has no option {flag}"

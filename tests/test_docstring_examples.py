@@ -56,9 +56,9 @@ MODULES = [
     "keras_preact.analysis.jacobian",
     "keras_preact.analysis.plots",
     "keras_preact.analysis.signals",
-    "training.evaluate",
-    "training.recipe.augment",
-    "training.run.parts",
+    "keras_preact_training.evaluate",
+    "keras_preact_training.recipe.augment",
+    "keras_preact_training.run.parts",
 ]
 # Public modules: (module, whether its own docstring must carry Examples too).
 PUBLIC = [
@@ -69,7 +69,7 @@ PUBLIC = [
     ("keras_preact.preprocessing", True),
     ("keras_preact.export", True),
     ("keras_preact.analysis", True),
-    ("training.evaluate", False),  # its module docstring is the command line's; its __all__ the Python API
+    ("keras_preact_training.evaluate", False),  # its module docstring is the command line's; its __all__ the Python API
 ]
 FLAGS = doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE
 
@@ -110,7 +110,7 @@ NEEDS = {
     "keras_preact.export.formats.export_saved_model": _saved_model_export,
     "keras_preact.analysis.plots.plot_gradient_norms": _module("matplotlib"),
     "keras_preact.analysis.plots.plot_spectra": _module("matplotlib"),
-    "training.evaluate.evaluate": _module("PIL"),
+    "keras_preact_training.evaluate.evaluate": _module("PIL"),
 }
 
 

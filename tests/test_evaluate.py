@@ -14,9 +14,9 @@ import pytest
 from keras_preact.models import create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import sha256_of
+from keras_preact_training import evaluate as evaluate_lib
+from keras_preact_training.run.manifest import RunManifest
 from support import assert_printed_fractions, misnamed_metrics, randomize_statistics, to_numpy
-from training import evaluate as evaluate_lib
-from training.run.manifest import RunManifest
 
 NAME = "test_eval_tiny"
 CLASSES = [f"c{k}" for k in range(6)]  # more than 5: top-5 is measured too
@@ -127,7 +127,7 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
     manifest = RunManifest(name="tiny", class_names=tuple(CLASSES), input_config=CIFAR16, config={})
     (run / "config.json").write_text(manifest.to_json())
     assert "top1_accuracy 0.5000" in _run(capsys, run / "model.keras", "--data-dir", data_dir)  # beside its config.json
-    # The run directory itself (``python -m training.evaluate RUN`` in a process of its own: in
+    # The run directory itself (``python -m keras_preact_training.evaluate RUN`` in a process of its own: in
     # test_evaluate_memory_guard.py's --memory-limit 0 run).
     out = _run(capsys, run, "--data-dir", data_dir, "--json", tmp_path / "run.json")
     assert "top1_accuracy 0.5000" in out and json.loads((tmp_path / "run.json").read_text())["top1_accuracy"] == 0.5

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from keras_preact.models import create_model, get_input_config
-from training import evaluate as evaluate_lib
-from training.machine import memory_guard
-from training.run.manifest import RunManifest
+from keras_preact_training import evaluate as evaluate_lib
+from keras_preact_training.machine import memory_guard
+from keras_preact_training.run.manifest import RunManifest
 
 pytestmark = pytest.mark.notf
 
@@ -59,10 +59,10 @@ def run_and_data(tmp_path_factory):
 
 
 def run_evaluate(*args):
-    """``python -m training.evaluate ARGS`` (as tests/test_evaluate.py runs it), this checkout first."""
+    """``python -m keras_preact_training.evaluate ARGS`` (as tests/test_evaluate.py runs it), this checkout first."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    return subprocess.run([sys.executable, "-m", "training.evaluate", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "keras_preact_training.evaluate", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 
@@ -91,7 +91,7 @@ def test_a_bad_memory_limit_fails_first_naming_the_flag(tmp_path, monkeypatch, c
 
 def test_train_and_evaluate_share_the_check():
     """One rule, one wording: the value training's config refuses is the value evaluate's flag refuses."""
-    from training.recipe import configs
+    from keras_preact_training.recipe import configs
 
     for bad in (-1, 1.5, float("nan"), True, "0.9"):
         with pytest.raises(ValueError, match=r"^Invalid memory_limit=.* \(--memory-limit\): 0 \(the memory guard "

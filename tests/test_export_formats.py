@@ -20,10 +20,10 @@ import pytest
 from keras_preact.export import FORMATS, check_formats, export_model, load
 from keras_preact.export import formats as formats_lib
 from keras_preact.preprocessing import InputConfig
+from keras_preact_training import export as export_lib
+from keras_preact_training.recipe.configs import get_config
+from keras_preact_training.run.manifest import RunManifest, input_config_for
 from support import CLASS_NAMES, MEAN, STD, make_export_model
-from training import export as export_lib
-from training.recipe.configs import get_config
-from training.run.manifest import RunManifest, input_config_for
 
 # One worker (`--dist loadgroup`): the exports of the module fixture, one per mean, are made once, not on each worker.
 pytestmark = pytest.mark.xdist_group("test_export_formats")
@@ -187,7 +187,7 @@ CLI_FORMAT = next((f for f in WRITABLE if f != "saved_model"), "saved_model")
 
 def run_cli(*args):
     env = {**os.environ, "KERAS_BACKEND": BACKEND, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "training.export", *map(str, args)], cwd=REPO, env=env,
+    return subprocess.run([sys.executable, "-m", "keras_preact_training.export", *map(str, args)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
 

@@ -26,7 +26,8 @@ REQUIREMENT_NAME = re.compile(r"^\s*([A-Za-z0-9][A-Za-z0-9._-]*)")
 LIBRARY_MODULES = ["keras_preact", "keras_preact.layers", "keras_preact.models", "keras_preact.applications",
                    "keras_preact.export", "keras_preact.analysis", "keras_preact.preprocessing"]
 EXTRAS_MODULES = ["matplotlib", "PIL", "tensorflow_datasets", "tensorboard", "onnx", "onnxruntime", "openvino",
-                  "ray", "starlette", "uvicorn", "grpc", "serving", "training"]
+                  "ray", "starlette", "uvicorn", "grpc", "keras_preact_serving",
+                  "keras_preact_training"]
 BACKEND_MODULES = {"tensorflow": "tensorflow", "jax": "jax", "torch": "torch"}
 
 
@@ -34,17 +35,41 @@ def requirement_name(requirement):
     return REQUIREMENT_NAME.match(requirement).group(1).lower().replace("_", "-")
 
 
-def test_every_package_installs_under_its_checkout_name():
-    """No ``package-dir`` mapping (``training/`` installs as ``training``, as it is imported in a checkout),
-    and every folder with an ``__init__.py`` under a listed top-level package is listed, so a non-editable
-    install holds every module the checkout has (the training app's rooms included)."""
+APP_FOLDERS = {"keras_preact_training": "training", "keras_preact_serving": "serving"}  # import name: folder
+
+
+def test_every_package_is_listed_under_its_import_name():
+    """The apps install from their folders under names of their own (``package-dir``), and every folder with
+    an ``__init__.py`` under a listed top-level package is listed, so a non-editable install holds every
+    module the checkout has (the training app's rooms included)."""
     setuptools = PYPROJECT["tool"]["setuptools"]
-    assert "package-dir" not in setuptools
+    assert setuptools["package-dir"] == APP_FOLDERS
     listed = set(setuptools["packages"])
-    assert "training" in listed
     for top in {name.split(".")[0] for name in listed}:
-        found = {".".join(path.parent.relative_to(REPO).parts) for path in (REPO / top).rglob("__init__.py")}
+        folder = REPO / APP_FOLDERS.get(top, top)
+        found = {".".join((top, *path.parent.relative_to(folder).parts)) for path in folder.rglob("__init__.py")}
         assert found <= listed, sorted(found - listed)
+    assert {name.split(".")[0] for name in listed} == {"keras_preact", *APP_FOLDERS}
+
+
+def test_a_users_training_and_serving_folders_shadow_no_app(tmp_path):
+    """A project of the user's with its own ``training/`` and ``serving/`` packages (most ML repositories have
+    them), run from its root: the apps and their commands still load themselves, and the user's packages
+    stay the user's."""
+    for name in ("training", "serving"):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "__init__.py").write_text(f"MINE = {name!r}\n")
+    code = ("import training, serving\n"
+            "import keras_preact_training.recipe.configs, keras_preact_serving.rest\n"
+            "print(training.MINE, serving.MINE, keras_preact_training.recipe.configs.__name__,"
+            " keras_preact_serving.rest.__name__)\n")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(tmp_path)})
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["training", "serving", "keras_preact_training.recipe.configs",
+                                   "keras_preact_serving.rest"]
+    scripts = {script.split(":")[0].split(".")[0] for script in PYPROJECT["project"]["scripts"].values()}
+    assert scripts == set(APP_FOLDERS)
 
 
 def test_the_library_requires_keras_and_numpy_only():
@@ -121,7 +146,7 @@ def test_a_missing_extra_is_named_in_one_line():
         'keras_preact.analysis draws its figures with matplotlib: pip install "keras-preact[analysis]"')
 
 
-APPS = ("serving", "training", "keras_preact_training")  # the apps beside the library, by any name
+APPS = ("serving", "training", "keras_preact_training", "keras_preact_serving")  # the apps, by any name
 
 
 def imported_modules(path):

@@ -192,8 +192,8 @@ def test_decode_image_gives_pillows_pixels(tf, fmt, options):
 
 
 def test_training_evaluates_with_the_shared_view(tf):
-    """training.data.pipelines' ImageNet evaluation view is the shared ``eval_view`` at the run's config."""
-    from training.data import pipelines
+    """keras_preact_training.data.pipelines' ImageNet evaluation view is the shared ``eval_view`` at the run's config."""
+    from keras_preact_training.data import pipelines
 
     encoded = tf.constant(encode_image(photo_like(375, 500)))
     for crop, train_crop in ((224, 224), (320, 224)):

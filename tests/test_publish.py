@@ -1,4 +1,4 @@
-"""``python -m training.publish``: a run's weights become a registry network's weights, loaded by sha256."""
+"""``python -m keras_preact_training.publish``: a run's weights become a registry network's weights, loaded by sha256."""
 
 import json
 
@@ -8,9 +8,9 @@ import pytest
 
 from keras_preact.models import cifar_resnet, create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
+from keras_preact_training import publish
+from keras_preact_training.run.manifest import RunManifest
 from support import misnamed_metrics, randomize_statistics, to_numpy
-from training import publish
-from training.run.manifest import RunManifest
 
 NAME = "test_publish_tiny"
 CLASSES = [f"c{k}" for k in range(6)]

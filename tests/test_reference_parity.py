@@ -14,9 +14,9 @@ import keras
 import numpy as np
 import pytest
 
-from training.data import pipelines, sources
-from training.recipe import configs, schedules
-from training.recipe import model as model_lib
+from keras_preact_training.data import pipelines, sources
+from keras_preact_training.recipe import configs, schedules
+from keras_preact_training.recipe import model as model_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
@@ -114,7 +114,7 @@ def test_pad_value_and_crop_offsets_have_the_same_distribution():
     import torch
 
     from benchmarks import reference_torch_cifar as ref
-    from training.recipe import augment
+    from keras_preact_training.recipe import augment
 
     n = 4000
     ones = np.ones((n, 4, 4, 1), "float32")

@@ -25,11 +25,11 @@ from keras_preact.layers import ResidualUnit
 from keras_preact.models import PreActResNetBackbone, cifar_resnet, create_model, imagenet_resnet
 from keras_preact.models import remat as remat_lib
 from keras_preact.models.remat import REMAT_POLICIES, parse_remat, unit_groups
+from keras_preact_training import cli
+from keras_preact_training.machine import backends
+from keras_preact_training.recipe import configs
+from keras_preact_training.run.manifest import model_fingerprint
 from support import run_config_echo_test, to_numpy
-from training import cli
-from training.machine import backends
-from training.recipe import configs
-from training.run.manifest import model_fingerprint
 
 # The math runs on every backend (core, notf); the argument plumbing, plain Python and the same on each,
 # in the TensorFlow pass only (building ImageNet networks op by op is slow on JAX).

@@ -1,4 +1,4 @@
-"""training.reproduce: row selection, the summary table, and a tiny end-to-end reproduction."""
+"""keras_preact_training.reproduce: row selection, the summary table, and a tiny end-to-end reproduction."""
 
 import json
 import pathlib
@@ -6,9 +6,9 @@ import statistics
 
 import pytest
 
+from keras_preact_training import reproduce
+from keras_preact_training.reproduce import FAIL, TABLES, markdown_table, select_rows, summarize
 from support import TRAIN_JIT_COMPILE, misnamed_metrics
-from training import reproduce
-from training.reproduce import FAIL, TABLES, markdown_table, select_rows, summarize
 
 
 def test_tables_cover_the_paper():
@@ -25,7 +25,7 @@ def test_tables_cover_the_paper():
     assert [r.label for r in one_layer] == ["cifar10 ResNet-110 (1-layer skip) original",
                                            "cifar10 ResNet-110 (1-layer skip) preact"]
     assert {r.paper_depth for r in one_layer} == {110}
-    from training.recipe.configs import EXPERIMENTS, PRESETS
+    from keras_preact_training.recipe.configs import EXPERIMENTS, PRESETS
 
     assert all(r.preset in PRESETS for t in TABLES.values() for r in t)
     # One table: every row is an experiment of configs.EXPERIMENTS, with its label and paper number.
@@ -41,9 +41,9 @@ def test_tables_cover_the_paper():
 def test_the_one_layer_rows_train_the_registered_one_layer_network(label):
     """Table 3's "ResNet-110 (1-layer skip)" presets build the registry's network (same parameters)."""
     from keras_preact.models import create_model
+    from keras_preact_training.recipe import model as model_lib
+    from keras_preact_training.recipe.configs import PRESETS
     from support import trainable_params
-    from training.recipe import model as model_lib
-    from training.recipe.configs import PRESETS
 
     config = PRESETS[f"t3-cifar10-resnet110-1layer-{label}"]
     ours = model_lib.build_classifier(config, 10)
@@ -100,7 +100,7 @@ def test_bad_arguments_exit_2_naming_the_argument(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         reproduce.main(argv)
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m training.reproduce: error: {message}"
+    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m keras_preact_training.reproduce: error: {message}"
 
 
 def test_bad_arguments():

@@ -10,6 +10,7 @@ import pytest
 
 from keras_preact.layers import BLOCKS, ORDERINGS, SHORTCUTS, ResidualUnit, residual_unit
 from support import (
+    compiled_call,
     run_config_echo_test,
     run_saving_test,
     to_numpy,
@@ -148,12 +149,14 @@ def test_option_a_subsamples_and_zero_pads(rng, preactivate_shortcut):
 
 
 def test_option_a_subsamples_and_zero_pads_channels_first(rng):
+    """On every CPU: TensorFlow's own CPU Conv2D is NHWC-only (its oneDNN kernels, on by default only with
+    AVX-512, take NCHW), so the unit runs compiled there, as ``fit``/``predict`` run it."""
     x = random_input(rng).transpose(0, 3, 1, 2)  # NCHW
     unit = ResidualUnit(filters=32, strides=2, shortcut_type="A", preactivate_shortcut=False,
                         data_format="channels_first")
     unit.build(x.shape)
     zero_branch(unit)
-    y = to_numpy(unit(x, training=False))
+    y = to_numpy(compiled_call(unit, x, training=False))
     assert y.shape == (2, 32, 4, 4)
     np.testing.assert_array_equal(y[:, :16], x[:, :, ::2, ::2])  # the strided identity: the same values
     np.testing.assert_array_equal(y[:, 16:], 0)

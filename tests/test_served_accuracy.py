@@ -70,7 +70,7 @@ def test_a_model_without_its_input_config_is_refused(tmp_path, rng):
     pytest.importorskip("tensorflow")
     from benchmarks import served_accuracy
     from keras_preact.preprocessing import InputConfig
-    from training.evaluate import Target
+    from keras_preact_training.evaluate import Target
 
     config = InputConfig(input_size=(32, 32, 3), crop_fraction=1.0)
     bare = keras.Sequential([keras.Input((32, 32, 3)), keras.layers.Flatten(), keras.layers.Dense(4)])

@@ -17,8 +17,8 @@ import pytest
 
 tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
-from serving.server import main as server_main
-from serving.server import make_server
+from keras_preact_serving.server import main as server_main
+from keras_preact_serving.server import make_server
 from support import CLASS_NAMES
 
 MAX_BATCH = 16
@@ -249,7 +249,7 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, tmp_pa
         server_main([str(tmp_path), "--port", "0"])
     assert bad.value.code == 2 and "no numeric version folder" in capsys.readouterr().err
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0",
+        [sys.executable, "-m", "keras_preact_serving.server", str(exported.parent), "--port", "0",
          "--model-name", "resnet", "--no-enable-batching"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()

@@ -1,4 +1,4 @@
-"""serving.batching.Batcher on a numpy predict: merging, splitting, bounds, errors, shutdown.
+"""keras_preact_serving.batching.Batcher on a numpy predict: merging, splitting, bounds, errors, shutdown.
 
 Runtime-agnostic, so these run without TensorFlow; the server with batching is tested in test_serving.py.
 """
@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from serving.batching import Batcher, BatchingOptions
-from serving.rest import RequestError
+from keras_preact_serving.batching import Batcher, BatchingOptions
+from keras_preact_serving.rest import RequestError
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 

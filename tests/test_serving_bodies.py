@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from test_serving_metrics import PREDICT, Model, Running
 
-from serving import app, rest
+from keras_preact_serving import app, rest
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 

@@ -35,8 +35,8 @@ IDLE, SLOW = 1000, 50  # idle connections and slowloris clients (issue 25)
 SERVER = """
 import sys, time
 import numpy as np
-from serving import app, rest, server
-from serving.batching import BatchingOptions
+from keras_preact_serving import app, rest, server
+from keras_preact_serving.batching import BatchingOptions
 
 class Model:
     name, version, path = "m", 1, "numpy"
@@ -283,8 +283,8 @@ def test_request_limit_flags_are_the_records_fields(capsys):
     into the record, and a bad value refused naming the flag's argument before anything loads."""
     import dataclasses
 
-    from serving.app import RequestLimits
-    from serving.server import build_parser, main
+    from keras_preact_serving.app import RequestLimits
+    from keras_preact_serving.server import build_parser, main
 
     flags = {action.dest: action.default for action in build_parser()._actions}
     assert {f.name: flags[f.name] for f in dataclasses.fields(RequestLimits)} == dataclasses.asdict(RequestLimits())
@@ -299,12 +299,12 @@ def test_request_limit_flags_are_the_records_fields(capsys):
 
 
 def test_without_uvicorn_the_entry_point_says_what_to_install_in_one_line(monkeypatch, capsys):
-    import serving
-    from serving import main
+    import keras_preact_serving
+    from keras_preact_serving import main
 
     monkeypatch.setitem(sys.modules, "uvicorn", None)  # as if uvicorn were not installed
-    monkeypatch.delitem(sys.modules, "serving.server", raising=False)
-    monkeypatch.delattr(serving, "server", raising=False)
+    monkeypatch.delitem(sys.modules, "keras_preact_serving.server", raising=False)
+    monkeypatch.delattr(keras_preact_serving, "server", raising=False)
     assert main(["saved_models/x"]) == 2
     assert capsys.readouterr().err == (
         'keras-preact-serve: error: serving needs Starlette and uvicorn: pip install "keras-preact[serve]"\n')

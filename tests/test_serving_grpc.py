@@ -47,7 +47,7 @@ def exported(tmp_path_factory, export_copy):
 
 def start(exported, batching):
     """(server, (REST port, gRPC port, batching)) of a make_server serving in a thread."""
-    from serving.server import make_server
+    from keras_preact_serving.server import make_server
 
     server = make_server(exported.parent, port=0, grpc_port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
                          enable_batching=batching)
@@ -422,7 +422,7 @@ def test_uint8_values_out_of_range_are_invalid_argument_naming_the_range(served,
 def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_unavailable(exported):
     """max_connections bounds the RPCs in flight (RESOURCE_EXHAUSTED beyond); once shutdown begins, a new
     RPC gets UNAVAILABLE while those in flight are answered."""
-    from serving.server import make_server
+    from keras_preact_serving.server import make_server
 
     server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
                          batching_timeout_ms=1500, batching_max_size=64)
@@ -461,7 +461,7 @@ def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(expor
     up; it ends with DEADLINE_EXCEEDED at the server's ``request_timeout`` (no client deadline), normal
     calls are answered meanwhile, and once both slots were held by stuck calls, again after; each is counted
     in the metrics as a REST body that does not arrive is (no route known)."""
-    from serving.server import make_server
+    from keras_preact_serving.server import make_server
 
     timeout = 1.0
     server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, request_timeout=timeout)
@@ -504,8 +504,8 @@ def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(expor
 def test_a_model_not_loaded_yet_is_unavailable():
     import asyncio
 
-    from serving import grpc_service
-    from serving.app import ServingState
+    from keras_preact_serving import grpc_service
+    from keras_preact_serving.app import ServingState
 
     state = ServingState(lambda: None)  # not started: no model yet
 
@@ -541,7 +541,7 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
     (the export's top 3), then the process exits 0. (One process for both protocols; test_serving's console test
     serves unbatched.)"""
     process = subprocess.Popen(
-        [sys.executable, "-m", "serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
+        [sys.executable, "-m", "keras_preact_serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
          "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "30000", "--batching-max-size", "64",
          "--batching-max-queue", "10", "--batching-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
@@ -592,7 +592,7 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
 @pytest.mark.skipif(HAS_GRPC, reason="what happens without TensorFlow or the grpc extra")
 def test_grpc_port_without_tensorflow_is_refused_in_one_line_before_any_work(tmp_path):
     """The gRPC check comes first: the missing directory is not even looked at."""
-    result = subprocess.run([sys.executable, "-m", "serving.server", str(tmp_path / "absent"),
+    result = subprocess.run([sys.executable, "-m", "keras_preact_serving.server", str(tmp_path / "absent"),
                              "--grpc-port", "0"], capture_output=True, text=True, timeout=120, env=ENV)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr

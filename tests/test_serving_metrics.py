@@ -18,9 +18,9 @@ import pytest
 prometheus_client = pytest.importorskip("prometheus_client")
 from prometheus_client.parser import text_string_to_metric_families
 
-from serving import app, rest, server
-from serving.batching import BatchingOptions
-from serving.metrics import ServingMetrics
+from keras_preact_serving import app, rest, server
+from keras_preact_serving.batching import BatchingOptions
+from keras_preact_serving.metrics import ServingMetrics
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 

@@ -1,4 +1,4 @@
-"""The serving API's OpenAPI document (``serving.openapi``), generated from the app's declared routes:
+"""The serving API's OpenAPI document (``keras_preact_serving.openapi``), generated from the app's declared routes:
 every route is in it, and what a server serves is that document with its model's name, version and
 example bodies; and schemathesis, fuzzing a real export's server from the served document on loopback
 (positive and negative cases, bounded in examples and time), finds no 5xx and no reply the document does
@@ -13,7 +13,7 @@ import urllib.request
 import pytest
 from test_serving_metrics import Model, started
 
-from serving import app, openapi
+from keras_preact_serving import app, openapi
 
 EXAMPLES_PER_OPERATION = 10  # at most, per operation and generation mode (23 operations x 2 modes, each fuzzed)
 TIME_BUDGET_S = 120  # the whole fuzzing run; CI's bound, should the machine be slow
@@ -62,7 +62,7 @@ def test_the_document_is_generated_from_the_routes_and_served():
 def export_served(tmp_path_factory, export_copy):
     """conftest's SavedModel, served as cifar version 1 with batching on."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    from serving.server import make_server
+    from keras_preact_serving.server import make_server
 
     path = export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
     server = make_server(path.parent, port=0, max_batch_size=16, max_body_bytes=1_000_000, enable_batching=True)

@@ -65,14 +65,14 @@ from test_serving import BAD_REQUESTS, MAX_BATCH, MAX_BODY, images, request  # n
 
 import keras_preact  # noqa: E402
 from keras_preact.export import export_saved_model  # noqa: E402
-from serving import main_ray  # noqa: E402
-from serving.rest import RequestError  # noqa: E402
-from serving.servable import Servable  # noqa: E402
-from serving.server import make_server  # noqa: E402
+from keras_preact_serving import main_ray  # noqa: E402
+from keras_preact_serving.rest import RequestError  # noqa: E402
+from keras_preact_serving.servable import Servable  # noqa: E402
+from keras_preact_serving.server import make_server  # noqa: E402
 from support import CLASS_NAMES, MEAN, STD  # noqa: E402
 from support import make_export_model as make_model  # noqa: E402
 
-ENTRY_POINT = "import sys; from serving import main_ray; sys.exit(main_ray())"
+ENTRY_POINT = "import sys; from keras_preact_serving import main_ray; sys.exit(main_ray())"
 REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
 REQUEST_TIMEOUT = 5  # seconds for a request's body to arrive, and for an idle kept-alive connection
 NODE = {"num_cpus": 2, "object_store_memory": ray_constants.OBJECT_STORE_MINIMUM_MEMORY_BYTES,
@@ -342,7 +342,7 @@ def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(ex
     undecodable image reruns each request alone, so only that one fails."""
     import asyncio
 
-    from serving.batching import Batcher, BatchingOptions
+    from keras_preact_serving.batching import Batcher, BatchingOptions
 
     model = Servable("cifar", exported.parent)
     pool = images(3, seed=11)
@@ -397,7 +397,7 @@ def test_entry_point_refuses_a_runtime_the_version_cannot_use(exported, capsys):
 
 
 def test_max_replicas_per_node_reaches_the_deployment_and_is_checked(exported):
-    from serving.ray_serve import build_app
+    from keras_preact_serving.ray_serve import build_app
 
     assert build_app(exported.parent)._bound_deployment._replica_config.max_replicas_per_node is None
     app = build_app(exported.parent, replicas=4, max_replicas_per_node=2)
@@ -424,7 +424,7 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
                                                                                           capsys):
     """Ray Serve would leave a replica pending, and serve.run with it, without a word from the command:
     it says so up front (Ray itself stubbed: a cluster of 2 live nodes and a dead one)."""
-    from serving import ray_serve
+    from keras_preact_serving import ray_serve
 
     calls = []
     monkeypatch.setattr(ray_serve.ray, "init", lambda **kwargs: calls.append(("init", kwargs)))
@@ -444,11 +444,10 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
 
 
 def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, capsys):
-    import serving
-
+    import keras_preact_serving
     monkeypatch.setitem(sys.modules, "ray", None)  # as if Ray were not installed
-    monkeypatch.delitem(sys.modules, "serving.ray_serve")
-    monkeypatch.delattr(serving, "ray_serve")
+    monkeypatch.delitem(sys.modules, "keras_preact_serving.ray_serve")
+    monkeypatch.delattr(keras_preact_serving, "ray_serve")
     assert main_ray(["saved_models/x"]) == 2
     assert capsys.readouterr().err == (
         'keras-preact-serve-ray: error: serving on Ray needs Ray Serve: pip install "keras-preact[ray]"\n')
@@ -749,7 +748,7 @@ if sys.argv and sys.argv[0].endswith("default_worker.py"):  # Ray's worker proce
 
     def _gate_the_load(name, *args, **kwargs):
         module = _import(name, *args, **kwargs)
-        servable = sys.modules.get("serving.servable")
+        servable = sys.modules.get("keras_preact_serving.servable")
         if servable is not None and hasattr(servable, "Servable"):
             load = servable.Servable._load
 

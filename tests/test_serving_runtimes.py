@@ -19,9 +19,9 @@ import pytest
 tf = pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
 
 from keras_preact.export import load  # noqa: E402
-from serving import servable  # noqa: E402
-from serving.server import main as server_main  # noqa: E402
-from serving.server import make_server  # noqa: E402
+from keras_preact_serving import servable  # noqa: E402
+from keras_preact_serving.server import main as server_main  # noqa: E402
+from keras_preact_serving.server import make_server  # noqa: E402
 from support import CLASS_NAMES  # noqa: E402
 
 ARTIFACTS = ("onnx", "litert", "openvino")
@@ -134,7 +134,7 @@ def test_an_onnx_only_version_serves_serving_default_alone(exported):
 def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(exported, capsys):
     every, onnx_only = exported
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
-    process = subprocess.Popen([sys.executable, "-m", "serving.server", str(every.parent), "--port", "0"],
+    process = subprocess.Popen([sys.executable, "-m", "keras_preact_serving.server", str(every.parent), "--port", "0"],
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
@@ -150,7 +150,7 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
 
 
 # keras-preact-serve's own function (pyproject.toml's script).
-SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+SERVE = [sys.executable, "-c", "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
 
 
 def overwrite(path):
@@ -194,9 +194,9 @@ def test_a_served_file_changed_on_disk_changes_no_answer(exported, tmp_path, run
 # keras-preact-serve whose model loads only once the file $LOAD_GATE exists: a slow load, made to wait.
 GATED_SERVE = """
 import os, sys, time
-from training.machine.start_up import quiet_tensorflow_start_up
+from keras_preact_training.machine.start_up import quiet_tensorflow_start_up
 quiet_tensorflow_start_up()  # as the console script starts
-from serving import server
+from keras_preact_serving import server
 
 class GatedServable(server.Servable):
     def _load(self, *args):
@@ -205,7 +205,7 @@ class GatedServable(server.Servable):
         super()._load(*args)
 
 server.Servable = GatedServable
-from serving.console import serve
+from keras_preact_serving.console import serve
 sys.exit(serve(sys.argv[1:]))
 """
 

@@ -20,8 +20,8 @@ httpclient = pytest.importorskip("tritonclient.http")
 from test_serving_metrics import Model, Running, labels, started
 from tritonclient.utils import InferenceServerException
 
-from serving import app, server
-from serving.batching import BatchingOptions
+from keras_preact_serving import app, server
+from keras_preact_serving.batching import BatchingOptions
 
 BATCHING = [None, BatchingOptions(batching_max_size=8, batching_timeout_ms=10)]
 

@@ -21,7 +21,7 @@ httpclient = pytest.importorskip("tritonclient.http")
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 # keras-preact-serve's own function (pyproject.toml's script; its quiet start keeps TensorFlow's C++ lines out).
-SERVE = [sys.executable, "-c", "import sys; from serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+SERVE = [sys.executable, "-c", "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ let a regression of a few points pass. The whole split runs once, in CI's Tensor
 decoding is Pillow's and the batches are numpy's in every environment, and each backend's outputs are the probe's.
 
 Each shipped file holds, bit for bit, the weights of the trained model it was published from
-(``training.publish``; the run's ``model.keras`` is committed under ``reproduction/``, ``PUBLISHED_FROM``).
+(``keras_preact_training.publish``; the run's ``model.keras`` is committed under ``reproduction/``, ``PUBLISHED_FROM``).
 
 Re-record the probe after shipping new weights (on TensorFlow)::
 
@@ -151,7 +151,7 @@ def test_the_whole_test_split_reproduces_the_registered_top1(name, weights, tmp_
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-m", "training.evaluate", name, "--weights", weights, "--data-dir",
+    done = subprocess.run([sys.executable, "-m", "keras_preact_training.evaluate", name, "--weights", weights, "--data-dir",
                            str(root), "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "m.json")],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
     assert done.returncode == 0, done.stderr[-2000:]

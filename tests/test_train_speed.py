@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 
 from keras_preact.models import create_model
+from keras_preact_training import cli
+from keras_preact_training.machine import backends
+from keras_preact_training.recipe.optimizers import TorchSGD
 from support import ONE_THREAD
-from training import cli
-from training.machine import backends
-from training.recipe.optimizers import TorchSGD
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
@@ -183,7 +183,7 @@ def test_reference_at_the_papers_length_has_the_paper_presets_schedule():
     """--total-steps 64000 --schedule piecewise is preset cifar10-folder-resnet20-paper: warm-up to 400, /10 at
     32k and 48k, 164 whole epochs of 390 and a last one of 40."""
     from benchmarks import reference_torch_cifar as ref
-    from training.recipe import configs, schedules
+    from keras_preact_training.recipe import configs, schedules
 
     config = configs.get_config("cifar10-folder-resnet20-paper", needs_data=False)
     resolved = schedules.resolve(config, 50000)
@@ -207,7 +207,7 @@ def test_reference_learning_rate_is_keras_cosine_decay_with_warmup():
 def test_reference_piecewise_rate_is_the_converged_presets_schedule():
     """The paper's recipe scaled to 50 epochs: warm-up 0.01 to iteration 122, 0.1, /10 at 9,750 and 14,625."""
     from benchmarks import reference_torch_cifar as ref
-    from training.recipe import configs, schedules
+    from keras_preact_training.recipe import configs, schedules
 
     config = configs.get_config("cifar10-folder-resnet20-converged", needs_data=False)
     resolved = schedules.resolve(config, 50000)
@@ -275,7 +275,7 @@ def test_cli_in_a_fresh_process_runs_on_the_backend_it_prints(tmp_path):
            **ONE_THREAD}
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "training.cli", "--backend", backend, "--depth", "8", "--image-size", "16", "16",
+        [sys.executable, "-m", "keras_preact_training.cli", "--backend", backend, "--depth", "8", "--image-size", "16", "16",
          "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "2", "--synthetic-train-size", "64",
          "--synthetic-test-size", "32", "--verbose", "0", "--run-dir", str(run_dir)],
         cwd=REPO, env=env, capture_output=True, text=True, timeout=600)

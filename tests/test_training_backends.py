@@ -17,13 +17,13 @@ import keras
 import numpy as np
 import pytest
 
+from keras_preact_training import cli
+from keras_preact_training import train as train_lib
+from keras_preact_training.data import pipelines, sources
+from keras_preact_training.machine import backends
+from keras_preact_training.recipe import augment, configs
+from keras_preact_training.run import run_dir as run_files
 from support import ONE_THREAD, TRAIN_JIT_COMPILE, assert_printed_fractions, misnamed_metrics, printed_metrics
-from training import cli
-from training import train as train_lib
-from training.data import pipelines, sources
-from training.machine import backends
-from training.recipe import augment, configs
-from training.run import run_dir as run_files
 
 pytestmark = pytest.mark.notf
 
@@ -39,7 +39,7 @@ def env():
 
 
 def run_cli(*args, timeout=600):
-    return subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, env=env(),
+    return subprocess.run([sys.executable, "-m", "keras_preact_training.cli", *args], cwd=REPO, env=env(),
                           capture_output=True, text=True, timeout=timeout)
 
 
@@ -207,7 +207,7 @@ def test_cli_on_real_jpeg_folder(tmp_path, cifar_folder):
     assert len((run_dir / "history.csv").read_text().strip().splitlines()) == 3
     assert (run_dir / "curves.png").read_bytes()[:4] == b"\x89PNG"
     # keras-preact-evaluate on the saved run and the same test folder gives the accuracy training reported.
-    from training import evaluate
+    from keras_preact_training import evaluate
 
     assert evaluate.main([str(run_dir), "--dataset", "folder", "--data-dir", str(cifar_folder),
                           "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "evaluation.json")]) == 0
@@ -246,7 +246,7 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
     tfds = run_cli("--dataset", "cifar10", "--run-dir", str(tmp_path / "tfds"), timeout=120)
     assert tfds.returncode == 2 and "Traceback" not in tfds.stderr
     assert "needs TensorFlow" in tfds.stderr and "--dataset folder or synthetic" in tfds.stderr
-    export = subprocess.run([sys.executable, "-m", "training.export", str(run_dir)], cwd=REPO,
+    export = subprocess.run([sys.executable, "-m", "keras_preact_training.export", str(run_dir)], cwd=REPO,
                             env=env(), capture_output=True, text=True, timeout=120)
     assert export.returncode == 2 and "Traceback" not in export.stderr
     assert export.stderr.strip().endswith("needs TensorFlow: pip install tensorflow")
@@ -270,13 +270,13 @@ def serve_onnx_without_tensorflow(run_dir, tmp_path):
 
     from keras_preact.export import load
 
-    export = subprocess.run([sys.executable, "-m", "training.export", str(run_dir), "--format", "onnx",
+    export = subprocess.run([sys.executable, "-m", "keras_preact_training.export", str(run_dir), "--format", "onnx",
                              "--export-dir", str(tmp_path / "onnx")], cwd=REPO, env=env(), capture_output=True,
                             text=True, timeout=600)
     assert export.returncode == 0, export.stderr[-3000:]
     version_dir = pathlib.Path(export.stdout.strip().splitlines()[-1])
     assert sorted(p.name for p in version_dir.iterdir()) == ["assets", "model.onnx"]
-    process = subprocess.Popen([sys.executable, "-m", "serving.server", str(version_dir.parent),
+    process = subprocess.Popen([sys.executable, "-m", "keras_preact_serving.server", str(version_dir.parent),
                                 "--port", "0", "--model-name", "m"], cwd=REPO, env=env(), stdout=subprocess.PIPE,
                                stderr=subprocess.DEVNULL, text=True)
     try:
@@ -425,7 +425,7 @@ def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
     environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
     environ.update(KERAS_HOME=str(tmp_path / "keras_home"), KERAS_PREACT_CACHE=str(tmp_path / "cache"))
     done = subprocess.run(
-        [sys.executable, "-m", "training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
+        [sys.executable, "-m", "keras_preact_training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
          "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32", "--synthetic-test-size", "16",
          "--verbose", "0", "--no-export", "--run-dir", str(run_dir)],
         cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)

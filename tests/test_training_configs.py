@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from training.recipe import configs, schedules
+from keras_preact_training.recipe import configs, schedules
 
 pytestmark = [pytest.mark.core, pytest.mark.any_backend]
 
@@ -110,8 +110,8 @@ def test_every_config_field_is_a_flag_of_both_commands():
     import argparse
     import dataclasses
 
-    from training import cli, reproduce
-    from training.recipe import flags
+    from keras_preact_training import cli, reproduce
+    from keras_preact_training.recipe import flags
 
     fields = {f.name for f in dataclasses.fields(configs.Config)} - set(flags.NOT_FLAGS)
     train_dests = {a.dest for a in cli.build_parser()._actions}  # noqa: SLF001 - argparse has no public list
@@ -141,7 +141,7 @@ def test_every_config_field_is_a_flag_of_both_commands():
     ],
 )
 def test_bad_flags_name_the_flag(capsys, argv, message):
-    from training import cli
+    from keras_preact_training import cli
 
     with pytest.raises(SystemExit) as exit_info:
         cli.build_parser().parse_args(argv)

@@ -1,5 +1,5 @@
 """The command lines as a newcomer meets them (issue 23): no TensorFlow C++ start-up lines unless asked,
-``--dry-run`` without data, and ``python -m training.train`` naming the command."""
+``--dry-run`` without data, and ``python -m keras_preact_training.train`` naming the command."""
 
 import importlib.util
 import os
@@ -11,7 +11,7 @@ import textwrap
 
 import pytest
 
-from training.machine import start_up
+from keras_preact_training.machine import start_up
 
 pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.any_backend]
 
@@ -60,7 +60,7 @@ def run(args, level=None, **extra_env):
 
 def test_dry_run_needs_no_data_and_prints_no_tensorflow_lines_unless_asked(tmp_path):
     """The real entry point, in a fresh process: no --data-dir, no folder; C++ lines only with level 0."""
-    argv = ["-m", "training.cli", "cifar10-folder-resnet20-short", "--dry-run", "--run-dir", str(tmp_path / "r")]
+    argv = ["-m", "keras_preact_training.cli", "cifar10-folder-resnet20-short", "--dry-run", "--run-dir", str(tmp_path / "r")]
     quiet = run(argv)
     assert quiet.returncode == 0, quiet.stderr
     assert "50000 training images (assumed: the size of cifar10" in quiet.stdout and not (tmp_path / "r").exists()
@@ -84,8 +84,9 @@ def test_every_console_script_starts_through_the_quiet_start():
     assert set(console_scripts()) == {"keras-preact-train", "keras-preact-export", "keras-preact-evaluate",
                                       "keras-preact-serve", "keras-preact-serve-ray"}
     for name, target in console_scripts().items():
-        console = "serving.console:" if name in ("keras-preact-serve", "keras-preact-serve-ray") else "training.console:"
-        assert target.startswith(console) or target == "training.cli:main", (name, target)
+        serving = name in ("keras-preact-serve", "keras-preact-serve-ray")
+        console = "keras_preact_serving.console:" if serving else "keras_preact_training.console:"
+        assert target.startswith(console) or target == "keras_preact_training.cli:main", (name, target)
 
 
 # The scripts whose command loads TensorFlow on JAX too when it is installed (the serving app imports it for
@@ -113,31 +114,31 @@ def test_console_script_help_has_no_tensorflow_lines(name, backend):
 
 
 def test_the_library_module_names_the_command_line_in_one_line():
-    done = run(["-m", "training.train"])
+    done = run(["-m", "keras_preact_training.train"])
     assert done.returncode == 1 and done.stdout == ""
     assert done.stderr.strip().splitlines() == [
-        "training.train is the training library (train(config)); the command line is keras-preact-train "
-        "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
+        "keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
+        "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
 
 
 @needs_tensorflow
 @pytest.mark.parametrize("module", ["evaluate", "export", "reproduce", "publish"])
 def test_python_dash_m_commands_start_as_quietly_as_the_scripts(module):
-    """``python -m training.<module>`` (what a reader of the checkout types) gets the same quiet start."""
-    done = run(["-m", f"training.{module}", "--help"])
+    """``python -m keras_preact_training.<module>`` (what a reader of the checkout types) gets the same quiet start."""
+    done = run(["-m", f"keras_preact_training.{module}", "--help"])
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
     assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(HAS_TENSORFLOW, reason="with TensorFlow, each command starts in its own process (above)")
 def test_every_command_prints_its_usage_without_tensorflow():
-    """Without TensorFlow: every console script and ``python -m training.<module>`` answers ``--help``, all in
+    """Without TensorFlow: every console script and ``python -m keras_preact_training.<module>`` answers ``--help``, all in
     one interpreter (a process of its own per command matters only where TensorFlow writes C++ lines)."""
     modules = ["evaluate", "export", "reproduce", "publish"]
     commands = [(name, *target.split(":")) for name, target in sorted(console_scripts().items())]
     code = textwrap.dedent(f"""
         import contextlib, importlib, io, runpy, sys
-        for name, module, function in {commands!r} + [("training." + m, None, None) for m in {modules!r}]:
+        for name, module, function in {commands!r} + [("keras_preact_training." + m, None, None) for m in {modules!r}]:
             sys.argv, out, code = [name, "--help"], io.StringIO(), None
             with contextlib.redirect_stdout(out):
                 try:
@@ -151,5 +152,5 @@ def test_every_command_prints_its_usage_without_tensorflow():
     assert done.returncode == 0, done.stderr
     ray_missing = importlib.util.find_spec("ray") is None
     expected = [f"{name} 2 False" if ray_missing and name == "keras-preact-serve-ray" else f"{name} 0 True"
-                for name in [name for name, _, _ in commands] + [f"training.{m}" for m in modules]]
+                for name in [name for name, _, _ in commands] + [f"keras_preact_training.{m}" for m in modules]]
     assert done.stdout.splitlines() == expected, done.stdout + done.stderr

@@ -8,8 +8,8 @@ import time
 import numpy as np
 import pytest
 
-from training.data import pipelines, sources
-from training.recipe import configs
+from keras_preact_training.data import pipelines, sources
+from keras_preact_training.recipe import configs
 
 
 def _write_tree(root, sizes, per_class=3, classes=("cat", "dog"), splits=("train", "test")):
@@ -95,7 +95,7 @@ def test_tfds_missing_data_fails_fast_without_network(tmp_path):
     # A subprocess with a hard timeout: TFDS must not probe GCS or download.
     code = (
         "import sys; sys.path.insert(0, '.')\n"
-        "from training.data import sources\n"
+        "from keras_preact_training.data import sources\n"
         f"try:\n    sources.tfds_builder('cifar10', data_dir={str(tmp_path)!r})\n"
         "except sources.DataError as e:\n    print('DATAERROR', e)\n"
     )

@@ -20,8 +20,8 @@ TRAIN = """
 import json, sys
 sys.path.insert(0, {repo!r})
 {setup}
-from training import train
-from training.recipe import configs
+from keras_preact_training import train
+from keras_preact_training.recipe import configs
 for batch, run_dir in {runs!r}:
     config = configs.get_config("synthetic-resnet8", depth=8, image_size=(16, 16), synthetic_train_size=128,
         synthetic_test_size=32, batch_size=batch, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0",
@@ -135,10 +135,10 @@ MULTIWORKER_ARGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", 
 
 
 def start_workers(argv, tmp_path, python_code=None):
-    """Two TensorFlow workers on loopback (TF_CONFIG), running ``training.train`` (or ``python_code``)."""
+    """Two TensorFlow workers on loopback (TF_CONFIG), running ``keras_preact_training.train`` (or ``python_code``)."""
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    command = [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "training.cli"]
+    command = [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "keras_preact_training.cli"]
     return [
         subprocess.Popen(
             command + argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -219,8 +219,8 @@ def test_tf_multi_worker_mirrored_with_two_workers_resumes_after_a_worker_is_kil
 
 UNPATCHED = """
 import sys
-from training import cli
-from training.machine import compat
+from keras_preact_training import cli
+from keras_preact_training.machine import compat
 compat.apply_multiworker_fix = lambda: False
 sys.exit(cli.main(sys.argv[1:]))
 """
@@ -228,9 +228,9 @@ sys.exit(cli.main(sys.argv[1:]))
 
 def test_keras_still_needs_the_multiworker_fix(tmp_path):
     """Fails loudly once the installed Keras trains under MultiWorkerMirroredStrategy without
-    ``training.machine.compat``: then set ``compat.FIXED_IN`` (or delete the module)."""
+    ``keras_preact_training.machine.compat``: then set ``compat.FIXED_IN`` (or delete the module)."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    from training.machine import compat
+    from keras_preact_training.machine import compat
 
     if not compat.needs_multiworker_fix():
         pytest.skip(f"Keras {compat.keras_version()} is past compat.FIXED_IN={compat.FIXED_IN}")

@@ -6,10 +6,10 @@ import json
 import numpy as np
 import pytest
 
+from keras_preact_training import export as export_lib
+from keras_preact_training.recipe.configs import get_config
+from keras_preact_training.run.manifest import FORMAT, RunManifest, config_from_run, input_config_for
 from support import CLASS_NAMES, MEAN, STD, make_export_model
-from training import export as export_lib
-from training.recipe.configs import get_config
-from training.run.manifest import FORMAT, RunManifest, config_from_run, input_config_for
 
 tf = pytest.importorskip("tensorflow")  # SavedModels; the TensorFlow-free refusal is tested in test_training_backends
 

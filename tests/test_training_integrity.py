@@ -15,11 +15,11 @@ import zipfile
 
 import pytest
 
+from keras_preact_training import cli
+from keras_preact_training import export as export_cli
+from keras_preact_training.recipe import configs
+from keras_preact_training.run import run_lock, run_state
 from support import TRAIN_JIT_COMPILE
-from training import cli
-from training import export as export_cli
-from training.recipe import configs
-from training.run import run_lock, run_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
@@ -39,7 +39,7 @@ def env(kill_at=None):
 
 
 def spawn(argv, kill_at=None, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "training.cli", *argv], cwd=REPO, env=env(kill_at), text=True,
+    return subprocess.Popen([sys.executable, "-m", "keras_preact_training.cli", *argv], cwd=REPO, env=env(kill_at), text=True,
                             **kwargs)
 
 
@@ -101,7 +101,7 @@ def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path,
             last = err.strip().splitlines()[-1]
             assert last.startswith(f"keras-preact-train: error: Invalid run_dir={str(run)!r}: it is in use by "
                                    f"PID {first.pid} (")
-            assert "-m training.cli" in last and "--epochs 100000" in last
+            assert "-m keras_preact_training.cli" in last and "--epochs 100000" in last
         # The refused commands wrote nothing: every file of the (stopped) owner's run is as it was.
         assert {p: p.stat().st_mtime_ns for p in run.rglob("*") if p.is_file()} == files
         first.send_signal(signal.SIGCONT)
@@ -192,7 +192,7 @@ def test_config_file_values_are_checked_against_the_config_types_with_dry_run_to
 @pytest.mark.notf
 def test_a_run_manifest_with_a_wrong_type_is_named_before_any_work(tmp_path, capsys):
     from keras_preact.preprocessing import InputConfig
-    from training.run.manifest import RunManifest
+    from keras_preact_training.run.manifest import RunManifest
 
     config = dataclasses.asdict(configs.get_config(depth=8))
     manifest = RunManifest(name="x", class_names=("a", "b"), config={**config, "seed": "x"},
@@ -322,7 +322,7 @@ def test_a_second_export_of_a_run_waits_for_the_first(finished_run, tmp_path, ca
     run = finished_run
     exp = tmp_path / "exp"
     with run_lock.owned(run / run_lock.EXPORT_LOCK, "an export"):  # an export of this run is under way
-        proc = subprocess.Popen([sys.executable, "-m", "training.export", str(run), "--export-dir", str(exp)],
+        proc = subprocess.Popen([sys.executable, "-m", "keras_preact_training.export", str(run), "--export-dir", str(exp)],
                                 cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
         waiting = ""
         while "waiting" not in waiting and proc.poll() is None:

@@ -1,5 +1,5 @@
 """The training app's layout (``training/__init__.py``): no module imports one that imports it back, rooms
-import only downwards, the package's ``__init__`` files import nothing, ``training.machine.start_up`` (the
+import only downwards, the package's ``__init__`` files import nothing, ``keras_preact_training.machine.start_up`` (the
 console scripts' quiet start) is standard library only, and the model library imports no app.
 
 Read from the source with ``ast`` (every import: top-level, in functions, in ``if __name__ == "__main__"``
@@ -22,13 +22,17 @@ PACKAGE = REPO / "training"
 ROOMS_BELOW = {"machine": set(), "recipe": {"machine"}, "data": {"recipe", "machine"}, "run": {"recipe", "machine"}}
 
 
-def module_name(path):
-    parts = list(path.relative_to(REPO).with_suffix("").parts)
+FOLDERS = {"keras_preact_training": "training"}  # import name: folder (pyproject.toml's package-dir)
+
+
+def module_name(path, root_package):
+    parts = [root_package, *path.relative_to(REPO / FOLDERS.get(root_package, root_package)).with_suffix("").parts]
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
 def modules(root_package):
-    return {module_name(path): path for path in sorted((REPO / root_package).rglob("*.py"))}
+    folder = REPO / FOLDERS.get(root_package, root_package)
+    return {module_name(path, root_package): path for path in sorted(folder.rglob("*.py"))}
 
 
 def imported_names(name, path):
@@ -88,15 +92,15 @@ def test_the_finder_sees_a_cycle():
 
 
 def test_every_import_of_a_relative_or_function_level_kind_is_seen():
-    edges = graph("training")
-    assert "training.machine.start_up" in edges["training.cli"]  # from .machine import ..., start_up
-    assert "training.machine.start_up" in edges["training.evaluate"]  # in the __main__ block
-    assert "training.export" in edges["training.console"]  # inside a function
-    assert "training.recipe.configs" in edges["training.data.pipelines"]  # from ..recipe.configs import ...
+    edges = graph("keras_preact_training")
+    assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.cli"]  # from .machine import ..., start_up
+    assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.evaluate"]  # in the __main__ block
+    assert "keras_preact_training.export" in edges["keras_preact_training.console"]  # inside a function
+    assert "keras_preact_training.recipe.configs" in edges["keras_preact_training.data.pipelines"]  # from ..recipe.configs import ...
 
 
 def test_no_module_of_training_imports_one_that_imports_it_back():
-    assert find_cycle(graph("training")) is None
+    assert find_cycle(graph("keras_preact_training")) is None
 
 
 def room(name):
@@ -106,7 +110,7 @@ def room(name):
 
 
 def test_rooms_import_only_their_own_room_and_the_rooms_below():
-    edges = graph("training")
+    edges = graph("keras_preact_training")
     assert {room(name) for name in edges} - {None} == set(ROOMS_BELOW)
     for name, targets in edges.items():
         for target in targets:
@@ -129,7 +133,8 @@ def test_the_quiet_start_up_is_standard_library_only():
     imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
     assert imported <= set(sys.stdlib_module_names), imported - set(sys.stdlib_module_names)
-    code = ("import sys; import training.console, training.machine.start_up, training.cli, serving.console; "
+    code = ("import sys; import keras_preact_training.console, keras_preact_training.machine.start_up, "
+            "keras_preact_training.cli, keras_preact_serving.console; "
             "print(sorted({'keras', 'tensorflow', 'jax', 'torch', 'numpy'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(REPO)})

@@ -1,6 +1,6 @@
 """The host-memory guard (issue 26): a run that outgrows memory ends with one line, not by the OOM killer.
 
-``training.machine.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys trees),
+``keras_preact_training.machine.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys trees),
 trips at ``ceil(fraction * limit)`` bytes in use, and ``keras-preact-train --memory-limit`` drives it around
 ``model.fit`` and ``model.evaluate``.
 """
@@ -13,11 +13,11 @@ import threading
 
 import pytest
 
+from keras_preact_training import cli
+from keras_preact_training import train as train_lib
+from keras_preact_training.machine import memory_guard
+from keras_preact_training.recipe import configs
 from support import TRAIN_JIT_COMPILE
-from training import cli
-from training import train as train_lib
-from training.machine import memory_guard
-from training.recipe import configs
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 
@@ -172,7 +172,7 @@ def test_memory_limit_is_a_config_field_checked_before_any_work():
         with pytest.raises(ValueError, match=r"memory_limit=.*\(--memory-limit\): 0 \(the memory guard off\) or a "
                                              r"fraction 0 < f <= 1"):
             configs.get_config("synthetic-resnet8", memory_limit=bad)
-    from training.run import resume
+    from keras_preact_training.run import resume
 
     assert "memory_limit" in resume.MAY_CHANGE  # a resume may change it
 
@@ -200,7 +200,7 @@ def test_the_guard_thread_runs_during_fit_and_evaluate_and_stops_after(tmp_path,
 
 def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "training.cli", *args], cwd=REPO, env=env, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "keras_preact_training.cli", *args], cwd=REPO, env=env, capture_output=True,
                           text=True, timeout=600)
 
 

@@ -1,6 +1,6 @@
 """An out-of-memory error inside ``model.fit`` ends keras-preact-train with one line naming it and what to try.
 
-Each backend says "out of memory" its own way (``training.train.OUT_OF_MEMORY_TYPES``/``_MESSAGES``);
+Each backend says "out of memory" its own way (``keras_preact_training.train.OUT_OF_MEMORY_TYPES``/``_MESSAGES``);
 the line is the one naming the allocation, not the error's first line (TensorFlow's is "Graph execution
 error:"), and other errors get no memory hint.
 """
@@ -9,7 +9,7 @@ import importlib.util
 
 import pytest
 
-from training import train as train_lib
+from keras_preact_training import train as train_lib
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 

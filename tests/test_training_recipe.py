@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from keras_preact.analysis.autodiff import get_autodiff
-from training import cli
-from training.data import pipelines, sources
-from training.recipe import configs, schedules
-from training.recipe import model as model_lib
-from training.recipe.optimizers import TorchSGD
+from keras_preact_training import cli
+from keras_preact_training.data import pipelines, sources
+from keras_preact_training.recipe import configs, schedules
+from keras_preact_training.recipe import model as model_lib
+from keras_preact_training.recipe.optimizers import TorchSGD
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]
 
@@ -135,7 +135,7 @@ def test_pixel_mean_is_the_mean_training_image():
         pipelines.pixel_stats(config)
     # On the device the same mean image is subtracted (then the pad-crop-flip, training only).
     from keras_preact.models import cifar_resnet
-    from training.recipe import augment
+    from keras_preact_training.recipe import augment
 
     classifier = cifar_resnet(8, 10, input_shape=(8, 8, 3))
     model = augment.device_training_model(classifier, augmentation="cifar", mean=mean, std=std, seed=0)
@@ -208,9 +208,9 @@ def test_export_carries_the_mean_image(tmp_path):
 
 
 def test_compat_variable_index():
-    """``training.machine.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
+    """``keras_preact_training.machine.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
     against Keras ``compat.CHECKED_AGAINST``): every variable, Keras or backend, maps to its position."""
-    from training.machine import compat
+    from keras_preact_training.machine import compat
 
     model = tiny_model()
     optimizer = TorchSGD(0.1, momentum=0.9, coupled_weight_decay=1e-4)

@@ -15,13 +15,13 @@ import keras
 import numpy as np
 import pytest
 
+from keras_preact_training import cli
+from keras_preact_training import train as train_lib
+from keras_preact_training.data import sources
+from keras_preact_training.recipe import configs
+from keras_preact_training.run import run_dir as run_files
+from keras_preact_training.run import run_state
 from support import TRAIN_JIT_COMPILE
-from training import cli
-from training import train as train_lib
-from training.data import sources
-from training.recipe import configs
-from training.run import run_dir as run_files
-from training.run import run_state
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
@@ -80,7 +80,7 @@ def test_finished_run_rerun_is_a_noop_and_resumes_a_missing_phase_from_trained_w
 
 
 def _command(run_dir, export_dir):
-    return [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16",
+    return [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16",
             "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-every", "2",
             "--run-dir", str(run_dir), "--export", "--export-dir", str(export_dir), "--verbose", "0",
             "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
@@ -193,7 +193,7 @@ def train_on_a_tmpfs(tmp_path, options, **env):
     temporaries left in the tmpfs, its inodes in use when the run ended)."""
     mount = tmp_path / f"tmpfs-{options}"
     mount.mkdir()
-    command = [sys.executable, "-m", "training.cli", "--depth", "8", "--image-size", "16", "16", "--batch-size", "16",
+    command = [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16", "--batch-size", "16",
                "--epochs", "1", "--steps-per-epoch", "4", "--checkpoint-every", "2", "--no-export", "--verbose", "0",
                "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(mount / "run")]
     environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **env}
@@ -369,7 +369,7 @@ def test_export_dir_that_is_a_file_is_rejected_before_training(tmp_path, capsys)
 
 
 def test_truncated_model_keras_is_reported_as_corrupt(tmp_path, capsys):
-    from training import export as cli
+    from keras_preact_training import export as cli
 
     config = tiny(tmp_path)
     train_lib.train(config)

@@ -1,5 +1,5 @@
 """Fault tolerance: SIGKILL a real training process mid-epoch; the same command resumes it, and so does another
-machine from what ``training.carry`` copied out (what is committed, the backup in parts under a per-file
+machine from what ``keras_preact_training.carry`` copied out (what is committed, the backup in parts under a per-file
 limit: the run directory and the first machine are gone, the data lives at another path). Both end with the
 weights of a run that was never stopped (issue "Weights at the data's ceiling", item 1)."""
 
@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
+from keras_preact_training import carry, cli
 from support import TRAIN_JIT_COMPILE
-from training import carry, cli
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 STEPS_PER_EPOCH, EPOCHS = 8, 2
@@ -38,7 +38,7 @@ def command(run_dir, data_dir, config=None):
     recipe = ["--config", str(config)] if config else [
         "--dataset", "folder", "--normalization", "centered", "--depth", "8", "--image-size", "16", "16",
         "--batch-size", "8", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--seed", "5"]
-    return [sys.executable, "-m", "training.cli", *recipe, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
+    return [sys.executable, "-m", "keras_preact_training.cli", *recipe, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
             "--checkpoint-every", "3", "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE]
 
 
@@ -170,7 +170,7 @@ def test_carry_replaces_an_earlier_carry_whole(tmp_path):
 
 @pytest.mark.notf
 def test_carried_parts_join_to_the_file_and_a_missing_or_damaged_part_is_named(tmp_path):
-    from training.run import parts
+    from keras_preact_training.run import parts
 
     data = bytes(range(256)) * 41  # 10,496 bytes: parts of 4,096, 4,096 and 2,304
     (tmp_path / "w.h5").write_bytes(data)
@@ -204,7 +204,7 @@ def test_carried_parts_join_to_the_file_and_a_missing_or_damaged_part_is_named(t
     (3, 4, [3]),
 ])
 def test_split_cuts_at_part_bytes_and_joins_back(tmp_path, size, part_bytes, expected):
-    from training.run import parts
+    from keras_preact_training.run import parts
 
     data = bytes(range(size))
     (tmp_path / "w.h5").write_bytes(data)

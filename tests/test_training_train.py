@@ -1,4 +1,4 @@
-"""End-to-end runs of ``training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
+"""End-to-end runs of ``keras_preact_training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
 
 import dataclasses
 import json
@@ -8,15 +8,15 @@ import keras
 import numpy as np
 import pytest
 
+from keras_preact_training import cli
+from keras_preact_training import train as train_lib
+from keras_preact_training.data import pipelines, sources
+from keras_preact_training.machine import distribute
+from keras_preact_training.recipe import configs, schedules
+from keras_preact_training.recipe import model as model_lib
+from keras_preact_training.run import manifest
+from keras_preact_training.run import run_dir as run_files
 from support import TRAIN_JIT_COMPILE
-from training import cli
-from training import train as train_lib
-from training.data import pipelines, sources
-from training.machine import distribute
-from training.recipe import configs, schedules
-from training.recipe import model as model_lib
-from training.run import manifest
-from training.run import run_dir as run_files
 
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
             batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,

@@ -1,16 +1,17 @@
 """Training recipes for every experiment of He et al. 2016 ("Identity Mappings in Deep Residual Networks").
 
-The training app, beside the model library ``keras_preact``. Its import name is ``training``, the same in a
-checkout and installed (``pip install keras-preact[train]``). Python API::
+The training app, beside the model library ``keras_preact``. Its import name is ``keras_preact_training``
+(from the folder ``training/``), the same in a checkout and installed (``pip install keras-preact[train]``),
+so that no ``training`` package of a user's own shadows it. Python API::
 
-    from training.recipe.configs import get_config
-    from training.train import train
+    from keras_preact_training.recipe.configs import get_config
+    from keras_preact_training.train import train
 
     result = train(get_config("t2-resnet110-full-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg", epochs=2))
     result["test_accuracy"], result["run_dir"]
 
-CLI: ``keras-preact-train --help`` (``python -m training.cli``), ``keras-preact-export RUN_DIR``,
-``keras-preact-evaluate MODEL --data-dir DIR``, ``python -m training.reproduce --table 2``.
+CLI: ``keras-preact-train --help`` (``python -m keras_preact_training.cli``), ``keras-preact-export RUN_DIR``,
+``keras-preact-evaluate MODEL --data-dir DIR``, ``python -m keras_preact_training.reproduce --table 2``.
 
 Layout. The top level holds what a user runs, each module a job with its Python API and its command line;
 the four rooms hold what the jobs are made of::
@@ -20,10 +21,10 @@ the four rooms hold what the jobs are made of::
       cli.py            keras-preact-train: train's command line (--backend picked before Keras loads)
       export.py         export_run(run_dir) / keras-preact-export: SavedModel, ONNX, LiteRT, OpenVINO
       evaluate.py       keras-preact-evaluate: top-1/top-5 of a registry name, a run or a .keras file
-      publish.py        python -m training.publish: a run's weights as a registry network's
-      reproduce.py      python -m training.reproduce: a table of the paper, ours beside theirs
-      carry.py          python -m training.carry: a run's resumable files, to resume it on another machine
-      backend_probe.py  python -m training.backend_probe: a few timed training steps of a run's model (--backend auto)
+      publish.py        python -m keras_preact_training.publish: a run's weights as a registry network's
+      reproduce.py      python -m keras_preact_training.reproduce: a table of the paper, ours beside theirs
+      carry.py          python -m keras_preact_training.carry: a run's resumable files, to resume it on another machine
+      backend_probe.py  python -m keras_preact_training.backend_probe: a few timed training steps of a run's model (--backend auto)
       console.py        the console scripts' entry points (pyproject.toml [project.scripts])
       machine/          where a run runs (it imports no other room)
         start_up.py     TensorFlow's C++ start-up lines hidden; run_module (standard library only)
@@ -57,7 +58,7 @@ Rules (tests/test_training_layout.py checks them from the source):
 - Rooms import downwards only, in the order ``machine`` < ``recipe`` < ``data``, ``run``: a room module
   imports its own room and the rooms before it (``data`` and ``run`` do not import each other), never the
   top level. The top-level jobs import any room and each other (``train`` calls ``export``).
-- ``__init__`` files import nothing, so ``import training.console`` (the console scripts, the serving
+- ``__init__`` files import nothing, so ``import keras_preact_training.console`` (the console scripts, the serving
   app's too) loads no Keras: ``machine/start_up.py`` is standard library only, and every job's
   ``python -m`` block calls its ``run_module`` before its imports load Keras.
 - Nothing in ``keras_preact`` imports this package.

@@ -1,14 +1,14 @@
 """Time a few training steps of a run's model on this process's Keras backend (``KERAS_BACKEND``).
 
 ``--backend auto`` (``training/machine/backends.py``) runs this once per installed backend, each in its own
-process (a backend is fixed per process): the model is the run's, built by ``training.recipe.model`` from
+process (a backend is fixed per process): the model is the run's, built by ``keras_preact_training.recipe.model`` from
 the same ``keras-preact-train`` flags, fed synthetic images of the run's size and batch; the warm-up steps
 (compilation) are not timed; the last line printed is one JSON object with the median ms/step.
 With ``--steps 0`` it builds nothing and prints only the model-defining config fields (the cache key).
 
 Usage::
 
-    KERAS_BACKEND=torch python -m training.backend_probe --steps 5 -- --depth 8 --image-size 16 16
+    KERAS_BACKEND=torch python -m keras_preact_training.backend_probe --steps 5 -- --depth 8 --image-size 16 16
 """
 
 import argparse
@@ -75,7 +75,7 @@ def median_step_ms(config, steps, warmup):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m training.backend_probe",
+    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.backend_probe",
                                      description="Time training steps of a run's model on KERAS_BACKEND.")
     parser.add_argument("--steps", type=int, default=5, help="timed steps (0: print the model fields only)")
     parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")

@@ -2,7 +2,7 @@
 
 ::
 
-    python -m training.carry RUN_DIR DEST      # on the machine that trained (stopped or still running)
+    python -m keras_preact_training.carry RUN_DIR DEST      # on the machine that trained (stopped or still running)
     cp -r DEST RUN; keras-preact-train --config RUN/config.json --run-dir RUN --data-dir DATA   # the next one
 
 A long run (the paper's 64,000 iterations take several hours of a CPU machine) outlives one machine. The
@@ -27,7 +27,7 @@ import shutil
 import sys
 import tempfile
 
-from training.run import parts
+from keras_preact_training.run import parts
 
 MANIFEST, HISTORY = "config.json", "history.csv"
 BACKUP = pathlib.PurePath("checkpoints", "backup")
@@ -114,7 +114,7 @@ def carry(run_dir, dest, part_bytes=PART_BYTES):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m training.carry", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.carry", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="the run directory of a keras-preact-train run (running or stopped)")
     parser.add_argument("dest", help="the folder to write (replaced when it exists), e.g. under reproduction/")
     parser.add_argument("--part-mb", type=float, default=PART_BYTES / 2**20,

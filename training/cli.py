@@ -1,4 +1,4 @@
-"""``keras-preact-train``: the command line of ``train`` (``python -m training.cli``).
+"""``keras-preact-train``: the command line of ``train`` (``python -m keras_preact_training.cli``).
 
 Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...) over a preset;
 ``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. ``--backend`` picks the

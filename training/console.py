@@ -1,6 +1,6 @@
 """The console scripts' entry points (``pyproject.toml`` ``[project.scripts]``): each hides TensorFlow's C++
-start-up lines (``training.machine.start_up``) before Keras loads, then imports its command and runs it.
-``keras-preact-train`` starts in ``training.cli`` (it picks the backend first).
+start-up lines (``keras_preact_training.machine.start_up``) before Keras loads, then imports its command and runs it.
+``keras-preact-train`` starts in ``keras_preact_training.cli`` (it picks the backend first).
 
 Standard library only until a function is called: importing this module loads no Keras.
 """

@@ -16,16 +16,16 @@ centre crop; needs TensorFlow), both with the model's own mean/std, measured by 
 training's metrics. Every argument is checked before anything is loaded. It prints, and ``--json`` writes,
 ``top1_accuracy``/``top5_accuracy`` as fractions in [0, 1], as every accuracy keras-preact reports.
 
-While ``model.evaluate`` runs, ``training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
+While ``model.evaluate`` runs, ``keras_preact_training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
 out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit`` of the
 limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, before anything is loaded, or
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
-if __name__ == "__main__":  # python -m training.evaluate: quiet start-up as the console scripts, before Keras loads
+if __name__ == "__main__":  # python -m keras_preact_training.evaluate: quiet start-up as the console scripts, before Keras loads
     from .machine.start_up import run_module
 
-    raise SystemExit(run_module("training.evaluate"))
+    raise SystemExit(run_module("keras_preact_training.evaluate"))
 
 import argparse
 import dataclasses
@@ -74,7 +74,7 @@ def resolve_model(model, weights):
     Nothing is loaded: ``target.load()`` builds the model.
 
     Examples:
-        >>> from training.evaluate import resolve_model
+        >>> from keras_preact_training.evaluate import resolve_model
         >>> target = resolve_model("cifar_resnet20", "cifar10")  # the shipped weights, sha256-checked
         >>> target.label, target.input_config.input_size, target.class_names[:2]
         ('cifar_resnet20 (weights cifar10)', (32, 32, 3), ('airplane', 'automobile'))
@@ -155,11 +155,11 @@ def resolve_data(dataset, data_dir, cache_dir=None):
     but not read (``TestData``); ``cache_dir``: where decoded folder images are cached.
 
     Examples:
-        >>> from training.evaluate import resolve_data
+        >>> from keras_preact_training.evaluate import resolve_data
         >>> resolve_data("folder", "no/such/folder")
         Traceback (most recent call last):
         ...
-        training.data.sources.DataError: data_dir='no/such/folder' is not a directory. ...
+        keras_preact_training.data.sources.DataError: data_dir='no/such/folder' is not a directory. ...
     """
     if dataset == "folder":
         _, test_dir = sources.folder_splits(data_dir)
@@ -252,7 +252,7 @@ def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
         >>> import pathlib
         >>> import tempfile
         >>> from PIL import Image
-        >>> from training.evaluate import evaluate, resolve_data, resolve_model
+        >>> from keras_preact_training.evaluate import evaluate, resolve_data, resolve_model
         >>> target = resolve_model("cifar_resnet20", "cifar10")
         >>> with tempfile.TemporaryDirectory() as root:
         ...     for split in ("train", "test"):

@@ -11,10 +11,10 @@ measured on. The CLI::
 The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
 """
 
-if __name__ == "__main__":  # python -m training.export: quiet start-up as the console scripts, before Keras loads
+if __name__ == "__main__":  # python -m keras_preact_training.export: quiet start-up as the console scripts, before Keras loads
     from .machine.start_up import run_module
 
-    raise SystemExit(run_module("training.export"))
+    raise SystemExit(run_module("keras_preact_training.export"))
 
 import argparse
 import errno

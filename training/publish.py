@@ -2,7 +2,7 @@
 
 ::
 
-    python -m training.publish runs/<run> --model cifar_resnet20 --weights cifar10
+    python -m keras_preact_training.publish runs/<run> --model cifar_resnet20 --weights cifar10
 
 Loads the run's ``model.keras``, checks that it is the registry network (the same weight paths and
 shapes, the same input config), copies its weights into ``create_model(model)``, checks the outputs are
@@ -11,10 +11,10 @@ rename) and prints the registry entry (sha256, class names, the run's final-epoc
 add to ``keras_preact/models/presets.py``. Every check runs before anything is written.
 """
 
-if __name__ == "__main__":  # python -m training.publish: quiet start-up as the console scripts, before Keras loads
+if __name__ == "__main__":  # python -m keras_preact_training.publish: quiet start-up as the console scripts, before Keras loads
     from .machine.start_up import run_module
 
-    raise SystemExit(run_module("training.publish"))
+    raise SystemExit(run_module("keras_preact_training.publish"))
 
 import argparse
 import json
@@ -101,7 +101,7 @@ def registry_entry(path, manifest, metrics, dataset, source):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m training.publish", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.publish", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="a finished keras-preact-train run directory")
     parser.add_argument("--model", required=True, help="the registry name of the trained network, e.g. cifar_resnet20")
     parser.add_argument("--weights", required=True, help="the weights' name, e.g. cifar10 (a Python identifier)")

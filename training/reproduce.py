@@ -1,11 +1,11 @@
 """Reproduce a table of the paper: run its experiments, then put our numbers next to the paper's.
 
-    python -m training.reproduce --table 2 --budget scaled --dataset folder --data-dir DIR
-    python -m training.reproduce --table 1 --budget scaled --rows original,dropout --depth 56 ...
-    python -m training.reproduce --table 3 --budget paper --seeds 5 --dataset cifar10 --data-dir DIR
+    python -m keras_preact_training.reproduce --table 2 --budget scaled --dataset folder --data-dir DIR
+    python -m keras_preact_training.reproduce --table 1 --budget scaled --rows original,dropout --depth 56 ...
+    python -m keras_preact_training.reproduce --table 3 --budget paper --seeds 5 --dataset cifar10 --data-dir DIR
 
 For every row of the table and every seed it calls the training Python API
-(``training.train.train(training.recipe.configs.get_config(preset, **overrides))``), one run directory per
+(``keras_preact_training.train.train(keras_preact_training.recipe.configs.get_config(preset, **overrides))``), one run directory per
 run under ``OUT/runs/`` (a finished run, i.e. one with ``metrics.json``, is reused, so an interrupted
 reproduction resumes). It then writes ``OUT/table{N}.md`` (our median, mean +- std and the paper's
 number side by side), ``OUT/table{N}.json`` (every run's metrics) and ``OUT/table{N}_curves.png``
@@ -20,10 +20,10 @@ Budgets (``BUDGETS``): ``paper`` runs the presets unchanged (the paper's 64k ite
 ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proportionally, 1 seed.
 """
 
-if __name__ == "__main__":  # python -m training.reproduce: quiet start-up as the console scripts, before Keras loads
+if __name__ == "__main__":  # python -m keras_preact_training.reproduce: quiet start-up as the console scripts, before Keras loads
     from .machine.start_up import run_module
 
-    raise SystemExit(run_module("training.reproduce"))
+    raise SystemExit(run_module("keras_preact_training.reproduce"))
 
 import argparse
 import dataclasses
@@ -227,7 +227,7 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
               epochs=None, overrides=None):
     """Run the rows of ``table`` for ``seeds`` seeds and write the table, JSON and curves.
 
-    ``overrides``: extra ``training.recipe.configs.Config`` fields for every run (``dataset``,
+    ``overrides``: extra ``keras_preact_training.recipe.configs.Config`` fields for every run (``dataset``,
     ``data_dir``, ``subset``, ``batch_size``...). Every config is built and validated before the
     first run starts. Returns ``{"table": path, "json": path, "curves": path, "results": [...]}``.
     """
@@ -278,7 +278,7 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
 
 def build_parser():
     p = argparse.ArgumentParser(
-        prog="python -m training.reproduce",
+        prog="python -m keras_preact_training.reproduce",
         description="Run the experiments of one table of He et al. 2016 and write our numbers next "
         "to the paper's (markdown table, JSON, training-curve figure).",
     )

@@ -2,8 +2,8 @@
 
 Python API::
 
-    from training.recipe.configs import get_config
-    from training.train import train
+    from keras_preact_training.recipe.configs import get_config
+    from keras_preact_training.train import train
 
     result = train(get_config("t3-cifar10-resnet164-preact", dataset="folder", data_dir="/tmp/cifar10-jpeg"))
     result["test_accuracy"], result["run_dir"]
@@ -22,15 +22,15 @@ The backup is restored before anything else, so a run killed after training (eva
 export) finishes those phases from the trained weights, and a finished run re-run does nothing
 (``training/run/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
-checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``training.machine.memory_guard`` ends the
+checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``keras_preact_training.machine.memory_guard`` ends the
 process with one line (exit 1) when host memory in use reaches ``config.memory_limit`` of the limit.
 """
 
 import sys
 
-if __name__ == "__main__":  # python -m training.train: one line naming the command, before Keras loads
-    sys.exit("training.train is the training library (train(config)); the command line is keras-preact-train "
-             "(python -m training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")
+if __name__ == "__main__":  # python -m keras_preact_training.train: one line naming the command, before Keras loads
+    sys.exit("keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
+             "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")
 
 import contextlib
 import dataclasses
@@ -100,9 +100,9 @@ def _verbose(config):
 
 
 def train(config, data=None):
-    """Train ``config`` (a ``training.recipe.configs.Config``); returns the final metrics and ``run_dir``.
+    """Train ``config`` (a ``keras_preact_training.recipe.configs.Config``); returns the final metrics and ``run_dir``.
 
-    ``data``: optional ``training.data.sources.ArrayData`` to train on instead of ``config.dataset``.
+    ``data``: optional ``keras_preact_training.data.sources.ArrayData`` to train on instead of ``config.dataset``.
     Raises ValueError (naming the bad argument) before any training for bad input, and
     ``TrainingDiverged`` when the loss becomes non-finite.
 
@@ -136,7 +136,7 @@ class Run:
     writes its own history, backups and ``model.keras`` in ``files_dir`` (the chief's is ``run_dir``)."""
 
     config: configs.Config
-    dist: object  # training.machine.distribute's distribution
+    dist: object  # keras_preact_training.machine.distribute's distribution
     run_dir: pathlib.Path
     data: object = None
     resolved: schedules.ResolvedSchedule = None

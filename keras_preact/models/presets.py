@@ -33,7 +33,7 @@ IMAGENET_PAPER = {18: "Sec. 4 (fb.resnet.torch)", 34: "Sec. 4 (fb.resnet.torch)"
                   101: "Sec. 4.1", 152: "Table 5", 200: "Table 5"}
 
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
-# Trained weights in keras_preact/weights/, written by `python -m training.publish RUN --model NAME --weights W`;
+# Trained weights in keras_preact/weights/, written by `python -m keras_preact_training.publish RUN --model NAME --weights W`;
 # top1/top5: keras-preact-evaluate on the 10,000 test images of the CIFAR-10 JPEG folder (REPRODUCTION.md).
 CIFAR_WEIGHTS = {
     20: {"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", class_names=CIFAR10_CLASSES,

@@ -181,7 +181,7 @@ def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_
     """Infinite generator of (images, labels) numpy batches; batch k depends only on (seed, k).
 
     ``raw=True`` (``pipeline="device"``): uint8 batches, neither augmented nor normalised here (the
-    training model does both on the device, ``training.recipe.augment``).
+    training model does both on the device, ``keras_preact_training.recipe.augment``).
     """
     n = data.train_size
     step = start_step

@@ -81,7 +81,7 @@ class ProbeFailed(Exception):
 
 
 def default_cache_dir(environ=None):
-    """``$KERAS_PREACT_CACHE`` or ``~/.cache/keras_preact``, as ``training.data.sources.default_cache_dir``."""
+    """``$KERAS_PREACT_CACHE`` or ``~/.cache/keras_preact``, as ``keras_preact_training.data.sources.default_cache_dir``."""
     environ = os.environ if environ is None else environ
     return pathlib.Path(environ.get("KERAS_PREACT_CACHE") or pathlib.Path.home() / ".cache" / "keras_preact")
 
@@ -143,14 +143,14 @@ def write_cache(path, key, entry):
 
 
 def run_probe(backend, argv, steps=PROBE_STEPS, warmup=PROBE_WARMUP_STEPS, timeout=PROBE_TIMEOUT_S):
-    """Run ``training.backend_probe`` on ``backend`` with the run's flags ``argv`` in a subprocess;
+    """Run ``keras_preact_training.backend_probe`` on ``backend`` with the run's flags ``argv`` in a subprocess;
     its JSON result (``ms_per_step``, ``model``). Raises ProbeFailed saying why it gave none.
 
     Example: ``run_probe("jax", ["--depth", "8", "--image-size", "16", "16"], steps=2)["ms_per_step"]``"""
     path = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
     env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": path}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = [sys.executable, "-m", "training.backend_probe", "--steps", str(steps),
+    command = [sys.executable, "-m", "keras_preact_training.backend_probe", "--steps", str(steps),
                "--warmup", str(warmup), "--", *argv]
     try:
         done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)

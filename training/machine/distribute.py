@@ -8,7 +8,7 @@ scaling; ``lr_scaling="linear"`` scales it with batch_size / reference_batch_siz
 - ``mirrored``: ``tf.distribute.MirroredStrategy`` over the local devices (TensorFlow backend); BN
   statistics are per replica (as in the paper's 2-GPU Torch runs).
 - ``multiworker``: ``tf.distribute.MultiWorkerMirroredStrategy`` from ``TF_CONFIG`` (TensorFlow
-  backend), one process per worker; Keras 3 ``fit`` needs ``training.machine.compat``'s fix for it
+  backend), one process per worker; Keras 3 ``fit`` needs ``keras_preact_training.machine.compat``'s fix for it
   (keras-team/keras#20585), applied here.
 - ``data-parallel``: ``keras.distribution.DataParallel`` over all devices (JAX backend), multi-process
   when ``KERAS_DISTRIBUTION_JOB_ADDRESSES`` / ``_NUM_PROCESSES`` / ``_PROCESS_ID`` are set (or given

@@ -3,13 +3,13 @@ without a word.
 
 On a CPU host the backends rarely raise an out-of-memory error: memory grows until the kernel's OOM killer
 sends SIGKILL and nothing is printed. ``watch(what, fraction)`` (around ``model.fit`` and ``model.evaluate``
-in ``training.train``, around ``model.evaluate`` in ``training.evaluate``) runs a daemon thread that reads
+in ``keras_preact_training.train``, around ``model.evaluate`` in ``keras_preact_training.evaluate``) runs a daemon thread that reads
 the memory in use every ``INTERVAL_S`` seconds and, once it reaches ``fraction`` of the limit, prints one
 line on stderr and ends the process at once with ``os._exit(1)``, the exit code of a failed run of
 ``keras-preact-train`` and of ``keras-preact-evaluate`` (a bad argument exits 2). Ray's memory monitor does
 the same (``RAY_memory_usage_threshold``, default 0.95). The line starts with the command's ``prefix``
 ("[train]" by default, "[evaluate]") and carries its ``remedies`` (by default training's,
-``OUT_OF_MEMORY_HINT``, which ``training.train``'s out-of-memory error carries too); ``check_fraction`` is
+``OUT_OF_MEMORY_HINT``, which ``keras_preact_training.train``'s out-of-memory error carries too); ``check_fraction`` is
 both commands' ``--memory-limit`` check.
 Every file of a run is written to a temporary name and renamed, so a target is complete or absent; a
 temporary cut off mid-write is removed by the next run in that directory, as after a SIGKILL.
@@ -38,14 +38,14 @@ import threading
 
 DEFAULT_FRACTION = 0.95  # Ray's RAY_memory_usage_threshold
 INTERVAL_S = 0.1
-EXIT_CODE = 1  # the exit code of a failed run: keras-preact-train's (training.cli) and keras-preact-evaluate's
-PREFIX = "[train]"  # the line's first word: the command's (training.evaluate passes "[evaluate]")
+EXIT_CODE = 1  # the exit code of a failed run: keras-preact-train's (keras_preact_training.cli) and keras-preact-evaluate's
+PREFIX = "[train]"  # the line's first word: the command's (keras_preact_training.evaluate passes "[evaluate]")
 FRACTION_RULE = (f"0 (the memory guard off) or a fraction 0 < f <= 1 of the memory limit is required "
                  f"(default {DEFAULT_FRACTION:g})")
 NO_LIMIT = 2**60  # cgroup v1 writes 2**63 - 4096 for "no limit"; anything this large is none
 THREAD_NAME = "keras-preact-memory-guard"
 GIB = 2**30
-# Training's remedies: the default of the guard's line, and what training.train's out-of-memory error ends with.
+# Training's remedies: the default of the guard's line, and what keras_preact_training.train's out-of-memory error ends with.
 OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (docs/training.md, \"Training the "
                       "deepest networks on one device\") or a smaller --batch-size")
 

@@ -8,8 +8,8 @@ TensorFlow 2.19+ writes the lines logged before ``absl::InitializeLog()`` regard
 (``os.environ.setdefault``: a user's own value wins, 0 shows everything), loads TensorFlow with stderr
 caught, and writes back every caught line except C++ log lines below the level.
 
-Standard library only, and it imports nothing of ``training``: the console scripts (``training.console``,
-``training.cli``, the serving app's) and ``python -m training.<command>`` call it before anything loads
+Standard library only, and it imports nothing of ``training``: the console scripts (``keras_preact_training.console``,
+``keras_preact_training.cli``, the serving app's) and ``python -m training.<command>`` call it before anything loads
 Keras, and import their command only after (``run_module``).
 """
 
@@ -79,7 +79,7 @@ def quiet_tensorflow_start_up(load_tensorflow=True):
 
 def run_module(name, argv=None):
     """``python -m training.<command>`` (evaluate, export, reproduce, publish): the same quiet start as the
-    console scripts, then ``main`` of the module ``name`` (its full name, e.g. ``"training.evaluate"``).
+    console scripts, then ``main`` of the module ``name`` (its full name, e.g. ``"keras_preact_training.evaluate"``).
     Each command calls it first, in its ``if __name__ == "__main__"`` block, before it imports Keras."""
     quiet_tensorflow_start_up()
     return importlib.import_module(name).main(argv)

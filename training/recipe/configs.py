@@ -12,7 +12,7 @@ The warm-up and the decay boundaries are fixed fractions of the total, so ``--st
 shrink the whole schedule proportionally. The run stops at the exact iteration (the last epoch may be
 partial), as the paper's 64k.
 
-Optimizer (``training.recipe.optimizers.TorchSGD``): the official trainer's ``optim.sgd`` step for step:
+Optimizer (``keras_preact_training.recipe.optimizers.TorchSGD``): the official trainer's ``optim.sgd`` step for step:
 momentum 0.9, Nesterov, dampening 0, coupled weight decay 1e-4 (gradient += wd * x, before momentum)
 on every parameter (``weight_decay_scope="all"``, as ``model:getParameters()``; ``"kernels"`` limits it
 to conv/dense kernels). Keras' ``SGD`` is not used: its velocity holds lr-scaled steps (it parts from
@@ -41,7 +41,7 @@ NORMALIZATIONS = {
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
-# The paper's "per-pixel mean subtracted": the mean training image, std 1 (training.data.pipelines.pixel_stats).
+# The paper's "per-pixel mean subtracted": the mean training image, std 1 (keras_preact_training.data.pipelines.pixel_stats).
 PIXEL_MEAN = "pixel_mean"
 ARCHITECTURES = tuple(FAMILY_INPUTS)  # the registry's network families
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
@@ -94,7 +94,7 @@ class Config:
     lr_scaling: str = "none"
     momentum: float = 0.9
     nesterov: bool = True  # fb.resnet.torch train.lua: nesterov = true, dampening = 0
-    weight_decay: float = 1e-4  # coupled, as optim.sgd: gradient += wd * x (training.recipe.optimizers)
+    weight_decay: float = 1e-4  # coupled, as optim.sgd: gradient += wd * x (keras_preact_training.recipe.optimizers)
     weight_decay_scope: str = "all"  # "all" (every parameter: the official code's) or "kernels"
     # --- run length overrides (None: from the schedule)
     steps: int | None = None

@@ -1,7 +1,7 @@
 """Command-line flags generated from ``configs.Config``'s fields (flax's ``config_flags``, big_vision's
 ``--config.x``): ``--batch-size`` sets ``batch_size``, ``--no-export`` clears ``export``, ``--image-size H W``
 sets a pair. The types, choices and help come from the dataclass and the tables below, so a new
-field is a flag of ``keras-preact-train`` and of ``python -m training.reproduce`` at once.
+field is a flag of ``keras-preact-train`` and of ``python -m keras_preact_training.reproduce`` at once.
 """
 
 import argparse

@@ -26,7 +26,7 @@ class ResolvedSchedule:
 
 
 def resolve(config, train_size):
-    """Iterations of a run (the rule is in ``training.recipe.configs``' docstring)."""
+    """Iterations of a run (the rule is in ``keras_preact_training.recipe.configs``' docstring)."""
     batch = config.batch_size
     steps_per_epoch = config.steps_per_epoch or max(1, train_size // batch)
     if config.epochs:

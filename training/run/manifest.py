@@ -94,7 +94,7 @@ class RunManifest:
         return tuple(self.input_config.input_size[:2])
 
     def training_config(self, source=None):
-        """The run's ``training.recipe.configs.Config`` (checked and validated), to re-run it; ``source`` names
+        """The run's ``keras_preact_training.recipe.configs.Config`` (checked and validated), to re-run it; ``source`` names
         the file in messages."""
         missing = [k for k in ("name", "normalization") if k not in self.config]
         if missing:

@@ -7,7 +7,7 @@ difference (the manifest is left as it was). The fields in ``MAY_CHANGE`` (verbo
 frequency, ``--health-every``, compilation, rematerialisation, ``--memory-limit``, export options, where the
 run and its data live) may change; the new values are printed and the manifest records them. Data found
 elsewhere must hold the run's classes (``check_classes``), so a run carried to another machine
-(``training.carry``) resumes on the same data set.
+(``keras_preact_training.carry``) resumes on the same data set.
 """
 
 import dataclasses
@@ -19,7 +19,7 @@ from .run_dir import read_backup
 
 MAY_CHANGE = ("paper", "verbose", "checkpoint_every", "health_every", "jit_compile", "steps_per_execution",
               "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir", "memory_limit",
-              "data_dir", "manual_dir")  # where the data lives: another machine (training.carry); its classes are checked
+              "data_dir", "manual_dir")  # where the data lives: another machine (keras_preact_training.carry); its classes are checked
 
 
 def _plain(config):

@@ -132,7 +132,7 @@ class AtomicBackup(keras.callbacks.Callback):
 
 def read_backup(backup_dir):
     """The last complete backup {"step", "epoch", "weights"} or None. A backup carried in parts
-    (``training.carry``) is joined into its weights file first (``parts.join``)."""
+    (``keras_preact_training.carry``) is joined into its weights file first (``parts.join``)."""
     pointer = pathlib.Path(backup_dir) / BACKUP_POINTER
     if not pointer.exists():
         return None
