@@ -1,0 +1,103 @@
+"""Every served answer is its own request's: concurrent clients of keras-preact-serve, over REST and gRPC at once,
+each sending its own images to every runtime (SavedModel, ONNX, OpenVINO, LiteRT), batching off and on (four batch
+threads), each reply compared with its image's answer computed alone in the test process."""
+
+import http.client
+import json
+import threading
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow", reason="the SavedModel runtime and the gRPC client need TensorFlow")
+grpc = pytest.importorskip("grpc", reason="needs the grpc extra")
+pytest.importorskip("tensorflow_serving", reason="needs the grpc extra")
+
+from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
+
+from keras_preact.export import load  # noqa: E402
+from keras_preact_serving.server import make_server  # noqa: E402
+
+RUNTIMES = ("saved_model", "onnx", "openvino", "litert")
+MODULES = {"onnx": "onnxruntime", "openvino": "openvino", "litert": "ai_edge_litert"}
+CLIENTS = 8  # per API: 8 REST and 8 gRPC clients at once
+ROUNDS = 6  # requests per client
+
+
+@pytest.fixture(scope="module")
+def images():
+    """One distinct image per client and API (uint8 [2 * CLIENTS, 32, 32, 3])."""
+    return np.random.default_rng(7).integers(0, 256, (2 * CLIENTS, 32, 32, 3), dtype=np.uint8)
+
+
+@pytest.fixture(scope="module")
+def exported(tmp_path_factory, export_copy):
+    """One model per runtime holding that runtime's export alone (copies of conftest's export)."""
+    base = tmp_path_factory.mktemp("saved_models")
+    return {fmt: export_copy(base, fmt, formats=(fmt,)) for fmt in RUNTIMES}
+
+
+def rest_predict(port, name, image):
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+    conn.request("POST", f"/v1/models/{name}:predict", body=json.dumps({"instances": image[None].tolist()}))
+    response = conn.getresponse()
+    reply = json.loads(response.read())
+    conn.close()
+    if response.status != 200:
+        return response.status, reply
+    return 200, np.array(reply["predictions"][0]["probabilities"], np.float32)
+
+
+def grpc_predict(stub, name, image):
+    request = predict_pb2.PredictRequest()
+    request.model_spec.name = name
+    request.inputs["images"].CopyFrom(tf.make_tensor_proto(image[None]))
+    try:
+        response = stub.Predict(request, 120)
+    except grpc.RpcError as error:
+        return error.code().name, error.details()
+    return 200, tf.make_ndarray(response.outputs["probabilities"])[0]
+
+
+@pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_concurrent_clients_each_get_their_own_images_answer(exported, images, runtime, batching):
+    """8 REST and 8 gRPC clients at once, each sending its own image 6 times: all 96 replies are 200 with that
+    image's probabilities (within 1e-5 of the runtime's answer for the image alone)."""
+    if runtime in MODULES:
+        pytest.importorskip(MODULES[runtime], reason=f"needs {runtime}")
+    version = exported[runtime]
+    runner = load(version, runtime)
+    expected = [runner.predict(image[None])["probabilities"][0] for image in images]
+    server = make_server(version.parent, port=0, grpc_port=0, runtime=runtime, enable_batching=batching,
+                         batching_threads=4)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port, name = server.server_address[1], runtime
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    replies = {index: [] for index in range(len(images))}
+    start = threading.Barrier(2 * CLIENTS)
+
+    def client(index):
+        start.wait()
+        for _ in range(ROUNDS):
+            if index < CLIENTS:
+                replies[index].append(rest_predict(port, name, images[index]))
+            else:
+                replies[index].append(grpc_predict(stub, name, images[index]))
+
+    try:
+        threads = [threading.Thread(target=client, args=(index,)) for index in range(len(images))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    finally:
+        channel.close()
+        server.shutdown()
+        server.server_close()
+    failed = [(index, status, str(reply)[:200]) for index, got in replies.items() for status, reply in got if status != 200]
+    wrong = [index for index, got in replies.items() for status, reply in got
+             if status == 200 and not np.allclose(reply, expected[index], rtol=0, atol=1e-5)]
+    assert (failed, wrong) == ([], []), f"{len(failed)} failed, {len(wrong)} wrong of {2 * CLIENTS * ROUNDS}: {failed[:3]}"
+    assert sum(map(len, replies.values())) == 2 * CLIENTS * ROUNDS
