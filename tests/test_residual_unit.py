@@ -57,6 +57,89 @@ def test_zero_branch_reduces_to_known_function(rng, ordering, block):
         np.testing.assert_array_equal(actual, expected)
 
 
+# An independent reference for the order of operations (paper Fig. 4, Table 2), in numpy with the unit's weights:
+# BN in inference mode, ReLU, and a convolution that zero-pads k // 2 pixels each side then takes every
+# ``stride``-th k x k window (the official code's padding), written out here, not built from the unit's tables.
+def np_bn(layer, x):
+    gamma, beta, mean, variance = (to_numpy(w).astype(np.float64) for w in
+                                   (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance))
+    return gamma * (x - mean) / np.sqrt(variance + EPS) + beta
+
+
+def np_relu(x):
+    return np.maximum(x, 0.0)
+
+
+def np_conv(layer, x, stride=1):
+    kernel = to_numpy(layer.kernel).astype(np.float64)  # (k, k, in, out)
+    k = kernel.shape[0]
+    padded = np.pad(x, [(0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)])
+    rows, cols = (padded.shape[1] - k) // stride + 1, (padded.shape[2] - k) // stride + 1
+    out = np.zeros((x.shape[0], rows, cols, kernel.shape[-1]))
+    for dy in range(k):
+        for dx in range(k):
+            window = padded[:, dy:dy + stride * (rows - 1) + 1:stride, dx:dx + stride * (cols - 1) + 1:stride]
+            out += window @ kernel[dy, dx]
+    return out
+
+
+STRIDED_CONV = {"one_layer": 0, "basic": 0, "bottleneck": 1}  # the 3x3 conv carries the stride
+
+
+def reference_unit(unit, ordering, block, x, strides, projects):
+    """The unit's output by paper Fig. 4 (a)-(e), every BN, ReLU and conv in its place, in float64."""
+    convs, bn = unit.convs(), unit.norm
+    stride = [strides if i == STRIDED_CONV[block] else 1 for i in range(len(convs))]
+    last = len(convs) - 1
+    t = x
+    if ordering == "full_preact":  # (e) BN-ReLU-conv per conv; a projection takes the pre-activated x
+        t = pre = np_relu(np_bn(bn("before", 0), x))
+        for i, conv in enumerate(convs):
+            t = np_conv(conv, t if i == 0 else np_relu(np_bn(bn("before", i), t)), stride[i])
+        return (np_conv(unit.projection(), pre, strides) if projects else x) + t
+    if ordering == "relu_only_preact":  # (d) ReLU-conv-BN per conv; a projection (and its BN) after the ReLU
+        t = pre = np_relu(x)
+        for i, conv in enumerate(convs):
+            t = np_bn(bn("after", i), np_conv(conv, t if i == 0 else np_relu(t), stride[i]))
+        return (np_bn(bn("shortcut"), np_conv(unit.projection(), pre, strides)) if projects else x) + t
+    for i, conv in enumerate(convs):  # (a)-(c): conv-BN-ReLU, the last conv's BN/ReLU by figure
+        t = np_conv(conv, t, stride[i])
+        if i < last or ordering in ("original", "relu_before_addition"):
+            t = np_bn(bn("after", i), t)
+        if i < last or ordering == "relu_before_addition":
+            t = np_relu(t)
+    if ordering == "bn_after_addition":  # (b) conv-BN-ReLU-conv, add, BN-ReLU; the projection without BN
+        return np_relu(np_bn(bn("addition"), (np_conv(unit.projection(), x, strides) if projects else x) + t))
+    shortcut = np_bn(bn("shortcut"), np_conv(unit.projection(), x, strides)) if projects else x
+    return np_relu(shortcut + t) if ordering == "original" else shortcut + t  # (a) ReLU after the addition; (c)
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("strides, filters", [(1, 16), (2, 32)], ids=["identity", "projection"])
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_every_ordering_and_block_computes_the_papers_order_of_operations(rng, ordering, block, strides, filters):
+    """Each unit of Fig. 4 (a)-(e), for each block, with an identity and with a projection shortcut, against
+    ``reference_unit``: random kernels, BN statistics and affine parameters far from the identity (so any two
+    operations in the wrong order, a missing or an extra BN or ReLU, or the wrong input to the projection change
+    the output)."""
+    x = random_input(rng)
+    unit = unit_on(x, filters=filters, strides=strides, block=block, ordering=ordering)
+    for layer in unit._sublayers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            channels = layer.gamma.shape
+            layer.gamma.assign(rng.uniform(0.5, 1.5, channels).astype("float32"))
+            layer.beta.assign(rng.normal(0.0, 0.5, channels).astype("float32"))
+            layer.moving_mean.assign(rng.normal(0.0, 0.5, channels).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, channels).astype("float32"))
+    projects = strides > 1
+    assert (unit.projection() is not None) == projects
+    expected = reference_unit(unit, ordering, block, x.astype(np.float64), strides, projects)
+    actual = to_numpy(unit(x, training=False))
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_full_preact_zero_branch_is_identity_bit_for_bit(rng, training):
     x = random_input(rng)
