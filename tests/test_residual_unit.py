@@ -295,6 +295,27 @@ def test_zero_init_residual_starts_with_zero_branch(rng, ordering, normalization
     np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.notf
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_zero_init_residual_zeroes_only_the_last_bn_scale_or_else_the_last_conv(ordering, block):
+    """zero_init_residual (Goyal et al. 2017): where BN follows the branch's last conv, that BN's gamma starts at
+    zero and nothing else changes (every other gamma one, every kernel drawn); where none does (full
+    pre-activation, 4b), the last conv's kernel starts at zero instead."""
+    keras.utils.set_random_seed(0)
+    unit = ResidualUnit(32, strides=2, block=block, ordering=ordering, zero_init_residual=True)
+    unit.build((None, 8, 8, 16))
+    convs = unit.convs()
+    last_norm = unit.norm("after", len(convs) - 1)
+    norms = [layer for layer in unit._sublayers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert (last_norm is not None) == (ordering in ("original", "relu_before_addition", "relu_only_preact"))
+    for norm in norms:
+        np.testing.assert_array_equal(to_numpy(norm.gamma), 0.0 if norm is last_norm else 1.0, err_msg=norm.name)
+    for conv in (*convs, unit.projection()):
+        zero = conv is convs[-1] and last_norm is None
+        assert np.all(to_numpy(conv.kernel) == 0) == zero and np.any(to_numpy(conv.kernel) == 0) == zero, conv.name
+
+
 def test_drop_path_drops_whole_branch_per_sample(rng):
     x = random_input(rng, (64, 4, 4, 16))
     unit = unit_on(x, drop_path_rate=0.5)
@@ -321,14 +342,22 @@ def test_orthogonal_initializer_and_regularizer(rng):
     assert len(unit.losses) == 2  # one L2 term per branch conv
 
 
+@pytest.mark.notf
 def test_he_normal_fan_out_initialization():
-    """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions."""
+    """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions: on a bottleneck unit whose
+    convolutions have fan-in != fan-out (1x1 256->64, 3x3 64->64, 1x1 64->256, the 1x1 128->256 projection), each
+    kernel's standard deviation within 4% of the fan-out value (at least 8,192 draws: 5 standard errors), where
+    fan-in's differs by a factor 2 or more, its mean within 5 standard errors of 0, and the normal untruncated
+    (a draw beyond 3 sd; Keras' truncated normal stops at 2.3)."""
     keras.utils.set_random_seed(0)
-    unit = ResidualUnit(256)
-    unit.build((None, 8, 8, 256))
-    kernel = to_numpy(unit.convs()[0].kernel)
-    np.testing.assert_allclose(kernel.std(), np.sqrt(2 / (9 * 256)), rtol=0.02)
-    assert np.abs(kernel).max() > 2.5 * np.sqrt(2 / (9 * 256))  # untruncated
+    unit = ResidualUnit(256, strides=2, block="bottleneck")
+    unit.build((None, 8, 8, 128))
+    for layer, fan_in, fan_out in zip((*unit.convs(), unit.projection()), (128, 9 * 64, 64, 128), (64, 9 * 64, 256, 256)):
+        kernel = to_numpy(layer.kernel)
+        assert kernel.size >= 8192 and (fan_in == fan_out or max(fan_in / fan_out, fan_out / fan_in) >= 2)
+        np.testing.assert_allclose(kernel.std(), np.sqrt(2 / fan_out), rtol=0.04, err_msg=layer.name)
+        assert abs(kernel.mean()) < 5 * np.sqrt(2 / fan_out / kernel.size), layer.name
+        assert np.abs(kernel).max() > 3 * np.sqrt(2 / fan_out), layer.name
 
 
 @pytest.mark.parametrize("initializer", ["he_normal_fan_out", "orthogonal", keras.initializers.HeNormal()])
