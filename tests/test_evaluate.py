@@ -159,8 +159,9 @@ def test_bad_arguments_fail_first_in_one_line(registered, tmp_path, capsys, monk
 def test_classes_that_are_not_the_models_fail_first(registered, tmp_path, capsys):
     _, data_dir, _, _ = registered
     (data_dir / "test" / "c5").rename(data_dir / "test" / "z5")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         evaluate_lib.main([NAME, "--weights", "toy", "--data-dir", str(data_dir)])
+    assert exit_info.value.code == 2
     assert "Invalid --data-dir: its classes" in capsys.readouterr().err
 
 
@@ -172,8 +173,9 @@ def test_images_needing_the_evaluation_view_say_they_need_tensorflow(tmp_path, c
         images = np.random.default_rng(1).integers(0, 256, (6, 20, 24, 3), dtype=np.uint8)
         _write_folder(tmp_path / "data", images, np.arange(6))
         monkeypatch.setattr(evaluate_lib.sources, "has_tensorflow", lambda: False)
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exit_info:
             evaluate_lib.main(["test_eval_view", "--weights", "toy", "--data-dir", str(tmp_path / "data")])
+        assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "size 20x24" in err and "needs TensorFlow" in err
     finally:

@@ -189,8 +189,9 @@ def test_dry_run_needs_no_folder(tmp_path, capsys):
     assert e.value.code == 2 and "pass --data-dir" in capsys.readouterr().err
     assert cli.main([*argv, "--steps-per-epoch", "7", "--epochs", "2"]) == 0
     assert "iterations: 14 = 2 epochs x 7" in capsys.readouterr().out
-    with pytest.raises(SystemExit):  # training itself still needs the folder
+    with pytest.raises(SystemExit) as e:  # training itself still needs the folder
         cli.main(["--preset", "cifar10-folder-resnet20-short", "--run-dir", str(tmp_path / "run")])
+    assert e.value.code == 2
     assert "needs data_dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
