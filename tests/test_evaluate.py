@@ -162,7 +162,30 @@ def test_classes_that_are_not_the_models_fail_first(registered, tmp_path, capsys
     with pytest.raises(SystemExit) as exit_info:
         evaluate_lib.main([NAME, "--weights", "toy", "--data-dir", str(data_dir)])
     assert exit_info.value.code == 2
-    assert "Invalid --data-dir: its classes" in capsys.readouterr().err
+    assert "Invalid --data-dir: its 6 classes are not the model's 6 class_names (same names, same order): 1 not the " \
+           "model's: 'z5'; 1 of the model's missing: 'c5'." in capsys.readouterr().err
+
+
+@pytest.mark.notf
+def test_an_extra_or_reordered_class_is_named(registered, tmp_path, capsys):
+    """An 11th class in test/ is named (the first ten are the model's: listing them twice said nothing); a
+    renamed class is named both ways; the same names in another order name the first place they differ."""
+    from keras_preact_training.evaluate import class_mismatch
+
+    _, data_dir, _, _ = registered
+    extra = data_dir / "test" / "zz_extra"
+    extra.mkdir()
+    extra.joinpath("000.png").write_bytes(next((data_dir / "test" / CLASSES[0]).glob("*.png")).read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_lib.main([NAME, "--weights", "toy", "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith(f"its {len(CLASSES) + 1} classes are not the model's {len(CLASSES)} class_names (same names, "
+                        "same order): 1 not the model's: 'zz_extra'."), err
+    assert class_mismatch(["a", "b", "c"], ["a", "x", "c"]).endswith(
+        "1 not the model's: 'x'; 1 of the model's missing: 'b'.")
+    assert class_mismatch(["a", "b", "c"], ["a", "c", "b"]).endswith(
+        "the same names in another order: class 1 is 'c' where the model's is 'b'.")
 
 
 @pytest.mark.notf
