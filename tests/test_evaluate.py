@@ -139,7 +139,8 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
     ([NAME, "--weights", "imagenet"], f"Invalid weights='imagenet' for {NAME}. Allowed values: None, 'toy'"),
     ([NAME], "Invalid --weights: a registry model is evaluated with its trained weights"),
     (["cifar_resnet32", "--weights", "cifar10"], "Allowed values: None \\(no trained weights are registered"),
-    (["cifar_resnet20", "--weights", "cifar10"], "its classes \\['c0', .* are not the model's class_names \\['airplane'"),
+    (["cifar_resnet20", "--weights", "cifar10"], "its 6 classes are not the model's 10 class_names .*: 6 not the model's: 'c0', "
+     ".*; 10 of the model's missing: 'airplane'"),
     ([NAME, "--weights", "toy", "--data-dir", "{tmp}/nowhere"], "data_dir='.*nowhere' is not a directory"),
     (["{tmp}/data", "--weights", "toy"], "Invalid --weights='toy': only a registry model name takes --weights"),
     (["{tmp}/absent.keras"], "Invalid model='.*absent.keras': no such .keras file"),
