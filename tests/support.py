@@ -177,6 +177,44 @@ def run_channels_first_test(build, images, atol=1e-5):
 
 
 # ---------------------------------------------------------------------- export and serving fixtures
+def crop_draws(outputs, image, padding):
+    """The (row offset, column offset, mirrored) that made each of ``outputs`` (N, H, W, C) from ``image`` (H, W, C)
+    by zero-padding ``padding`` pixels, cropping back to H x W and mirroring left-right: looked up among every
+    possible view, so each draw is identified exactly (``image`` needs distinct non-zero pixels and H, W >
+    2 * padding, so that no two views are equal). An output that is no such view fails."""
+    height, width = image.shape[:2]
+    padded = np.pad(image, [(padding, padding), (padding, padding), (0, 0)])
+    views = {}
+    for oy in range(2 * padding + 1):
+        for ox in range(2 * padding + 1):
+            for mirrored in (False, True):
+                view = padded[oy:oy + height, ox:ox + width]
+                views[np.ascontiguousarray(view[:, ::-1] if mirrored else view).tobytes()] = (oy, ox, mirrored)
+    assert len(views) == 2 * (2 * padding + 1) ** 2, "the image must make every view distinct"
+    draws = [views.get(np.ascontiguousarray(out, image.dtype).tobytes()) for out in outputs]
+    assert None not in draws, f"output {draws.index(None)} is no padded crop (nor its mirror) of the image"
+    return np.array(draws, dtype=np.int64)
+
+
+def assert_uniform_crop_draws(draws, padding):
+    """Every offset -padding..padding each way and both mirrorings drawn, uniformly and independently per image:
+    each axis's counts pass Pearson's chi-square test at p = 1e-6 (8 degrees of freedom for padding 4: 42.7), the
+    mirror count lies within 5.5 standard deviations of n / 2 (p = 4e-8), and every (row, column, mirror) cell
+    occurs (n = 4000: a cell of 1/162 is missed with probability 3e-9). A never-reached extreme offset, an
+    offset range shifted by one, a flip never or always taken fail by far."""
+    n, sides = len(draws), 2 * padding + 1
+    bound = {4: 42.70}[padding]  # chi2.isf(1e-6, 8)
+    for axis, name in ((0, "row"), (1, "column")):
+        counts = np.bincount(draws[:, axis], minlength=sides)
+        assert len(counts) == sides and counts.min() > 0, f"{name} offsets drawn: {counts.tolist()} of 0..{sides - 1}"
+        chi2 = ((counts - n / sides) ** 2 / (n / sides)).sum()
+        assert chi2 < bound, f"{name} offsets {counts.tolist()}: chi-square {chi2:.1f} >= {bound}"
+    mirrored = int(draws[:, 2].sum())
+    assert abs(mirrored - n / 2) < 5.5 * np.sqrt(n) / 2, f"{mirrored} of {n} mirrored"
+    cells = len({tuple(d) for d in draws.tolist()})
+    assert cells == 2 * sides * sides, f"{cells} of {2 * sides * sides} (row, column, mirror) draws occur"
+
+
 CLASS_NAMES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 MEAN = [124.14, 122.96, 112.57]  # CIFAR-10 statistics in 0-255 pixel units
 STD = [62.50, 61.85, 66.42]

@@ -139,7 +139,8 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
     ([NAME, "--weights", "imagenet"], f"Invalid weights='imagenet' for {NAME}. Allowed values: None, 'toy'"),
     ([NAME], "Invalid --weights: a registry model is evaluated with its trained weights"),
     (["cifar_resnet32", "--weights", "cifar10"], "Allowed values: None \\(no trained weights are registered"),
-    (["cifar_resnet20", "--weights", "cifar10"], "its classes \\['c0', .* are not the model's class_names \\['airplane'"),
+    (["cifar_resnet20", "--weights", "cifar10"], "its 6 classes are not the model's 10 class_names .*: 6 not the model's: 'c0', "
+     ".*; 10 of the model's missing: 'airplane'"),
     ([NAME, "--weights", "toy", "--data-dir", "{tmp}/nowhere"], "data_dir='.*nowhere' is not a directory"),
     (["{tmp}/data", "--weights", "toy"], "Invalid --weights='toy': only a registry model name takes --weights"),
     (["{tmp}/absent.keras"], "Invalid model='.*absent.keras': no such .keras file"),
@@ -159,9 +160,33 @@ def test_bad_arguments_fail_first_in_one_line(registered, tmp_path, capsys, monk
 def test_classes_that_are_not_the_models_fail_first(registered, tmp_path, capsys):
     _, data_dir, _, _ = registered
     (data_dir / "test" / "c5").rename(data_dir / "test" / "z5")
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         evaluate_lib.main([NAME, "--weights", "toy", "--data-dir", str(data_dir)])
-    assert "Invalid --data-dir: its classes" in capsys.readouterr().err
+    assert exit_info.value.code == 2
+    assert "Invalid --data-dir: its 6 classes are not the model's 6 class_names (same names, same order): 1 not the " \
+           "model's: 'z5'; 1 of the model's missing: 'c5'." in capsys.readouterr().err
+
+
+@pytest.mark.notf
+def test_an_extra_or_reordered_class_is_named(registered, tmp_path, capsys):
+    """An 11th class in test/ is named (the first ten are the model's: listing them twice said nothing); a
+    renamed class is named both ways; the same names in another order name the first place they differ."""
+    from keras_preact_training.evaluate import class_mismatch
+
+    _, data_dir, _, _ = registered
+    extra = data_dir / "test" / "zz_extra"
+    extra.mkdir()
+    extra.joinpath("000.png").write_bytes(next((data_dir / "test" / CLASSES[0]).glob("*.png")).read_bytes())
+    with pytest.raises(SystemExit) as exit_info:
+        evaluate_lib.main([NAME, "--weights", "toy", "--data-dir", str(data_dir)])
+    err = capsys.readouterr().err.strip()
+    assert exit_info.value.code == 2 and len(err.splitlines()) == 1, err
+    assert err.endswith(f"its {len(CLASSES) + 1} classes are not the model's {len(CLASSES)} class_names (same names, "
+                        "same order): 1 not the model's: 'zz_extra'."), err
+    assert class_mismatch(["a", "b", "c"], ["a", "x", "c"]).endswith(
+        "1 not the model's: 'x'; 1 of the model's missing: 'b'.")
+    assert class_mismatch(["a", "b", "c"], ["a", "c", "b"]).endswith(
+        "the same names in another order: class 1 is 'c' where the model's is 'b'.")
 
 
 @pytest.mark.notf
@@ -172,8 +197,9 @@ def test_images_needing_the_evaluation_view_say_they_need_tensorflow(tmp_path, c
         images = np.random.default_rng(1).integers(0, 256, (6, 20, 24, 3), dtype=np.uint8)
         _write_folder(tmp_path / "data", images, np.arange(6))
         monkeypatch.setattr(evaluate_lib.sources, "has_tensorflow", lambda: False)
-        with pytest.raises(SystemExit):
+        with pytest.raises(SystemExit) as exit_info:
             evaluate_lib.main(["test_eval_view", "--weights", "toy", "--data-dir", str(tmp_path / "data")])
+        assert exit_info.value.code == 2
         err = capsys.readouterr().err.strip()
         assert len(err.splitlines()) == 1 and "size 20x24" in err and "needs TensorFlow" in err
     finally:

@@ -41,6 +41,8 @@ REFERENCE_PARAMS = [
     ("cifar_resnet1001", dict(num_classes=100), 10_350_836),
     ("cifar_resnet110", dict(num_classes=10), 1_727_962),
     ("cifar_resnet1202", dict(num_classes=10), 19_421_274),
+    ("imagenet_resnet18", {}, 11_687_720),  # test_imagenet_basic_parameter_counts derives 18 and 34
+    ("imagenet_resnet34", {}, 21_795_880),
     ("imagenet_resnet50", {}, 25_549_352),
     ("imagenet_resnet101", {}, 44_541_480),
     ("imagenet_resnet152", {}, 60_185_128),
@@ -176,6 +178,41 @@ def headline():
 @pytest.mark.parametrize("name, kwargs, expected", REFERENCE_PARAMS)
 def test_trainable_parameters_equal_official_code(name, kwargs, expected, build):
     assert trainable_params(build(name, **kwargs)) == expected
+
+
+def imagenet_basic_params(stages, preactivation):
+    """Trainable parameters of an ImageNet ResNet of basic units with type-B shortcuts (1000 classes), counted
+    layer by layer: torchvision's post-activation ResNet-18/34 (BN after every conv and projection) or
+    fb.resnet.torch's pre-activation one (BN before every conv, the first unit's skipped after the stem's BN-ReLU,
+    projections without BN, a final BN)."""
+    total, channels = 7 * 7 * 3 * 64 + 2 * 64, 64  # stem conv and its BN
+    for stage, (units, width) in enumerate(zip(stages, (64, 128, 256, 512))):
+        for unit in range(units):
+            projects = channels != width
+            if preactivation:
+                total += (0 if stage == unit == 0 else 2 * channels) + 9 * channels * width + 2 * width + 9 * width * width
+                total += channels * width if projects else 0
+            else:
+                total += 9 * channels * width + 2 * width + 9 * width * width + 2 * width
+                total += channels * width + 2 * width if projects else 0
+            channels = width
+    return total + (2 * 512 if preactivation else 0) + 512 * 1000 + 1000
+
+
+@BUILT_ONCE
+@pytest.mark.any_backend  # variable shapes
+@pytest.mark.parametrize("depth, stages", [(18, (2, 2, 2, 2)), (34, (3, 4, 6, 3))])
+def test_imagenet_basic_parameter_counts(depth, stages, build):
+    """The count derived layer by layer gives torchvision's resnet18/34 (11,689,512 / 21,797,672) for the
+    post-activation design, and the registered pre-activation networks have the pre-activation count (a stage of
+    the wrong width, a lost or an extra BN changes it); the post-activation ordering ("original", Fig. 4a) has
+    torchvision's count: its projection shortcuts keep their BN."""
+    torchvision = {18: 11_689_512, 34: 21_797_672}[depth]
+    assert imagenet_basic_params(stages, preactivation=False) == torchvision
+    expected = imagenet_basic_params(stages, preactivation=True)
+    assert trainable_params(build(f"imagenet_resnet{depth}")) == expected == dict(
+        (name, count) for name, _, count in REFERENCE_PARAMS)[f"imagenet_resnet{depth}"]
+    assert trainable_params(build(f"imagenet_resnet{depth}", ordering="original", input_shape=(64, 64, 3))) == torchvision
 
 
 def test_tf_slim_layout_matches_keras_applications_count():

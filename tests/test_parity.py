@@ -107,6 +107,7 @@ def test_bad_arguments_are_named(tmp_path, capsys, bad, message):
     from benchmarks import parity_vs_pytorch as parity
 
     data = write_folder(tmp_path / "data", per_class=1, classes=2)
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit_info:
         parity.main(["--data-dir", str(data), "--backends", "torch", *bad])
+    assert exit_info.value.code == 2
     assert message in capsys.readouterr().err

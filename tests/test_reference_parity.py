@@ -109,12 +109,14 @@ def test_three_steps_of_ours_equal_the_references_from_the_same_weights_and_batc
 
 
 def test_pad_value_and_crop_offsets_have_the_same_distribution():
-    """Both pad after normalisation with zeros (the mean pixel) and crop at offsets -4..4 each way uniformly; the
-    draws themselves come from each trainer's own generator."""
+    """Both pad after normalisation with zeros (the mean pixel), crop at offsets -4..4 each way and mirror, each
+    draw uniform (every draw identified from an image of distinct pixels); the draws themselves come from each
+    trainer's own generator."""
     import torch
 
     from benchmarks import reference_torch_cifar as ref
     from keras_preact_training.recipe import augment
+    from support import assert_uniform_crop_draws, crop_draws
 
     n = 4000
     ones = np.ones((n, 4, 4, 1), "float32")
@@ -123,9 +125,14 @@ def test_pad_value_and_crop_offsets_have_the_same_distribution():
     theirs = theirs.permute(0, 2, 3, 1).numpy()
     for images in (ours, theirs):
         assert set(np.unique(images)) == {0.0, 1.0}  # the padding is zero: the mean pixel after normalisation
-        kept = images.sum(axis=(1, 2, 3))  # pixels of the image kept in the 4x4 window: (4-|dy|)(4-|dx|) for offsets
-        assert kept.min() == 0 and kept.max() == 16  # offsets reach the whole range -4..4 each way
-        assert abs(np.mean(kept == 16) - 1 / 81) < 0.01  # offset (4, 4) of 9 x 9, uniformly
+    image = np.arange(1, 101, dtype="float32").reshape(10, 10, 1)
+    ours = keras.ops.convert_to_numpy(augment.PadCropFlip(4, seed=0)(np.broadcast_to(image, (n, 10, 10, 1)),
+                                                                     training=True))
+    theirs = ref.augment(torch.from_numpy(np.ascontiguousarray(np.broadcast_to(image.transpose(2, 0, 1),
+                                                                               (n, 1, 10, 10)))),
+                         torch.Generator().manual_seed(0), channels_last=False).permute(0, 2, 3, 1).numpy()
+    for images in (ours, theirs):
+        assert_uniform_crop_draws(crop_draws(images, image, 4), 4)
 
 
 @pytest.mark.parametrize("pipeline", ["device", "numpy"])

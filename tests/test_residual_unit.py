@@ -57,6 +57,89 @@ def test_zero_branch_reduces_to_known_function(rng, ordering, block):
         np.testing.assert_array_equal(actual, expected)
 
 
+# An independent reference for the order of operations (paper Fig. 4, Table 2), in numpy with the unit's weights:
+# BN in inference mode, ReLU, and a convolution that zero-pads k // 2 pixels each side then takes every
+# ``stride``-th k x k window (the official code's padding), written out here, not built from the unit's tables.
+def np_bn(layer, x):
+    gamma, beta, mean, variance = (to_numpy(w).astype(np.float64) for w in
+                                   (layer.gamma, layer.beta, layer.moving_mean, layer.moving_variance))
+    return gamma * (x - mean) / np.sqrt(variance + EPS) + beta
+
+
+def np_relu(x):
+    return np.maximum(x, 0.0)
+
+
+def np_conv(layer, x, stride=1):
+    kernel = to_numpy(layer.kernel).astype(np.float64)  # (k, k, in, out)
+    k = kernel.shape[0]
+    padded = np.pad(x, [(0, 0), (k // 2, k // 2), (k // 2, k // 2), (0, 0)])
+    rows, cols = (padded.shape[1] - k) // stride + 1, (padded.shape[2] - k) // stride + 1
+    out = np.zeros((x.shape[0], rows, cols, kernel.shape[-1]))
+    for dy in range(k):
+        for dx in range(k):
+            window = padded[:, dy:dy + stride * (rows - 1) + 1:stride, dx:dx + stride * (cols - 1) + 1:stride]
+            out += window @ kernel[dy, dx]
+    return out
+
+
+STRIDED_CONV = {"one_layer": 0, "basic": 0, "bottleneck": 1}  # the 3x3 conv carries the stride
+
+
+def reference_unit(unit, ordering, block, x, strides, projects):
+    """The unit's output by paper Fig. 4 (a)-(e), every BN, ReLU and conv in its place, in float64."""
+    convs, bn = unit.convs(), unit.norm
+    stride = [strides if i == STRIDED_CONV[block] else 1 for i in range(len(convs))]
+    last = len(convs) - 1
+    t = x
+    if ordering == "full_preact":  # (e) BN-ReLU-conv per conv; a projection takes the pre-activated x
+        t = pre = np_relu(np_bn(bn("before", 0), x))
+        for i, conv in enumerate(convs):
+            t = np_conv(conv, t if i == 0 else np_relu(np_bn(bn("before", i), t)), stride[i])
+        return (np_conv(unit.projection(), pre, strides) if projects else x) + t
+    if ordering == "relu_only_preact":  # (d) ReLU-conv-BN per conv; a projection (and its BN) after the ReLU
+        t = pre = np_relu(x)
+        for i, conv in enumerate(convs):
+            t = np_bn(bn("after", i), np_conv(conv, t if i == 0 else np_relu(t), stride[i]))
+        return (np_bn(bn("shortcut"), np_conv(unit.projection(), pre, strides)) if projects else x) + t
+    for i, conv in enumerate(convs):  # (a)-(c): conv-BN-ReLU, the last conv's BN/ReLU by figure
+        t = np_conv(conv, t, stride[i])
+        if i < last or ordering in ("original", "relu_before_addition"):
+            t = np_bn(bn("after", i), t)
+        if i < last or ordering == "relu_before_addition":
+            t = np_relu(t)
+    if ordering == "bn_after_addition":  # (b) conv-BN-ReLU-conv, add, BN-ReLU; the projection without BN
+        return np_relu(np_bn(bn("addition"), (np_conv(unit.projection(), x, strides) if projects else x) + t))
+    shortcut = np_bn(bn("shortcut"), np_conv(unit.projection(), x, strides)) if projects else x
+    return np_relu(shortcut + t) if ordering == "original" else shortcut + t  # (a) ReLU after the addition; (c)
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("strides, filters", [(1, 16), (2, 32)], ids=["identity", "projection"])
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_every_ordering_and_block_computes_the_papers_order_of_operations(rng, ordering, block, strides, filters):
+    """Each unit of Fig. 4 (a)-(e), for each block, with an identity and with a projection shortcut, against
+    ``reference_unit``: random kernels, BN statistics and affine parameters far from the identity (so any two
+    operations in the wrong order, a missing or an extra BN or ReLU, or the wrong input to the projection change
+    the output)."""
+    x = random_input(rng)
+    unit = unit_on(x, filters=filters, strides=strides, block=block, ordering=ordering)
+    for layer in unit._sublayers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            channels = layer.gamma.shape
+            layer.gamma.assign(rng.uniform(0.5, 1.5, channels).astype("float32"))
+            layer.beta.assign(rng.normal(0.0, 0.5, channels).astype("float32"))
+            layer.moving_mean.assign(rng.normal(0.0, 0.5, channels).astype("float32"))
+            layer.moving_variance.assign(rng.uniform(0.5, 2.0, channels).astype("float32"))
+    projects = strides > 1
+    assert (unit.projection() is not None) == projects
+    expected = reference_unit(unit, ordering, block, x.astype(np.float64), strides, projects)
+    actual = to_numpy(unit(x, training=False))
+    assert actual.shape == expected.shape
+    np.testing.assert_allclose(actual, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
 @pytest.mark.parametrize("training", [False, True])
 def test_full_preact_zero_branch_is_identity_bit_for_bit(rng, training):
     x = random_input(rng)
@@ -113,14 +196,17 @@ def test_exclusive_gate_multiplies_branch_by_gate(rng):
 
 
 def test_dropout_shortcut(rng):
-    x = random_input(rng) + 10.0  # no zeros in x
+    """Fig. 2f: h(x) dropped per value at rate 0.5, the kept scaled by 2. 8,192 values: the kept fraction within
+    5.5 standard errors (0.030) of 0.5, so a rate off by 0.05 fails (p of a false alarm: 4e-8; the seed is fixed)."""
+    keras.utils.set_random_seed(0)
+    x = random_input(rng, (8, 8, 8, 16)) + 10.0  # no zeros in x
     unit = unit_on(x, shortcut="dropout", shortcut_dropout_rate=0.5)
     zero_branch(unit)
     np.testing.assert_array_equal(to_numpy(unit(x, training=False)), x)
     y = to_numpy(unit(x, training=True))
     kept = y != 0
     np.testing.assert_allclose(y[kept], 2 * x[kept], rtol=1e-6)
-    assert 0.3 < kept.mean() < 0.7
+    assert abs(kept.mean() - 0.5) < 5.5 * np.sqrt(0.25 / kept.size), kept.mean()
 
 
 def test_conv1x1_shortcut_projects_every_unit(rng):
@@ -212,13 +298,39 @@ def test_zero_init_residual_starts_with_zero_branch(rng, ordering, normalization
     np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.notf
+@pytest.mark.parametrize("block", sorted(BLOCKS))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_zero_init_residual_zeroes_only_the_last_bn_scale_or_else_the_last_conv(ordering, block):
+    """zero_init_residual (Goyal et al. 2017): where BN follows the branch's last conv, that BN's gamma starts at
+    zero and nothing else changes (every other gamma one, every kernel drawn); where none does (full
+    pre-activation, 4b), the last conv's kernel starts at zero instead."""
+    keras.utils.set_random_seed(0)
+    unit = ResidualUnit(32, strides=2, block=block, ordering=ordering, zero_init_residual=True)
+    unit.build((None, 8, 8, 16))
+    convs = unit.convs()
+    last_norm = unit.norm("after", len(convs) - 1)
+    norms = [layer for layer in unit._sublayers if isinstance(layer, keras.layers.BatchNormalization)]
+    assert (last_norm is not None) == (ordering in ("original", "relu_before_addition", "relu_only_preact"))
+    for norm in norms:
+        np.testing.assert_array_equal(to_numpy(norm.gamma), 0.0 if norm is last_norm else 1.0, err_msg=norm.name)
+    for conv in (*convs, unit.projection()):
+        zero = conv is convs[-1] and last_norm is None
+        assert np.all(to_numpy(conv.kernel) == 0) == zero and np.any(to_numpy(conv.kernel) == 0) == zero, conv.name
+
+
 def test_drop_path_drops_whole_branch_per_sample(rng):
-    x = random_input(rng, (64, 4, 4, 16))
+    """Stochastic depth at rate 0.5: each sample's whole branch dropped or kept. 4,000 samples: the dropped count
+    within 5.5 standard deviations (174) of 2,000, so a rate off by 0.05 fails (p of a false alarm: 4e-8; the seed
+    is fixed); no sample loses only part of its branch."""
+    keras.utils.set_random_seed(0)
+    x = random_input(rng, (4000, 2, 2, 16))
     unit = unit_on(x, drop_path_rate=0.5)
     branch = to_numpy(unit(x, training=False)) - x
     y = to_numpy(unit(x, training=True)) - x  # training-mode BN changes the branch, so compare zeros
     dropped = np.all(y == 0, axis=(1, 2, 3))
-    assert 10 < dropped.sum() < 54
+    assert abs(dropped.sum() - 2000) < 5.5 * np.sqrt(4000 * 0.25), dropped.sum()
+    assert not np.any((y == 0).all(axis=(1, 2)) != (y == 0).all(axis=(1, 2, 3))[:, None])  # whole samples only
     assert not np.any(np.all(branch == 0, axis=(1, 2, 3)))
 
 
@@ -238,14 +350,22 @@ def test_orthogonal_initializer_and_regularizer(rng):
     assert len(unit.losses) == 2  # one L2 term per branch conv
 
 
+@pytest.mark.notf
 def test_he_normal_fan_out_initialization():
-    """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions."""
+    """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions: on a bottleneck unit whose
+    convolutions have fan-in != fan-out (1x1 256->64, 3x3 64->64, 1x1 64->256, the 1x1 128->256 projection), each
+    kernel's standard deviation within 4% of the fan-out value (at least 8,192 draws: 5 standard errors), where
+    fan-in's differs by a factor 2 or more, its mean within 5 standard errors of 0, and the normal untruncated
+    (a draw beyond 3 sd; Keras' truncated normal stops at 2.3)."""
     keras.utils.set_random_seed(0)
-    unit = ResidualUnit(256)
-    unit.build((None, 8, 8, 256))
-    kernel = to_numpy(unit.convs()[0].kernel)
-    np.testing.assert_allclose(kernel.std(), np.sqrt(2 / (9 * 256)), rtol=0.02)
-    assert np.abs(kernel).max() > 2.5 * np.sqrt(2 / (9 * 256))  # untruncated
+    unit = ResidualUnit(256, strides=2, block="bottleneck")
+    unit.build((None, 8, 8, 128))
+    for layer, fan_in, fan_out in zip((*unit.convs(), unit.projection()), (128, 9 * 64, 64, 128), (64, 9 * 64, 256, 256)):
+        kernel = to_numpy(layer.kernel)
+        assert kernel.size >= 8192 and (fan_in == fan_out or max(fan_in / fan_out, fan_out / fan_in) >= 2)
+        np.testing.assert_allclose(kernel.std(), np.sqrt(2 / fan_out), rtol=0.04, err_msg=layer.name)
+        assert abs(kernel.mean()) < 5 * np.sqrt(2 / fan_out / kernel.size), layer.name
+        assert np.abs(kernel).max() > 3 * np.sqrt(2 / fan_out), layer.name
 
 
 @pytest.mark.parametrize("initializer", ["he_normal_fan_out", "orthogonal", keras.initializers.HeNormal()])
@@ -308,6 +428,35 @@ def test_every_variant_config_and_saving_round_trip(rng):
 def test_bad_arguments_raise_naming_the_argument(kwargs, message):
     with pytest.raises(ValueError, match=message):
         ResidualUnit(**{"filters": 16, **kwargs})
+
+
+NON_FINITE_OR_OUT_OF_RANGE = [
+    (dict(shortcut="exclusive_gating", gate_bias_init=float("nan")), "Invalid gate_bias_init=nan: a finite number is required."),
+    (dict(shortcut="shortcut_only_gating", gate_bias_init=float("-inf")), "Invalid gate_bias_init=-inf: a finite number"),
+    (dict(shortcut="constant_scaling", shortcut_scale=float("inf")), "Invalid shortcut_scale=inf: a finite number"),
+    (dict(shortcut="constant_scaling", residual_scale=float("nan")), "Invalid residual_scale=nan: a finite number"),
+    (dict(norm_epsilon=-1), "Invalid norm_epsilon=-1: a finite number > 0.0 is required."),
+    (dict(norm_epsilon=0.0), "Invalid norm_epsilon=0.0: a finite number > 0.0 is required."),
+    (dict(norm_epsilon=float("nan")), "Invalid norm_epsilon=nan: a finite number > 0.0 is required."),
+    (dict(norm_momentum=float("inf")), "Invalid norm_momentum=inf: a finite number in [0.0, 1.0] is required."),
+    (dict(norm_momentum=1.5), "Invalid norm_momentum=1.5: a finite number in [0.0, 1.0] is required."),
+    (dict(norm_groups=0), "Invalid norm_groups=0: a positive integer is required."),
+]
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("kwargs, message", NON_FINITE_OR_OUT_OF_RANGE, ids=[m.split(":")[0] for _, m in NON_FINITE_OR_OUT_OF_RANGE])
+def test_non_finite_or_out_of_range_floats_are_refused_when_constructed(kwargs, message):
+    """A NaN gate bias or a non-positive epsilon would build a network that outputs NaN: the unit, its options and
+    create_model refuse them when made, in one line naming the argument."""
+    from keras_preact.layers import UnitConfig
+    from keras_preact.models import create_model
+
+    for make in (lambda: ResidualUnit(16, **kwargs), lambda: UnitConfig(**kwargs),
+                 lambda: create_model("cifar_resnet20", **kwargs)):
+        with pytest.raises(ValueError) as raised:
+            make()
+        assert str(raised.value).startswith(message) and "\n" not in str(raised.value), str(raised.value)
 
 
 def test_option_a_cannot_reduce_channels():

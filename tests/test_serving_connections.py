@@ -66,7 +66,8 @@ def start_server(batching="off", timeout=TIMEOUT, max_body=MAX_BODY):
     """(process, port) of a server in its own process."""
     process = subprocess.Popen([sys.executable, "-c", SERVER, batching, str(timeout), str(max_body)],
                                stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "PYTHONPATH": REPO, "TF_CPP_MIN_LOG_LEVEL": "3"})
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+                                    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))})
     ready, _, _ = select.select([process.stdout], [], [], 120)
     assert ready, "the server did not start"
     return process, int(process.stdout.readline())
@@ -190,6 +191,41 @@ def test_a_body_shorter_than_its_content_length_times_out_with_408(served):
     assert reply[2] == {"error": f"The request did not arrive within {TIMEOUT:g} s."}
 
 
+def test_the_app_itself_ends_a_body_that_does_not_arrive_with_408():
+    """The app's own deadline on reading a body (--request-timeout), whatever server runs it: driven as ASGI, with
+    no connection layer to answer first, a body that stops arriving gets the app's 408 (connection closed) at the
+    request timeout, not a wait for ever."""
+    import asyncio
+
+    from keras_preact_serving import app
+
+    state = app.ServingState(lambda: None, app.RequestLimits(request_timeout=0.5))
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST", "scheme": "http",
+             "path": "/v1/models/m:predict", "raw_path": b"/v1/models/m:predict", "query_string": b"",
+             "root_path": "", "headers": [(b"host", b"x"), (b"content-length", b"100")], "client": ("127.0.0.1", 1),
+             "server": ("127.0.0.1", 2)}
+    arrived, sent = [], []
+
+    async def receive():
+        if not arrived:
+            arrived.append(True)
+            return {"type": "http.request", "body": b'{"instances"', "more_body": True}
+        await asyncio.sleep(3600)  # the rest never comes
+
+    async def send(message):
+        sent.append(message)
+
+    async def call():
+        await asyncio.wait_for(app.create_app(state)(scope, receive, send), 5)
+
+    start = time.perf_counter()
+    asyncio.run(call())
+    assert 0.5 <= time.perf_counter() - start < 3
+    assert sent[0]["status"] == 408 and (b"connection", b"close") in sent[0]["headers"], sent[0]
+    assert json.loads(b"".join(m.get("body", b"") for m in sent[1:])) == {
+        "error": "The request body did not arrive within 0.5 s."}
+
+
 def chunked(body, size):
     chunks = [body[i:i + size] for i in range(0, len(body), size)]
     return b"".join(b"%x\r\n%s\r\n" % (len(chunk), chunk) for chunk in chunks) + b"0\r\n\r\n"
@@ -197,7 +233,7 @@ def chunked(body, size):
 
 def test_chunked_bodies_are_read_and_bounded_by_max_body_bytes(served):
     """A chunked predict within --max-body-bytes is answered; one beyond it gets a 413 once the limit is
-    crossed, and its connection is closed; Content-Length and chunked together are refused (400)."""
+    crossed (sent at once or chunk by chunk), and its connection is closed; Content-Length and chunked together are refused (400)."""
     port = served
     head = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
     small = json.dumps({"instances": [[1.0, 0.0], [2.5, 0.0]]}).encode()
@@ -212,6 +248,20 @@ def test_chunked_bodies_are_read_and_bounded_by_max_body_bytes(served):
     reply, closed = exchange(port, head + b"\r\n" + chunked(large, 300))
     assert reply[0] == 413 and closed and reply[2] == {
         "error": f"Request body of more than {MAX_BODY} bytes exceeds the limit of {MAX_BODY} bytes."}
+    # The limit is on the whole body, not on each chunk: four chunks of 300 bytes, each in a write of its own
+    # (no Nagle delay, 50 ms apart, so the server reads them one at a time), cross it with the fourth: 413 then,
+    # without waiting for the rest of the body.
+    with socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT + 30) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.sendall(head + b"\r\n")
+        start = time.perf_counter()
+        for i in range(4):
+            time.sleep(0.05)
+            sock.sendall(b"%x\r\n%s\r\n" % (300, large[300 * i:300 * (i + 1)]))
+        stream = sock.makefile("rb")
+        reply = read_reply(stream)
+        assert reply[0] == 413 and stream.read(1) == b"" and time.perf_counter() - start < TIMEOUT, reply
+        assert reply[2] == {"error": f"Request body of more than {MAX_BODY} bytes exceeds the limit of {MAX_BODY} bytes."}
     reply, closed = exchange(port, head + b"Content-Length: %d\r\n\r\n" % len(small) + chunked(small, 7))
     assert reply[0] == 400 and closed
     assert reply[2] == {"error": "A request may not have both Content-Length and Transfer-Encoding: chunked."}

@@ -264,6 +264,7 @@ def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
     assert _code(lambda: stub.GetModelMetadata(metadata_request, 30))[0] == s.INVALID_ARGUMENT
     channel.close()
     assert predict(port, good)["probabilities"].shape == (1, 10)
+    assert predict(port, {"images": images(MAX_BATCH)})["probabilities"].shape == (MAX_BATCH, 10)  # the limit itself
 
 
 def metric_samples(port):

@@ -149,6 +149,25 @@ def test_errors_are_v2_json_with_the_rest_status(numpy_served):
 
 
 @pytest.mark.notf
+def test_a_batch_of_exactly_max_batch_size_is_served_on_every_route(numpy_served):
+    """--max-batch-size 16: 16 examples are answered (v2 binary and JSON, v1 ``instances`` as rows or row objects
+    and ``inputs``, whose JSON value count is at its bound), 17 refused with 413."""
+    running, client = numpy_served
+    values = np.arange(32, dtype=np.float32).reshape(16, 2)
+    for binary in (True, False):
+        np.testing.assert_array_equal(client.infer("m", [x_input(values, binary=binary)]).as_numpy("y"),
+                                      values.sum(axis=1))
+    for body, key in (({"instances": values.tolist()}, "predictions"), ({"inputs": values.tolist()}, "outputs"),
+                      ({"instances": [{"x": row} for row in values.tolist()]}, "predictions")):
+        status, reply, _ = running.request("POST", "/v1/models/m:predict", body)
+        assert status == 200, reply
+        np.testing.assert_array_equal(np.ravel(json.loads(reply)[key]), values.sum(axis=1))
+        over = {name: value + [value[0]] for name, value in body.items()}
+        status, reply, _ = running.request("POST", "/v1/models/m:predict", over)
+        assert (status, json.loads(reply)) == (413, {"error": "Batch size 17 exceeds the limit of 16."}), reply
+
+
+@pytest.mark.notf
 def test_declared_routes_keep_tf_serving_colons_and_answer_every_other_path_in_json(numpy_served):
     """The routes are declared (``app.ROUTES``): TF Serving's ``:predict`` after a name or a version; any
     other path, a path with a slash more or a newline, and a route asked with another method each get a

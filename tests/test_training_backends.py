@@ -23,7 +23,15 @@ from keras_preact_training.data import pipelines, sources
 from keras_preact_training.machine import backends
 from keras_preact_training.recipe import augment, configs
 from keras_preact_training.run import run_dir as run_files
-from support import ONE_THREAD, TRAIN_JIT_COMPILE, assert_printed_fractions, misnamed_metrics, printed_metrics
+from support import (
+    ONE_THREAD,
+    TRAIN_JIT_COMPILE,
+    assert_printed_fractions,
+    assert_uniform_crop_draws,
+    crop_draws,
+    misnamed_metrics,
+    printed_metrics,
+)
 
 pytestmark = pytest.mark.notf
 
@@ -98,6 +106,17 @@ def test_pad_crop_flip_draws_a_valid_view_per_image():
     layer.iterations.assign(1)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(images, training=True)), second)
     np.testing.assert_array_equal(keras.ops.convert_to_numpy(layer(images, training=False)), images)
+
+
+def test_pad_crop_flip_draws_every_offset_and_mirror_uniformly():
+    """4000 draws, each identified exactly: offsets -4..+4 each way (0..8 in the padded image) and the mirror,
+    uniform (``support.assert_uniform_crop_draws``); the same for the numpy pipeline's augmentation."""
+    image = np.arange(1, 101, dtype="float32").reshape(10, 10, 1)  # distinct pixels: every view tells its draw
+    images = np.broadcast_to(image, (4000, 10, 10, 1))
+    out = keras.ops.convert_to_numpy(augment.PadCropFlip(4, seed=0)(images, training=True))
+    assert_uniform_crop_draws(crop_draws(out, image, 4), 4)
+    out = pipelines.numpy_cifar_augment(images.astype("uint8"), np.random.default_rng(0))
+    assert_uniform_crop_draws(crop_draws(out, image.astype("uint8"), 4), 4)
 
 
 @pytest.mark.parametrize("dtype", ["uint8", "float32"])

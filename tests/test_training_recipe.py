@@ -49,18 +49,23 @@ def optim_sgd(x, dfdx, state, *, lr, wd, mom, nesterov):
     return x - lr * dfdx
 
 
-@pytest.mark.parametrize("scope", ["all", "kernels"])
-def test_three_steps_equal_torch_optim_sgd(scope):
+@pytest.mark.parametrize("scope, nesterov", [("all", True), ("kernels", True), ("all", False)])
+def test_three_steps_equal_torch_optim_sgd(scope, nesterov):
     # Warm-up at 0.01 for one iteration, 0.1, then /10 at iteration 2: the lr changes at every step,
-    # where Keras' SGD (lr-scaled velocity) would part from Torch's.
-    config = configs.get_config("t2-resnet110-full-preact", weight_decay=0.05, weight_decay_scope=scope,
-                                total_steps=3, warmup_steps=1, boundaries=(2,), steps_per_epoch=3, batch_size=8,
-                                reference_batch_size=8, jit_compile="auto")
+    # where Keras' SGD (lr-scaled velocity) would part from Torch's. The config comes from the command line,
+    # so --no-nesterov is followed from the flag to the update.
+    parser = cli.build_parser()
+    args = parser.parse_args(["--preset", "t2-resnet110-full-preact", "--weight-decay", "0.05",
+                              "--weight-decay-scope", scope, "--dry-run"] + ([] if nesterov else ["--no-nesterov"]))
+    config = cli.config_from_args(args, parser).replace(
+        total_steps=3, warmup_steps=1, boundaries=(2,), steps_per_epoch=3, batch_size=8, reference_batch_size=8,
+        jit_compile="auto")
+    assert config.nesterov is nesterov
     resolved = schedules.resolve(config, train_size=24)
     assert [lr for _, lr in schedules.lr_table(config, resolved)] == [0.01, 0.1, pytest.approx(0.01)]
     model = tiny_model()
     model_lib.compile_model(model, config, resolved, num_classes=4)
-    assert isinstance(model.optimizer, TorchSGD) and model.optimizer.nesterov
+    assert isinstance(model.optimizer, TorchSGD) and model.optimizer.nesterov is nesterov
     rng = np.random.default_rng(0)
     reference = [keras.ops.convert_to_numpy(v).astype(np.float64) for v in model.trainable_variables]
     names = [v.name for v in model.trainable_variables]
@@ -72,14 +77,14 @@ def test_three_steps_equal_torch_optim_sgd(scope):
         grads = loss_gradients(model, x, y)
         for i, (w, g) in enumerate(zip(reference, grads)):
             wd = 0.05 if scope == "all" or names[i] == "kernel" else 0.0
-            reference[i] = optim_sgd(w, g, states[i], lr=lr, wd=wd, mom=0.9, nesterov=True)
+            reference[i] = optim_sgd(w, g, states[i], lr=lr, wd=wd, mom=0.9, nesterov=nesterov)
             other_wd = 0.05 if scope == "kernels" or names[i] == "kernel" else 0.0
             other_scope[i] = optim_sgd(other_scope[i], g, other_states[i], lr=lr, wd=other_wd, mom=0.9,
-                                       nesterov=True)
+                                       nesterov=nesterov)
         model.train_on_batch(x, y)
         for _name, v, expected in zip(names, model.trainable_variables, reference):
             np.testing.assert_allclose(keras.ops.convert_to_numpy(v), expected, rtol=1e-5, atol=1e-6,
-                                       err_msg=f"{v.path} after step {step + 1} ({scope})")
+                                       err_msg=f"{v.path} after step {step + 1} ({scope}, nesterov {nesterov})")
     # The comparison tells the scopes apart: with the other scope's decay on BN gamma (gradients given),
     # gamma would have ended elsewhere, beyond the tolerance above.
     gamma = names.index("gamma")
@@ -184,8 +189,9 @@ def test_dry_run_needs_no_folder(tmp_path, capsys):
     assert e.value.code == 2 and "pass --data-dir" in capsys.readouterr().err
     assert cli.main([*argv, "--steps-per-epoch", "7", "--epochs", "2"]) == 0
     assert "iterations: 14 = 2 epochs x 7" in capsys.readouterr().out
-    with pytest.raises(SystemExit):  # training itself still needs the folder
+    with pytest.raises(SystemExit) as e:  # training itself still needs the folder
         cli.main(["--preset", "cifar10-folder-resnet20-short", "--run-dir", str(tmp_path / "run")])
+    assert e.value.code == 2
     assert "needs data_dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 

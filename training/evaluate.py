@@ -207,11 +207,33 @@ def as_arrays(target, data):
     return config.crop_fraction == 1.0 and data.image_size == tuple(config.crop_size)
 
 
+def _some(names, shown=5):
+    return ", ".join(repr(n) for n in names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
+
+
+def class_mismatch(model_names, data_names):
+    """The one line saying how a folder's classes differ from the model's: the extra ones, the missing ones, or
+    the first place where the same names come in another order.
+
+    Examples:
+        >>> class_mismatch(["cat", "dog"], ["cat", "dog", "emu"])
+        "Invalid --data-dir: its 3 classes are not the model's 2 class_names (same names, same order): 1 not the model's: 'emu'."
+    """
+    model, data = list(model_names), list(data_names)
+    extra, missing = [c for c in data if c not in model], [c for c in model if c not in data]
+    parts = [f"{len(extra)} not the model's: {_some(extra)}"] if extra else []
+    parts += [f"{len(missing)} of the model's missing: {_some(missing)}"] if missing else []
+    if not parts:
+        i = next(i for i, (a, b) in enumerate(zip(data, model)) if a != b)
+        parts = [f"the same names in another order: class {i} is {data[i]!r} where the model's is {model[i]!r}"]
+    return (f"Invalid --data-dir: its {len(data)} classes are not the model's {len(model)} class_names (same names, "
+            f"same order): {'; '.join(parts)}.")
+
+
 def check_match(target, data):
     """The data's classes are the model's, and images of another size can be viewed (TensorFlow)."""
     if target.class_names is not None and list(target.class_names) != list(data.class_names):
-        raise ValueError(f"Invalid --data-dir: its classes {list(data.class_names)[:10]} are not the model's "
-                         f"class_names {list(target.class_names)[:10]} (same names, same order).")
+        raise ValueError(class_mismatch(target.class_names, data.class_names))
     if not as_arrays(target, data):
         config, size = target.input_config, data.image_size
         sources.require_tensorflow(

@@ -154,6 +154,15 @@ def check_choice(argument, value, allowed):
         )
 
 
+def check_finite(argument, value, low=None, high=None, low_open=False):
+    """``value`` a finite real number (not a bool) within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
+    finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    if not finite or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+        bounds = "" if low is None and high is None else (
+            f" > {low}" if high is None and low_open else f" in {'(' if low_open else '['}{low}, {high}]")
+        raise ValueError(f"Invalid {argument}={value!r}: a finite number{bounds} is required.")
+
+
 def check_rate(argument, value):
     if not isinstance(value, (int, float)) or not 0.0 <= float(value) < 1.0:
         raise ValueError(f"Invalid {argument}={value!r}: it must be a number in [0, 1).")

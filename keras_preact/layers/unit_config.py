@@ -100,6 +100,13 @@ class UnitConfig:
             if value is not None and name not in allowed:
                 users = " or ".join(repr(s) for s, spec in opt.SHORTCUTS.items() if name in dict(spec.options))
                 raise ValueError(f"{name}={value!r} is only used with shortcut={users}, not shortcut={self.shortcut!r}.")
+        for name in ("shortcut_scale", "residual_scale", "gate_bias_init"):
+            if getattr(self, name) is not None:
+                opt.check_finite(name, getattr(self, name))
+        opt.check_finite("norm_epsilon", self.norm_epsilon, low=0.0, low_open=True)
+        opt.check_finite("norm_momentum", self.norm_momentum, low=0.0, high=1.0)
+        if not isinstance(self.norm_groups, int) or isinstance(self.norm_groups, bool) or self.norm_groups < 1:
+            raise ValueError(f"Invalid norm_groups={self.norm_groups!r}: a positive integer is required.")
         if "shortcut_dropout_rate" in allowed:
             opt.check_rate("shortcut_dropout_rate", self.shortcut_options["shortcut_dropout_rate"])
         for name in ("skip_preactivation", "output_bias", "zero_init_residual"):
