@@ -77,7 +77,8 @@ def test_manifest_round_trip_and_errors(tmp_path):
     "argv, message",
     [
         (["{missing}"], "config.json is missing"),
-        (["{run}", "--version", "0"], "invalid version"),
+        (["{run}", "--version", "0"], "--version: invalid value '0'"),
+        (["{run}", "--top-k", "zero"], "--top-k: invalid value 'zero'"),
         (["{bad_config}"], "it needs the keys"),
     ],
 )
@@ -91,3 +92,30 @@ def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
     assert exit_info.value.code == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_two_class_run_exports_with_the_defaults_and_the_top_k_flag(tmp_path, capsys):
+    """top_k defaults to min(5, classes): a 2-class run (a fine-tuning folder of two classes) exports as
+    ``keras-preact-train --export`` calls it; ``--top-k`` sets it, checked against the classes first."""
+    from keras_preact.models import cifar_resnet
+
+    model = cifar_resnet(8, 2, input_shape=(16, 16, 3), input_config=None)
+    config = get_config("synthetic-resnet8", image_size=(16, 16))
+    manifest = {**manifest_for(config), "class_names": ["cat", "dog"]}
+    write_run(tmp_path / "run", model, manifest)
+    images = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    path = export_lib.export_run(tmp_path / "run", tmp_path / "exports")
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    assert out["classes"].shape == (3, 2) and out["class_names"].shape == (3, 2)
+    assert sorted(out["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]
+    assert export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--top-k", "1"]) == 0
+    path = tmp_path / "exports" / "cifar_run" / "2"
+    assert capsys.readouterr().out.strip() == str(path)
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    np.testing.assert_array_equal(out["classes"].numpy()[:, 0], np.argmax(out["probabilities"].numpy(), axis=1))
+    assert out["scores"].shape == (3, 1)
+    with pytest.raises(SystemExit) as exit_info:
+        export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--top-k", "3"])
+    assert exit_info.value.code == 2
+    assert "Invalid top_k=3: expected an integer in [1, 2] (num_classes)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "exports" / "cifar_run").iterdir()) == ["1", "2"]
