@@ -119,3 +119,30 @@ def test_a_two_class_run_exports_with_the_defaults_and_the_top_k_flag(tmp_path, 
     assert exit_info.value.code == 2
     assert "Invalid top_k=3: expected an integer in [1, 2] (num_classes)" in capsys.readouterr().err
     assert sorted(p.name for p in (tmp_path / "exports" / "cifar_run").iterdir()) == ["1", "2"]
+
+
+def test_training_a_two_class_folder_with_export_serves_the_folders_class_names(tmp_path, capsys):
+    """The fine-tuning journey in the training app: ``--dataset folder --export`` on two classes trains,
+    then exports (top_k 2 by default) under the run's name with the folder's class names."""
+    from PIL import Image
+
+    from keras_preact_training.train import train
+    from support import TRAIN_JIT_COMPILE
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("cat", "dog"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(8):
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "data" / split / c / f"{i}.png")
+    config = get_config("synthetic-resnet8", dataset="folder", data_dir=str(tmp_path / "data"), normalization="centered",
+                        image_size=(16, 16), batch_size=8, epochs=1, steps_per_epoch=2, name="pets",
+                        run_dir=str(tmp_path / "run"), export=True, export_dir=str(tmp_path / "exports"),
+                        verbose=0, jit_compile=TRAIN_JIT_COMPILE)
+    metrics = train(config)
+    path = tmp_path / "exports" / "pets" / "1"
+    assert metrics["export_dir"] == str(path)
+    assert (path / "assets" / "class_names.txt").read_text().splitlines() == ["cat", "dog"]
+    images = rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    assert out["classes"].shape == (2, 2) and sorted(out["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]
