@@ -431,7 +431,8 @@ def is_out_of_memory(error):
 def export(run_dir, export_dir):
     if not export_lib.has_tensorflow():
         print("[train] export skipped: SavedModel export needs TensorFlow (pip install tensorflow); "
-              f"model.keras is saved. Export later with: keras-preact-export {run_dir}")
+              f"model.keras is saved. Export later with: keras-preact-export {run_dir} (where TensorFlow is "
+              f"installed), or here: keras-preact-export {run_dir} --format onnx,openvino")
         return None
     path = export_lib.export_run(run_dir, export_dir)
     print(f"[train] exported SavedModel to {path}")
