@@ -80,17 +80,24 @@ def test_manifest_round_trip_and_errors(tmp_path):
         (["{run}", "--version", "0"], "--version: invalid value '0'"),
         (["{run}", "--top-k", "zero"], "--top-k: invalid value 'zero'"),
         (["{bad_config}"], "it needs the keys"),
+        (["{model_file}"], "Invalid run_dir='{model_file}': a file; keras-preact-export takes a run directory written by "
+                           "keras-preact-train (config.json and model.keras): keras-preact-export {run}\n"),
+        (["{other_file}"], "Invalid run_dir='{other_file}': a file; keras-preact-export takes a run directory written "
+                           "by keras-preact-train (config.json and model.keras); a .keras file of your own exports with "
+                           "keras_preact.export.export_model(keras.saving.load_model(path))\n"),
     ],
 )
 def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"name": "x"}))
-    (tmp_path / "bad" / "model.keras").write_bytes(b"")
-    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad"}
+    (tmp_path / "bad" / "model.keras").write_bytes(b"PK\x03\x04\xff\xfe")  # binary, as a .keras zip
+    (tmp_path / "mine.keras").write_bytes(b"PK\x03\x04\xff\xfe")
+    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad",
+             "model_file": tmp_path / "bad" / "model.keras", "other_file": tmp_path / "mine.keras"}
     with pytest.raises(SystemExit) as exit_info:
         export_lib.main([a.format(**paths) for a in argv] + ["--export-dir", str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message.format(**paths) in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
 

@@ -99,6 +99,14 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
 
     check_formats(formats)
     run_dir = pathlib.Path(run_dir)
+    if run_dir.is_file():
+        parent = run_dir.parent if (run_dir.parent / "config.json").is_file() else None
+        raise ValueError(
+            f"Invalid run_dir={str(run_dir)!r}: a file; keras-preact-export takes a run directory written by "
+            "keras-preact-train (config.json and model.keras)"
+            + (f": keras-preact-export {parent}" if parent else
+               "; a .keras file of your own exports with keras_preact.export.export_model(keras.saving.load_model(path))")
+        )
     manifest = RunManifest.read(run_dir)
     name = manifest.name if name is None else name
     top_k = check_top_k(top_k, manifest.num_classes)
