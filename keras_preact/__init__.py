@@ -12,7 +12,28 @@ Examples:
     271098
 """
 
-from keras_preact import layers, models
+try:
+    import keras  # noqa: F401  (Keras imports its backend here)
+except ModuleNotFoundError as error:
+    if error.name not in ("tensorflow", "jax", "torch"):
+        raise
+    import importlib.util
+
+    def _installed(name):
+        try:
+            return importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            return False
+
+    others = [name for name in ("jax", "torch", "tensorflow") if _installed(name)]
+    raise ImportError(
+        f"keras-preact needs a Keras backend: Keras is set to {error.name} (KERAS_BACKEND, else keras.json, else "
+        f"TensorFlow), which is not installed: "
+        + (f"set KERAS_BACKEND={others[0]} (installed)" if others else
+           'install one: pip install torch, pip install "jax[cpu]" or pip install tensorflow')
+    ) from None
+
+from keras_preact import layers, models  # noqa: E402
 
 __version__ = "0.1.0"
 

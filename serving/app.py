@@ -293,6 +293,14 @@ async def v1_unsupported(request):
     raise RequestError(f"{verb} is not supported: the signatures are predict signatures; use :predict.")
 
 
+async def v1_label(request):
+    """TF Serving's version labels (``/v1/models/NAME/labels/LABEL``): this server defines none, a 400 as TF
+    Serving's for a label it does not know."""
+    _served(request)
+    label = request.path_params["label"]
+    raise RequestError(f"Unrecognized servable version label: {label} (this server defines no labels).")
+
+
 async def v2_server_metadata(request):
     """Open Inference Protocol server metadata. ---
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}"""
@@ -399,6 +407,10 @@ ROUTES = [  # in the order tried: the first that matches the path and the method
                                   (":predict", v1_predict, "POST", "v1:predict")]),
     *(Route(f"/v1/models/{{model_name:name}}{versions}:{verb}", v1_unsupported, methods=["POST"], include_in_schema=False)
       for verb in ("classify", "regress") for versions in ("", "/versions/{version:name}")),
+    *(Route(f"/v1/models/{{model_name:name}}/labels/{{label:name}}{suffix}", v1_label, methods=[method],
+            include_in_schema=False)
+      for suffix, method in (("", "GET"), ("/metadata", "GET"), (":predict", "POST"), (":classify", "POST"),
+                             (":regress", "POST"))),
     Route("/v2", v2_server_metadata, name="v2:server_metadata"),
     Route(LIVE_PATH, live),
     Route(READY_PATH, ready),

@@ -40,7 +40,14 @@ class _Abort(Exception):
 
 
 def check_model_spec(model, model_spec, call):
-    """NOT_FOUND unless ``model_spec`` names the served model and, if any, its version; ``call`` learns it."""
+    """As TF Serving's ``ServerCore``: INVALID_ARGUMENT for a ``model_spec`` without a name or with a version
+    label (this server defines none), NOT_FOUND unless it names the served model and, if any, its version;
+    ``call`` learns the model."""
+    if not model_spec.name:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
+    if model_spec.version_label:
+        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized servable version label: "
+                                                       f"{_short(model_spec.version_label)} (this server defines no labels).")
     if model_spec.name != model.name:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({_short(model_spec.name)}); "
                                                 f"serving model '{model.name}'.")
@@ -48,9 +55,6 @@ def check_model_spec(model, model_spec, call):
     if model_spec.HasField("version") and model_spec.version.value != model.version:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Specific({model_spec.name}, "
                                                 f"{model_spec.version.value}); loaded version is {model.version}.")
-    if model_spec.version_label:
-        raise _Abort(grpc.StatusCode.NOT_FOUND, f"Unrecognized servable version label: '{_short(model_spec.version_label)}' "
-                                                "(this server defines no labels).")
 
 
 def _tensor(spec, proto, max_batch_size):

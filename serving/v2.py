@@ -3,6 +3,7 @@ Triton's binary tensor data (``tritonclient.http``'s default), model configurati
 
 import json
 import math
+import pathlib
 import struct
 
 import numpy as np
@@ -237,8 +238,32 @@ def _json_data(name, array):
                            "(outputs[].parameters.binary_data).") from None
 
 
+def class_labels(model):
+    """The served version's class names (``assets/class_names.txt``, one per line), or None."""
+    path = getattr(model, "path", None)
+    file = pathlib.Path(path) / "assets" / "class_names.txt" if path else None
+    return file.read_text(encoding="utf-8").splitlines() if file is not None and file.is_file() else None
+
+
+def classify(name, array, class_count, labels):
+    """Triton's classification extension: the top ``class_count`` classes of each row of the class scores
+    ``array`` ``[N, classes]`` as BYTES ``"score:index:label"`` (``"score:index"`` without labels), highest
+    first; ``class_count`` is capped at the number of classes, as Triton does."""
+    if isinstance(class_count, bool) or not isinstance(class_count, int) or class_count < 1:
+        raise RequestError(f"Output '{name}': parameters.classification (class_count) must be a positive integer; "
+                           f"got {class_count!r:.40}.")
+    if array.ndim != 2 or datatype_of(array.dtype) not in ("FP16", "FP32", "FP64"):
+        raise RequestError(f"Output '{name}' is not class scores [N, classes] (it is {datatype_of(array.dtype)} "
+                           f"{list(array.shape)}): classification (class_count) applies to the probabilities output.")
+    top = np.argsort(-array, axis=1, kind="stable")[:, :class_count]
+    names = labels if labels is not None and len(labels) == array.shape[1] else None
+    return np.array([[f"{row[i]:f}:{i}" + (f":{names[i]}" if names else "") for i in indices]
+                     for row, indices in zip(array, top, strict=True)], dtype=object).reshape(top.shape)
+
+
 def encode_reply(model, request, outputs):
-    """(body, headers) of the reply: the outputs asked for (all by default), in JSON or as binary data."""
+    """(body, headers) of the reply: the outputs asked for (all by default), in JSON or as binary data; an
+    output asked for with ``parameters.classification`` (tritonclient's ``class_count``) as Triton's top classes."""
     binary_all = request.get("parameters", {}).get("binary_data_output", False) is True
     asked = request.get("outputs") or [{"name": name} for name in sorted(outputs)]
     unknown = [o["name"] for o in asked if o["name"] not in outputs]
@@ -248,6 +273,8 @@ def encode_reply(model, request, outputs):
     for output in asked:
         name = output["name"]
         array = np.asarray(outputs[name])
+        if "classification" in output.get("parameters", {}):
+            array = classify(name, array, output["parameters"]["classification"], class_labels(model))
         entry = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
         if output.get("parameters", {}).get("binary_data", binary_all) is True:
             raw = _raw(array)

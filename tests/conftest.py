@@ -1,6 +1,7 @@
 """Shared fixtures. The backend is chosen by KERAS_BACKEND before keras is imported."""
 
 import os
+import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -22,6 +23,25 @@ def _fresh_keras_state():
     keras.config.set_dtype_policy("float32")
     yield
     keras.config.set_dtype_policy("float32")
+
+
+REPO_OUTPUTS = pathlib.Path(__file__).resolve().parents[1] / "saved_models"  # the user's exports: never the tests'
+
+
+def _entries(root):
+    return {str(p.relative_to(root)) for p in root.rglob("*")} if root.is_dir() else set()
+
+
+@pytest.fixture(autouse=True)
+def _writes_nothing_into_the_repos_saved_models():
+    """Tests write into temporary directories only: a test that leaves anything new in the checkout's
+    ``saved_models/`` (where ``keras-preact-serve saved_models/<name>`` would serve it) fails."""
+    before = _entries(REPO_OUTPUTS)
+    yield
+    new = sorted(_entries(REPO_OUTPUTS) - before)
+    if new:
+        pytest.fail(f"the test wrote into {REPO_OUTPUTS}: {', '.join(new[:5])}; write into tmp_path (e.g. "
+                    "--export-dir, --run-dir or cwd=tmp_path)", pytrace=False)
 
 
 @pytest.fixture

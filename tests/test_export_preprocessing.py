@@ -116,6 +116,27 @@ def test_a_registry_model_exports_with_its_own_input_config_and_class_names(tmp_
     assert (path / "assets" / "class_names.txt").read_text().split() == ["x", "y", "z"]
 
 
+
+def test_a_fine_tuned_classifier_exports_under_its_networks_name_with_the_folders_class_names(tmp_path):
+    """Fine-tuning: a new head on a trained classifier's backbone, sized by a folder's class names
+    (``image_dataset_from_directory(...).class_names``): the export is served under the network's name
+    (not Keras' ``pre_act_res_net_classifier``) and names the folder's classes, with no argument."""
+    from keras_preact.models import cifar_resnet
+
+    trained = cifar_resnet(8, input_shape=(16, 16, 3))
+    folder = tmp_path / "folder"
+    for name in ("cat", "dog"):
+        (folder / name).mkdir(parents=True)
+        (folder / name / "0.png").write_bytes(encode_image(photo_like(16, 16, seed=len(name)), "PNG"))
+    dataset = keras.utils.image_dataset_from_directory(folder, image_size=(16, 16), batch_size=2, verbose=False)
+    model = PreActResNetClassifier(trained.backbone, class_names=dataset.class_names)
+    assert (model.name, model.num_classes, model.output_shape) == ("preact_resnet8_cifar", 2, (None, 2))
+    path = export_saved_model(model, tmp_path / "exports")
+    assert path == tmp_path / "exports" / "preact_resnet8_cifar" / "1"
+    assert (path / "assets" / "class_names.txt").read_text().splitlines() == ["cat", "dog"]
+    served = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.zeros((1, 16, 16, 3), tf.uint8))
+    assert sorted(served["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]
+
 # ResNet-18 with 10 classes at 224, built each way a user can: each carries ImageNet's input config.
 IMAGENET18 = {
     "imagenet_resnet": lambda: imagenet_resnet(18, num_classes=10, input_shape=(224, 224, 3)),

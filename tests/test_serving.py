@@ -173,6 +173,11 @@ BAD_REQUESTS = [
     ("GET", "/v1/models/other", None, 404, "Servable not found"),
     ("GET", "/v2/anything", None, 404, "Unknown path"),
     ("GET", "/v1/models/cifar:predict", None, 404, "not a TF Serving REST route"),
+    ("POST", "/v1/models/cifar/labels/stable:predict", {"instances": GOOD}, 400,
+     "Unrecognized servable version label: stable"),  # TF Serving's 400 for a label it does not know
+    ("GET", "/v1/models/cifar/labels/stable", None, 400, "Unrecognized servable version label: stable"),
+    ("GET", "/v1/models/cifar/labels/stable/metadata", None, 400, "Unrecognized servable version label: stable"),
+    ("POST", "/v1/models/other/labels/stable:predict", {"instances": GOOD}, 404, "Servable not found"),
 ]
 
 

@@ -223,6 +223,32 @@ def _code(call):
 
 
 @needs_grpc
+def test_a_model_spec_without_a_name_or_with_a_version_label_is_invalid_argument_as_in_tf_serving(served):
+    """TF Serving's ServerCore: INVALID_ARGUMENT for an empty model name ("ModelSpec has no name specified.")
+    and for a version label it does not know ("Unrecognized servable version label: ..."), on every RPC."""
+    _, port, _ = served
+    channel = grpc.insecure_channel(f"127.0.0.1:{port}")
+    prediction = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    models = model_service_pb2_grpc.ModelServiceStub(channel)
+    for spec, message in (({"name": ""}, "ModelSpec has no name specified."),
+                          ({"name": "cifar", "version_label": "stable"},
+                           "Unrecognized servable version label: stable (this server defines no labels).")):
+        request = predict_pb2.PredictRequest()
+        request.model_spec.signature_name = "serving_default"
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(images(1)))
+        metadata = get_model_metadata_pb2.GetModelMetadataRequest(metadata_field=["signature_def"])
+        status = get_model_status_pb2.GetModelStatusRequest()
+        for message_spec in (request.model_spec, metadata.model_spec, status.model_spec):
+            for field, value in spec.items():
+                setattr(message_spec, field, value)
+        for rpc, argument in ((prediction.Predict, request), (prediction.GetModelMetadata, metadata),
+                              (models.GetModelStatus, status)):
+            assert _code(lambda: rpc(argument, 30)) == (grpc.StatusCode.INVALID_ARGUMENT, message)  # noqa: B023
+    assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)
+    channel.close()
+
+
+@needs_grpc
 def test_errors_are_grpc_status_codes_and_the_server_stays_up(served):
     _, port, _ = served
     good = {"images": images(1)}

@@ -89,6 +89,23 @@ def test_infer_binary_and_json_tensors(numpy_served, binary_in, binary_out):
 
 
 @pytest.mark.notf
+def test_class_count_on_an_output_that_is_not_class_scores_is_refused(numpy_served):
+    """Triton's classification (``class_count``) applies to class scores [N, classes]; elsewhere, or with a
+    count that is not a positive integer, a 400 naming the output instead of the full tensor."""
+    running, client = numpy_served
+    values = np.ones((2, 2), np.float32)
+    assert error_of(lambda: client.infer("m", [x_input(values)], outputs=[
+        httpclient.InferRequestedOutput("y", class_count=2)])) == (
+        400, "Output 'y' is not class scores [N, classes] (it is FP32 [2]): classification (class_count) applies to "
+             "the probabilities output.")
+    body = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [2, 2], "data": [1, 1, 1, 1]}],
+                       "outputs": [{"name": "y", "parameters": {"classification": "two"}}]}).encode()
+    status, _, reply = raw(running.port, "POST", "/v2/models/m/infer", body, {"Content-Type": "application/json"})
+    assert (status, json.loads(reply)) == (400, {"error": "Output 'y': parameters.classification (class_count) must "
+                                                          "be a positive integer; got 'two'."})
+
+
+@pytest.mark.notf
 def test_errors_are_v2_json_with_the_rest_status(numpy_served):
     running, client = numpy_served
     values = np.ones((2, 2), np.float32)
@@ -369,6 +386,33 @@ def rest_predict(running, body):
     status, reply, _ = running.request("POST", "/v1/models/cifar:predict", body)
     assert status == 200, reply
     return json.loads(reply)["outputs"]
+
+
+def test_tritonclients_class_count_gets_tritons_score_index_label_strings(tf_served):
+    """Triton's classification extension (``InferRequestedOutput(..., class_count=k)``): the top k of each
+    row of probabilities as BYTES "score:index:label", highest first, labels from the export's class names;
+    a class_count over the classes is capped at them, as Triton does."""
+    from support import CLASS_NAMES
+
+    running, client = tf_served
+    batch = np.random.default_rng(6).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    probabilities = np.asarray(rest_predict(running, {"inputs": batch.tolist()})["probabilities"], np.float32)
+    for binary, class_count in ((True, 3), (False, 3), (True, 40)):
+        result = client.infer("cifar", [x_input(batch, "UINT8", name="images")], outputs=[
+            httpclient.InferRequestedOutput("probabilities", binary_data=binary, class_count=class_count)])
+        top = result.as_numpy("probabilities")
+        k = min(class_count, 10)
+        assert top.shape == (2, k) and result.get_response()["outputs"][0]["datatype"] == "BYTES"
+        for row, strings in zip(probabilities, top, strict=True):
+            fields = [(s.decode() if isinstance(s, bytes) else s).split(":") for s in strings]
+            indices = [int(index) for _, index, _ in fields]
+            assert indices == np.argsort(-row, kind="stable")[:k].tolist()
+            assert [label for _, _, label in fields] == [CLASS_NAMES[i] for i in indices]
+            np.testing.assert_allclose([float(score) for score, _, _ in fields], row[indices], atol=1e-6)
+    assert error_of(lambda: client.infer("cifar", [x_input(batch, "UINT8", name="images")], outputs=[
+        httpclient.InferRequestedOutput("classes", class_count=2)])) == (
+        400, "Output 'classes' is not class scores [N, classes] (it is INT32 [2, 3]): classification (class_count) "
+             "applies to the probabilities output.")
 
 
 def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(tf_served):

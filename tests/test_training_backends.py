@@ -456,3 +456,54 @@ def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
     chosen = line.split()[1]
     assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == chosen
     assert "[train] summary" in done.stdout
+
+
+NO_BACKEND = """
+import importlib.abc, sys
+class NotInstalled(importlib.abc.MetaPathFinder):  # as if no backend were installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("tensorflow", "jax", "torch"):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+sys.meta_path.insert(0, NotInstalled())
+import keras_preact
+"""
+
+
+@pytest.mark.once  # what is installed decides, not the pass's backend
+@pytest.mark.skipif(HAS_TF, reason="TensorFlow, Keras' default backend, is installed: the commands run on it")
+def test_without_tensorflow_or_keras_backend_the_commands_run_on_the_runs_backend(tmp_path, monkeypatch):
+    """No ``KERAS_BACKEND`` and no TensorFlow: export, evaluate and serve take the backend the run recorded
+    (``config.json``'s ``keras_backend``), else an installed one, and say so in one line; a user's choice
+    stands; with no backend at all, the command and ``import keras_preact`` each say in one line what to install."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(json.dumps({"keras_backend": "torch"}))
+    for argv in ([str(run)], ["--name", "x", str(run / "model.keras"), "--format", "onnx"]):
+        environ = {"KERAS_HOME": str(tmp_path)}
+        line = backends.for_command("keras-preact-export", argv, environ)
+        assert environ["KERAS_BACKEND"] == "torch"
+        assert line == (f"[backend] torch (the run's, recorded in {run / 'config.json'}; TensorFlow, Keras' default, "
+                        "is not installed; set KERAS_BACKEND to choose)")
+    environ = {"KERAS_HOME": str(tmp_path)}
+    assert backends.for_command("keras-preact-serve", [str(tmp_path / "saved_models" / "m")], environ).startswith(
+        "[backend] torch (installed;")
+    assert environ["KERAS_BACKEND"] == backends.QUICKEST_IMPORT_FIRST[0]
+    environ = {"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "jax"}
+    assert backends.for_command("keras-preact-export", [str(run)], environ) is None and environ["KERAS_BACKEND"] == "jax"
+    monkeypatch.setattr(backends, "installed", lambda name: False)
+    with pytest.raises(ValueError, match=r'^keras-preact-evaluate needs a Keras backend and none is installed: '
+                                         r'pip install torch, pip install "jax\[cpu\]" or pip install tensorflow$'):
+        backends.for_command("keras-preact-evaluate", [str(run)], {"KERAS_HOME": str(tmp_path)})
+
+    clean = {k: v for k, v in os.environ.items() if k != "KERAS_BACKEND"} | {"KERAS_HOME": str(tmp_path), **ONE_THREAD}
+    export = subprocess.run([sys.executable, "-m", "keras_preact_training.export", str(run), "--format", "nonsense"],
+                            cwd=tmp_path, env=clean, capture_output=True, text=True, timeout=300)
+    lines = export.stderr.strip().splitlines()
+    assert export.returncode == 2 and "Traceback" not in export.stderr, export.stderr[-3000:]
+    assert lines[0].startswith("[backend] torch (the run's") and "Invalid formats=['nonsense']" in lines[-1]
+    imported = subprocess.run([sys.executable, "-c", NO_BACKEND], cwd=tmp_path, env=clean | {"KERAS_BACKEND": "jax"},
+                              capture_output=True, text=True, timeout=300)
+    assert imported.returncode == 1 and imported.stderr.strip().splitlines()[-1] == (
+        "ImportError: keras-preact needs a Keras backend: Keras is set to jax (KERAS_BACKEND, else keras.json, else "
+        'TensorFlow), which is not installed: install one: pip install torch, pip install "jax[cpu]" or pip install '
+        "tensorflow")

@@ -77,17 +77,79 @@ def test_manifest_round_trip_and_errors(tmp_path):
     "argv, message",
     [
         (["{missing}"], "config.json is missing"),
-        (["{run}", "--version", "0"], "invalid version"),
+        (["{run}", "--version", "0"], "--version: invalid value '0'"),
+        (["{run}", "--top-k", "zero"], "--top-k: invalid value 'zero'"),
         (["{bad_config}"], "it needs the keys"),
+        (["{model_file}"], "Invalid run_dir='{model_file}': a file; keras-preact-export takes a run directory written by "
+                           "keras-preact-train (config.json and model.keras): keras-preact-export {run}\n"),
+        (["{other_file}"], "Invalid run_dir='{other_file}': a file; keras-preact-export takes a run directory written "
+                           "by keras-preact-train (config.json and model.keras); a .keras file of your own exports with "
+                           "keras_preact.export.export_model(keras.saving.load_model(path))\n"),
     ],
 )
 def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
     (tmp_path / "bad").mkdir()
     (tmp_path / "bad" / "config.json").write_text(json.dumps({"name": "x"}))
-    (tmp_path / "bad" / "model.keras").write_bytes(b"")
-    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad"}
+    (tmp_path / "bad" / "model.keras").write_bytes(b"PK\x03\x04\xff\xfe")  # binary, as a .keras zip
+    (tmp_path / "mine.keras").write_bytes(b"PK\x03\x04\xff\xfe")
+    paths = {"missing": tmp_path / "nope", "run": tmp_path / "bad", "bad_config": tmp_path / "bad",
+             "model_file": tmp_path / "bad" / "model.keras", "other_file": tmp_path / "mine.keras"}
     with pytest.raises(SystemExit) as exit_info:
         export_lib.main([a.format(**paths) for a in argv] + ["--export-dir", str(tmp_path / "out")])
     assert exit_info.value.code == 2
-    assert message in capsys.readouterr().err
+    assert message.format(**paths) in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_two_class_run_exports_with_the_defaults_and_the_top_k_flag(tmp_path, capsys):
+    """top_k defaults to min(5, classes): a 2-class run (a fine-tuning folder of two classes) exports as
+    ``keras-preact-train --export`` calls it; ``--top-k`` sets it, checked against the classes first."""
+    from keras_preact.models import cifar_resnet
+
+    model = cifar_resnet(8, 2, input_shape=(16, 16, 3), input_config=None)
+    config = get_config("synthetic-resnet8", image_size=(16, 16))
+    manifest = {**manifest_for(config), "class_names": ["cat", "dog"]}
+    write_run(tmp_path / "run", model, manifest)
+    images = np.random.default_rng(0).integers(0, 256, (3, 16, 16, 3), dtype=np.uint8)
+    path = export_lib.export_run(tmp_path / "run", tmp_path / "exports")
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    assert out["classes"].shape == (3, 2) and out["class_names"].shape == (3, 2)
+    assert sorted(out["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]
+    assert export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--top-k", "1"]) == 0
+    path = tmp_path / "exports" / "cifar_run" / "2"
+    assert capsys.readouterr().out.strip() == str(path)
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    np.testing.assert_array_equal(out["classes"].numpy()[:, 0], np.argmax(out["probabilities"].numpy(), axis=1))
+    assert out["scores"].shape == (3, 1)
+    with pytest.raises(SystemExit) as exit_info:
+        export_lib.main([str(tmp_path / "run"), "--export-dir", str(tmp_path / "exports"), "--top-k", "3"])
+    assert exit_info.value.code == 2
+    assert "Invalid top_k=3: expected an integer in [1, 2] (num_classes)" in capsys.readouterr().err
+    assert sorted(p.name for p in (tmp_path / "exports" / "cifar_run").iterdir()) == ["1", "2"]
+
+
+def test_training_a_two_class_folder_with_export_serves_the_folders_class_names(tmp_path, capsys):
+    """The fine-tuning journey in the training app: ``--dataset folder --export`` on two classes trains,
+    then exports (top_k 2 by default) under the run's name with the folder's class names."""
+    from PIL import Image
+
+    from keras_preact_training.train import train
+    from support import TRAIN_JIT_COMPILE
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for c in ("cat", "dog"):
+            (tmp_path / "data" / split / c).mkdir(parents=True)
+            for i in range(8):
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "data" / split / c / f"{i}.png")
+    config = get_config("synthetic-resnet8", dataset="folder", data_dir=str(tmp_path / "data"), normalization="centered",
+                        image_size=(16, 16), batch_size=8, epochs=1, steps_per_epoch=2, name="pets",
+                        run_dir=str(tmp_path / "run"), export=True, export_dir=str(tmp_path / "exports"),
+                        verbose=0, jit_compile=TRAIN_JIT_COMPILE)
+    metrics = train(config)
+    path = tmp_path / "exports" / "pets" / "1"
+    assert metrics["export_dir"] == str(path)
+    assert (path / "assets" / "class_names.txt").read_text().splitlines() == ["cat", "dog"]
+    images = rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
+    out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
+    assert out["classes"].shape == (2, 2) and sorted(out["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]

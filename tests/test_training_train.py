@@ -1,5 +1,6 @@
 """End-to-end runs of ``keras_preact_training.train``: run-directory contract, determinism, NaN, bad input, CLI."""
 
+import csv
 import dataclasses
 import json
 import types
@@ -100,6 +101,23 @@ def test_each_phase_runs_alone(tmp_path):
     # Prepared again, the finished run has nothing left to do: its metrics come back.
     again = train_lib.Run(config, distribute.make(config), run.run_dir)
     assert train_lib.prepare(again, None)["test_accuracy"] == pytest.approx(metrics["test_accuracy"])
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_the_test_set_is_evaluated_once_per_epoch_not_again_at_the_end(tmp_path, monkeypatch, capsys):
+    """The last epoch's validation ran on the final weights: ``finalise`` reports those figures (as
+    history.csv holds them) instead of evaluating the test set a second time; it says what it saves."""
+    calls = []
+    evaluate = keras.Model.evaluate
+    monkeypatch.setattr(keras.Model, "evaluate", lambda self, *a, **k: calls.append(1) or evaluate(self, *a, **k))
+    result = train_lib.train(tiny(tmp_path))
+    assert len(calls) == TINY["epochs"]  # fit's validation, once per epoch
+    with open(tmp_path / "run" / "history.csv") as rows:
+        last = list(csv.DictReader(rows))[-1]
+    assert result["test_accuracy"] == pytest.approx(float(last["val_accuracy"]), abs=1e-6)
+    assert result["test_loss"] == pytest.approx(float(last["val_loss"]), rel=1e-5)
+    assert f"[train] saving {tmp_path / 'run' / 'model.keras'}" in capsys.readouterr().out
 
 
 @pytest.mark.core

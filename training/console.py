@@ -5,20 +5,24 @@ start-up lines (``keras_preact_training.machine.start_up``) before Keras loads, 
 Standard library only until a function is called: importing this module loads no Keras.
 """
 
-from .machine.start_up import quiet_tensorflow_start_up
+from .machine.start_up import start_command
 
 
 def export(argv=None):
-    """``keras-preact-export``."""
-    quiet_tensorflow_start_up()
+    """``keras-preact-export``: on the run's backend where TensorFlow is missing."""
+    status = start_command("keras-preact-export", argv)
+    if status is not None:
+        return status
     from .export import main
 
     return main(argv)
 
 
 def evaluate(argv=None):
-    """``keras-preact-evaluate``."""
-    quiet_tensorflow_start_up()
+    """``keras-preact-evaluate``: on the run's backend where TensorFlow is missing."""
+    status = start_command("keras-preact-evaluate", argv)
+    if status is not None:
+        return status
     from .evaluate import main
 
     return main(argv)

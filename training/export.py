@@ -7,6 +7,7 @@ normalizes as the run did and the SavedModel's ``serving_bytes`` view is the one
 measured on. The CLI::
 
     keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N] [--format saved_model,onnx,...]
+                        [--top-k K]
 
 The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
 """
@@ -90,15 +91,25 @@ def _no_space(model_dir, model, copies):
     return run_state.DiskFullError(errno.ENOSPC, run_state.no_space_message(model_dir, needed, "--export-dir"))
 
 
-def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",)):
+def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",), top_k=None):
     """Export ``RUN_DIR/model.keras`` in ``formats``; returns the version directory
-    ``export_dir/<name>/<version>/`` (``name`` defaults to the run's)."""
+    ``export_dir/<name>/<version>/`` (``name`` defaults to the run's; ``top_k`` to ``min(5, classes)``)."""
     from keras_preact.export import check_formats, export_model
+    from keras_preact.export.version_dir import check_top_k
 
     check_formats(formats)
     run_dir = pathlib.Path(run_dir)
+    if run_dir.is_file():
+        parent = run_dir.parent if (run_dir.parent / "config.json").is_file() else None
+        raise ValueError(
+            f"Invalid run_dir={str(run_dir)!r}: a file; keras-preact-export takes a run directory written by "
+            "keras-preact-train (config.json and model.keras)"
+            + (f": keras-preact-export {parent}" if parent else
+               "; a .keras file of your own exports with keras_preact.export.export_model(keras.saving.load_model(path))")
+        )
     manifest = RunManifest.read(run_dir)
     name = manifest.name if name is None else name
+    top_k = check_top_k(top_k, manifest.num_classes)
     # One export of a run at a time: a second one waits, then takes the next version.
     with run_lock.waited(run_dir / run_lock.EXPORT_LOCK, f"exporting {run_dir}", _say):
         model = load_run_model(run_dir / "model.keras")
@@ -106,7 +117,7 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
         try:
             return export_model(model, export_dir, formats=formats, name=name, version=version,
                                 class_names=list(manifest.class_names), input_config=manifest.input_config,
-                                image_size=manifest.image_size)
+                                image_size=manifest.image_size, top_k=top_k)
         except Exception as error:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError is no OSError
             if not _disk_full(error):
                 raise
@@ -127,7 +138,7 @@ def _positive_int(text):
     except ValueError:
         value = 0
     if value < 1:
-        raise argparse.ArgumentTypeError(f"invalid version {text!r}: expected a positive integer")
+        raise argparse.ArgumentTypeError(f"invalid value {text!r}: expected a positive integer")
     return value
 
 
@@ -153,6 +164,9 @@ def build_parser():
     parser.add_argument("--format", type=_format_list, default=["saved_model"], dest="formats",
                         help="comma-separated formats: saved_model (default), onnx (model.onnx), litert (model.tflite), "
                              "openvino (openvino/model.xml)")
+    parser.add_argument("--top-k", type=_positive_int, default=None, dest="top_k",
+                        help="how many classes the scores/classes/class_names outputs hold, 1 to the number of "
+                             "classes (default: 5, or the number of classes when fewer)")
     return parser
 
 
@@ -160,7 +174,8 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # export_run checks the formats before anything is read or loaded
-        path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version, formats=args.formats)
+        path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version, formats=args.formats,
+                           top_k=args.top_k)
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:  # a format's exporter or runtime, or Keras' backend, is not installed

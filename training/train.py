@@ -149,6 +149,7 @@ class Run:
     test_stream: object = None  # the evaluation input, every epoch and at the end
     backup_callback: AtomicBackup = None
     wall_s: float = 0.0
+    last_validation: dict = None  # the test figures fit measured at the last step, when this session ran it
 
     @property
     def start_step(self):
@@ -307,9 +308,10 @@ def fit(run):
     backup = run.backup_callback
     print(describe(run), flush=True)
     started = time.time()
+    history = None
     for initial_epoch, epochs, steps in _fit_phases(run.start_step, resolved.steps_per_epoch, resolved.total_steps):
         with _reported("model.fit"), memory_guard.watch("model.fit", config.memory_limit):
-            run.model.fit(
+            history = run.model.fit(
                 train_stream(backup.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
                 validation_data=run.test_stream, callbacks=callbacks, verbose=_verbose(config), shuffle=False,
             )
@@ -327,6 +329,9 @@ def fit(run):
         )
     if backup.step != resolved.total_steps:
         raise RuntimeError(f"Trained to step {backup.step}, expected {resolved.total_steps}.")
+    if history is not None:  # the last epoch's validation ran on the final weights: the test evaluation
+        run.last_validation = {key[len("val_"):]: values[-1] for key, values in history.history.items()
+                               if key.startswith("val_") and values}
 
 
 def run_metrics(run, evaluation):
@@ -362,11 +367,18 @@ def run_metrics(run, evaluation):
 def finalise(run):
     """Evaluate, save ``model.keras``; the chief writes metrics and curves, then exports."""
     config = run.config
-    with _reported("model.evaluate"), memory_guard.watch("model.evaluate", config.memory_limit):
-        evaluation = run.model.evaluate(run.test_stream, verbose=0, return_dict=True)
+    evaluation = run.last_validation
+    if not evaluation or "loss" not in evaluation or "accuracy" not in evaluation:  # trained before this session
+        if run.is_chief:
+            print(f"[train] evaluating the trained weights on the test set ({_test_size(run.data)} images)", flush=True)
+        with _reported("model.evaluate"), memory_guard.watch("model.evaluate", config.memory_limit):
+            evaluation = run.model.evaluate(run.test_stream, verbose=_verbose(config) if run.is_chief else 0,
+                                            return_dict=True)
     metrics = run_metrics(run, evaluation)
     # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
     # it walks the model), so every process saves; the chief's copy is the run's model.
+    if run.is_chief:
+        print(f"[train] saving {run.files_dir / 'model.keras'}", flush=True)
     save_model(run.classifier, run.files_dir / "model.keras")
     if not run.is_chief:
         return metrics
@@ -380,6 +392,10 @@ def finalise(run):
         metrics["export_dir"] = export(run.run_dir, config.export_dir)
         write_json(run.run_dir / "metrics.json", metrics)  # marks the export done
     return metrics
+
+
+def _test_size(data):
+    return data.test_size if hasattr(data, "test_size") else len(data.test_labels)
 
 
 def print_summary(metrics):
@@ -431,8 +447,10 @@ def is_out_of_memory(error):
 def export(run_dir, export_dir):
     if not export_lib.has_tensorflow():
         print("[train] export skipped: SavedModel export needs TensorFlow (pip install tensorflow); "
-              f"model.keras is saved. Export later with: keras-preact-export {run_dir}")
+              f"model.keras is saved. Export later with: keras-preact-export {run_dir} (where TensorFlow is "
+              f"installed), or here: keras-preact-export {run_dir} --format onnx,openvino")
         return None
+    print(f"[train] exporting to {export_dir}", flush=True)
     path = export_lib.export_run(run_dir, export_dir)
     print(f"[train] exported SavedModel to {path}")
     return str(path)

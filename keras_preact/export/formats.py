@@ -215,7 +215,7 @@ def check_formats(formats, backend=None):
 
 
 def export_model(model, export_dir="saved_models", *, formats=("saved_model",), name=None, version=None,
-                 class_names=None, input_config=None, mean=None, std=None, top_k=5, image_size=None,
+                 class_names=None, input_config=None, mean=None, std=None, top_k=None, image_size=None,
                  crop_fraction=None, interpolation=None):
     """Write ``model`` in each of ``formats`` to one version directory ``export_dir/<name>/<version>/``.
 
@@ -233,7 +233,7 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
             ``(pixels - mean) / std``; default 0 and 1 (the model consumes raw pixels). ``mean`` may
             also be an ``[H, W, 3]`` mean image (the paper's per-pixel mean subtraction).
         top_k: how many classes the ``classes``/``scores``/``class_names`` outputs hold
-            (1 to num_classes).
+            (1 to num_classes); default ``min(5, num_classes)``.
         image_size: ``(height, width)``, needed only when the model's input size is dynamic.
         input_config: the model's ``keras_preact.preprocessing.InputConfig`` (or its ``to_dict()``),
             e.g. ``keras_preact.models.get_input_config(name)``: its ``input_size`` must match the model
@@ -276,7 +276,7 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
     name = model.name if name is None else name
     version_dir.check_name("name", name)
     version_dir.check_version(version)
-    version_dir.check_top_k(top_k, num_classes)
+    top_k = version_dir.check_top_k(top_k, num_classes)
     class_names = version_dir.check_class_names(class_names, num_classes)
     input_config = version_dir.resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
     serving = ServingContract(input_config, top_k)
@@ -288,7 +288,7 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
 
 
 def export_saved_model(model, export_dir="saved_models", *, name=None, version=None, class_names=None,
-                       input_config=None, mean=None, std=None, top_k=5, image_size=None, crop_fraction=None,
+                       input_config=None, mean=None, std=None, top_k=None, image_size=None, crop_fraction=None,
                        interpolation=None):
     """Write ``model`` to ``export_dir/<name>/<version>/`` as a SavedModel for TF Serving: ``export_model``
     with ``formats=("saved_model",)``; the other arguments are ``export_model``'s (documented there).

@@ -40,9 +40,16 @@ def check_version(version):
         raise ValueError(f"Invalid version={version!r}: expected a positive integer (TF Serving version).")
 
 
+DEFAULT_TOP_K = 5  # the top-5 of the ILSVRC evaluation; fewer for a model of fewer classes
+
+
 def check_top_k(top_k, num_classes):
+    """``top_k`` checked against ``num_classes``; None: ``min(DEFAULT_TOP_K, num_classes)``."""
+    if top_k is None:
+        return min(DEFAULT_TOP_K, num_classes)
     if isinstance(top_k, bool) or not isinstance(top_k, int) or not 1 <= top_k <= num_classes:
         raise ValueError(f"Invalid top_k={top_k!r}: expected an integer in [1, {num_classes}] (num_classes).")
+    return top_k
 
 
 def check_class_names(class_names, num_classes):

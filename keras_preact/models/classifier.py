@@ -8,6 +8,7 @@ from keras_preact.models.presets import FAMILY_INPUTS
 from keras_preact.preprocessing import InputConfig
 
 POOLINGS = {"avg": keras.layers.GlobalAveragePooling2D, "max": keras.layers.GlobalMaxPooling2D}
+BACKBONE_SUFFIX = "_backbone"  # a builder names the backbone of network NAME "NAME_backbone"
 FAMILY = "family"  # input_config's default: the backbone family's (its stem's) input config
 
 
@@ -18,7 +19,8 @@ class PreActResNetClassifier(keras.Model):
 
     Args:
         backbone: a ``PreActResNetBackbone`` (``.backbone`` of the classifier).
-        num_classes: classes of the dense layer; ``None``: no dense layer, the pooled features.
+        num_classes: classes of the dense layer; ``None``: ``len(class_names)`` when ``class_names`` is given,
+            else no dense layer (the pooled features).
         pooling: ``"avg"`` (the paper's) or ``"max"``.
         dropout: rate before the dense layer (0: none, the paper's).
         activation: of the output, ``"softmax"`` (default) or ``None``/``"linear"`` for logits.
@@ -27,9 +29,12 @@ class PreActResNetClassifier(keras.Model):
             ``applications.preprocess_input`` use it. Default ``"family"``: the input config of the
             backbone's family (its ``stem``, ``presets.FAMILY_INPUTS``) at the backbone's input size, as
             every builder attaches it; ``None``: none. Kept in ``get_config`` (``.keras`` files).
-        class_names: one name per class (index = label), e.g. the trained weights'; kept likewise.
+        class_names: one name per class (index = label), e.g. the trained weights' or a folder dataset's
+            (``keras.utils.image_dataset_from_directory(...).class_names``); kept likewise, and exported.
         dtype: dtype policy of every layer but the float32 output, as keras-hub's; default the backbone's.
             A backbone in another policy is replaced by a copy in this one (its config and weights).
+        name: the model's name (the export's served name); default the backbone's without its
+            ``_backbone`` suffix (``preact_resnet20_cifar``).
 
     Examples:
         >>> from keras_preact.models import PreActResNetClassifier, cifar_resnet
@@ -39,6 +44,12 @@ class PreActResNetClassifier(keras.Model):
         (['avg_pool', 'head_dropout', 'logits', 'predictions'], (None, 100))
         >>> model.input_config.input_size  # its family's (CIFAR's), at the backbone's input size
         (32, 32, 3)
+
+        Fine-tuning on a folder of two classes: the class names give the head its size and reach the export.
+
+        >>> model = PreActResNetClassifier(backbone, class_names=["cat", "dog"])
+        >>> model.name, model.num_classes, model.class_names
+        ('preact_resnet20_cifar', 2, ('cat', 'dog'))
     """
 
     def __init__(self, backbone, num_classes=None, *, pooling="avg", dropout=0.0, activation="softmax",
@@ -46,6 +57,10 @@ class PreActResNetClassifier(keras.Model):
         check_model_kwargs(type(self).__name__, kwargs)
         if not isinstance(backbone, keras.Model) or not hasattr(backbone, "pyramid_outputs"):
             raise ValueError(f"Invalid backbone={backbone!r}: a keras_preact PreActResNetBackbone is required.")
+        if num_classes is None and isinstance(class_names, (list, tuple)) and class_names:
+            num_classes = len(class_names)  # the head the class names need
+        if name is None and backbone.name.endswith(BACKBONE_SUFFIX) and len(backbone.name) > len(BACKBONE_SUFFIX):
+            name = backbone.name[:-len(BACKBONE_SUFFIX)]  # the network's name, not Keras' class-derived one
         if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
                                         or num_classes < 1):
             raise ValueError(f"Invalid num_classes={num_classes!r}: a positive integer (or None: no dense layer).")

@@ -256,6 +256,48 @@ def select(requested="auto", environ=None, **choice):
     return backend
 
 
+def recorded_backend(argv):
+    """(backend, config.json path) a run records (``keras_backend``), for the first argument of ``argv`` that
+    is a run directory or a ``.keras`` file in one; (None, None) when none is."""
+    for word in argv:
+        if word.startswith("-"):
+            continue
+        path = pathlib.Path(word)
+        config = path / "config.json" if path.is_dir() else path.parent / "config.json"
+        if path.suffix != ".keras" and not path.is_dir():
+            continue
+        try:
+            backend = json.loads(config.read_text()).get("keras_backend")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if backend in BACKENDS:
+            return backend, config
+    return None, None
+
+
+def for_command(prog, argv, environ=None):
+    """The backend of a command that loads a model (export, evaluate, serve), set in ``KERAS_BACKEND``
+    before Keras loads; returns the line saying so, or None when the user's choice (``KERAS_BACKEND``,
+    ``keras.json``) or Keras' default (TensorFlow, installed) stands. Without TensorFlow, the run's own
+    backend (``config.json``'s ``keras_backend``, when installed), else the first installed of
+    ``QUICKEST_IMPORT_FIRST``. ValueError (one line: what to install) when no backend is installed."""
+    environ = os.environ if environ is None else environ
+    if configured(environ)[0] is not None or installed("tensorflow"):
+        return None
+    recorded, config = recorded_backend(argv)
+    if recorded is not None and installed(recorded):
+        backend, reason = recorded, f"the run's, recorded in {config}"
+    else:
+        backend = next((b for b in QUICKEST_IMPORT_FIRST if installed(b)), None)
+        reason = "installed" + (f"; the run's {recorded} is not" if recorded else "")
+    if backend is None:
+        raise ValueError(f"{prog} needs a Keras backend and none is installed: pip install torch, "
+                         'pip install "jax[cpu]" or pip install tensorflow')
+    environ["KERAS_BACKEND"] = backend
+    return (f"[backend] {backend} ({reason}; TensorFlow, Keras' default, is not installed; set KERAS_BACKEND to "
+            "choose)")
+
+
 def xla_flags_for_remat(backend, remat, environ=None, *, accelerator=None):
     """On JAX with ``remat`` and no accelerator: add ``XLA_CPU_REMAT_FLAGS`` to ``XLA_FLAGS``, each unless the
     user set that flag (theirs wins), so that remat saves memory on the CPU. The line to print, or None. XLA

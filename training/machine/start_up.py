@@ -77,9 +77,29 @@ def quiet_tensorflow_start_up(load_tensorflow=True):
             sys.stderr.flush()
 
 
+def start_command(prog, argv=None):
+    """A model-loading command's start (export, evaluate, serve): its Keras backend chosen
+    (``backends.for_command``: without TensorFlow, the run's) and said in one line, then the quiet start.
+    None, or the exit status 2 after one line when no backend is installed."""
+    from . import backends  # standard library only
+
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        line = backends.for_command(prog, argv)
+    except ValueError as error:
+        print(f"{prog}: error: {error}", file=sys.stderr)
+        return 2
+    if line:
+        print(line, file=sys.stderr, flush=True)
+    quiet_tensorflow_start_up()
+    return None
+
+
 def run_module(name, argv=None):
-    """``python -m training.<command>`` (evaluate, export, reproduce, publish): the same quiet start as the
+    """``python -m training.<command>`` (evaluate, export, reproduce, publish): the same start as the
     console scripts, then ``main`` of the module ``name`` (its full name, e.g. ``"keras_preact_training.evaluate"``).
     Each command calls it first, in its ``if __name__ == "__main__"`` block, before it imports Keras."""
-    quiet_tensorflow_start_up()
+    status = start_command(f"python -m {name}", argv)
+    if status is not None:
+        return status
     return importlib.import_module(name).main(argv)
