@@ -106,7 +106,8 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
         try:
             return export_model(model, export_dir, formats=formats, name=name, version=version,
                                 class_names=list(manifest.class_names), input_config=manifest.input_config,
-                                image_size=manifest.image_size)
+                                image_size=manifest.image_size,
+                                top_k=min(5, len(manifest.class_names)))  # a run of fewer than 5 classes: all
         except Exception as error:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError is no OSError
             if not _disk_full(error):
                 raise
