@@ -22,7 +22,7 @@ def describe_recipe(config):
     if config.dataset == "synthetic":
         train_size = config.synthetic_train_size
     elif config.dataset == "folder" and config.data_dir:
-        train_size = len(sources._list_folder(sources.folder_splits(config.data_dir)[0])[0])
+        train_size = len(sources.folder_lists(config.data_dir, config.validation_split, config.seed)[0][0])
     elif config.dataset == "folder" and config.normalization in configs.TRAIN_SIZES:
         # No folder given: the statistics it is normalized with name the dataset it holds.
         train_size = configs.TRAIN_SIZES[config.normalization]

@@ -47,7 +47,7 @@ from .data import pipelines, sources
 from .machine import distribute, memory_guard
 from .machine.memory_guard import OUT_OF_MEMORY_HINT
 from .recipe import configs, schedules
-from .recipe.model import build_model
+from .recipe.model import build_model, compile_model, head_steps, set_phase
 from .run import plots, resume, run_lock, run_state, timing
 from .run.manifest import RunManifest, input_config_for, model_fingerprint
 from .run.plots import read_history
@@ -217,7 +217,8 @@ def build(run):
         on_device = run.pipeline == "device"
         run.classifier, run.model = build_model(config, run.data.num_classes, run.resolved, pipeline=run.pipeline,
                                                 mean=run.mean if on_device else None,
-                                                std=run.std if on_device else None)
+                                                std=run.std if on_device else None,
+                                                class_names=tuple(run.data.class_names), start_step=run.start_step)
         if run.backup:  # before anything is decided: with nothing left to fit, fit never restores
             run_state.restore(run.model, run.backup)
     # The model carries what it was trained for, through model.keras: export and evaluation need no argument.
@@ -228,9 +229,20 @@ def build(run):
             name=config.name, class_names=run.classifier.class_names, input_config=run.classifier.input_config,
             config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(run.resolved),
             keras_backend=keras.backend.backend(), keras_version=keras.__version__,
-            model=model_fingerprint(run.classifier),
+            model=final_fingerprint(run),
         )
         write_json(run.run_dir / "config.json", manifest.to_dict())
+
+
+def final_fingerprint(run):
+    """The fingerprint of the model the run ends with (``model.keras``): in a head phase, with every layer
+    trainable as after it (a frozen backbone's ``trainable`` is in its config); the phase is then restored."""
+    if run.start_step >= head_steps(run.config, run.resolved):
+        return model_fingerprint(run.classifier)
+    set_phase(run.classifier, run.config, run.resolved, run.resolved.total_steps)
+    fingerprint = model_fingerprint(run.classifier)
+    set_phase(run.classifier, run.config, run.resolved, run.start_step)
+    return fingerprint
 
 
 def input_streams(run):
@@ -309,7 +321,16 @@ def fit(run):
     print(describe(run), flush=True)
     started = time.time()
     history = None
-    for initial_epoch, epochs, steps in _fit_phases(run.start_step, resolved.steps_per_epoch, resolved.total_steps):
+    head_end = head_steps(config, resolved)
+    phases = _fit_phases(run.start_step, resolved.steps_per_epoch, min(head_end, resolved.total_steps))
+    phases.append(None)  # the head phase over: every layer trains from here
+    phases += _fit_phases(max(run.start_step, head_end), resolved.steps_per_epoch, resolved.total_steps)
+    for phase in phases:
+        if phase is None:
+            if run.start_step < head_end < resolved.total_steps:
+                unfreeze(run)
+            continue
+        initial_epoch, epochs, steps = phase
         with _reported("model.fit"), memory_guard.watch("model.fit", config.memory_limit):
             history = run.model.fit(
                 train_stream(backup.step), epochs=epochs, initial_epoch=initial_epoch, steps_per_epoch=steps,
@@ -332,6 +353,17 @@ def fit(run):
     if history is not None:  # the last epoch's validation ran on the final weights: the test evaluation
         run.last_validation = {key[len("val_"):]: values[-1] for key, values in history.history.items()
                                if key.startswith("val_") and values}
+
+
+def unfreeze(run):
+    """The end of the head phase: every layer trains; compiled again (Keras fixes what trains at compile) with
+    a fresh optimizer that goes on at the schedule's step (its iteration count set to the head phase's)."""
+    config, resolved = run.config, run.resolved
+    set_phase(run.classifier, config, resolved, head_steps(config, resolved))
+    with run.dist.scope():
+        compile_model(run.model, config, resolved, run.data.num_classes)
+    run.model.optimizer.iterations.assign(head_steps(config, resolved))
+    print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here", flush=True)
 
 
 def run_metrics(run, evaluation):
@@ -375,6 +407,7 @@ def finalise(run):
             evaluation = run.model.evaluate(run.test_stream, verbose=_verbose(config) if run.is_chief else 0,
                                             return_dict=True)
     metrics = run_metrics(run, evaluation)
+    set_phase(run.classifier, config, run.resolved, run.resolved.total_steps)  # saved with every layer trainable
     # Under a multi-process JAX distribution, saving runs collectives (Keras creates variables while
     # it walks the model), so every process saves; the chief's copy is the run's model.
     if run.is_chief:

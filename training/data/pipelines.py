@@ -17,7 +17,7 @@ import numpy as np
 
 from keras_preact.preprocessing import InputConfig, decode_image, eval_view, resize_shorter_side
 
-from ..recipe.configs import NORMALIZATIONS, PIXEL_MEAN
+from ..recipe.configs import MODEL_NORMALIZATION, NORMALIZATIONS, PIXEL_MEAN
 from .sources import ArrayData, DataError, StreamData, has_tensorflow, require_tensorflow
 
 # Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
@@ -37,6 +37,11 @@ def pixel_stats(config, data=None):
             raise DataError("normalization='pixel_mean' needs in-memory array data (the CIFAR recipe) to "
                             "compute the mean training image.")
         return data.mean_image, np.ones(3, np.float32)
+    if config.normalization == MODEL_NORMALIZATION:
+        from ..recipe.model import init_input_config
+
+        source = init_input_config(config)
+        return np.asarray(source.mean, np.float32), np.asarray(source.std, np.float32)
     mean, std = NORMALIZATIONS[config.normalization]
     return np.asarray(mean, np.float32), np.asarray(std, np.float32)
 

@@ -204,15 +204,18 @@ def _bad_files_error(bad, total):
     )
 
 
-def _decode_files(files, skip_bad=False):
+def _decode_files(files, skip_bad=False, view=None):
     """(uint8 array [N, H, W, 3] of the readable images, their indices into ``files``).
 
-    All images must have the same size. Unreadable files raise a DataError naming them, or with
+    All images must have the same size, or ``view`` ((height, width), crop_fraction) gives each its
+    ``fitted`` view. Unreadable files raise a DataError naming them, or with
     ``skip_bad`` are left out (and counted on stdout).
     """
     out, kept = None, []
     for i, image in _decoded_images(files):
         path = files[i]
+        if view is not None:
+            image = fitted(image, *view)
         if out is None:
             out = np.empty((len(files),) + image.shape, np.uint8)
         elif image.shape != out.shape[1:]:
@@ -232,8 +235,8 @@ def _decode_files(files, skip_bad=False):
     return out[: len(kept)], np.asarray(kept, np.int64)
 
 
-def _cache_key(files):
-    digest = hashlib.sha1(DECODER.encode())
+def _cache_key(files, view=None):
+    digest = hashlib.sha1((DECODER + ("" if view is None else f"|fitted {view}")).encode())
     for f in files:
         st = os.stat(f)
         digest.update(f"{f}|{st.st_size}|{int(st.st_mtime)}\n".encode())
@@ -246,12 +249,12 @@ def default_cache_dir():
     )
 
 
-def _decode_cached(files, labels, cache_dir, skip_bad=False):
+def _decode_cached(files, labels, cache_dir, skip_bad=False, view=None):
     """(images, labels) of ``files``; only complete decodes (every file readable) are cached."""
-    path = pathlib.Path(cache_dir or default_cache_dir()) / f"images-{_cache_key(files)}.npy"
+    path = pathlib.Path(cache_dir or default_cache_dir()) / f"images-{_cache_key(files, view)}.npy"
     if path.exists():
         return np.load(path), labels
-    images, kept = _decode_files(files, skip_bad)
+    images, kept = _decode_files(files, skip_bad, view)
     if len(kept) < len(files):
         return images, labels[kept]
     try:
@@ -262,20 +265,78 @@ def _decode_cached(files, labels, cache_dir, skip_bad=False):
     return images, labels
 
 
-def folder(data_dir, cache_dir=None, skip_bad_images=False):
-    """An image-folder data set decoded to arrays (cached as .npy, keyed by file names/sizes/mtimes)."""
-    train_dir, test_dir = folder_splits(data_dir)
-    train_files, train_labels, classes = _list_folder(train_dir)
-    test_files, test_labels, test_classes = _list_folder(test_dir)
+def folder(data_dir, cache_dir=None, skip_bad_images=False, image_size=None, crop_fraction=1.0, validation_split=0.0,
+           seed=0):
+    """An image-folder data set decoded to arrays (cached as .npy, keyed by file names/sizes/mtimes).
+
+    ``image_size`` (height, width): every image is decoded to the model's view of it (``fitted``: the
+    shorter side to the size over ``crop_fraction``, the centre crop), so images of any size train;
+    None: as decoded (one size). ``validation_split``: the fraction of each class held out as the test
+    split when the folder has no test/ or val/ part (``split_files``)."""
+    (train_files, train_labels, classes), (test_files, test_labels, test_classes) = folder_lists(
+        data_dir, validation_split, seed)
     if test_classes != classes:
         raise DataError(
-            f"Class folders differ between {train_dir} ({len(classes)}) and {test_dir} "
-            f"({len(test_classes)}): {sorted(set(classes) ^ set(test_classes))[:5]}."
+            f"Class folders differ between the train ({len(classes)}) and test ({len(test_classes)}) splits of "
+            f"{data_dir}: {sorted(set(classes) ^ set(test_classes))[:5]}."
         )
+    view = None if image_size is None else (tuple(image_size), float(crop_fraction))
     return ArrayData(
-        *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images),
-        *_decode_cached(test_files, test_labels, cache_dir, skip_bad_images), classes,
+        *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images, view),
+        *_decode_cached(test_files, test_labels, cache_dir, skip_bad_images, view), classes,
     ).validate()
+
+
+def folder_lists(data_dir, validation_split=0.0, seed=0):
+    """The ``_list_folder`` lists of the train and test splits: ``train/`` and ``test/`` (or ``val/``), or,
+    with ``validation_split``, a folder without a test part (``train/`` or the class folders themselves)
+    split per class (``split_files``)."""
+    root = pathlib.Path(data_dir or "")
+    has_test = root.is_dir() and any((root / n).is_dir() for n in TEST_SPLIT_NAMES)
+    if not validation_split or has_test:
+        train_dir, test_dir = folder_splits(data_dir)
+        return _list_folder(train_dir), _list_folder(test_dir)
+    if not root.is_dir():
+        folder_splits(data_dir)  # its message
+    train_dir = root / "train" if (root / "train").is_dir() else root
+    return split_files(*_list_folder(train_dir), validation_split, seed)
+
+
+def split_files(files, labels, classes, fraction, seed=0):
+    """(train lists, test lists): ``round(fraction * n)`` (at least 1) of each class's ``n`` files, drawn with
+    ``seed``, held out; both keep every class (a class of one image is refused)."""
+    if not 0 < fraction < 1:
+        raise DataError(f"Invalid validation_split={fraction!r}: a fraction in (0, 1) is required.")
+    rng = np.random.default_rng(seed)
+    held = np.zeros(len(files), bool)
+    for label, name in enumerate(classes):
+        index = np.flatnonzero(labels == label)
+        if len(index) < 2:
+            raise DataError(f"Class {name!r} has {len(index)} image: a validation split needs at least 2 per class.")
+        count = min(max(1, round(fraction * len(index))), len(index) - 1)
+        held[rng.choice(index, count, replace=False)] = True
+    pick = lambda mask: ([f for f, m in zip(files, mask) if m], labels[mask], classes)  # noqa: E731
+    return pick(~held), pick(held)
+
+
+def fitted(image, size, crop_fraction=1.0):
+    """``image`` (uint8 ``[H, W, 3]``) as a model sees it at ``size`` (height, width): the shorter side
+    resized (bilinear, Pillow) to the crop over ``crop_fraction``, then the centre crop; uint8."""
+    from PIL import Image
+
+    height, width = size
+    side = max(height, width) / crop_fraction
+    scale = side / min(image.shape[:2])
+    new = (max(width, round(image.shape[1] * scale)), max(height, round(image.shape[0] * scale)))
+    if new != (image.shape[1], image.shape[0]):
+        image = np.asarray(Image.fromarray(image).resize(new, Image.BILINEAR))
+    top, left = (image.shape[0] - height) // 2, (image.shape[1] - width) // 2
+    return np.ascontiguousarray(image[top:top + height, left:left + width])
+
+
+def decoded_bytes(count, image_size):
+    """Bytes of ``count`` images decoded at ``image_size`` as uint8 RGB."""
+    return int(count) * int(image_size[0]) * int(image_size[1]) * 3
 
 
 def _tf_is_image(encoded):
@@ -283,7 +344,7 @@ def _tf_is_image(encoded):
     return is_encoded_image(encoded)
 
 
-def folder_stream(data_dir, skip_bad_images=False):
+def folder_stream(data_dir, skip_bad_images=False, validation_split=0.0, seed=0):
     """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes).
 
     A file that does not start like an image (text, empty, garbage) fails naming it, or with
@@ -291,8 +352,7 @@ def folder_stream(data_dir, skip_bad_images=False):
     """
     import tensorflow as tf
 
-    train_dir, test_dir = folder_splits(data_dir)
-    lists = {"train": _list_folder(train_dir), "test": _list_folder(test_dir)}
+    lists = dict(zip(("train", "test"), folder_lists(data_dir, validation_split, seed)))
 
     def read(f, y):
         encoded = tf.io.read_file(f)
@@ -397,8 +457,12 @@ def load(config):
         if streaming:
             require_tensorflow(f"augmentation={config.augmentation!r} (a streamed ImageNet-style folder)",
                                "; CIFAR-style folders of one image size train without it")
-        data = folder_stream(config.data_dir, config.skip_bad_images) if streaming else folder(
-            config.data_dir, config.cache_dir, config.skip_bad_images)
+        if config.resize_images:
+            streaming = choose_folder_decoding(config, streaming)
+        data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed) \
+            if streaming else folder(config.data_dir, config.cache_dir, config.skip_bad_images,
+                                     config.image_size if config.resize_images else None,
+                                     validation_split=config.validation_split, seed=config.seed)
     else:
         require_tensorflow(f"dataset={config.dataset!r} (a TFDS data set)",
                            "; without TensorFlow use --dataset folder or synthetic")
@@ -412,6 +476,37 @@ def load(config):
     elif config.subset:
         data.train_size = min(data.train_size, config.subset)
     return data
+
+
+# The decoded set is held in memory when it takes at most this fraction of the memory free at the start.
+ARRAY_MEMORY_FRACTION = 0.25
+
+
+def choose_folder_decoding(config, streaming):
+    """Whether a ``resize_images`` folder streams (decoded batch by batch with tf.data, as the ImageNet
+    recipe) or is decoded once into memory; printed, with the reason, before any work. In memory when the
+    decoded set fits ``ARRAY_MEMORY_FRACTION`` of the free memory; else streamed, which needs TensorFlow and
+    an ImageNet-style augmentation (random resized crop, flip)."""
+    from ..machine import memory_guard
+
+    train, test = folder_lists(config.data_dir, config.validation_split, config.seed)
+    count = len(train[0]) + len(test[0])
+    needed = decoded_bytes(count, config.image_size)
+    reading = memory_guard.read_memory()
+    free = None if reading is None else max(reading.limit - reading.used, 0)
+    size = f"{count} images at {config.image_size[0]}x{config.image_size[1]}: {needed / 2**20:.1f} MiB decoded"
+    room = "free memory unknown" if free is None else f"{free / 2**20:.0f} MiB free"
+    if streaming:
+        print(f"[data] folder streamed (augmentation={config.augmentation!r} decodes batch by batch with tf.data); "
+              f"{size}, {room}", flush=True)
+        return True
+    if free is None or needed <= ARRAY_MEMORY_FRACTION * free:
+        print(f"[data] folder decoded into memory: {size}, {room} (streaming from "
+              f"{ARRAY_MEMORY_FRACTION:.0%} of it)", flush=True)
+        return False
+    raise DataError(f"The folder's {size} would not fit in memory ({room}; arrays are used up to "
+                    f"{ARRAY_MEMORY_FRACTION:.0%} of it): pass --augmentation imagenet to stream it with tf.data "
+                    "(needs TensorFlow), or --image-size smaller.")
 
 
 def has_tensorflow():

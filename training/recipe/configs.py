@@ -43,6 +43,9 @@ NORMALIZATIONS = {
 }
 # The paper's "per-pixel mean subtracted": the mean training image, std 1 (keras_preact_training.data.pipelines.pixel_stats).
 PIXEL_MEAN = "pixel_mean"
+# The statistics the network was trained with: the init weights' input config (a run's or .keras file's own),
+# else the registered network's (keras_preact.models.get_input_config).
+MODEL_NORMALIZATION = "model"
 ARCHITECTURES = tuple(FAMILY_INPUTS)  # the registry's network families
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
 SCHEDULES = ("piecewise", "cosine")
@@ -114,6 +117,13 @@ class Config:
     export: bool = False
     export_dir: str = "saved_models"
     skip_bad_images: bool = False  # folder data: skip unreadable image files (and report them) instead of failing
+    # folder data: every image decoded to the model's view at image_size (shorter side resized, centre crop)
+    resize_images: bool = False
+    validation_split: float = 0.0  # folder data without test/ or val/: the fraction of each class held out
+    # --- fine-tuning (keras_preact.models.finetune)
+    init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
+    head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
+    label_smoothing: float = 0.0
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -324,6 +334,34 @@ EXTRA_PRESETS = [
         checkpoint_every=390,
     ),
 ]
+EXTRA_PRESETS.append(
+    # Fine-tuning trained weights on a folder of one's own images, of any size and count (docs/fine-tuning.md):
+    # the network's input size and statistics, each image resized to its view, a validation split when the folder
+    # has none, the new head alone for the first fifth, then every layer; a short cosine schedule.
+    Config(
+        name="finetune-folder",
+        paper="fine-tuning (no paper experiment): trained weights on an image folder of one's own",
+        depth=20,
+        dataset="folder",
+        init_weights="cifar10",
+        resize_images=True,
+        validation_split=0.1,
+        augmentation="cifar",
+        normalization=MODEL_NORMALIZATION,
+        batch_size=64,
+        reference_batch_size=64,
+        epochs=10,
+        total_steps=1000,
+        warmup_steps=0,
+        boundaries=(),
+        schedule="cosine",
+        base_lr=0.01,
+        warmup_lr=0.01,
+        head_fraction=0.2,
+        label_smoothing=0.1,
+        export=True,
+    )
+)
 PRESETS = {c.name: c for c in (EXTRA_PRESETS[0], *(e.config for e in EXPERIMENTS), *EXTRA_PRESETS[1:])}
 DEFAULT_PRESET = "synthetic-resnet8"
 
@@ -366,6 +404,44 @@ def _check_unit_options(unit_options):
     UnitConfig.from_options(unit_options)
 
 
+def registered_network(config):
+    """The registered network (``keras_preact.models.list_models``) of the config's family and depth."""
+    return f"{config.architecture}_resnet{config.depth}"
+
+
+def network_spec(config):
+    """The ``keras_preact.models.ModelSpec`` of the config's network: the registered one, else one of its family
+    builder at that depth (no registered weights), so a ``.weights.h5``/``.keras`` file or run of any depth loads."""
+    from keras_preact.models import ModelSpec, list_models, model_spec
+    from keras_preact.models.registry import FAMILIES
+
+    name = registered_network(config)
+    if name in list_models():
+        return model_spec(name)
+    return ModelSpec(name, config.architecture, FAMILIES[config.architecture], {"depth": config.depth},
+                     FAMILY_INPUTS[config.architecture])
+
+
+def _check_init_weights(config):
+    """``init_weights``: a registered weights name of the config's network, or an existing local path."""
+    if config.init_weights is None:
+        return
+    from keras_preact.models import finetune
+    from keras_preact.models.weights import choose
+
+    spec = network_spec(config)
+    if finetune.is_local(config.init_weights):
+        if not __import__("os").path.exists(config.init_weights):
+            raise ValueError(f"Invalid init_weights={config.init_weights!r}: no such file or directory; expected "
+                             f"a registered weights name of {spec.name}, a .weights.h5 or .keras file, or a run "
+                             "directory.")
+        return
+    try:
+        choose(spec.name, spec.weights, config.init_weights)
+    except ValueError as error:
+        raise ValueError(str(error).replace("Invalid weights=", "Invalid init_weights=", 1)) from None
+
+
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
@@ -381,7 +457,7 @@ def validate(config, *, needs_data=True):
     check_choice("pipeline", config.pipeline, PIPELINES)
     check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
     check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
-    check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN))
+    check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN, MODEL_NORMALIZATION))
     check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
                   "steps_per_execution",
@@ -398,6 +474,11 @@ def validate(config, *, needs_data=True):
             f"Invalid synthetic_num_classes={config.synthetic_num_classes!r}: at least 2 are required."
         )
     _check_sizes_and_schedule(config)
+    for field in ("validation_split", "head_fraction", "label_smoothing"):
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+            raise ValueError(f"Invalid {field}={value!r}: a fraction in [0, 1) is required.")
+    _check_init_weights(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

@@ -34,6 +34,15 @@ HELP = {
     "cache_dir": "where decoded image folders are cached as .npy",
     "skip_bad_images": "folder data: skip unreadable image files (counted) instead of failing",
     "subset": "use the first N training images",
+    "init_weights": "start from trained weights: a registered weights name of the network (e.g. cifar10), a "
+    ".weights.h5 or .keras file, or a run directory; a new head when the data's classes differ "
+    "(docs/fine-tuning.md)",
+    "head_fraction": "the first fraction of the iterations trains only the new head, the backbone frozen "
+    "(BN in inference mode); then every layer",
+    "label_smoothing": "label smoothing of the cross-entropy (0: none)",
+    "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "
+    "centre crop), so folders of any image size train",
+    "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",
     "depth": "network depth (CIFAR 6n+2 / 9n+2, 3n+2 with the one_layer block; ImageNet 18-200)",
     "epochs": "number of epochs (the schedule shrinks to fit)",
     "steps": "total iterations (rounded up to whole epochs)",

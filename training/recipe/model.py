@@ -6,24 +6,59 @@ import keras
 
 from keras_preact.models.registry import FAMILIES
 
-from . import augment, optimizers, schedules
+from . import augment, configs, optimizers, schedules
 
 
-def build_classifier(config, num_classes):
+def build_classifier(config, num_classes, class_names=None):
     """The run's network, built by the registry's builder of its family (``config.architecture``).
-    ImageNet nets take any input size, so the same weights test at 224 and at 320 (Table 5)."""
+    ImageNet nets take any input size, so the same weights test at 224 and at 320 (Table 5). With
+    ``init_weights``: the network (``configs.network_spec``) from those weights, their
+    backbone under a new head when the classes (``class_names``, the data's) differ from theirs."""
     size = (None, None) if config.architecture == "imagenet" else tuple(config.image_size)
-    return FAMILIES[config.architecture](config.depth, num_classes, input_shape=(*size, 3),
-                                         drop_path_rate=config.drop_path_rate, remat=config.remat,
-                                         name=config.name.replace(".", "_"), **config.unit_options)
+    arguments = dict(input_shape=(*size, 3), drop_path_rate=config.drop_path_rate, remat=config.remat,
+                     name=config.name.replace(".", "_"), **config.unit_options)
+    if config.init_weights:
+        # create_model(network, weights=...), with the run's own model name (create_model's ``name`` is the network's)
+        return configs.network_spec(config).build(
+            weights=config.init_weights, num_classes=num_classes, class_names=class_names, **arguments)
+    return FAMILIES[config.architecture](config.depth, num_classes, **arguments)
 
 
-def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None):
+def init_input_config(config):
+    """The input config the network was trained with (``normalization="model"``): the init weights' own
+    (a run's or ``.keras`` file's), else the registered network's."""
+    from keras_preact.models import finetune
+
+    spec = configs.network_spec(config)
+    if config.init_weights and finetune.is_local(config.init_weights):
+        source = finetune.local_source(config.init_weights, spec.name)
+        if source.input_config is not None:
+            return source.input_config
+    return spec.input_config
+
+
+def head_steps(config, resolved):
+    """The iterations that train only the new head (``head_fraction`` of the run)."""
+    return round(config.head_fraction * resolved.total_steps)
+
+
+def set_phase(classifier, config, resolved, step):
+    """Freeze the backbone while ``step`` is in the head phase; every layer trains after it."""
+    from keras_preact.models import set_trainable
+
+    if config.head_fraction:
+        set_trainable(classifier, "head" if step < head_steps(config, resolved) else "stem")
+
+
+def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None, class_names=None,
+                start_step=0):
     """(classifier, fit_model). ``fit_model`` holds the classifier and is the one compiled: with
     ``pipeline="device"`` behind on-device augmentation and normalization (``augment``, uint8 pixels
     in, ``mean``/``std`` in 0-255 units). The classifier stays uncompiled, so the saved ``model.keras``
-    loads with plain Keras (no ``TorchSGD`` to import); the backups hold the optimizer."""
-    classifier = build_classifier(config, num_classes)
+    loads with plain Keras (no ``TorchSGD`` to import); the backups hold the optimizer. At ``start_step``
+    in the head phase (``head_fraction``) the backbone is frozen."""
+    classifier = build_classifier(config, num_classes, class_names)
+    set_phase(classifier, config, resolved, start_step)
     if pipeline == "device":
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
                                               std=std, seed=config.seed)
@@ -41,6 +76,21 @@ def compile_model(model, config, resolved, num_classes):
     if num_classes > 5:
         metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
     jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
-    model.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=metrics,
+    loss = "sparse_categorical_crossentropy"
+    if config.label_smoothing:
+        loss = smoothed_cross_entropy(num_classes, config.label_smoothing)
+    model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                   jit_compile=jit, steps_per_execution=config.steps_per_execution)
     return model
+
+
+def smoothed_cross_entropy(num_classes, smoothing):
+    """Cross-entropy on integer labels smoothed by ``smoothing`` (Szegedy et al. 2016): Keras'
+    ``categorical_crossentropy(..., label_smoothing=)`` on the one-hot labels."""
+
+    def loss(labels, probabilities):
+        labels = keras.ops.one_hot(keras.ops.reshape(keras.ops.cast(labels, "int32"), (-1,)), num_classes)
+        return keras.losses.categorical_crossentropy(labels, probabilities, label_smoothing=smoothing)
+
+    loss.__name__ = "smoothed_cross_entropy"
+    return loss

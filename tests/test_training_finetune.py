@@ -1,0 +1,106 @@
+"""Fine-tuning through ``keras-preact-train``'s entry point: ``--init-weights`` with the ``finetune-folder``
+preset on a folder of 40 x 50 PNG and JPEG images with no test part (a validation split is held out), the new
+head alone first, then every layer; the run's class names, resume, export."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_preact.models import create_model
+from keras_preact_training import cli
+from keras_preact_training.data import sources
+from support import TRAIN_JIT_COMPILE, to_numpy
+
+CLASSES = ["daisy", "rose", "tulip"]
+
+
+@pytest.fixture
+def flowers(tmp_path):
+    """3 classes x 8 images of 40 x 50 pixels (PNG and JPEG), one folder per class and no test split."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(CLASSES):
+        (tmp_path / "flowers" / name).mkdir(parents=True)
+        for i in range(8):
+            pixels = rng.uniform(0, 80, (40, 50, 3))
+            pixels[..., label] += 160
+            Image.fromarray(pixels.astype("uint8")).save(tmp_path / "flowers" / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return tmp_path / "flowers"
+
+
+@pytest.fixture
+def source_weights(tmp_path):
+    """A trained-looking ResNet-8 (10 classes, 16 x 16) saved with ``save_weights``: the weights to start from."""
+    keras.utils.set_random_seed(3)
+    model = create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(16, 16, 3))
+    path = tmp_path / "source.weights.h5"
+    model.save_weights(path)
+    return model, path
+
+
+def _argv(tmp_path, flowers, weights, *extra):
+    return ["finetune-folder", "--init-weights", str(weights), "--depth", "8", "--image-size", "16", "16",
+            "--data-dir", str(flowers), "--epochs", "2", "--batch-size", "8", "--run-dir", str(tmp_path / "run"),
+            "--export-dir", str(tmp_path / "exported"), "--cache-dir", str(tmp_path / "cache"), "--verbose", "0",
+            "--jit-compile", TRAIN_JIT_COMPILE, *extra]
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_finetune_folder_from_weights_through_the_command_line(tmp_path, flowers, source_weights, capsys):
+    source, path = source_weights
+    assert cli.main(_argv(tmp_path, flowers, path)) == 0
+    out = capsys.readouterr().out
+    assert "[data] folder decoded into memory: 24 images at 16x16: 0.0 MiB decoded" in out
+    assert "[train] head phase done at step 1: every layer trains from here" in out  # 0.2 of 4 iterations
+    run = tmp_path / "run"
+    manifest = json.loads((run / "config.json").read_text())
+    assert manifest["class_names"] == CLASSES and manifest["config"]["init_weights"] == str(path)
+    # The network's own statistics: CIFAR's, those of the registered network the weights were saved from.
+    np.testing.assert_allclose(manifest["input_config"]["mean"], [125.3, 123.0, 113.9], rtol=1e-6)
+    model = keras.saving.load_model(run / "model.keras")
+    assert model.class_names == tuple(CLASSES) and model.output_shape == (None, 3)
+    # Every backbone variable moved from the source's in the second phase (BN statistics included).
+    for trained, start in zip(model.backbone.weights, source.backbone.weights):
+        assert not np.array_equal(to_numpy(trained), to_numpy(start)), trained.path
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1  # 21 train images, 3 held out
+    assert (tmp_path / "exported").is_dir() == sources.has_tensorflow()  # the SavedModel export needs TensorFlow
+    assert cli.main(_argv(tmp_path, flowers, path)) == 0  # finished: resumes to nothing
+    assert "run already finished at step 4" in capsys.readouterr().out
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_a_run_of_only_the_head_phase_keeps_the_backbone(tmp_path, flowers, source_weights):
+    """--head-fraction 0.9 of 4 iterations: all 4 train the head alone (BN in inference mode), with label
+    smoothing; the backbone ends exactly as the weights began, the head trained."""
+    source, path = source_weights
+    assert cli.main(_argv(tmp_path, flowers, path, "--head-fraction", "0.9", "--label-smoothing", "0.2",
+                          "--no-export")) == 0
+    model = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    for trained, start in zip(model.backbone.weights, source.backbone.weights):
+        np.testing.assert_array_equal(to_numpy(trained), to_numpy(start))
+    assert model.trainable and model.backbone.trainable  # saved ready for more training
+    assert model.output_shape == (None, 3)
+
+
+@pytest.mark.any_backend
+@pytest.mark.notf
+@pytest.mark.parametrize("flag, value, message", [
+    ("--init-weights", "imagenet", "Invalid init_weights='imagenet' for cifar_resnet20. Allowed values: None, "
+                                   "'cifar10'"),
+    ("--init-weights", "/nowhere/x.keras", "Invalid init_weights='/nowhere/x.keras': no such file"),
+    ("--label-smoothing", "1.5", "Invalid label_smoothing=1.5: a fraction in \\[0, 1\\)"),
+    ("--validation-split", "1", "Invalid validation_split=1.0"),
+])
+def test_bad_finetune_flags_exit_2_naming_them(tmp_path, flowers, flag, value, message, capsys):
+    argv = ["finetune-folder", "--data-dir", str(flowers), "--run-dir", str(tmp_path / "run"), flag, value]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    assert message.replace("\\", "") in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
