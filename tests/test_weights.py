@@ -72,7 +72,6 @@ def test_a_changed_or_missing_file_names_it_and_both_digests(trained):
 @pytest.mark.parametrize("kwargs, message", [
     (dict(weights="imagenet"), r"Invalid weights='imagenet' for test_trained\. Allowed values: None, 'toy'\.$"),
     (dict(weights=["toy"]), "Invalid weights"),
-    (dict(weights="toy", num_classes=10), "Invalid num_classes=10 with weights='toy'"),
     (dict(weights="toy", include_top=False), "Invalid include_top"),
     (dict(weights="toy", depth=20), "does not fit the model built"),
 ])

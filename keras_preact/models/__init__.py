@@ -19,6 +19,7 @@ Examples:
 from keras_preact.models.backbone import PreActResNetBackbone
 from keras_preact.models.cifar import CIFAR_DEPTHS, cifar_resnet
 from keras_preact.models.classifier import PreActResNetClassifier
+from keras_preact.models.finetune import set_trainable
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, LAYOUTS, imagenet_resnet
 from keras_preact.models.registry import (
     ModelSpec,
@@ -43,4 +44,5 @@ __all__ = [
     "list_models",
     "model_spec",
     "register_model",
+    "set_trainable",
 ]

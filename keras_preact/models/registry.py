@@ -18,6 +18,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable
 
+from keras_preact.models import finetune
 from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
 from keras_preact.models.imagenet import imagenet_resnet
@@ -53,42 +54,53 @@ class ModelSpec:
     test_input_size: tuple = None
     slow: bool = False
 
-    def build(self, weights=None, **overrides):
+    def build(self, weights=None, trainable_from=None, **overrides):
         """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
         ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
-        ``weights``: a name of ``self.weights`` (checked before anything is built) or None; the model
-        then carries their ``class_names``."""
-        spec = weights_lib.choose(self.name, self.weights, weights)
-        path = None if spec is None else spec.checked_path(self.name)
-        if spec is not None:
-            overrides = self._weights_overrides(spec, overrides)
-        model = self.builder(**{"input_shape": tuple(self.input_config.input_size), "input_config": self.input_config,
-                                **self.arguments, **overrides})
-        if spec is not None:
-            _load(model, path, spec, self.name)
+        ``weights``: a name of ``self.weights`` or a local file or run directory (``finetune.local_source``),
+        checked before anything is built, or None. With the weights' classes the model is their classifier
+        and carries their ``class_names``; with other ``num_classes``/``class_names`` it is their backbone
+        under a new head. ``trainable_from``: ``finetune.set_trainable`` on the model built."""
+        source = self._source(weights)
+        if source is None:
+            model = self._builder(**overrides)
+        else:
+            model = self._build_from(source, overrides)
+        if trainable_from is not None:
+            finetune.set_trainable(model, trainable_from)
         return model
 
-    def _weights_overrides(self, spec, overrides):
-        """``num_classes`` from the weights' class names; overrides that cannot hold them are refused."""
-        classes = len(spec.class_names)
-        if overrides.get("num_classes", classes) != classes:
-            raise ValueError(f"Invalid num_classes={overrides['num_classes']!r} with weights={spec.name!r}: "
-                             f"{self.name}'s weights have {classes} classes.")
+    def _builder(self, **overrides):
+        return self.builder(**{"input_shape": tuple(self.input_config.input_size), "input_config": self.input_config,
+                               **self.arguments, **overrides})
+
+    def _source(self, weights):
+        """The ``finetune.Source`` of ``weights`` (None: none), checked before anything is built."""
+        if finetune.is_local(weights):
+            return finetune.local_source(weights, self.name)
+        spec = weights_lib.choose(self.name, self.weights, weights)
+        return None if spec is None else finetune.registered_source(spec, spec.checked_path(self.name))
+
+    def _build_from(self, source, overrides):
+        """The source's classifier (its classes), or its backbone under a new head (other classes)."""
         if not overrides.get("include_top", True) or "input_tensor" in overrides:
-            raise ValueError(f"Invalid include_top/input_tensor with weights={spec.name!r}: the weights are a whole "
+            raise ValueError(f"Invalid include_top/input_tensor with weights={source.label}: the weights are a whole "
                              "classifier's; build it with its head and use model.backbone.")
-        return {**overrides, "num_classes": classes, "class_names": spec.class_names}
-
-
-def _load(model, path, spec, model_name):
-    """``model.load_weights(path)``; a file that does not fit, in one line."""
-    try:
-        model.load_weights(path)
-    except ValueError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"Invalid weights={spec.name!r} of {model_name}: {path} does not fit the model "
-                         f"built (were its architecture arguments overridden?): {first}") from None
-    model.class_names = spec.class_names
+        num_classes, new_head = finetune.head_plan(source, overrides)
+        if source.input_config is not None:
+            overrides = {"input_config": source.input_config, **overrides}
+        if not new_head:
+            overrides = {**overrides, "num_classes": num_classes,
+                         "class_names": overrides.get("class_names", source.class_names)}
+        model = self._builder(**{**overrides, "num_classes": num_classes})
+        if new_head:
+            trained = finetune.source_model(source, self._builder, overrides, self.name)
+            finetune.copy_weights(model.backbone, trained.backbone, source.label, self.name)
+        elif source.model is not None:
+            finetune.copy_weights(model, source.model, source.label, self.name)
+        else:
+            finetune.load_file(model, source, self.name)
+        return model
 
 
 _REGISTRY = {}
@@ -167,14 +179,19 @@ def model_spec(name):
     return _REGISTRY[name]
 
 
-def create_model(name, weights=None, **overrides):
+def create_model(name, weights=None, trainable_from=None, **overrides):
     """A registered network (He et al. 2016's pre-activation ResNets): its family builder
     (``cifar_resnet``/``imagenet_resnet``) called with its registered arguments and ``overrides`` (any
     argument of that builder: ``num_classes``, ``input_shape``, ``dtype``, unit options, ...).
 
     ``weights``: the name of its registered trained weights (``model_spec(name).weights``), checked by
-    sha256; the model then carries their ``class_names``. The classifier carries the registry's
-    ``input_config`` at its input size.
+    sha256, or a local ``.weights.h5`` file (a keras-preact classifier's ``save_weights``), ``.keras`` file
+    or ``keras-preact-train`` run directory (its ``model.keras``). With the weights' classes the model is
+    their classifier and carries their ``class_names``; with another ``num_classes`` (or other
+    ``class_names``) it is their backbone under a freshly initialised head, for fine-tuning
+    (``keras_preact.models.finetune``). The classifier carries the weights' input config (a ``.keras``
+    file's or run's own, else the registry's) at its input size. ``trainable_from``: freeze the backbone
+    before that point (``set_trainable``: ``"head"`` trains the head only, ``"stage3"`` from stage 3 on).
 
     Examples:
         >>> from keras_preact.models import create_model
@@ -184,8 +201,11 @@ def create_model(name, weights=None, **overrides):
         >>> trained = create_model("cifar_resnet20", weights="cifar10")  # checked by sha256, then loaded
         >>> trained.class_names[:3]
         ('airplane', 'automobile', 'bird')
+        >>> tuned = create_model("cifar_resnet20", weights="cifar10", class_names=["cat", "dog"], trainable_from="head")
+        >>> tuned.output_shape, tuned.class_names, len(tuned.trainable_weights)  # a new head; only it trains
+        ((None, 2), ('cat', 'dog'), 2)
     """
-    return model_spec(name).build(weights=weights, **overrides)
+    return model_spec(name).build(weights=weights, trainable_from=trainable_from, **overrides)
 
 
 def get_input_config(name):
