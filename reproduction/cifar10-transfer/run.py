@@ -295,10 +295,13 @@ def plot(out, runs):
         axes[0, j].set(title=f"{size} labelled images of half B", xlabel="step",
                        ylabel=f"test top-1 % (first {runs[0]['curve_test_images']} test images)")
         axes[1, j].set(xlabel="step", ylabel="training loss (mean of 5 steps)")
+        head = max((r["head_steps"] for r in runs), default=0)
+        for ax in axes[:, j] if head else ():
+            ax.axvline(head, color="grey", linestyle=":", label="fine-tune: head -> all layers")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle("Pre-activation ResNet-20: fine-tuned from half A vs from scratch (CIFAR-10 JPEG folder)")
+    fig.suptitle("Pre-act ResNet-20 on half B: fine-tuned from half A vs scratch")
     fig.tight_layout()
     fig.savefig(out / "curves.png.tmp.png", dpi=90)
     os.replace(out / "curves.png.tmp.png", out / "curves.png")
@@ -310,7 +313,8 @@ def main(argv=None):
     data_dir, work, out = Path(args.data_dir), Path(args.work_dir), Path(args.out)
     (out / "runs").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    command = ("KERAS_BACKEND=" + os.environ.get("KERAS_BACKEND", "torch") + " " +
+    env = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'torch')} "
+    command = (env +
                shlex.join([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]))
     half_a = link_half(data_dir, work / "cifar10-halfA", HALF_A)
     half_b = link_half(data_dir, work / "cifar10-halfB", HALF_B)
