@@ -242,7 +242,7 @@ def one_run(args, name, method, size, seed, folder, run_dir, unit_options):
 
 # ------------------------------------------------------------------------------------------ summary
 def summarise(out, pretrain_metrics, command):
-    runs = [json.loads(p.read_text()) for p in sorted((out / "runs").glob("*.json"))]
+    runs = [json.loads(p.read_text()) for p in sorted((out / "run-results").glob("*.json"))]
     table = {}
     for r in runs:
         table.setdefault((r["size"], r["method"]), {})[r["seed"]] = r["test_top1"]
@@ -265,7 +265,14 @@ def summarise(out, pretrain_metrics, command):
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.rename(out / "results.json")
     tmp = out / "results.md.tmp"
-    tmp.write_text("Test top-1 on half B's 5,000 test images (dog, frog, horse, ship, truck).\n\n" + "\n".join(lines) + "\n")
+    pre = "" if not pretrain_metrics else (
+        f"\nPretraining on half A: {100 * pretrain_metrics['test_accuracy']:.2f}% test top-1 on half A's test images "
+        f"({pretrain_metrics['epochs']} epochs, {pretrain_metrics['steps']} steps, {pretrain_metrics['wall_time_s']:.0f} s).\n")
+    walls = ["| run | test top-1 | wall s (training, curve points, final evaluation) | finished (UTC) |", "|---|---|---|---|"]
+    walls += [f"| {r['name']} | {100 * r['test_top1']:.2f}% | {r['wall_seconds']:.0f} | {r['finished_utc']} |"
+              for r in sorted(runs, key=lambda r: r["finished_utc"])]
+    tmp.write_text("Test top-1 on half B's 5,000 test images (dog, frog, horse, ship, truck).\n\n" + "\n".join(lines) + "\n"
+                   + pre + "\n" + "\n".join(walls) + "\n")
     tmp.rename(out / "results.md")
     plot(out, runs)
     return "\n".join(lines)
@@ -311,9 +318,10 @@ def plot(out, runs):
 def main(argv=None):
     args = parse_args(argv)
     data_dir, work, out = Path(args.data_dir), Path(args.work_dir), Path(args.out)
-    (out / "runs").mkdir(parents=True, exist_ok=True)
+    (out / "run-results").mkdir(parents=True, exist_ok=True)
     work.mkdir(parents=True, exist_ok=True)
-    env = f"OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', '')} KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'torch')} "
+    env = "".join(f"{k}={os.environ[k]} " for k in ("OMP_NUM_THREADS", "KERAS_PREACT_REQUIRE_NO_TF") if k in os.environ)
+    env += f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'torch')} "
     command = (env +
                shlex.join([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]))
     half_a = link_half(data_dir, work / "cifar10-halfA", HALF_A)
@@ -331,7 +339,7 @@ def main(argv=None):
                 folder = subset_folder(half_b, work / f"halfB-n{size}-seed{seed}", size, seed)
                 for method in args.methods:
                     name = f"n{size}-{method}-seed{seed}"
-                    path = out / "runs" / f"{name}.json"
+                    path = out / "run-results" / f"{name}.json"
                     if path.exists():
                         continue
                     print(f"[run] {name}", flush=True)
