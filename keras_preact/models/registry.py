@@ -18,6 +18,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable
 
+from keras_preact.models import sources
 from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
 from keras_preact.models.imagenet import imagenet_resnet
@@ -59,18 +60,21 @@ class ModelSpec:
         ``weights``: a name of ``self.weights`` (checked before anything is built) or None; the model
         then carries their ``class_names``."""
         spec = weights_lib.choose(self.name, self.weights, weights)
-        path = None if spec is None else spec.checked_path(self.name)
-        if spec is not None:
+        path = None
+        if spec is not None:  # fetched, checked and converted before the network is built
+            path, spec = sources.resolve(self.name, spec)
             overrides = self._weights_overrides(spec, overrides)
-        model = self.builder(**{"input_shape": tuple(self.input_config.input_size), "input_config": self.input_config,
-                                **self.arguments, **overrides})
+        input_config = spec.input_config if spec is not None and spec.input_config else self.input_config
+        arguments = {**self.arguments, **(spec.arguments if spec is not None else {})}
+        model = self.builder(**{"input_shape": tuple(input_config.input_size), "input_config": input_config,
+                                **arguments, **overrides})
         if spec is not None:
             _load(model, path, spec, self.name)
         return model
 
     def _weights_overrides(self, spec, overrides):
         """``num_classes`` from the weights' class names; overrides that cannot hold them are refused."""
-        classes = len(spec.class_names)
+        classes = spec.num_classes
         if overrides.get("num_classes", classes) != classes:
             raise ValueError(f"Invalid num_classes={overrides['num_classes']!r} with weights={spec.name!r}: "
                              f"{self.name}'s weights have {classes} classes.")
@@ -138,15 +142,21 @@ def unregister_model(name):
     del _REGISTRY[name]
 
 
-def list_models(pattern="*"):
-    """Registered names matching the shell-style ``pattern``, sorted.
+def list_models(pattern="*", pretrained=False):
+    """Registered names matching the shell-style ``pattern``, sorted. ``pretrained=True`` (as timm's): one
+    ``"name.weights"`` per registered set of weights instead (``create_model`` takes that form too); each
+    one's source, licence and published accuracy are ``model_spec(name).weights[weights]``'s.
 
     Examples:
         >>> from keras_preact.models import list_models
         >>> list_models("imagenet_*")
         ['imagenet_resnet101', 'imagenet_resnet152', 'imagenet_resnet18', 'imagenet_resnet200', 'imagenet_resnet34', 'imagenet_resnet50']
+        >>> list_models("imagenet_resnet50", pretrained=True)  # doctest: +NORMALIZE_WHITESPACE
+        ['imagenet_resnet50.imagenet', 'imagenet_resnet50.keras_hub_imagenet', 'imagenet_resnet50.timm_a1h_in1k',
+         'imagenet_resnet50.timm_bit_in21k', 'imagenet_resnet50.timm_bit_in21k_ft_in1k']
     """
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+    names = sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+    return [f"{n}.{w}" for n in names for w in sorted(_REGISTRY[n].weights)] if pretrained else names
 
 
 def model_spec(name):
@@ -172,9 +182,12 @@ def create_model(name, weights=None, **overrides):
     (``cifar_resnet``/``imagenet_resnet``) called with its registered arguments and ``overrides`` (any
     argument of that builder: ``num_classes``, ``input_shape``, ``dtype``, unit options, ...).
 
-    ``weights``: the name of its registered trained weights (``model_spec(name).weights``), checked by
-    sha256; the model then carries their ``class_names``. The classifier carries the registry's
-    ``input_config`` at its input size.
+    ``weights``: the name of its registered trained weights (``model_spec(name).weights``: the package's own,
+    checked by sha256, or a published checkpoint, fetched through its ecosystem's loader, checked by its
+    published checksum and converted once), or the path of a local checkpoint (a timm ``.safetensors``/``.pth``
+    or folder, a keras.applications ``.h5``, a keras-hub preset folder, a ``.weights.h5``). The model is built
+    as the checkpoint needs (its layout), carries its ``class_names`` where known and its input config
+    (preprocessing), else the registry's, at its input size. ``"name.weights"`` names both at once.
 
     Examples:
         >>> from keras_preact.models import create_model
@@ -184,7 +197,10 @@ def create_model(name, weights=None, **overrides):
         >>> trained = create_model("cifar_resnet20", weights="cifar10")  # checked by sha256, then loaded
         >>> trained.class_names[:3]
         ('airplane', 'automobile', 'bird')
+        >>> bit = create_model("imagenet_resnet50.timm_bit_in21k")  # timm's BiT-M, via huggingface_hub  # doctest: +SKIP
     """
+    if isinstance(name, str) and "." in name and weights is None:  # list_models(pretrained=True)'s "name.weights"
+        name, weights = name.split(".", 1)
     return model_spec(name).build(weights=weights, **overrides)
 
 
