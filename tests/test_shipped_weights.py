@@ -36,7 +36,8 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 CIFAR_TAR = REPO.parent / "shared" / "data" / "cifar10-jpeg.tar.gz"
 PROBE_FILE = pathlib.Path(__file__).with_name("shipped_weights_probe.json")
 PER_CLASS = 10
-SHIPPED = [(name, weights) for name in list_models() for weights in model_spec(name).weights]
+SHIPPED = [(name, weights) for name in list_models() for weights, spec in model_spec(name).weights.items()
+           if spec.origin == "package"]  # published checkpoints of other libraries: tests/test_pretrained_*.py
 # The run each shipped weights file was published from (its final model, committed with the run's history).
 PUBLISHED_FROM = {
     "cifar_resnet20/cifar10": REPO / "reproduction/cifar10-preact-resnet20-paper/ours-jax-h100-seed0/model.keras",

@@ -82,13 +82,14 @@ def test_bad_weights_arguments_raise_naming_them(trained, kwargs, message):
 
 def test_unregistered_weights_list_what_is_allowed():
     with pytest.raises(ValueError, match="Allowed values: None \\(no trained weights are registered for it\\)"):
-        create_model("imagenet_resnet18", weights="imagenet")
+        create_model("imagenet_resnet200", weights="imagenet")
 
 
 def test_every_shipped_weights_file_is_present_with_its_sha256():  # none ship yet
     for name in list_models():
         for spec in model_spec(name).weights.values():
-            assert spec.checked_path(name).is_file()
+            if spec.origin == "package":  # published checkpoints are fetched: tests/test_pretrained_registry.py
+                assert spec.checked_path(name).is_file()
 
 
 @pytest.mark.parametrize("entry, message", [

@@ -10,7 +10,7 @@ import keras
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
-from keras_preact.models.presets import IMAGENET_INPUT
+from keras_preact.models.presets import KERAS_RESNET_V2_INPUT
 
 # Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
 KERAS_IMAGENET_WEIGHTS = {
@@ -27,8 +27,7 @@ KERAS_WEIGHTS_MD5 = {
     152: ("a49b44d1979771252814e80f8ec446f9", "ed17cf2e0169df9d443503ef94b23b33"),
 }
 # What Keras' ResNetV2 weights expect: pixels scaled to [-1, 1] (``preprocess_input_resnet_v2``), the
-# standard ImageNet evaluation crop.
-KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5))
+# standard ImageNet evaluation crop (the registry's entry, presets.KERAS_RESNET_V2_INPUT).
 DOWNLOAD_TIMEOUT_S = 30
 
 

@@ -79,3 +79,44 @@ class Conv2D(keras.layers.Conv2D):
             if outputs is not None:
                 return outputs
         return super().convolution_op(inputs, kernel)
+
+
+@keras.saving.register_keras_serializable(package="keras_preact")
+class WeightStandardizedConv2D(Conv2D):
+    """A convolution whose kernel is standardized per output channel before use (Qiao et al. 2019,
+    "Weight Standardization"; Kolesnikov et al. 2020, "Big Transfer (BiT)", with GroupNorm).
+
+    ``kernel_hat = (kernel - mean) / sqrt(var + epsilon)``, mean and (biased) variance over the kernel's
+    height, width and input channels, as timm's ``StdConv2d``. The stored variable is the raw kernel, so
+    checkpoints of such convolutions load unchanged; ``epsilon`` defaults to BiT's 1e-8.
+
+    Examples:
+        >>> import keras
+        >>> from keras_preact.layers import WeightStandardizedConv2D
+        >>> conv = WeightStandardizedConv2D(4, 3, padding="same", use_bias=False)
+        >>> tuple(conv(keras.ops.ones((1, 5, 5, 2))).shape)
+        (1, 5, 5, 4)
+        >>> w = keras.ops.convert_to_numpy(conv.standardized_kernel())
+        >>> bool(abs(w.mean(axis=(0, 1, 2))).max() < 1e-6), bool(abs(w.std(axis=(0, 1, 2)) - 1).max() < 1e-4)
+        (True, True)
+    """
+
+    def __init__(self, *args, epsilon=1e-8, **kwargs):
+        super().__init__(*args, **kwargs)
+        if not isinstance(epsilon, (int, float)) or isinstance(epsilon, bool) or not epsilon > 0:
+            raise ValueError(f"Invalid epsilon={epsilon!r}: a positive number is required.")
+        self.epsilon = float(epsilon)
+
+    def standardized_kernel(self, kernel=None):
+        """The kernel as the convolution uses it: zero mean, unit variance per output channel."""
+        kernel = self.kernel if kernel is None else kernel
+        axes = tuple(range(len(kernel.shape) - 1))
+        mean = keras.ops.mean(kernel, axis=axes, keepdims=True)
+        variance = keras.ops.mean(keras.ops.square(kernel - mean), axis=axes, keepdims=True)
+        return (kernel - mean) * keras.ops.rsqrt(variance + self.epsilon)
+
+    def convolution_op(self, inputs, kernel):
+        return super().convolution_op(inputs, self.standardized_kernel(kernel))
+
+    def get_config(self):
+        return {**super().get_config(), "epsilon": self.epsilon}

@@ -24,6 +24,7 @@ import math
 import keras
 
 from keras_preact.layers.batch_normalization import BatchNormalization
+from keras_preact.layers.convolution import Conv2D, WeightStandardizedConv2D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -134,6 +135,14 @@ NORMALIZATIONS = {
     "rms": lambda axis, epsilon, momentum, groups, **kw: keras.layers.RMSNormalization(
         axis=axis, epsilon=epsilon, **kw
     ),
+}
+
+
+# The convolution of every weight layer of a unit and of the stem: Keras' (through ``Conv2D``), or with its kernel
+# standardized per output channel (Qiao et al. 2019; BiT's with GroupNorm, Kolesnikov et al. 2020: epsilon 1e-8).
+CONVOLUTIONS = {
+    "standard": lambda **kw: Conv2D(**kw),
+    "weight_standardized": lambda **kw: WeightStandardizedConv2D(epsilon=1e-8, **kw),
 }
 
 

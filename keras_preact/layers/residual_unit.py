@@ -123,7 +123,7 @@ class ResidualUnit(keras.layers.Layer):
         strides: spatial stride of the unit.
         options: block, ordering, shortcut, shortcut_type, shortcut_scale, residual_scale, gate_bias_init,
             shortcut_dropout_rate, preactivate_shortcut, skip_preactivation, stride_position, output_bias,
-            normalization, norm_epsilon, norm_momentum, norm_groups, activation, dropout_rate, drop_path_rate,
+            normalization, norm_epsilon, norm_momentum, norm_groups, convolution, activation, dropout_rate, drop_path_rate,
             zero_init_residual, kernel_initializer, kernel_regularizer: the unit's design, keyword-only; their
             meaning and validation are ``UnitConfig``'s (same names, same defaults). They are kept, validated,
             as ``unit.options`` (a frozen ``UnitConfig``): ``unit.options.ordering``.
@@ -180,6 +180,7 @@ class ResidualUnit(keras.layers.Layer):
         norm_epsilon=1e-5,
         norm_momentum=0.9,
         norm_groups=32,
+        convolution="standard",
         activation="relu",
         dropout_rate=0.0,
         drop_path_rate=0.0,
@@ -200,7 +201,7 @@ class ResidualUnit(keras.layers.Layer):
             shortcut_dropout_rate=shortcut_dropout_rate, preactivate_shortcut=preactivate_shortcut,
             skip_preactivation=skip_preactivation, stride_position=stride_position, output_bias=output_bias,
             normalization=normalization, norm_epsilon=norm_epsilon, norm_momentum=norm_momentum,
-            norm_groups=norm_groups, activation=activation, dropout_rate=dropout_rate,
+            norm_groups=norm_groups, convolution=convolution, activation=activation, dropout_rate=dropout_rate,
             drop_path_rate=drop_path_rate, zero_init_residual=zero_init_residual,
             kernel_initializer=kernel_initializer, kernel_regularizer=kernel_regularizer,
         )

@@ -12,7 +12,6 @@ import dataclasses
 import keras
 
 from keras_preact.layers import options as opt
-from keras_preact.layers.convolution import Conv2D
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,6 +39,8 @@ class UnitConfig:
     normalization: ``"batch"``, ``"group"``, ``"layer"``, ``"rms"``; norm_epsilon, norm_momentum: 1e-5
         and 0.9, Torch's BN (the official code's), not Keras' 1e-3 / 0.99; norm_groups: GroupNorm's
         groups (gcd with the channels).
+    convolution: ``"standard"`` or ``"weight_standardized"`` (each conv's kernel standardized per output
+        channel, as BiT's with ``normalization="group"``): ``options.CONVOLUTIONS``.
     activation: any Keras activation.
     dropout_rate: dropout before every conv of the branch but the first (as Wide ResNets).
     drop_path_rate: stochastic depth: the whole branch is dropped per sample at this rate.
@@ -77,6 +78,7 @@ class UnitConfig:
     norm_epsilon: float = 1e-5
     norm_momentum: float = 0.9
     norm_groups: int = 32
+    convolution: str = "standard"
     activation: object = "relu"
     dropout_rate: float = 0.0
     drop_path_rate: float = 0.0
@@ -91,6 +93,7 @@ class UnitConfig:
         opt.check_choice("shortcut_type", self.shortcut_type, opt.SHORTCUT_TYPES)
         opt.check_choice("stride_position", self.stride_position, opt.STRIDE_POSITIONS)
         opt.check_choice("normalization", self.normalization, opt.NORMALIZATIONS)
+        opt.check_choice("convolution", self.convolution, opt.CONVOLUTIONS)
         opt.check_choice("preactivate_shortcut", self.preactivate_shortcut, (None, True, False))
         opt.check_rate("dropout_rate", self.dropout_rate)
         opt.check_rate("drop_path_rate", self.drop_path_rate)
@@ -184,8 +187,8 @@ class UnitConfig:
         """A conv of the unit: "same" padding unless strided (the caller pads), its own kernel initializer
         (zeros where ``zero``), ``regularizer`` (``kernel_regularizer`` resolved once per unit)."""
         initializer = keras.initializers.Zeros() if zero else opt.get_kernel_initializer(self.kernel_initializer)
-        return Conv2D(
-            filters, kernel_size, strides=strides, padding="same" if strides == 1 else "valid", use_bias=use_bias,
+        return opt.CONVOLUTIONS[self.convolution](
+            filters=filters, kernel_size=kernel_size, strides=strides, padding="same" if strides == 1 else "valid", use_bias=use_bias,
             kernel_initializer=initializer, kernel_regularizer=regularizer, data_format=data_format, name=name,
             dtype=dtype,
         )

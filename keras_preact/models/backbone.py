@@ -14,7 +14,7 @@ import keras
 
 from keras_preact.layers import ResidualUnit, UnitConfig
 from keras_preact.layers import options as opt
-from keras_preact.layers.convolution import Conv2D
+from keras_preact.layers.padding import EdgePadding2D
 from keras_preact.models import remat as remat_lib
 
 UNIT_OPTIONS = UnitConfig.names()
@@ -24,12 +24,15 @@ DATA_FORMATS = ("channels_last", "channels_first")
 @dataclasses.dataclass(frozen=True)
 class Stem:
     """The layers before the first unit: a ``kernel_size``/``strides`` conv (with symmetric explicit
-    padding where ``explicit_padding``, as Torch and TF-slim pad), then optionally a 3x3/2 max-pool."""
+    padding where ``explicit_padding``, as Torch and TF-slim pad), then optionally a 3x3/2 max-pool whose
+    one pixel of padding is zeros or, with ``pool_padding="edge"``, the border repeated (PyTorch's -inf
+    padding, for a stem whose output can be negative)."""
 
     kernel_size: int
     strides: int
     explicit_padding: bool
     max_pool: bool
+    pool_padding: str = "zeros"
 
     @property
     def total_stride(self):
@@ -39,6 +42,8 @@ class Stem:
 STEMS = {
     "cifar": Stem(3, 1, False, False),  # fb.resnet.torch preresnet.lua, CIFAR: 3x3 conv
     "imagenet": Stem(7, 2, True, True),  # 7x7/2 conv, 3x3/2 max-pool
+    # timm's pre-activation ResNetV2 and keras-hub's ResNetV2: the max-pool pads with -inf (no BN-ReLU before it).
+    "imagenet_edge_pool": Stem(7, 2, True, True, pool_padding="edge"),
 }
 # What follows the stem conv: the ordering's ``after_stem`` ops (None), or always BN-ReLU (fb.resnet.torch's
 # ImageNet stem, whatever the unit ordering).
@@ -134,9 +139,9 @@ def _stem(x, spec, unit_config, *, filters, bias, ops, axis, data_format, dtype)
     """The stem conv (``spec``), its ``ops`` (norm/act made from ``unit_config``), the max-pool."""
     if spec.explicit_padding:
         x = keras.layers.ZeroPadding2D(spec.kernel_size // 2, data_format=data_format, name="stem_pad", dtype=dtype)(x)
-    x = Conv2D(
-        filters,
-        spec.kernel_size,
+    x = opt.CONVOLUTIONS[unit_config.convolution](
+        filters=filters,
+        kernel_size=spec.kernel_size,
         strides=spec.strides,
         padding="valid" if spec.explicit_padding else "same",
         use_bias=bias,
@@ -148,7 +153,8 @@ def _stem(x, spec, unit_config, *, filters, bias, ops, axis, data_format, dtype)
     )(x)
     x = apply_ops(x, ops, unit_config, "stem", axis, dtype)
     if spec.max_pool:
-        x = keras.layers.ZeroPadding2D(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
+        pad = EdgePadding2D if spec.pool_padding == "edge" else keras.layers.ZeroPadding2D
+        x = pad(1, data_format=data_format, name="stem_pool_pad", dtype=dtype)(x)
         x = keras.layers.MaxPooling2D(3, strides=2, data_format=data_format, name="stem_pool", dtype=dtype)(x)
     return x
 
@@ -207,7 +213,8 @@ class PreActResNetBackbone(keras.Model):
         stackwise_units, stackwise_filters, stackwise_strides: per stage, the number of residual
             units, their output channels and the stage's stride (on the first unit, or on the last
             with ``stride_on_last_unit``).
-        stem: ``"cifar"`` (3x3 conv) or ``"imagenet"`` (7x7/2 conv, 3x3/2 max-pool); ``stem_filters``
+        stem: ``"cifar"`` (3x3 conv), ``"imagenet"`` (7x7/2 conv, 3x3/2 max-pool) or ``"imagenet_edge_pool"``
+            (the same, the pool padded as PyTorch's -inf: timm's ResNetV2); ``stem_filters``
             output channels, ``stem_bias`` a conv bias, ``stem_ops`` what follows the conv:
             ``"ordering"`` (the ordering's ``after_stem``) or ``"norm_act"`` (always BN-ReLU).
         unit_options: ``ResidualUnit`` arguments shared by every unit (block, ordering, shortcut, ...).

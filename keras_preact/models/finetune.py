@@ -58,19 +58,15 @@ def is_local(weights):
     return weights.endswith(LOCAL_SUFFIXES) or os.sep in weights or "/" in weights or os.path.isdir(weights)
 
 
-def registered_source(spec, path):
-    """A ``Source`` for registered weights (``weights.WeightsSpec``) at their checked ``path``."""
-    return Source(repr(spec.name), len(spec.class_names), tuple(spec.class_names), None, path)
-
-
 def local_source(weights, model_name):
     """A ``Source`` for a local ``.weights.h5`` file (a keras-preact classifier's ``save_weights``), a
     ``.keras`` file (a keras-preact classifier) or a run directory (its final ``model.keras``); checked
     before anything is built, one ValueError otherwise."""
     path = pathlib.Path(weights).expanduser()
     what = f"Invalid weights={str(weights)!r} of {model_name}"
-    allowed = (f"a registered weights name, a {LOCAL_SUFFIXES[0]} or {LOCAL_SUFFIXES[1]} file, or a keras-preact-train "
-               f"run directory (holding {RUN_MODEL})")
+    allowed = (f"a registered weights name, a {LOCAL_SUFFIXES[0]} or {LOCAL_SUFFIXES[1]} file, a keras-preact-train "
+               f"run directory (holding {RUN_MODEL}), or another library's checkpoint (a keras.applications .h5, a "
+               "timm .safetensors/.pth file or folder, a keras-hub preset folder)")
     if path.is_dir():
         if not (path / RUN_MODEL).is_file():
             state = "an unfinished run (resume it to write" if (path / RUN_CONFIG).is_file() else "no run directory (no"

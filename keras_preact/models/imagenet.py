@@ -31,6 +31,13 @@ class Layout:
     BN-ReLU, max-pool; the stride on the last unit of stages 1-3 with a strided identity (1x1
     max-pool) shortcut on the raw input; biases on each unit's last conv and projection; BN epsilon
     1.001e-5. Same parameter budget within biases, different function: use it for Keras' weights.
+
+    ``timm``: timm's ``resnetv2_*`` (and keras-hub's ResNetV2): 7x7/2 conv without bias and no BN-ReLU, a
+    max-pool padded with -inf (``stem="imagenet_edge_pool"``); the stride on the first unit of stages 2-4;
+    every unit pre-activates (its shortcut reads the pre-activated input where it projects).
+
+    ``bit``: Big Transfer (Kolesnikov et al. 2020; timm's ``resnetv2_*x1_bit``): ``timm``'s units with
+    GroupNorm (32 groups) and weight-standardized convolutions everywhere, the max-pool zero-padded.
     """
 
     stem_bias: bool
@@ -38,6 +45,7 @@ class Layout:
     stage_strides: tuple
     stride_on_last_unit: bool
     unit_defaults: dict
+    stem: str = "imagenet"
 
 
 LAYOUTS = {
@@ -45,6 +53,9 @@ LAYOUTS = {
     "tf_slim": Layout(
         True, "ordering", (2, 2, 2, 1), True, {"output_bias": True, "norm_epsilon": 1.001e-5}
     ),
+    "timm": Layout(False, "ordering", (1, 2, 2, 2), False, {}, stem="imagenet_edge_pool"),
+    "bit": Layout(False, "ordering", (1, 2, 2, 2), False,
+                  {"normalization": "group", "norm_groups": 32, "convolution": "weight_standardized"}),
 }
 
 
@@ -75,7 +86,8 @@ def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 2
     Args:
         depth: 18, 34 (basic units), 50, 101, 152 or 200 (bottleneck).
         num_classes: classes of the dense layer (with ``include_top``).
-        layout: ``"fb"`` (fb.resnet.torch) or ``"tf_slim"`` (keras.applications ResNetV2; see ``Layout``).
+        layout: ``"fb"`` (fb.resnet.torch), ``"tf_slim"`` (keras.applications ResNetV2), ``"timm"`` (timm's
+            and keras-hub's ResNetV2) or ``"bit"`` (Big Transfer); see ``Layout``.
         input_shape: image shape in ``data_format`` order; height and width may be ``None``.
         include_top, pooling, classifier_activation, input_tensor: keras.applications' head semantics:
             the classifier, else the backbone (``pooling=None``) or its ``"avg"``/``"max"`` pooled features.
@@ -106,7 +118,7 @@ def imagenet_resnet(depth, num_classes=1000, *, layout="fb", input_shape=(224, 2
     unit_options = {"block": block, **spec.unit_defaults, **unit_options}
     ordering = check_unit_options(unit_options).ordering_spec
     backbone = dict(stackwise_units=list(units), stackwise_filters=list(IMAGENET_WIDTHS[block]),
-                    stackwise_strides=list(spec.stage_strides), stem="imagenet", stem_filters=STEM_FILTERS,
+                    stackwise_strides=list(spec.stage_strides), stem=spec.stem, stem_filters=STEM_FILTERS,
                     stem_bias=spec.stem_bias, stem_ops=spec.stem_ops, stride_on_last_unit=spec.stride_on_last_unit,
                     unit_options=unit_options, unit_overrides=_unit_overrides(spec, units, ordering, spec.stem_ops))
     return build_network(backbone, default_name=f"preact_resnet{depth}", num_classes=num_classes,

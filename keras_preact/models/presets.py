@@ -8,6 +8,7 @@ Trained weights are an entry's ``weights`` mapping (``CIFAR_WEIGHTS``), added in
 file in ``keras_preact/weights/``.
 """
 
+from keras_preact.models.sources import timm_crop_fraction
 from keras_preact.preprocessing import InputConfig
 
 # fb.resnet.torch datasets/cifar10.lua and datasets/imagenet.lua statistics, in 0-255 pixel units.
@@ -17,7 +18,8 @@ CIFAR_INPUT = InputConfig(
 IMAGENET_INPUT = InputConfig()  # InputConfig's defaults are ImageNet's: 224, these statistics, the centre crop
 # Each family's input: its pixel statistics and evaluation crop (CIFAR the whole image, ImageNet the centre
 # 224 of 256). Training's normalizations and a run's served input config read them from here.
-FAMILY_INPUTS = {"cifar": CIFAR_INPUT, "imagenet": IMAGENET_INPUT}
+# Keyed by the backbone's stem (``imagenet_edge_pool``: the ImageNet stem of timm's layout).
+FAMILY_INPUTS = {"cifar": CIFAR_INPUT, "imagenet": IMAGENET_INPUT, "imagenet_edge_pool": IMAGENET_INPUT}
 
 CIFAR_PAPER = {
     20: "Sec. 4 (fb.resnet.torch preresnet.lua)",
@@ -43,6 +45,80 @@ CIFAR_WEIGHTS = {
                                 "on one H100, seed 0; reproduction/cifar10-preact-resnet20-paper/)")},
 }
 
+# Published ImageNet checkpoints of the pre-activation networks (``origin``: the ecosystem whose loader fetches
+# them, ``keras_preact.models.sources``). Each entry names the architecture it needs (``arguments``: the layout of
+# imagenet_resnet), its preprocessing, licence and published accuracy (fractions; None where the source
+# publishes none). Class names: ImageNet's synsets are not shipped; the model's head has num_classes outputs.
+# keras.applications ResNetV2: [-1, 1] pixels, the standard crop; accuracy from keras.io/api/applications.
+KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5))
+# timm's resnetv2 cfgs: IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
+# floor(size / crop_pct) (timm_crop_fraction); accuracy from timm's results/results-imagenet.csv at that size.
+TIMM_A1H_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
+                             crop_fraction=timm_crop_fraction(224, 0.95), interpolation="bicubic")
+TIMM_RA4_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
+                             crop_fraction=timm_crop_fraction(224, 0.9), interpolation="bicubic")
+TIMM_BIT_IN21K_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5), crop_fraction=0.875)
+TIMM_BIT_448_INPUT = InputConfig(input_size=(448, 448, 3), mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
+                                 crop_fraction=1.0)
+KERAS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+
+IMAGENET_RESNET18_WEIGHTS = {
+    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_18.ra4_e3600_r224_in1k", num_classes=1000,
+                          arguments={"layout": "timm"}, input_config=TIMM_RA4_INPUT, licence="Apache-2.0",
+                          dataset="ImageNet-1k", top1=0.73572, top5=0.91356, source="timm resnetv2_18.ra4_e3600_r224_in1k"),
+}
+IMAGENET_RESNET34_WEIGHTS = {
+    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_34.ra4_e3600_r224_in1k", num_classes=1000,
+                          arguments={"layout": "timm"}, input_config=TIMM_RA4_INPUT, licence="Apache-2.0",
+                          dataset="ImageNet-1k", top1=0.77626, top5=0.93518, source="timm resnetv2_34.ra4_e3600_r224_in1k"),
+}
+IMAGENET_RESNET50_WEIGHTS = {
+    "imagenet": dict(origin="keras", checkpoint="resnet50v2_weights_tf_dim_ordering_tf_kernels.h5",
+                     checksum="md5:3ef43a0b657b3be2300d5770ece849e0", num_classes=1000, arguments={"layout": "tf_slim"},
+                     input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.760,
+                     top5=0.930, source=f"keras.applications.ResNet50V2(weights='imagenet'), {KERAS_URL}"),
+    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_50.a1h_in1k", num_classes=1000,
+                          arguments={"layout": "timm"}, input_config=TIMM_A1H_INPUT, licence="Apache-2.0",
+                          dataset="ImageNet-1k", top1=0.80410, top5=0.95082, source="timm resnetv2_50.a1h_in1k"),
+    "timm_bit_in21k": dict(origin="timm", checkpoint="timm/resnetv2_50x1_bit.goog_in21k", num_classes=21843,
+                           arguments={"layout": "bit"}, input_config=TIMM_BIT_IN21K_INPUT, licence="Apache-2.0",
+                           dataset="ImageNet-21k", source="timm resnetv2_50x1_bit.goog_in21k (Big Transfer, BiT-M)"),
+    "timm_bit_in21k_ft_in1k": dict(origin="timm", checkpoint="timm/resnetv2_50x1_bit.goog_in21k_ft_in1k",
+                                   num_classes=1000, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
+                                   licence="Apache-2.0", dataset="ImageNet-21k, fine-tuned on ImageNet-1k at 448",
+                                   top1=0.80386, top5=0.95694, source="timm resnetv2_50x1_bit.goog_in21k_ft_in1k"),
+    "keras_hub_imagenet": dict(origin="keras_hub", checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_50_imagenet/3",
+                               num_classes=1000, arguments={"layout": "timm"}, licence="Apache-2.0",
+                               dataset="ImageNet-1k", source="keras-hub preset resnet_v2_50_imagenet"),
+}
+IMAGENET_RESNET101_WEIGHTS = {
+    "imagenet": dict(origin="keras", checkpoint="resnet101v2_weights_tf_dim_ordering_tf_kernels.h5",
+                     checksum="md5:6343647c601c52e1368623803854d971", num_classes=1000, arguments={"layout": "tf_slim"},
+                     input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.772,
+                     top5=0.938, source=f"keras.applications.ResNet101V2(weights='imagenet'), {KERAS_URL}"),
+    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_101.a1h_in1k", num_classes=1000,
+                          arguments={"layout": "timm"}, input_config=TIMM_A1H_INPUT, licence="Apache-2.0",
+                          dataset="ImageNet-1k", top1=0.82042, top5=0.95866, source="timm resnetv2_101.a1h_in1k"),
+    "timm_bit_in21k": dict(origin="timm", checkpoint="timm/resnetv2_101x1_bit.goog_in21k", num_classes=21843,
+                           arguments={"layout": "bit"}, input_config=TIMM_BIT_IN21K_INPUT, licence="Apache-2.0",
+                           dataset="ImageNet-21k", source="timm resnetv2_101x1_bit.goog_in21k (Big Transfer, BiT-M)"),
+    "timm_bit_in21k_ft_in1k": dict(origin="timm", checkpoint="timm/resnetv2_101x1_bit.goog_in21k_ft_in1k",
+                                   num_classes=1000, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
+                                   licence="Apache-2.0", dataset="ImageNet-21k, fine-tuned on ImageNet-1k at 448",
+                                   top1=0.82332, top5=0.96524, source="timm resnetv2_101x1_bit.goog_in21k_ft_in1k"),
+    "keras_hub_imagenet": dict(origin="keras_hub", checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_101_imagenet/3",
+                               num_classes=1000, arguments={"layout": "timm"}, licence="Apache-2.0",
+                               dataset="ImageNet-1k", source="keras-hub preset resnet_v2_101_imagenet"),
+}
+IMAGENET_RESNET152_WEIGHTS = {
+    "imagenet": dict(origin="keras", checkpoint="resnet152v2_weights_tf_dim_ordering_tf_kernels.h5",
+                     checksum="md5:a49b44d1979771252814e80f8ec446f9", num_classes=1000, arguments={"layout": "tf_slim"},
+                     input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.780,
+                     top5=0.942, source=f"keras.applications.ResNet152V2(weights='imagenet'), {KERAS_URL}"),
+}
+IMAGENET_WEIGHTS = {18: IMAGENET_RESNET18_WEIGHTS, 34: IMAGENET_RESNET34_WEIGHTS, 50: IMAGENET_RESNET50_WEIGHTS,
+                    101: IMAGENET_RESNET101_WEIGHTS, 152: IMAGENET_RESNET152_WEIGHTS}
+
 # Test suites check every network at a small input; the deepest ones only under their slow marker.
 CIFAR_TEST = dict(test_input_size=(16, 16, 3))
 IMAGENET_TEST = dict(test_input_size=(64, 64, 3))
@@ -62,7 +138,8 @@ MODEL_PRESETS = {
     ),
     **{
         f"imagenet_resnet{depth}": dict(family="imagenet", arguments={"depth": depth}, input_config=IMAGENET_INPUT,
-                                        paper=paper, slow=depth >= SLOW_FROM_DEPTH["imagenet"], **IMAGENET_TEST)
+                                        paper=paper, slow=depth >= SLOW_FROM_DEPTH["imagenet"],
+                                        weights=IMAGENET_WEIGHTS.get(depth), **IMAGENET_TEST)
         for depth, paper in IMAGENET_PAPER.items()
     },
 }

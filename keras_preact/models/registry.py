@@ -18,7 +18,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable
 
-from keras_preact.models import finetune
+from keras_preact.models import finetune, sources
 from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
 from keras_preact.models.imagenet import imagenet_resnet
@@ -57,15 +57,18 @@ class ModelSpec:
     def build(self, weights=None, trainable_from=None, **overrides):
         """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
         ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
-        ``weights``: a name of ``self.weights`` or a local file or run directory (``finetune.local_source``),
-        checked before anything is built, or None. With the weights' classes the model is their classifier
-        and carries their ``class_names``; with other ``num_classes``/``class_names`` it is their backbone
-        under a new head. ``trainable_from``: ``finetune.set_trainable`` on the model built."""
-        source = self._source(weights)
+        ``weights``: a name of ``self.weights`` (the package's own or a published checkpoint, fetched, checked and
+        converted: ``sources.resolve``), a local checkpoint of another library (``sources.is_checkpoint``), or a
+        keras-preact ``.weights.h5``/``.keras`` file or run directory (``finetune.local_source``), checked before
+        anything is built, or None. The network is built as the checkpoint needs (its layout). With the weights'
+        classes the model is their classifier and carries their ``class_names``; with other
+        ``num_classes``/``class_names`` it is their backbone under a new head. ``trainable_from``:
+        ``finetune.set_trainable`` on the model built."""
+        source, needs = self._source(weights)
         if source is None:
             model = self._builder(**overrides)
         else:
-            model = self._build_from(source, overrides)
+            model = self._build_from(source, needs, overrides)
         if trainable_from is not None:
             finetune.set_trainable(model, trainable_from)
         return model
@@ -75,17 +78,26 @@ class ModelSpec:
                                **self.arguments, **overrides})
 
     def _source(self, weights):
-        """The ``finetune.Source`` of ``weights`` (None: none), checked before anything is built."""
-        if finetune.is_local(weights):
-            return finetune.local_source(weights, self.name)
+        """(the ``finetune.Source`` of ``weights``, the builder arguments the checkpoint needs: its layout and
+        input size); (None, {}) for none. A keras-preact model's own weights fit any input size."""
+        if finetune.is_local(weights) and not sources.is_checkpoint(weights):
+            return finetune.local_source(weights, self.name), {}
         spec = weights_lib.choose(self.name, self.weights, weights)
-        return None if spec is None else finetune.registered_source(spec, spec.checked_path(self.name))
+        if spec is None:
+            return None, {}
+        path, spec = sources.resolve(self.name, spec)  # fetched, checked and converted before the network is built
+        label = repr(spec.name if spec.origin != "file" else str(weights))
+        needs = dict(spec.arguments)
+        if spec.input_config is not None:
+            needs["input_shape"] = tuple(spec.input_config.input_size)
+        return finetune.Source(label, spec.num_classes, spec.class_names, spec.input_config, path), needs
 
-    def _build_from(self, source, overrides):
+    def _build_from(self, source, needs, overrides):
         """The source's classifier (its classes), or its backbone under a new head (other classes)."""
         if not overrides.get("include_top", True) or "input_tensor" in overrides:
             raise ValueError(f"Invalid include_top/input_tensor with weights={source.label}: the weights are a whole "
                              "classifier's; build it with its head and use model.backbone.")
+        overrides = {**needs, **overrides}
         num_classes, new_head = finetune.head_plan(source, overrides)
         if source.input_config is not None:
             overrides = {"input_config": source.input_config, **overrides}
@@ -150,15 +162,21 @@ def unregister_model(name):
     del _REGISTRY[name]
 
 
-def list_models(pattern="*"):
-    """Registered names matching the shell-style ``pattern``, sorted.
+def list_models(pattern="*", pretrained=False):
+    """Registered names matching the shell-style ``pattern``, sorted. ``pretrained=True`` (as timm's): one
+    ``"name.weights"`` per registered set of weights instead (``create_model`` takes that form too); each
+    one's source, licence and published accuracy are ``model_spec(name).weights[weights]``'s.
 
     Examples:
         >>> from keras_preact.models import list_models
         >>> list_models("imagenet_*")
         ['imagenet_resnet101', 'imagenet_resnet152', 'imagenet_resnet18', 'imagenet_resnet200', 'imagenet_resnet34', 'imagenet_resnet50']
+        >>> list_models("imagenet_resnet50", pretrained=True)  # doctest: +NORMALIZE_WHITESPACE
+        ['imagenet_resnet50.imagenet', 'imagenet_resnet50.keras_hub_imagenet', 'imagenet_resnet50.timm_a1h_in1k',
+         'imagenet_resnet50.timm_bit_in21k', 'imagenet_resnet50.timm_bit_in21k_ft_in1k']
     """
-    return sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+    names = sorted(n for n in _REGISTRY if fnmatch.fnmatchcase(n, pattern))
+    return [f"{n}.{w}" for n in names for w in sorted(_REGISTRY[n].weights)] if pretrained else names
 
 
 def model_spec(name):
@@ -184,14 +202,18 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
     (``cifar_resnet``/``imagenet_resnet``) called with its registered arguments and ``overrides`` (any
     argument of that builder: ``num_classes``, ``input_shape``, ``dtype``, unit options, ...).
 
-    ``weights``: the name of its registered trained weights (``model_spec(name).weights``), checked by
-    sha256, or a local ``.weights.h5`` file (a keras-preact classifier's ``save_weights``), ``.keras`` file
-    or ``keras-preact-train`` run directory (its ``model.keras``). With the weights' classes the model is
-    their classifier and carries their ``class_names``; with another ``num_classes`` (or other
-    ``class_names``) it is their backbone under a freshly initialised head, for fine-tuning
-    (``keras_preact.models.finetune``). The classifier carries the weights' input config (a ``.keras``
-    file's or run's own, else the registry's) at its input size. ``trainable_from``: freeze the backbone
-    before that point (``set_trainable``: ``"head"`` trains the head only, ``"stage3"`` from stage 3 on).
+    ``weights``: the name of its registered trained weights (``model_spec(name).weights``: the package's own,
+    checked by sha256, or a published checkpoint, fetched through its ecosystem's loader, checked by its
+    published checksum and converted once; ``"name.weights"`` names both at once), the path of a local
+    checkpoint of another library (a timm ``.safetensors``/``.pth`` or folder, a keras.applications ``.h5``, a
+    keras-hub preset folder), or a keras-preact ``.weights.h5`` file (a classifier's ``save_weights``),
+    ``.keras`` file or ``keras-preact-train`` run directory (its ``model.keras``). The model is built as the
+    checkpoint needs (its layout). With the weights' classes the model is their classifier and carries their
+    ``class_names``; with another ``num_classes`` (or other ``class_names``) it is their backbone under a
+    freshly initialised head, for fine-tuning (``keras_preact.models.finetune``). The classifier carries the
+    weights' input config (preprocessing), else the registry's, at its input size. ``trainable_from``: freeze
+    the backbone before that point (``set_trainable``: ``"head"`` trains the head only, ``"stage3"`` from
+    stage 3 on).
 
     Examples:
         >>> from keras_preact.models import create_model
@@ -204,7 +226,10 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
         >>> tuned = create_model("cifar_resnet20", weights="cifar10", class_names=["cat", "dog"], trainable_from="head")
         >>> tuned.output_shape, tuned.class_names, len(tuned.trainable_weights)  # a new head; only it trains
         ((None, 2), ('cat', 'dog'), 2)
+        >>> bit = create_model("imagenet_resnet50.timm_bit_in21k")  # timm's BiT-M, via huggingface_hub  # doctest: +SKIP
     """
+    if isinstance(name, str) and "." in name and weights is None:  # list_models(pretrained=True)'s "name.weights"
+        name, weights = name.split(".", 1)
     return model_spec(name).build(weights=weights, trainable_from=trainable_from, **overrides)
 
 

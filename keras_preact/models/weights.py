@@ -1,18 +1,26 @@
-"""Trained weights of registered networks: ``.weights.h5`` files checked against a sha256 before loading.
+"""Trained weights of registered networks: ``.weights.h5`` files checked against a sha256 before loading, and
+published checkpoints of other libraries fetched through their own loaders and converted once.
 
-A registry entry's ``weights`` maps a name (``"cifar10"``) to a ``WeightsSpec``: the file (relative to
-``keras_preact/weights/``, the package data, or an absolute path), its sha256, the class names, and what
-it scored. ``create_model(name, weights="cifar10")`` checks the file, builds the network and loads it.
+A registry entry's ``weights`` maps a name (``"cifar10"``) to a ``WeightsSpec``: for the package's own weights
+(``origin="package"``) the file (relative to ``keras_preact/weights/``, the package data, or an absolute path),
+its sha256, the class names, and what it scored; for a published checkpoint (``origin`` ``"keras"``, ``"timm"``
+or ``"keras_hub"``) its id in that ecosystem, the architecture it needs (``arguments``: a layout), its
+preprocessing (``input_config``), licence and published accuracy (``sources`` fetches and converts it).
+``create_model(name, weights="cifar10")`` checks the file, builds the network and loads it; ``weights=`` may
+also be a local checkpoint file or folder (``sources.local_spec``).
 """
 
 import dataclasses
 import hashlib
+import os
 import pathlib
 import re
 
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "weights"
 SUFFIX = ".weights.h5"  # what keras.Model.load_weights reads
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# What a ``weights=`` path may be besides a folder (sources.local_spec reads each).
+LOCAL_SUFFIXES = (".weights.h5", ".h5", ".safetensors", ".pth", ".pt", ".bin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,16 +34,34 @@ class WeightsSpec:
         class_names: one name per output class (index = label); their number is ``num_classes``.
         dataset, top1, top5, source: what they were trained on, their test accuracy (fractions), and
             how they were made (a preset, a run); for documentation and ``keras-preact-evaluate``.
+        origin: ``"package"`` (``file``/``sha256`` above), ``"keras"``, ``"timm"``, ``"keras_hub"`` (a published
+            checkpoint, ``sources.ORIGINS``) or ``"file"`` (a local checkpoint given as ``weights=``).
+        checkpoint, checksum: the checkpoint's id in its ecosystem (a file URL, ``"timm/<model>.<tag>"``, a
+            keras-hub preset) and its published checksum (``md5:``/``sha256:``) where the source publishes one.
+        num_classes: the head's classes (from ``class_names`` where given). arguments: builder arguments the
+            checkpoint needs (``{"layout": "timm"}``). input_config: its preprocessing (None: the network's).
+        licence: the checkpoint's licence.
     """
 
     name: str
-    file: str
-    sha256: str
-    class_names: tuple
+    file: str = None
+    sha256: str = None
+    class_names: tuple = None
     dataset: str = ""
     top1: float = None
     top5: float = None
     source: str = ""
+    origin: str = "package"
+    checkpoint: str = None
+    checksum: str = None
+    num_classes: int = None
+    arguments: dict = dataclasses.field(default_factory=dict)
+    input_config: object = None
+    licence: str = ""
+
+    def __post_init__(self):
+        if self.num_classes is None and self.class_names:
+            object.__setattr__(self, "num_classes", len(self.class_names))
 
     @property
     def path(self):
@@ -43,7 +69,12 @@ class WeightsSpec:
         return path if path.is_absolute() else WEIGHTS_DIR / path
 
     def checked_path(self, model_name):
-        """The file, after checking it exists and has the registered sha256; one ValueError otherwise."""
+        """The file, after checking it exists and has the registered sha256; one ValueError otherwise. A
+        published checkpoint is fetched (or found in its loader's cache) and converted first."""
+        if self.origin != "package":
+            from keras_preact.models import sources
+
+            return sources.converted_path(model_name, self)
         path, what = self.path, f"weights={self.name!r} of {model_name}"
         todo = ("reinstall keras-preact (the weights are package data), or, for a model you registered, point "
                 "its weights entry at the right file and sha256")
@@ -86,6 +117,11 @@ def _parse_entry(model_name, name, entry):
     if not isinstance(entry, dict) or set(entry) - set(fields):
         unknown = sorted(set(entry) - set(fields)) if isinstance(entry, dict) else entry
         raise ValueError(f"Invalid {where}: unknown {unknown!r:.200}; the fields are {', '.join(fields)}.")
+    origin = entry.get("origin", "package")
+    if origin != "package":
+        from keras_preact.models import sources
+
+        return sources.parse_entry(where, name, entry, WeightsSpec)
     missing = [f for f in ("file", "sha256", "class_names") if f not in entry]
     if missing:
         raise ValueError(f"Invalid {where}: {', '.join(missing)} missing.")
@@ -102,9 +138,15 @@ def _parse_entry(model_name, name, entry):
 
 
 def choose(model_name, available, weights):
-    """The ``WeightsSpec`` named ``weights`` (None: none), or a ValueError listing the allowed names."""
+    """The ``WeightsSpec`` named ``weights`` (None: none), a local checkpoint file or folder's
+    (``sources.local_spec``), or a ValueError listing the allowed names."""
     if weights is None:
         return None
+    if isinstance(weights, (str, os.PathLike)) and str(weights) not in available and (
+            os.path.exists(weights) or os.sep in str(weights) or str(weights).endswith(LOCAL_SUFFIXES)):
+        from keras_preact.models import sources
+
+        return sources.local_spec(model_name, weights)
     if not isinstance(weights, str) or weights not in available:
         allowed = ", ".join(["None", *map(repr, available)])
         note = "" if available else " (no trained weights are registered for it)"

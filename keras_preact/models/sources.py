@@ -1,0 +1,372 @@
+"""Published pre-activation checkpoints: fetched through their own ecosystem's loader, checked, converted once.
+
+Each ``origin`` has its loader and cache: ``"keras"`` (keras.applications ResNetV2: ``keras.utils.get_file``
+into ``$KERAS_HOME/models``, checked by Keras' published md5), ``"timm"`` (``huggingface_hub.hf_hub_download``
+of ``timm/<model>.<tag>``'s ``model.safetensors`` into the Hugging Face cache, checked against the Hub's
+sha256), ``"keras_hub"`` (keras-hub's preset loader, which caches through kagglehub). The converted weights
+are written once, as a ``.weights.h5`` file named after the source's digest, under
+``$KERAS_HOME/keras_preact/``; later loads read that file. Without a network each loader's cache is used,
+and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
+
+A local checkpoint works as ``weights=PATH`` (``local_spec``): a timm ``.safetensors``/``.pth`` state dict or
+a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ``.h5``, a keras-hub preset
+folder, or a keras-preact ``.weights.h5``.
+"""
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import socket
+import tempfile
+import urllib.parse
+
+from keras_preact.preprocessing import InputConfig
+
+ORIGINS = ("keras", "timm", "keras_hub")
+LICENCES = {"keras": "Apache-2.0", "timm": "Apache-2.0", "keras_hub": "Apache-2.0"}
+KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+HF_ENDPOINT = "https://huggingface.co"
+KAGGLE_ENDPOINT = "https://www.kaggle.com"
+CONNECT_TIMEOUT_S = 5  # a probe of the source's host before any download: offline fails in seconds, not minutes
+# The builder arguments each kind of checkpoint needs (imagenet_resnet's layouts).
+LAYOUT_ARGUMENTS = {"keras": {"layout": "tf_slim"}, "timm": {"layout": "timm"}, "bit": {"layout": "bit"},
+                    "keras_hub": {"layout": "timm"}}
+_FIELDS = ("origin", "checkpoint", "checksum", "num_classes", "class_names", "arguments", "input_config", "licence",
+           "dataset", "top1", "top5", "source")
+
+
+def parse_entry(where, name, entry, spec_class):
+    """A registry entry of a published checkpoint, checked: origin, checkpoint id, num_classes, arguments."""
+    unknown = sorted(set(entry) - set(_FIELDS))
+    if unknown:
+        raise ValueError(f"Invalid {where}: unknown {unknown!r}; a published checkpoint's fields are {', '.join(_FIELDS)}.")
+    if entry["origin"] not in ORIGINS:
+        raise ValueError(f"Invalid {where}: origin={entry['origin']!r}. Allowed values: 'package', "
+                         f"{', '.join(map(repr, ORIGINS))}.")
+    if not isinstance(entry.get("checkpoint"), str) or not entry["checkpoint"]:
+        raise ValueError(f"Invalid {where}: checkpoint (the source's id of the checkpoint) is required.")
+    classes = entry.get("num_classes")
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+        raise ValueError(f"Invalid {where}: num_classes={classes!r} must be a positive integer.")
+    config = entry.get("input_config")
+    if config is not None and not isinstance(config, InputConfig):
+        raise ValueError(f"Invalid {where}: input_config must be a keras_preact.preprocessing.InputConfig.")
+    names = entry.get("class_names")
+    entry = {**entry, "arguments": dict(entry.get("arguments") or {}),
+             "class_names": tuple(names) if names else None}
+    return spec_class(name=name, **entry)
+
+
+# ------------------------------------------------------------------------------------------ the network
+def _offline(what, url, where):
+    return OSError(f"Cannot fetch {what}: {url} is unreachable (no network?); download it on a connected machine "
+                   f"and put it at {where}, or pass its local path as weights=.")
+
+
+def reachable(url, timeout=CONNECT_TIMEOUT_S):
+    """Whether ``url``'s host accepts a TCP connection within ``timeout`` seconds (DNS included)."""
+    parsed = urllib.parse.urlparse(url)
+    try:
+        with socket.create_connection((parsed.hostname, parsed.port or 443), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def _digest(path, algorithm="sha256", chunk=1 << 20):
+    digest = hashlib.new(algorithm, usedforsecurity=False)
+    with open(path, "rb") as f:
+        while block := f.read(chunk):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def keras_home():
+    return pathlib.Path(os.environ.get("KERAS_HOME", os.path.join(os.path.expanduser("~"), ".keras")))
+
+
+def fetch_keras(spec):
+    """keras.applications' ResNetV2 weights file, through ``keras.utils.get_file`` (its cache, its md5 check)."""
+    import keras
+
+    file = spec.checkpoint
+    url = KERAS_WEIGHTS_URL + file
+    cached = keras_home() / "models" / file
+    if not cached.is_file() and not reachable(url):
+        raise _offline(f"Keras' {file}", url, cached)
+    algorithm, _, value = (spec.checksum or "md5:").partition(":")
+    return pathlib.Path(keras.utils.get_file(file, url, cache_dir=str(keras_home()), cache_subdir="models",
+                                             file_hash=value or None, hash_algorithm=algorithm))
+
+
+def _hf():
+    try:
+        import huggingface_hub
+    except ImportError:
+        raise ImportError("timm checkpoints are fetched with huggingface_hub: pip install huggingface_hub safetensors "
+                          "(or keras-preact[pretrained])") from None
+    return huggingface_hub
+
+
+def fetch_timm(spec):
+    """``model.safetensors`` of the Hub repository ``timm/<model>.<tag>`` (the Hugging Face cache); a fresh
+    download is checked against the Hub's published sha256 (its LFS etag)."""
+    hf = _hf()
+    repo = spec.checkpoint
+    try:
+        return pathlib.Path(hf.hf_hub_download(repo, "model.safetensors", local_files_only=True))
+    except Exception:  # not in the cache (or offline mode): download below
+        pass
+    endpoint = os.environ.get("HF_ENDPOINT", HF_ENDPOINT)
+    url = f"{endpoint}/{repo}/resolve/main/model.safetensors"
+    cache = os.environ.get("HF_HUB_CACHE") or hf.constants.HF_HUB_CACHE
+    if hf.constants.HF_HUB_OFFLINE or not reachable(endpoint):
+        raise _offline(f"timm's {repo}", url, f"{cache} (hf download {repo} model.safetensors)")
+    metadata = hf.get_hf_file_metadata(hf.hf_hub_url(repo, "model.safetensors"))
+    path = pathlib.Path(hf.hf_hub_download(repo, "model.safetensors"))
+    published = (metadata.etag or "").strip('"')
+    if len(published) == 64 and _digest(path) != published:
+        raise OSError(f"Invalid download of {repo}: {path} has not the Hub's sha256 {published}; delete it and retry.")
+    return path
+
+
+def kaggle_cache(handle):
+    """Where kagglehub keeps a keras-hub preset (``KAGGLEHUB_CACHE``, default ``~/.cache/kagglehub``)."""
+    root = pathlib.Path(os.environ.get("KAGGLEHUB_CACHE", os.path.join(os.path.expanduser("~"), ".cache", "kagglehub")))
+    owner, model, framework, variation, version = handle.removeprefix("kaggle://").split("/")
+    return root / "models" / owner / model / framework / variation / version
+
+
+def fetch_keras_hub(spec):
+    """A keras-hub preset: its folder in kagglehub's cache, else keras-hub's preset loader fetches it."""
+    try:
+        import keras_hub  # noqa: F401
+    except ImportError:
+        raise ImportError("keras-hub presets are read with keras-hub: pip install keras-hub") from None
+    handle = spec.checkpoint
+    cached = kaggle_cache(handle)
+    if cached.is_dir():
+        return cached
+    url = f"{KAGGLE_ENDPOINT}/models/{handle.removeprefix('kaggle://')}"
+    if not reachable(KAGGLE_ENDPOINT):
+        raise _offline(f"keras-hub's preset {handle}", url, cached)
+    import kagglehub  # what keras-hub's preset loader downloads kaggle:// presets with
+
+    return pathlib.Path(kagglehub.model_download(handle.removeprefix("kaggle://")))
+
+
+FETCHERS = {"keras": fetch_keras, "timm": fetch_timm, "keras_hub": fetch_keras_hub}
+
+
+# ---------------------------------------------------------------------------------------- conversion
+def read_state_dict(path):
+    """A timm state dict as ``{name: numpy array}``: ``.safetensors`` (safetensors' numpy reader) or a
+    PyTorch pickle (``torch.load(weights_only=True)``)."""
+    path = pathlib.Path(path)
+    if path.suffix == ".safetensors":
+        try:
+            from safetensors.numpy import load_file
+        except ImportError:
+            raise ImportError("reading .safetensors needs safetensors: pip install safetensors") from None
+        return load_file(str(path))
+    try:
+        import torch
+    except ImportError:
+        raise ImportError(f"reading {path.name} (a PyTorch checkpoint) needs torch; or convert it to .safetensors") from None
+    state = torch.load(str(path), map_location="cpu", weights_only=True)
+    state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
+    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+
+
+def _build(depth, num_classes, layout):
+    from keras_preact.models.imagenet import imagenet_resnet
+
+    return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
+
+
+def _keras_h5_classes(path):
+    """The classes of a keras.applications ResNetV2 ``.h5`` file's ``predictions`` layer (1000 if none found)."""
+    import h5py
+
+    found = []
+    with h5py.File(path, "r") as f:
+        f.visititems(lambda name, obj: found.append(obj.shape) if "predictions" in name and len(
+            getattr(obj, "shape", ())) == 2 else None)
+    return int(found[0][-1]) if found else 1000
+
+
+def convert(origin, source_path, depth, num_classes=None):
+    """The converted model of a fetched or local checkpoint (``origin``: keras, timm, keras_hub)."""
+    from keras_preact.applications import convert_resnetv2
+
+    if origin == "keras":
+        import keras
+
+        from keras_preact.applications.convert import from_keras_applications
+        from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
+
+        if depth not in KERAS_IMAGENET_WEIGHTS:
+            raise ValueError(f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}.")
+        classes = num_classes or _keras_h5_classes(source_path)
+        source = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])(weights=str(source_path), classes=classes)
+        return from_keras_applications(source, classifier_activation=None)
+    if origin == "timm":
+        state = read_state_dict(source_path)
+        arch = convert_resnetv2.timm_architecture(state)
+        _check_depth(arch["depth"], depth, source_path)
+        model = _build(depth, arch["num_classes"] or 1000, arch["layout"])
+        convert_resnetv2.load_timm_state_dict(model, state)
+        return model
+    import keras_hub
+
+    classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
+    arch = convert_resnetv2.keras_hub_architecture(classifier.backbone)
+    _check_depth(arch["depth"], depth, source_path)
+    model = _build(depth, classifier.output_dense.units, "timm")
+    convert_resnetv2.load_keras_hub_backbone(model, classifier.backbone, classifier)
+    return model
+
+
+def _check_depth(found, depth, path):
+    if found != depth:
+        raise ValueError(f"Invalid weights={str(path)!r}: a depth-{found} checkpoint for a depth-{depth} network; "
+                         f"use imagenet_resnet{found}.")
+
+
+def _write(model, path):
+    """``model.save_weights`` through a temporary file in the same folder, then renamed (nothing half-written)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, part = tempfile.mkstemp(suffix=".weights.h5", dir=path.parent)
+    os.close(fd)
+    try:
+        model.save_weights(part)
+        os.replace(part, path)
+    finally:
+        if os.path.exists(part):
+            os.remove(part)
+    return path
+
+
+def converted_path(model_name, spec):
+    """The converted ``.weights.h5`` of a published or local checkpoint: fetched, checked, converted once."""
+    from keras_preact.models.registry import model_spec
+
+    depth = model_spec(model_name).arguments["depth"]
+    source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
+    kind = spec.source if spec.origin == "file" else spec.origin
+    if kind == "package":
+        return source
+    fingerprint = _digest(source)[:16] if source.is_file() else _digest(source / "config.json")[:16]
+    target = keras_home() / "keras_preact" / f"{model_name}-{spec.name}-{fingerprint}.weights.h5"
+    if not target.is_file():
+        _write(convert(kind, source / "model.safetensors" if kind == "timm" and source.is_dir() else source, depth,
+                       spec.num_classes), target)
+    return target
+
+
+# ------------------------------------------------------------------------------------ local checkpoints
+def _timm_input_config(pretrained_cfg):
+    """An InputConfig from timm's ``pretrained_cfg`` (0-1 statistics scaled to 0-255, timm's resize size)."""
+    size = tuple(pretrained_cfg.get("input_size", (3, 224, 224)))
+    crop = float(pretrained_cfg.get("crop_pct", 0.875))
+    mean = tuple(255 * m for m in pretrained_cfg.get("mean", (0.5, 0.5, 0.5)))
+    std = tuple(255 * s for s in pretrained_cfg.get("std", (0.5, 0.5, 0.5)))
+    interpolation = pretrained_cfg.get("interpolation", "bilinear")
+    return InputConfig(input_size=(size[1], size[2], size[0]), mean=mean, std=std,
+                       crop_fraction=timm_crop_fraction(size[1], crop),
+                       interpolation="bicubic" if interpolation == "bicubic" else "bilinear")
+
+
+def timm_crop_fraction(size, crop_pct):
+    """The crop fraction whose ``InputConfig.resize_size`` is timm's ``floor(size / crop_pct)``."""
+    import math
+
+    resize = math.floor(size / crop_pct)
+    fraction = size / resize
+    while math.ceil(size / fraction) > resize:  # float rounding: the largest fraction giving resize
+        fraction = math.nextafter(fraction, 2.0)
+    return fraction
+
+
+CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another library's checkpoint files
+
+
+def is_checkpoint(weights):
+    """Whether ``weights`` is an existing checkpoint of another library (``local_spec`` reads it): a
+    keras.applications ``.h5`` (not a keras-preact ``.weights.h5``), a timm ``.safetensors``/``.pth`` file, a
+    timm folder (``config.json`` with its ``architecture``) or a keras-hub preset folder (its ``class_name``)."""
+    path = pathlib.Path(weights)
+    if path.is_file():
+        return path.suffix in CHECKPOINT_SUFFIXES and not path.name.endswith(".weights.h5")
+    config = path / "config.json"
+    if not config.is_file():
+        return False
+    try:
+        keys = json.loads(config.read_text())
+    except (OSError, ValueError):
+        return False
+    return isinstance(keys, dict) and ("architecture" in keys or "class_name" in keys)
+
+
+def local_spec(model_name, weights):
+    """A ``WeightsSpec`` (``origin="file"``) for a local checkpoint, its kind read from what it is; the
+    network's depth is checked against the checkpoint's when it is converted."""
+    from keras_preact.models.presets import IMAGENET_INPUT
+    from keras_preact.models.weights import WeightsSpec
+
+    path = pathlib.Path(weights)
+    if not path.exists():
+        raise ValueError(f"Invalid weights={str(weights)!r} for {model_name}: no such file or folder.")
+    config_json = path / "config.json"
+    extra = {}
+    if path.is_dir() and config_json.is_file() and "architecture" in json.loads(config_json.read_text()):
+        config = json.loads(config_json.read_text())
+        kind, extra["input_config"] = "timm", _timm_input_config(config.get("pretrained_cfg", {}))
+    elif path.is_dir() and config_json.is_file():
+        kind, extra["input_config"] = "keras_hub", IMAGENET_INPUT
+    elif path.name.endswith(".weights.h5"):
+        kind = "package"
+    elif path.suffix == ".h5":
+        from keras_preact.applications.preact_resnet import KERAS_RESNET_V2_INPUT
+
+        kind, extra["input_config"] = "keras", KERAS_RESNET_V2_INPUT
+    elif path.suffix in (".safetensors", ".pth", ".pt", ".bin"):
+        kind, extra["input_config"] = "timm", _timm_input_config({})
+    else:
+        raise ValueError(f"Invalid weights={str(weights)!r} for {model_name}: a .weights.h5, .h5, .safetensors, .pth "
+                         "file, a timm folder (config.json + model.safetensors) or a keras-hub preset folder is expected.")
+    return WeightsSpec(name="local", file=str(path), origin="file", source=kind, **extra)
+
+
+def resolve(model_name, spec):
+    """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes)."""
+    path = spec.checked_path(model_name) if spec.origin != "file" else converted_path(model_name, spec)
+    if spec.origin == "file" and spec.source != "package":
+        import h5py
+
+        with h5py.File(path, "r") as f:  # the converted head's size and the layout it was converted into
+            classes = _head_classes(f)
+        layout = _layout_of(spec, path)
+        spec = dataclasses.replace(spec, num_classes=classes, arguments={**LAYOUT_ARGUMENTS[layout], **spec.arguments})
+    return path, spec
+
+
+def _head_classes(h5):
+    found = []
+    h5.visititems(lambda name, obj: found.append(obj.shape) if name.endswith("dense/vars/0") else None)
+    return int(found[-1][-1]) if found else None
+
+
+def _layout_of(spec, path):
+    if spec.source == "keras":
+        return "keras"
+    if spec.source == "keras_hub":
+        return "keras_hub"
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        names = []
+        f.visit(names.append)
+    return "bit" if any("group_normalization" in n for n in names) else "timm"

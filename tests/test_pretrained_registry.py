@@ -1,0 +1,198 @@
+"""Published checkpoints by name in the registry: listed with their source, licence and accuracy; fetched through
+their ecosystem's loader and cache (here: caches filled with random checkpoints, no download); converted once;
+offline, one line within seconds; local files and folders by path."""
+
+import time
+
+import keras
+import numpy as np
+import pretrained_reference as ref
+import pytest
+
+from keras_preact.models import create_model, list_models, model_spec, register_model, sources
+from keras_preact.models.registry import unregister_model
+from support import to_numpy
+
+pytestmark = [pytest.mark.core, pytest.mark.notf]
+SIZE = (64, 64, 3)
+
+
+def images(seed=0):
+    return np.random.default_rng(seed).uniform(-2, 2, (2, *SIZE)).astype("float32")
+
+
+def logits(model, x):
+    """The pre-softmax outputs of a registered classifier."""
+    return to_numpy(keras.Model(model.inputs, model.get_layer("logits").output)(x))
+
+
+@pytest.mark.any_backend
+def test_list_models_pretrained_lists_every_published_checkpoint():
+    pretrained = list_models(pretrained=True)
+    for name in ["imagenet_resnet18.timm_ra4_in1k", "imagenet_resnet34.timm_ra4_in1k", "imagenet_resnet50.imagenet",
+                 "imagenet_resnet50.timm_a1h_in1k", "imagenet_resnet50.timm_bit_in21k",
+                 "imagenet_resnet50.keras_hub_imagenet", "imagenet_resnet101.imagenet", "imagenet_resnet101.timm_bit_in21k",
+                 "imagenet_resnet101.keras_hub_imagenet", "imagenet_resnet152.imagenet", "cifar_resnet20.cifar10"]:
+        assert name in pretrained
+    assert "imagenet_resnet200" not in {n.split(".")[0] for n in pretrained}
+    timm = model_spec("imagenet_resnet34").weights["timm_ra4_in1k"]
+    assert (timm.origin, timm.checkpoint, timm.licence, timm.top1) == (
+        "timm", "timm/resnetv2_34.ra4_e3600_r224_in1k", "Apache-2.0", 0.77626)
+    # timm's preprocessing: inception statistics, bicubic, the shorter side to floor(224 / 0.9) = 248
+    assert (timm.input_config.mean, timm.input_config.interpolation, timm.input_config.resize_size) == (
+        (127.5, 127.5, 127.5), "bicubic", 248)
+    bit = model_spec("imagenet_resnet50").weights["timm_bit_in21k"]
+    assert (bit.num_classes, bit.arguments, bit.dataset) == (21843, {"layout": "bit"}, "ImageNet-21k")
+    keras_weights = model_spec("imagenet_resnet50").weights["imagenet"]
+    assert keras_weights.checksum == "md5:3ef43a0b657b3be2300d5770ece849e0" and keras_weights.top1 == 0.760
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    """Empty caches and unreachable hosts (the reserved .invalid domain never resolves)."""
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path / "kaggle"))
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.invalid")
+    monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", "https://keras-weights.invalid/resnet/")
+    monkeypatch.setattr(sources, "KAGGLE_ENDPOINT", "https://kaggle.invalid")
+    try:
+        import huggingface_hub.constants
+
+        monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    except ImportError:
+        pass
+    return tmp_path
+
+
+@pytest.mark.parametrize("name", ["imagenet_resnet50.imagenet", "imagenet_resnet18.timm_ra4_in1k",
+                                  "imagenet_resnet50.keras_hub_imagenet"])
+def test_offline_a_missing_checkpoint_fails_fast_in_one_line(name, offline):
+    origin = model_spec(name.split(".")[0]).weights[name.split(".")[1]].origin
+    pytest.importorskip({"keras": "keras", "timm": "huggingface_hub", "keras_hub": "keras_hub"}[origin])
+    start = time.monotonic()
+    with pytest.raises(OSError) as error:
+        create_model(name)
+    message = str(error.value)
+    assert time.monotonic() - start < 15
+    assert "\n" not in message and "unreachable" in message and "put it at" in message
+    assert str(offline) in message  # where to put it: the loader's cache
+
+
+def write_hf_cache(root, repo, state):
+    """A Hugging Face hub cache entry for ``repo`` (refs/main -> a snapshot holding model.safetensors)."""
+    from safetensors.numpy import save_file
+
+    folder = root / f"models--{repo.replace('/', '--')}"
+    commit = "0" * 40
+    (folder / "refs").mkdir(parents=True)
+    (folder / "refs" / "main").write_text(commit)
+    (folder / "snapshots" / commit).mkdir(parents=True)
+    save_file(state, str(folder / "snapshots" / commit / "model.safetensors"))
+
+
+def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_converts_once(offline):
+    """create_model("imagenet_resnet18.timm_ra4_in1k") offline with the checkpoint in the Hub cache: timm's
+    layout, the entry's preprocessing, timm's outputs; the conversion is written once and reused."""
+    pytest.importorskip("huggingface_hub")
+    pytest.importorskip("safetensors")
+    state = ref.random_state(18, num_classes=1000, seed=5)
+    write_hf_cache(offline / "hf", "timm/resnetv2_18.ra4_e3600_r224_in1k", state)
+    model = create_model("imagenet_resnet18", weights="timm_ra4_in1k", input_shape=SIZE)
+    assert model.backbone.stem == "imagenet_edge_pool" and model.output_shape == (None, 1000)
+    assert (model.input_config.interpolation, model.input_config.mean) == ("bicubic", (127.5, 127.5, 127.5))
+    x = images(5)
+    expected, _ = ref.forward(state, x)
+    assert np.abs(logits(model, x) - expected).max() <= 1e-4
+    converted = list((offline / "keras" / "keras_preact").glob("imagenet_resnet18-timm_ra4_in1k-*.weights.h5"))
+    assert len(converted) == 1
+    stamp = converted[0].stat().st_mtime_ns
+    create_model("imagenet_resnet18.timm_ra4_in1k", input_shape=SIZE)
+    assert converted[0].stat().st_mtime_ns == stamp  # converted once
+
+
+def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path):
+    """A keras.applications ResNetV2 weights file in Keras' cache, registered with its md5: loaded through
+    keras.utils.get_file, converted into the tf_slim layout, Keras' outputs; a wrong md5 is refused."""
+    source = keras.applications.ResNet50V2(weights=None, input_shape=SIZE, classes=5, classifier_activation=None)
+    rng = np.random.default_rng(6)
+    for layer in source.layers:
+        if isinstance(layer, keras.layers.BatchNormalization):
+            g, b, m, v = layer.get_weights()
+            layer.set_weights([rng.uniform(0.5, 1.5, g.shape), rng.normal(0, 0.2, b.shape),
+                               rng.normal(0, 0.3, m.shape), rng.uniform(0.5, 2.0, v.shape)])
+    cache = offline / "keras" / "models"
+    cache.mkdir(parents=True)
+    file = cache / "random_resnet50v2.h5"
+    source.save(str(file))  # legacy HDF5: the format of keras-applications' weights files
+    md5 = sources._digest(file, "md5")
+    register_model("test_keras_resnet50", family="imagenet", arguments={"depth": 50},
+                   input_config=model_spec("imagenet_resnet50").input_config,
+                   weights={"random": dict(origin="keras", checkpoint=file.name, checksum=f"md5:{md5}", num_classes=5,
+                                           arguments={"layout": "tf_slim"})})
+    try:
+        model = create_model("test_keras_resnet50", weights="random", input_shape=SIZE, classifier_activation=None)
+        x = images(6)
+        assert np.abs(to_numpy(model(x)) - to_numpy(source(x))).max() <= 1e-4
+    finally:
+        unregister_model("test_keras_resnet50")
+
+
+def test_local_timm_folder_and_pth_by_path(offline, tmp_path):
+    """weights=PATH: a timm folder (config.json + model.safetensors, its pretrained_cfg as the input config) and
+    a PyTorch .pth state dict; a checkpoint of another depth is refused naming both."""
+    pytest.importorskip("safetensors")
+    from test_pretrained_convert import write_timm_folder
+
+    state = ref.random_state(18, num_classes=5, seed=7)
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", state)
+    model = create_model("imagenet_resnet18", weights=str(folder), input_shape=SIZE, classifier_activation=None)
+    config = model.input_config
+    assert (config.interpolation, config.mean, config.input_size) == ("bicubic", (127.5, 127.5, 127.5), SIZE)
+    x = images(7)
+    expected, _ = ref.forward(state, x)
+    assert np.abs(to_numpy(model(x)) - expected).max() <= 1e-4
+    with pytest.raises(ValueError, match="depth-18 checkpoint for a depth-50 network"):
+        create_model("imagenet_resnet50", weights=str(folder))
+    if keras.backend.backend() == "torch" or _has_torch():
+        import torch
+
+        path = tmp_path / "resnetv2_18.pth"
+        torch.save({k: torch.from_numpy(np.array(v)) for k, v in state.items()}, str(path))
+        from_pth = create_model("imagenet_resnet18", weights=str(path), input_shape=SIZE, classifier_activation=None)
+        assert np.abs(to_numpy(from_pth(x)) - expected).max() <= 1e-4
+
+
+def _has_torch():
+    try:
+        import torch  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def test_keras_hub_preset_folder_by_path(tmp_path, offline):
+    """weights=a keras-hub preset folder (a ResNetV2 built from keras-hub's config with random weights)."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from test_pretrained_convert import randomize
+
+    backbone = keras_hub.models.ResNetBackbone(
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[2, 2, 2, 2],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(backbone=backbone, num_classes=3, activation=None)
+    randomize(backbone, 8)
+    classifier.save_to_preset(str(tmp_path / "preset"))
+    model = create_model("imagenet_resnet18", weights=str(tmp_path / "preset"), input_shape=SIZE,
+                         classifier_activation=None)
+    x = images(8)
+    assert model.output_shape == (None, 3)
+    assert np.abs(to_numpy(model(x)) - to_numpy(classifier(x))).max() <= 1e-4
+
+
+def test_bad_local_weights_are_refused_by_name(tmp_path):
+    (tmp_path / "notes.txt").write_text("x")
+    with pytest.raises(ValueError, match="Invalid weights=.*notes.txt.*unknown file type.* a keras.applications .h5, a timm "
+                                         ".safetensors/.pth file or folder, a keras-hub preset folder"):
+        create_model("imagenet_resnet18", weights=str(tmp_path / "notes.txt"))
+    with pytest.raises(ValueError, match="no such file or directory"):
+        create_model("imagenet_resnet18", weights=str(tmp_path / "missing.safetensors"))
