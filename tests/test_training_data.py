@@ -163,3 +163,81 @@ def test_stream_resumes_exactly_at_a_step(pipeline):
     x, _ = full[0]
     # The device pipeline sends uint8 pixels (augmented and normalised in the compiled step).
     assert x.dtype == (np.uint8 if pipeline == "device" else np.float32) and x.shape == (16, 8, 8, 3)
+
+
+def _encoded_in_every_mode():
+    """{(Pillow mode, format): encoded bytes} of small random images: every mode Pillow writes as PNG, GIF, BMP or
+    JPEG (the formats TensorFlow decodes), 16-bit grayscale PNG and palette images with transparency included."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8))
+    rgba = Image.fromarray(rng.integers(0, 256, (6, 7, 4), dtype=np.uint8))
+    images = {"1": rgb.convert("1"), "L": rgb.convert("L"), "LA": rgba.convert("LA"), "P": rgb.convert("P"),
+              "RGB": rgb, "RGBA": rgba, "CMYK": rgb.convert("CMYK"),
+              "I;16": Image.fromarray(rng.integers(0, 65536, (6, 7), dtype=np.uint16))}
+    encoded = {}
+    for mode, image in images.items():
+        for fmt in ("PNG", "GIF", "BMP", "JPEG"):
+            out = io.BytesIO()
+            try:
+                image.save(out, format=fmt)
+            except (OSError, ValueError, KeyError):  # a mode the format cannot hold
+                continue
+            encoded[(mode, fmt)] = out.getvalue()
+    for fmt in ("PNG", "GIF"):
+        out = io.BytesIO()
+        rgb.convert("P").save(out, format=fmt, transparency=3)
+        encoded[("P with transparency", fmt)] = out.getvalue()
+    return encoded
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_a_16_bit_grayscale_png_decodes_without_tensorflow_to_its_high_bytes(tmp_path, monkeypatch):
+    """Without TensorFlow (Pillow's path) a 16-bit grayscale PNG decodes as libpng under TensorFlow does: each
+    sample's high byte, in all three channels; Pillow's convert("RGB") made it nearly white."""
+    from PIL import Image
+
+    values = np.random.default_rng(1).integers(0, 65536, (2, 5, 6), dtype=np.uint16)
+    values[0, 0, :4] = [0, 255, 256, 65535]
+    files = []
+    for i, v in enumerate(values):
+        Image.fromarray(v).save(tmp_path / f"{i}.png")
+        files.append(str(tmp_path / f"{i}.png"))
+    assert Image.open(files[0]).mode == "I;16"
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow fails: the TensorFlow-free path
+    images, kept = sources._decode_files(files)
+    assert kept.tolist() == [0, 1] and images.dtype == np.uint8
+    np.testing.assert_array_equal(images, np.repeat((values >> 8).astype(np.uint8)[..., None], 3, axis=-1))
+    assert images[0, 0, :4, 0].tolist() == [0, 0, 1, 255]
+
+
+MODES = sorted(_encoded_in_every_mode())
+TENSORFLOW_BMP_DEFECTS = {  # where TensorFlow's own BMP decoder is wrong: Pillow's pixels are the image's
+    ("P", "BMP"): "TensorFlow's BMP decoder ignores the palette: an 8-bit palette BMP decodes to its indices as gray",
+    ("1", "BMP"): "TensorFlow's BMP decoder refuses 1-bit BMPs",
+}
+
+
+@pytest.mark.parametrize("mode, fmt", [
+    pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=TENSORFLOW_BMP_DEFECTS[key]))
+    if key in TENSORFLOW_BMP_DEFECTS else key for key in MODES], ids=[f"{m}-{f}" for m, f in MODES])
+def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode, fmt):
+    """Pillow's path (``sources.pillow_pixels``) gives TensorFlow's pixels (``keras_preact.preprocessing.decode_image``,
+    channels 3) for every Pillow mode in every format both decode."""
+    import io
+
+    from PIL import Image
+
+    pytest.importorskip("tensorflow")
+    from keras_preact.preprocessing import decode_image
+
+    data = _encoded_in_every_mode()[(mode, fmt)]
+    with Image.open(io.BytesIO(data)) as image:
+        ours = sources.pillow_pixels(image)
+    theirs = decode_image(data).numpy()
+    assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (6, 7, 3)
+    np.testing.assert_array_equal(ours, theirs)

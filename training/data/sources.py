@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_SPLIT_NAMES = ("test", "val", "validation")
 # Part of the decoded-image cache's key: caches decoded otherwise (TensorFlow's fast JPEG IDCT, before
-# decode_image used the accurate one that Pillow uses) are not reused.
-DECODER = "jpeg-islow"
+# decode_image used the accurate one that Pillow uses; 16-bit PNGs clipped by Pillow) are not reused.
+DECODER = "jpeg-islow-png16-high-byte"
 
 
 class DataError(ValueError):
@@ -172,6 +172,28 @@ def folder_splits(data_dir):
     return train_dir, test_dirs[0]
 
 
+SIXTEEN_BIT_GRAY = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # Pillow's modes of 16-bit grayscale PNGs
+
+
+def pillow_pixels(image):
+    """uint8 ``[H, W, 3]`` pixels of a Pillow image, as TensorFlow's ``decode_image(channels=3)`` gives them.
+
+    ``convert("RGB")`` does that for 8-bit images of every mode (1, L, LA, P, RGB, RGBA, CMYK...), but clips a
+    16-bit grayscale image's samples at 255 (nearly white); libpng, under TensorFlow, keeps each sample's high
+    byte, as here.
+
+    Examples:
+        >>> from PIL import Image
+        >>> gray16 = Image.fromarray(np.array([[0, 255, 256, 65535]], np.uint16))
+        >>> gray16.mode, pillow_pixels(gray16)[0, :, 0].tolist()
+        ('I;16', [0, 0, 1, 255])
+    """
+    if image.mode in SIXTEEN_BIT_GRAY:
+        gray = (np.clip(np.asarray(image, np.int64), 0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    return np.asarray(image.convert("RGB"))
+
+
 def _decoded_images(files):
     """(index, uint8 image) for every file that decodes, in order; unreadable files are left out."""
     try:
@@ -191,7 +213,7 @@ def _decoded_images(files):
     for i, f in enumerate(files):
         try:
             with Image.open(f) as image:
-                yield i, np.asarray(image.convert("RGB"))
+                yield i, pillow_pixels(image)
         except (OSError, ValueError, SyntaxError):  # PIL's "cannot identify", truncated, bad header
             continue
 
