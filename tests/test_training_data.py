@@ -241,3 +241,30 @@ def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode,
     theirs = decode_image(data).numpy()
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (6, 7, 3)
     np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_one_huge_image_first_in_a_folder_gets_the_mixed_sizes_line_before_any_array_is_made(tmp_path):
+    """A 2000x1500 image first among 19 small ones: the one-line "mixed sizes" error, as in a small folder, found
+    at the second image before the array is made (made from the first image's size, it was 20 x 9 MB here, and
+    1.64 TiB for 50,000 CIFAR images: "Unable to allocate", a 29-line traceback). Python's traced allocations
+    stay under three of the huge image (its pixels, and their bytes on the way from Pillow)."""
+    import tracemalloc
+
+    from PIL import Image
+
+    Image.new("RGB", (2000, 1500)).save(tmp_path / "000.png")
+    for i in range(1, 20):
+        Image.new("RGB", (32, 32), (i, i, i)).save(tmp_path / f"{i:03d}.png")
+    files = sorted(str(p) for p in tmp_path.glob("*.png"))
+    tracemalloc.start()
+    try:
+        with pytest.raises(sources.DataError) as raised:
+            sources._decode_files(files)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(raised.value)
+    assert message.startswith(f"Images of mixed sizes: {files[1]} is (32, 32) but {files[0]} is (1500, 2000).")
+    assert "\n" not in message and peak < 3 * 2000 * 1500 * 3, peak  # the image, and its bytes on the way (Pillow)

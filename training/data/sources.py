@@ -226,25 +226,42 @@ def _bad_files_error(bad, total):
     )
 
 
+def _image_array(count, shape, example):
+    """An uninitialised uint8 array of ``count`` images of ``shape``, or a DataError if memory cannot hold it."""
+    try:
+        return np.empty((count,) + tuple(shape), np.uint8)
+    except MemoryError:
+        need = count * int(np.prod(shape)) / 2**30
+        raise DataError(f"{count} images of {shape[0]}x{shape[1]} (as {example}) need {need:.1f} GiB decoded, more than "
+                        "this machine can allocate: resize the images, or use an ImageNet-style recipe "
+                        "(augmentation='imagenet'), which streams and resizes.") from None
+
+
 def _decode_files(files, skip_bad=False):
     """(uint8 array [N, H, W, 3] of the readable images, their indices into ``files``).
 
     All images must have the same size. Unreadable files raise a DataError naming them, or with
     ``skip_bad`` are left out (and counted on stdout).
     """
-    out, kept = None, []
+    out, kept, first = None, [], None
     for i, image in _decoded_images(files):
         path = files[i]
-        if out is None:
-            out = np.empty((len(files),) + image.shape, np.uint8)
-        elif image.shape != out.shape[1:]:
+        if first is None:
+            first = (i, image)  # the array is made at the second image, once its size is seen to be shared
+            continue
+        if image.shape != first[1].shape:
             raise DataError(
-                f"Images of mixed sizes: {path} is {image.shape[:2]} but {files[0]} is "
-                f"{out.shape[1:3]}. The array pipeline needs one size; resize the images or use an "
+                f"Images of mixed sizes: {path} is {image.shape[:2]} but {files[first[0]]} is "
+                f"{first[1].shape[:2]}. The array pipeline needs one size; resize the images or use an "
                 "ImageNet-style recipe (augmentation='imagenet'), which streams and resizes."
             )
+        if out is None:
+            out = _image_array(len(files), first[1].shape, files[first[0]])
+            out[0], kept = first[1], [first[0]]
         out[len(kept)] = image
         kept.append(i)
+    if out is None and first is not None:  # a single readable image
+        out, kept = first[1][None], [first[0]]
     if len(kept) < len(files):
         bad = [files[i] for i in sorted(set(range(len(files))) - set(kept))]
         if not skip_bad or not kept:
