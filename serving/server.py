@@ -58,7 +58,10 @@ class Server:
         except OSError as error:
             if error.errno == errno.EADDRINUSE:
                 raise PortInUse(host, port, "--port", error.strerror) from None
-            raise
+            reason = (error.strerror or str(error)).split(" (while attempting")[0]
+            raise ValueError(f"Invalid --host={host!r}: cannot listen on {host}:{port} ({reason}); give "
+                             "an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for every "
+                             "interface).") from None
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(

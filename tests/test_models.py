@@ -551,3 +551,33 @@ def test_headline_mixed_precision(name, headline):
 def test_headline_pyramid_outputs(name, headline):
     network = headline[name]
     run_pyramid_outputs_test(network.model.backbone, network.images)
+
+
+@pytest.mark.notf
+def test_a_classifier_config_or_keras_file_without_backbone_is_named_in_one_line(tmp_path):
+    """A config (or a .keras file's config.json) without 'backbone' is refused naming it, not a bare KeyError."""
+    import json
+    import zipfile
+
+    model = cifar_resnet(8, 10, input_shape=(16, 16, 3))
+    config = model.get_config()
+    del config["backbone"]
+    with pytest.raises(ValueError) as raised:
+        PreActResNetClassifier.from_config(config)
+    message = str(raised.value)
+    assert message.startswith("Invalid PreActResNetClassifier config: 'backbone' (the serialized backbone it "
+                              "classifies) is missing; its keys: ") and "\n" not in message, message
+    path = tmp_path / "model.keras"
+    model.save(path)
+    damaged = tmp_path / "damaged.keras"
+    with zipfile.ZipFile(path) as source, zipfile.ZipFile(damaged, "w") as target:
+        for item in source.infolist():
+            data = source.read(item)
+            if item.filename == "config.json":
+                saved = json.loads(data)
+                del saved["config"]["backbone"]
+                data = json.dumps(saved).encode()
+            target.writestr(item, data)
+    with pytest.raises(Exception) as raised:  # Keras wraps what from_config raises in its own TypeError
+        keras.saving.load_model(damaged)
+    assert "'backbone' (the serialized backbone it classifies) is missing" in str(raised.value)

@@ -348,6 +348,24 @@ def test_request_limit_flags_are_the_records_fields(capsys):
     assert capsys.readouterr().err.splitlines()[-1].endswith("Invalid max_connections=0: expected a positive integer.")
 
 
+@pytest.mark.parametrize("host, reason", [("192.0.2.1", "Cannot assign requested address"),  # not this machine's
+                                          ("300.1.2.3", None)])  # no address at all (the resolver's words vary)
+def test_a_host_the_server_cannot_listen_on_is_named_in_one_line(tmp_path, capsys, host, reason):
+    """--host that is no address of this machine, or no address: exit 2 with one line naming --host, before any
+    model loads (a 25-line traceback before)."""
+    from keras_preact_serving.server import main
+
+    (tmp_path / "1").mkdir()
+    (tmp_path / "1" / "model.onnx").touch()  # the server binds before it loads: the file is never read
+    with pytest.raises(SystemExit) as exit_info:
+        main([str(tmp_path), "--host", host, "--port", "0"])
+    err = capsys.readouterr().err.strip().splitlines()
+    head, tail = f"keras-preact-serve: error: Invalid --host={host!r}: cannot listen on {host}:0 (", (
+        "); give an address of this machine (127.0.0.1 for this machine only, 0.0.0.0 for every interface).")
+    assert exit_info.value.code == 2 and err[-1].startswith(head) and err[-1].endswith(tail), err
+    assert reason is None or err[-1] == head + reason + tail, err
+
+
 def test_without_uvicorn_the_entry_point_says_what_to_install_in_one_line(monkeypatch, capsys):
     import keras_preact_serving
     from keras_preact_serving import main

@@ -507,3 +507,24 @@ def test_without_tensorflow_or_keras_backend_the_commands_run_on_the_runs_backen
         "ImportError: keras-preact needs a Keras backend: Keras is set to jax (KERAS_BACKEND, else keras.json, else "
         'TensorFlow), which is not installed: install one: pip install torch, pip install "jax[cpu]" or pip install '
         "tensorflow")
+
+
+def test_an_export_dir_under_a_file_or_not_writable_is_refused_in_one_line_before_any_work(tmp_path, capsys,
+                                                                                            monkeypatch):
+    """keras-preact-export to a path under a file, or on a read-only file system: exit 2 with argparse's usage and
+    one error line naming --export-dir, before the run is read (a 23-30-line traceback at the write before)."""
+    from keras_preact_training import export as export_lib
+
+    (tmp_path / "file").write_text("not a folder")
+    monkeypatch.setattr(export_lib, "export_run", lambda *a, **k: pytest.fail("exported despite a bad --export-dir"))
+    cases = [(tmp_path / "file" / "saved_models", f"{tmp_path / 'file'} is a file, not a directory.", None),
+             (tmp_path / "ro" / "saved_models", f"{tmp_path} is not writable (a read-only file system or no permission); "
+              "export somewhere writable.", lambda path, mode: False)]
+    for export_dir, message, access in cases:
+        if access is not None:  # as os.access answers on a read-only mount (root passes every permission check)
+            monkeypatch.setattr(export_lib.os, "access", access)
+        with pytest.raises(SystemExit) as exit_info:
+            export_lib.main([str(tmp_path / "run"), "--export-dir", str(export_dir)])
+        err = capsys.readouterr().err.strip().splitlines()  # argparse's usage, then the one error line
+        assert exit_info.value.code == 2 and err[0].startswith("usage: keras-preact-export"), err
+        assert err[-1] == f"keras-preact-export: error: Invalid --export-dir={str(export_dir)!r}: {message}", err

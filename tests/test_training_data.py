@@ -163,3 +163,108 @@ def test_stream_resumes_exactly_at_a_step(pipeline):
     x, _ = full[0]
     # The device pipeline sends uint8 pixels (augmented and normalised in the compiled step).
     assert x.dtype == (np.uint8 if pipeline == "device" else np.float32) and x.shape == (16, 8, 8, 3)
+
+
+def _encoded_in_every_mode():
+    """{(Pillow mode, format): encoded bytes} of small random images: every mode Pillow writes as PNG, GIF, BMP or
+    JPEG (the formats TensorFlow decodes), 16-bit grayscale PNG and palette images with transparency included."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    rgb = Image.fromarray(rng.integers(0, 256, (6, 7, 3), dtype=np.uint8))
+    rgba = Image.fromarray(rng.integers(0, 256, (6, 7, 4), dtype=np.uint8))
+    images = {"1": rgb.convert("1"), "L": rgb.convert("L"), "LA": rgba.convert("LA"), "P": rgb.convert("P"),
+              "RGB": rgb, "RGBA": rgba, "CMYK": rgb.convert("CMYK"),
+              "I;16": Image.fromarray(rng.integers(0, 65536, (6, 7), dtype=np.uint16))}
+    encoded = {}
+    for mode, image in images.items():
+        for fmt in ("PNG", "GIF", "BMP", "JPEG"):
+            out = io.BytesIO()
+            try:
+                image.save(out, format=fmt)
+            except (OSError, ValueError, KeyError):  # a mode the format cannot hold
+                continue
+            encoded[(mode, fmt)] = out.getvalue()
+    for fmt in ("PNG", "GIF"):
+        out = io.BytesIO()
+        rgb.convert("P").save(out, format=fmt, transparency=3)
+        encoded[("P with transparency", fmt)] = out.getvalue()
+    return encoded
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_a_16_bit_grayscale_png_decodes_without_tensorflow_to_its_high_bytes(tmp_path, monkeypatch):
+    """Without TensorFlow (Pillow's path) a 16-bit grayscale PNG decodes as libpng under TensorFlow does: each
+    sample's high byte, in all three channels; Pillow's convert("RGB") made it nearly white."""
+    from PIL import Image
+
+    values = np.random.default_rng(1).integers(0, 65536, (2, 5, 6), dtype=np.uint16)
+    values[0, 0, :4] = [0, 255, 256, 65535]
+    files = []
+    for i, v in enumerate(values):
+        Image.fromarray(v).save(tmp_path / f"{i}.png")
+        files.append(str(tmp_path / f"{i}.png"))
+    assert Image.open(files[0]).mode == "I;16"
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow fails: the TensorFlow-free path
+    images, kept = sources._decode_files(files)
+    assert kept.tolist() == [0, 1] and images.dtype == np.uint8
+    np.testing.assert_array_equal(images, np.repeat((values >> 8).astype(np.uint8)[..., None], 3, axis=-1))
+    assert images[0, 0, :4, 0].tolist() == [0, 0, 1, 255]
+
+
+MODES = sorted(_encoded_in_every_mode())
+TENSORFLOW_BMP_DEFECTS = {  # where TensorFlow's own BMP decoder is wrong: Pillow's pixels are the image's
+    ("P", "BMP"): "TensorFlow's BMP decoder ignores the palette: an 8-bit palette BMP decodes to its indices as gray",
+    ("1", "BMP"): "TensorFlow's BMP decoder refuses 1-bit BMPs",
+}
+
+
+@pytest.mark.parametrize("mode, fmt", [
+    pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=TENSORFLOW_BMP_DEFECTS[key]))
+    if key in TENSORFLOW_BMP_DEFECTS else key for key in MODES], ids=[f"{m}-{f}" for m, f in MODES])
+def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode, fmt):
+    """Pillow's path (``sources.pillow_pixels``) gives TensorFlow's pixels (``keras_preact.preprocessing.decode_image``,
+    channels 3) for every Pillow mode in every format both decode."""
+    import io
+
+    from PIL import Image
+
+    pytest.importorskip("tensorflow")
+    from keras_preact.preprocessing import decode_image
+
+    data = _encoded_in_every_mode()[(mode, fmt)]
+    with Image.open(io.BytesIO(data)) as image:
+        ours = sources.pillow_pixels(image)
+    theirs = decode_image(data).numpy()
+    assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (6, 7, 3)
+    np.testing.assert_array_equal(ours, theirs)
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_one_huge_image_first_in_a_folder_gets_the_mixed_sizes_line_before_any_array_is_made(tmp_path):
+    """A 2000x1500 image first among 19 small ones: the one-line "mixed sizes" error, as in a small folder, found
+    at the second image before the array is made (made from the first image's size, it was 20 x 9 MB here, and
+    1.64 TiB for 50,000 CIFAR images: "Unable to allocate", a 29-line traceback). Python's traced allocations
+    stay under three of the huge image (its pixels, and their bytes on the way from Pillow)."""
+    import tracemalloc
+
+    from PIL import Image
+
+    Image.new("RGB", (2000, 1500)).save(tmp_path / "000.png")
+    for i in range(1, 20):
+        Image.new("RGB", (32, 32), (i, i, i)).save(tmp_path / f"{i:03d}.png")
+    files = sorted(str(p) for p in tmp_path.glob("*.png"))
+    tracemalloc.start()
+    try:
+        with pytest.raises(sources.DataError) as raised:
+            sources._decode_files(files)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    message = str(raised.value)
+    assert message.startswith(f"Images of mixed sizes: {files[1]} is (32, 32) but {files[0]} is (1500, 2000).")
+    assert "\n" not in message and peak < 3 * 2000 * 1500 * 3, peak  # the image, and its bytes on the way (Pillow)

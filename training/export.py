@@ -20,6 +20,7 @@ if __name__ == "__main__":  # python -m keras_preact_training.export: quiet star
 import argparse
 import errno
 import importlib.util
+import os
 import pathlib
 import sys
 import zipfile
@@ -170,10 +171,25 @@ def build_parser():
     return parser
 
 
+def check_export_dir(export_dir):
+    """Refuse, before any work, an ``--export-dir`` under a file or on a read-only file system (or without
+    permission): the nearest existing folder on its path must be a writable directory."""
+    path = pathlib.Path(export_dir).absolute()
+    existing = path
+    while not existing.exists() and existing != existing.parent:
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"Invalid --export-dir={str(export_dir)!r}: {existing} is a file, not a directory.")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ValueError(f"Invalid --export-dir={str(export_dir)!r}: {existing} is not writable (a read-only file "
+                         "system or no permission); export somewhere writable.")
+
+
 def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     try:  # export_run checks the formats before anything is read or loaded
+        check_export_dir(args.export_dir)
         path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version, formats=args.formats,
                            top_k=args.top_k)
     except ValueError as error:
@@ -182,9 +198,11 @@ def main(argv=None):
         message = str(error).splitlines()[0] if str(error) else repr(error)
         parser.exit(2, f"{parser.prog}: error: {message}\n")
     except OSError as error:
-        if error.errno != errno.ENOSPC:  # disk full: one line, no traceback
+        if error.errno == errno.ENOSPC:  # disk full: one line, no traceback
+            parser.exit(1, f"{parser.prog}: error: {error}\n")
+        if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST):
             raise
-        parser.exit(1, f"{parser.prog}: error: {error}\n")
+        parser.exit(2, f"{parser.prog}: error: cannot write under --export-dir={args.export_dir!r}: {error}\n")
     print(path)
     return 0
 

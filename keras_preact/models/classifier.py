@@ -144,6 +144,10 @@ class PreActResNetClassifier(keras.Model):
     @classmethod
     def from_config(cls, config):
         config = dict(config)
+        if not isinstance(config.get("backbone"), dict):
+            raise ValueError(f"Invalid {cls.__name__} config: 'backbone' (the serialized backbone it classifies) is "
+                             f"{'missing' if 'backbone' not in config else repr(config['backbone'])[:60]}; its keys: "
+                             f"{', '.join(sorted(config)) or 'none'}.")
         config["backbone"] = keras.layers.deserialize(config["backbone"])
         return cls(**config)
 

@@ -30,8 +30,8 @@ logger = logging.getLogger(__name__)
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TEST_SPLIT_NAMES = ("test", "val", "validation")
 # Part of the decoded-image cache's key: caches decoded otherwise (TensorFlow's fast JPEG IDCT, before
-# decode_image used the accurate one that Pillow uses) are not reused.
-DECODER = "jpeg-islow"
+# decode_image used the accurate one that Pillow uses; 16-bit PNGs clipped by Pillow) are not reused.
+DECODER = "jpeg-islow-png16-high-byte"
 
 
 class DataError(ValueError):
@@ -172,6 +172,28 @@ def folder_splits(data_dir):
     return train_dir, test_dirs[0]
 
 
+SIXTEEN_BIT_GRAY = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # Pillow's modes of 16-bit grayscale PNGs
+
+
+def pillow_pixels(image):
+    """uint8 ``[H, W, 3]`` pixels of a Pillow image, as TensorFlow's ``decode_image(channels=3)`` gives them.
+
+    ``convert("RGB")`` does that for 8-bit images of every mode (1, L, LA, P, RGB, RGBA, CMYK...), but clips a
+    16-bit grayscale image's samples at 255 (nearly white); libpng, under TensorFlow, keeps each sample's high
+    byte, as here.
+
+    Examples:
+        >>> from PIL import Image
+        >>> gray16 = Image.fromarray(np.array([[0, 255, 256, 65535]], np.uint16))
+        >>> gray16.mode, pillow_pixels(gray16)[0, :, 0].tolist()
+        ('I;16', [0, 0, 1, 255])
+    """
+    if image.mode in SIXTEEN_BIT_GRAY:
+        gray = (np.clip(np.asarray(image, np.int64), 0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    return np.asarray(image.convert("RGB"))
+
+
 def _decoded_images(files):
     """(index, uint8 image) for every file that decodes, in order; unreadable files are left out."""
     try:
@@ -191,7 +213,7 @@ def _decoded_images(files):
     for i, f in enumerate(files):
         try:
             with Image.open(f) as image:
-                yield i, np.asarray(image.convert("RGB"))
+                yield i, pillow_pixels(image)
         except (OSError, ValueError, SyntaxError):  # PIL's "cannot identify", truncated, bad header
             continue
 
@@ -204,6 +226,17 @@ def _bad_files_error(bad, total):
     )
 
 
+def _image_array(count, shape, example):
+    """An uninitialised uint8 array of ``count`` images of ``shape``, or a DataError if memory cannot hold it."""
+    try:
+        return np.empty((count,) + tuple(shape), np.uint8)
+    except MemoryError:
+        need = count * int(np.prod(shape)) / 2**30
+        raise DataError(f"{count} images of {shape[0]}x{shape[1]} (as {example}) need {need:.1f} GiB decoded, more than "
+                        "this machine can allocate: resize the images, or use an ImageNet-style recipe "
+                        "(augmentation='imagenet'), which streams and resizes.") from None
+
+
 def _decode_files(files, skip_bad=False, view=None):
     """(uint8 array [N, H, W, 3] of the readable images, their indices into ``files``).
 
@@ -211,21 +244,27 @@ def _decode_files(files, skip_bad=False, view=None):
     ``fitted`` view. Unreadable files raise a DataError naming them, or with
     ``skip_bad`` are left out (and counted on stdout).
     """
-    out, kept = None, []
+    out, kept, first = None, [], None
     for i, image in _decoded_images(files):
         path = files[i]
         if view is not None:
             image = fitted(image, *view)
-        if out is None:
-            out = np.empty((len(files),) + image.shape, np.uint8)
-        elif image.shape != out.shape[1:]:
+        if first is None:
+            first = (i, image)  # the array is made at the second image, once its size is seen to be shared
+            continue
+        if image.shape != first[1].shape:
             raise DataError(
-                f"Images of mixed sizes: {path} is {image.shape[:2]} but {files[0]} is "
-                f"{out.shape[1:3]}. The array pipeline needs one size; resize the images or use an "
+                f"Images of mixed sizes: {path} is {image.shape[:2]} but {files[first[0]]} is "
+                f"{first[1].shape[:2]}. The array pipeline needs one size; resize the images or use an "
                 "ImageNet-style recipe (augmentation='imagenet'), which streams and resizes."
             )
+        if out is None:
+            out = _image_array(len(files), first[1].shape, files[first[0]])
+            out[0], kept = first[1], [first[0]]
         out[len(kept)] = image
         kept.append(i)
+    if out is None and first is not None:  # a single readable image
+        out, kept = first[1][None], [first[0]]
     if len(kept) < len(files):
         bad = [files[i] for i in sorted(set(range(len(files))) - set(kept))]
         if not skip_bad or not kept:
