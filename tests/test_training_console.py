@@ -154,3 +154,23 @@ def test_every_command_prints_its_usage_without_tensorflow():
     expected = [f"{name} 2 False" if ray_missing and name == "keras-preact-serve-ray" else f"{name} 0 True"
                 for name in [name for name, _, _ in commands] + [f"keras_preact_training.{m}" for m in modules]]
     assert done.stdout.splitlines() == expected, done.stdout + done.stderr
+
+
+def test_a_missing_serve_extra_is_said_before_keras_loads():
+    """keras-preact-serve without its [serve] extra says so in one line at once: nothing of Keras or
+    TensorFlow is imported first (it took 14 s of start-up to say it)."""
+    code = textwrap.dedent("""
+        import importlib.abc, sys
+        class NotInstalled(importlib.abc.MetaPathFinder):
+            def find_spec(self, name, path=None, target=None):
+                if name.split(".")[0] == "uvicorn":
+                    raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        sys.meta_path.insert(0, NotInstalled())
+        from keras_preact_serving.console import serve
+        code = serve(["saved_models/m"])
+        print(code, "keras" in sys.modules, "tensorflow" in sys.modules)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
+    assert done.stdout.split() == ["2", "False", "False"], done.stderr[-2000:]
+    assert done.stderr.strip().splitlines() == [
+        'keras-preact-serve: error: serving needs Starlette and uvicorn: pip install "keras-preact[serve]"']
