@@ -258,3 +258,12 @@ def test_readme_links_reach_files_and_headings():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
             assert anchor in {slug(h) for h in headings}, f"README.md links to {target}#{anchor}: no such heading"
+
+
+def test_install_docs_say_how_to_get_the_cpu_torch_build():
+    """PyPI's Linux torch wheel pulls the nvidia-* packages even on a CPU machine: the install docs give
+    PyTorch's CPU index, with the pin the extras hold."""
+    command = 'pip install "torch<2.14" --index-url https://download.pytorch.org/whl/cpu'
+    for page in ("README.md", "docs/index.md"):
+        text = " ".join((REPO / page).read_text(encoding="utf-8").split())
+        assert command in text and "nvidia-*" in text, page
