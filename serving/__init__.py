@@ -15,6 +15,21 @@ _INSTALL_HINTS = {
     "keras-preact-serve-ray": {"ray": _RAY_HINT, "starlette": _RAY_HINT, "prometheus_client": _RAY_HINT}}
 
 
+def missing_extra(prog):
+    """The one line naming what to install when a package ``prog`` needs is missing (None when all are
+    there), found without importing anything: before Keras and TensorFlow load."""
+    import importlib.util
+
+    for module, hint in _INSTALL_HINTS[prog].items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            return f"{prog}: error: {hint}"
+    return None
+
+
 def _run(prog, module, argv):
     """``keras_preact_serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot import."""
     try:

@@ -1,14 +1,25 @@
 """The console scripts: TensorFlow's C++ start-up log lines hidden (``keras_preact_training.machine.start_up``), then the command."""
 
-from keras_preact_serving import main, main_ray  # standard library only (``serving/__init__.py``): imports no Keras
+import sys
+
+from keras_preact_serving import main, main_ray, missing_extra  # standard library only (``serving/__init__.py``): no Keras
 from keras_preact_training.machine.start_up import start_command
+
+
+def _start(prog, argv):
+    """A missing extra said in one line at once (exit 2), before Keras loads; else the command's start."""
+    line = missing_extra(prog)
+    if line:
+        print(line, file=sys.stderr)
+        return 2
+    return start_command(prog, argv)
 
 
 def serve(argv=None):
     """``keras-preact-serve``."""
-    return start_command("keras-preact-serve", argv) or main(argv)
+    return _start("keras-preact-serve", argv) or main(argv)
 
 
 def serve_ray(argv=None):
     """``keras-preact-serve-ray``."""
-    return start_command("keras-preact-serve-ray", argv) or main_ray(argv)
+    return _start("keras-preact-serve-ray", argv) or main_ray(argv)

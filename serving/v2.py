@@ -28,8 +28,13 @@ def datatype_of(dtype):
     return "BYTES" if dtype.kind in "OSU" else _NUMPY_DATATYPES[dtype.name]
 
 
+# Triton's names of the protocol extensions this server serves: binary tensor data, the classification
+# output parameter, GET /v2/models/NAME/config, /v2/models[/NAME]/stats and POST /v2/repository/index.
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository")
+
+
 def server_metadata(version):
-    return {"name": "keras-preact", "version": version, "extensions": ["binary_tensor_data"]}
+    return {"name": "keras-preact", "version": version, "extensions": list(EXTENSIONS)}
 
 
 def model_metadata(model, signature_name="serving_default"):

@@ -258,3 +258,34 @@ def test_readme_links_reach_files_and_headings():
         if anchor:
             headings = re.findall(r"^#+ (.+)$", path.read_text(), re.M)
             assert anchor in {slug(h) for h in headings}, f"README.md links to {target}#{anchor}: no such heading"
+
+
+def test_install_docs_say_how_to_get_the_cpu_torch_build():
+    """PyPI's Linux torch wheel pulls the nvidia-* packages even on a CPU machine: the install docs give
+    PyTorch's CPU index, with the pin the extras hold."""
+    command = 'pip install "torch<2.14" --index-url https://download.pytorch.org/whl/cpu'
+    for page in ("README.md", "docs/index.md"):
+        text = " ".join((REPO / page).read_text(encoding="utf-8").split())
+        assert command in text and "nvidia-*" in text, page
+
+
+def test_readme_python_blocks_each_stand_alone():
+    """A reader copies one block: every name a README python block uses is imported or defined in it (a
+    block that used ``np`` from the block before failed with NameError on its own)."""
+    import ast
+    import builtins
+
+    for block in (b for b in blocks("README.md") if b.language == "python"):
+        tree = ast.parse(block.code)
+        defined = set(dir(builtins))
+        for node in ast.walk(tree):
+            if isinstance(node, (ast.Import, ast.ImportFrom)):
+                defined |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+            elif isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                defined.add(node.id)
+            elif isinstance(node, (ast.FunctionDef, ast.ClassDef)):
+                defined.add(node.name)
+            elif isinstance(node, ast.arg):
+                defined.add(node.arg)
+        used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+        assert not used - defined, f"{block.where}: uses {sorted(used - defined)} without defining them"

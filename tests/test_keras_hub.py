@@ -63,3 +63,15 @@ class TestKerasHubBackboneHarness(HubTestCase):
         images = keras.ops.convert_to_tensor(np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32"))
         self.run_backbone_test(cls=kp.models.PreActResNetBackbone, init_kwargs=init_kwargs, input_data=images,
                                expected_output_shape=(2, 4, 4, 32), run_quantization_check=False)
+
+    def test_run_vision_backbone_test_with_keras_hubs_image_shape(self):
+        """keras-hub's vision harness names the input ``image_shape`` (reversed for its channels_first check,
+        run on JAX and PyTorch): the backbone takes that name too."""
+        init_kwargs = dict(stackwise_units=[1, 1], stackwise_filters=[8, 16], stackwise_strides=[1, 2],
+                           unit_options={"block": "basic", "shortcut_type": "B"}, image_shape=(16, 16, 3))
+        images = keras.ops.convert_to_tensor(np.random.default_rng(0).uniform(size=(2, 16, 16, 3)).astype("float32"))
+        self.run_vision_backbone_test(cls=kp.models.PreActResNetBackbone, init_kwargs=init_kwargs, input_data=images,
+                                      expected_output_shape=(2, 8, 8, 16), run_quantization_check=False,
+                                      run_mixed_precision_check=False)
+        with pytest.raises(ValueError, match="they name one argument"):
+            kp.models.PreActResNetBackbone([1], [8], [1], input_shape=(8, 8, 3), image_shape=(16, 16, 3))

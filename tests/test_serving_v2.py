@@ -62,7 +62,8 @@ def test_health_and_metadata(numpy_served):
     assert client.is_server_live() and client.is_server_ready() and client.is_model_ready("m")
     assert client.is_model_ready("m", "1") and not client.is_model_ready("other")
     assert client.get_server_metadata() == {"name": "keras-preact", "version": "0.1.0",
-                                            "extensions": ["binary_tensor_data"]}
+                                            "extensions": ["binary_tensor_data", "classification",
+                                                           "model_configuration", "statistics", "model_repository"]}
     assert client.get_model_metadata("m") == {"name": "m", "versions": ["1"], "platform": "keras_preact",
                                               "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
                                               "outputs": []}

@@ -9,7 +9,13 @@ from .machine.start_up import start_command
 
 
 def export(argv=None):
-    """``keras-preact-export``: on the run's backend where TensorFlow is missing."""
+    """``keras-preact-export``: on the run's backend where TensorFlow is missing; ``--help`` before Keras loads."""
+    import sys
+
+    from .export import build_parser  # standard library only
+
+    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
+        build_parser().parse_args(["--help"])
     status = start_command("keras-preact-export", argv)
     if status is not None:
         return status

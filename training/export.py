@@ -25,8 +25,7 @@ import pathlib
 import sys
 import zipfile
 
-from .run import run_lock, run_state
-from .run.manifest import RunManifest, model_fingerprint
+from .run import run_lock, run_state  # standard library only: --help loads no Keras (RunManifest's module does)
 
 
 def load_run_model(path):
@@ -65,6 +64,8 @@ def check_model(manifest, model, path):
     configuration digest is compared under the Keras that trained it (another may add config keys)."""
     import keras
 
+    from .run.manifest import model_fingerprint
+
     expected, found = manifest.model, model_fingerprint(model)
     keys = ("class_name", "params", "variables") + (("config",) if manifest.keras_version == keras.__version__ else ())
     if not expected or all(found[k] == expected.get(k) for k in keys):  # older runs record none
@@ -97,6 +98,8 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
     ``export_dir/<name>/<version>/`` (``name`` defaults to the run's; ``top_k`` to ``min(5, classes)``)."""
     from keras_preact.export import check_formats, export_model
     from keras_preact.export.version_dir import check_top_k
+
+    from .run.manifest import RunManifest
 
     check_formats(formats)
     run_dir = pathlib.Path(run_dir)

@@ -222,6 +222,7 @@ class PreActResNetBackbone(keras.Model):
             code's first-unit rules, TF-slim's strided identity).
         drop_path_rate: stochastic depth, growing linearly to this rate over the units (Huang et al.).
         input_shape: image shape in ``data_format`` order; height and width may be ``None``.
+        image_shape: keras-hub's name for ``input_shape`` (its vision backbones'), accepted as well; give one.
         data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
         dtype: dtype policy of every layer (e.g. ``"mixed_bfloat16"``), as keras-hub backbones take
             it; default Keras' global policy.
@@ -265,7 +266,13 @@ class PreActResNetBackbone(keras.Model):
         name=None,
         **kwargs,
     ):
+        image_shape = kwargs.pop("image_shape", None)  # keras-hub's name; the config keeps input_shape
         check_model_kwargs(type(self).__name__, kwargs)
+        if image_shape is not None:  # keras-hub's vision backbones' name
+            if input_shape != (None, None, 3) and tuple(input_shape) != tuple(image_shape):
+                raise ValueError(f"Invalid image_shape={tuple(image_shape)!r} with input_shape={tuple(input_shape)!r}: "
+                                 "they name one argument (image_shape is keras-hub's name); give one.")
+            input_shape = image_shape
         remat_lib.parse_remat(remat)
         units, filters, strides = _check_stages(stackwise_units, stackwise_filters, stackwise_strides)
         opt.check_choice("stem", stem, STEMS)
