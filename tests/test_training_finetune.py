@@ -136,3 +136,14 @@ def test_a_run_stopped_after_its_head_phase_resumes_to_the_same_weights(tmp_path
     expected = keras.saving.load_model(tmp_path / "whole" / "run" / "model.keras")
     for a, b in zip(resumed.weights, expected.weights):
         np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6, err_msg=a.path)
+
+
+@pytest.mark.any_backend
+@pytest.mark.notf
+def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phases(flowers, capsys):
+    assert cli.main(["finetune-folder", "--data-dir", str(flowers), "--dry-run", "--batch-size", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "data: folder, 21 training images, batch 7" in out  # 24 less one per class held out (0.1 of 8)
+    assert "iterations: 30 = 10 epochs x 3" in out
+    assert ("fine-tuning: from init_weights cifar10; the new head alone for the first 6 iterations, then every "
+            "layer; label smoothing 0.1") in out
