@@ -104,3 +104,46 @@ def test_bad_finetune_flags_exit_2_naming_them(tmp_path, flowers, flag, value, m
     assert exit_.value.code == 2
     assert message.replace("\\", "") in capsys.readouterr().err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.core
+@pytest.mark.notf
+@pytest.mark.skipif(keras.backend.backend() != "torch", reason="three runs, six compiles: 108 s on TensorFlow, 170 s "
+                    "on JAX on the 2-core CI machine (both pass); the PyTorch pass (16 s) checks this resume")
+def test_a_run_stopped_after_its_head_phase_resumes_to_the_same_weights(tmp_path, flowers, source_weights, monkeypatch):
+    """Stopped right after the backup of step 2 (the head phase is step 1), the same command resumes from it
+    (every layer trainable, the optimizer restored) and ends with the weights of a run never stopped."""
+    from keras_preact_training.run import run_dir as run_files
+
+    _, path = source_weights
+    whole = _argv(tmp_path / "whole", flowers, path, "--no-export", "--checkpoint-every", "1")
+    assert cli.main(whole) == 0
+    save = run_files.AtomicBackup._save_model
+
+    def stop_after_step_2(self):
+        save(self)
+        if self.step == 2:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_files.AtomicBackup, "_save_model", stop_after_step_2)
+    argv = _argv(tmp_path, flowers, path, "--no-export", "--checkpoint-every", "1")
+    with pytest.raises(KeyboardInterrupt):
+        cli.main(argv)
+    assert json.loads((tmp_path / "run" / "checkpoints" / "backup" / "latest.json").read_text())["step"] == 2
+    monkeypatch.setattr(run_files.AtomicBackup, "_save_model", save)
+    assert cli.main(argv) == 0
+    resumed = keras.saving.load_model(tmp_path / "run" / "model.keras")
+    expected = keras.saving.load_model(tmp_path / "whole" / "run" / "model.keras")
+    for a, b in zip(resumed.weights, expected.weights):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6, err_msg=a.path)
+
+
+@pytest.mark.any_backend
+@pytest.mark.notf
+def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phases(flowers, capsys):
+    assert cli.main(["finetune-folder", "--data-dir", str(flowers), "--dry-run", "--batch-size", "7"]) == 0
+    out = capsys.readouterr().out
+    assert "data: folder, 21 training images, batch 7" in out  # 24 less one per class held out (0.1 of 8)
+    assert "iterations: 30 = 10 epochs x 3" in out
+    assert ("fine-tuning: from init_weights cifar10; the new head alone for the first 6 iterations, then every "
+            "layer; label smoothing 0.1") in out
