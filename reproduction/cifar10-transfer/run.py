@@ -324,6 +324,8 @@ def main(argv=None):
     env += f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'torch')} "
     command = (env +
                shlex.join([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]))
+    if args.summarise_only and (out / "results.json").exists():  # keep the command that ran the experiment
+        command = json.loads((out / "results.json").read_text())["command"]
     half_a = link_half(data_dir, work / "cifar10-halfA", HALF_A)
     half_b = link_half(data_dir, work / "cifar10-halfB", HALF_B)
     run_dir = Path(args.pretrain_run) if args.pretrain_run else work / "pretrain-halfA"
