@@ -4,7 +4,9 @@ It imports nothing from keras_preact or training, so it can judge them (issues "
 as plain PyTorch" and "Trained for real"). Network, as fb.resnet.torch ``models/preresnet.lua`` (CIFAR):
 a 3x3 conv 3->16, three stages of n basic units (16/32/64 channels, strides 1/2/2; the first unit of
 every stage pre-activates the input its shortcut reads, ``both_preact``), option-A shortcuts (strided
-identity, zero channels), BN-ReLU, global average pooling, a linear layer. Initialisation as the official
+identity, zero channels), BN-ReLU, global average pooling, a linear layer. Depth 9n+2 (164, 1001) takes
+bottleneck units instead (64/128/256 channels, the stride on the first 1x1 conv, option-B 1x1 projections
+where the shape changes: ``resnet-pre-act.lua``). Initialisation as the official
 code: convs N(0, sqrt(2 / (k*k*out))), BN weight 1 bias 0; the linear layer Glorot-uniform with a zero
 bias (keras-preact's ``Dense``; fb.resnet.torch keeps Torch's default there). Recipe as
 ``keras-preact-train --preset cifar10-folder-resnet20-short``: ``torch.optim.SGD`` (momentum 0.9,
@@ -135,17 +137,56 @@ class PreActBasicUnit(nn.Module):
         return residual + self.shortcut(pre if self.preact_shortcut else x)
 
 
-class PreActResNet(nn.Module):
-    def __init__(self, depth=20, num_classes=10):
+class PreActBottleneckUnit(nn.Module):
+    """BN-ReLU-conv1x1(stride)-BN-ReLU-conv3x3-BN-ReLU-conv1x1 (4x) plus a 1x1 projection where the shape changes
+    (option B), as fb.resnet.torch ``resnet-pre-act.lua`` (paper Sec. 4, ResNet-164 and 1001)."""
+
+    def __init__(self, in_channels, out_channels, stride, preact_shortcut):
         super().__init__()
-        if (depth - 2) % 6:
-            raise SystemExit(f"reference_torch_cifar: --depth {depth} is not 6n+2 (20, 32, 44, 56, 110)")
-        n = (depth - 2) // 6
+        inner = out_channels // 4
+        self.bn1 = nn.BatchNorm2d(in_channels, eps=1e-5, momentum=0.1)
+        self.conv1 = nn.Conv2d(in_channels, inner, 1, stride, 0, bias=False)
+        self.bn2 = nn.BatchNorm2d(inner, eps=1e-5, momentum=0.1)
+        self.conv2 = nn.Conv2d(inner, inner, 3, 1, 1, bias=False)
+        self.bn3 = nn.BatchNorm2d(inner, eps=1e-5, momentum=0.1)
+        self.conv3 = nn.Conv2d(inner, out_channels, 1, 1, 0, bias=False)
+        changes = stride > 1 or in_channels != out_channels
+        self.projection = nn.Conv2d(in_channels, out_channels, 1, stride, 0, bias=False) if changes else None
+        self.preact_shortcut = preact_shortcut
+
+    def forward(self, x):
+        pre = F.relu(self.bn1(x))
+        residual = self.conv3(F.relu(self.bn3(self.conv2(F.relu(self.bn2(self.conv1(pre)))))))
+        shortcut = pre if self.preact_shortcut else x
+        return residual + (self.projection(shortcut) if self.projection is not None else shortcut)
+
+
+# Depths that are both 6n+2 and 9n+2 take the paper's block (keras-preact's ``cifar_resnet`` likewise).
+PAPER_BLOCKS = {164: "bottleneck", 1001: "bottleneck"}
+BLOCKS = {"basic": (PreActBasicUnit, 2, (16, 32, 64)), "bottleneck": (PreActBottleneckUnit, 3, (64, 128, 256))}
+
+
+def depth_block(depth, block=None):
+    """(block, units per stage): 6n+2 basic (16/32/64 channels), 9n+2 bottleneck (64/128/256), the paper's
+    choice for 164 and 1001."""
+    name = block or PAPER_BLOCKS.get(depth) or ("basic" if (depth - 2) % 6 == 0 else "bottleneck")
+    layers = BLOCKS[name][1]
+    if depth <= 2 or (depth - 2) % (3 * layers):
+        raise SystemExit(f"reference_torch_cifar: --depth {depth} is not 6n+2 (basic: 20, 32, 44, 56, 110) "
+                         "or 9n+2 (bottleneck: 164, 1001)")
+    return name, (depth - 2) // (3 * layers)
+
+
+class PreActResNet(nn.Module):
+    def __init__(self, depth=20, num_classes=10, block=None):
+        super().__init__()
+        block, n = depth_block(depth, block)
+        unit, _, widths = BLOCKS[block]
         self.stem = nn.Conv2d(3, 16, 3, 1, 1, bias=False)
         units, channels = [], 16
-        for width, stride in ((16, 1), (32, 2), (64, 2)):
+        for width, stride in zip(widths, (1, 2, 2)):
             for i in range(n):
-                units.append(PreActBasicUnit(channels, width, stride if i == 0 else 1, preact_shortcut=i == 0))
+                units.append(unit(channels, width, stride if i == 0 else 1, preact_shortcut=i == 0))
                 channels = width
         self.units = nn.Sequential(*units)
         self.bn = nn.BatchNorm2d(channels, eps=1e-5, momentum=0.1)
