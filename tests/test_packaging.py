@@ -171,3 +171,14 @@ def test_the_library_imports_no_app():
              if name.split(".")[0] in APPS or name == "keras_preact.serving" or name.startswith("keras_preact.serving.")]
     assert found == []
     assert not list((REPO / "keras_preact").glob("serving/**/*.py"))  # the serving app is serving/ (a stale __pycache__ may stay)
+
+
+def test_the_product_names_no_development_machine_path_or_issue():
+    """No ``../shared`` data path, and no issue number, in the library's or the apps' code, messages and
+    registry metadata: a user has neither."""
+    pattern = re.compile(r"\.\./shared|\bissues? #?\d+", re.IGNORECASE)
+    found = [(str(path.relative_to(REPO)), number, line.strip())
+             for folder in ("keras_preact", *APP_FOLDERS.values())
+             for path in sorted((REPO / folder).rglob("*.py"))
+             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert found == []

@@ -40,7 +40,7 @@ CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog
 CIFAR_WEIGHTS = {
     20: {"cifar10": dict(file="cifar_resnet20_cifar10.weights.h5", class_names=CIFAR10_CLASSES,
                          sha256="0ffb1d756a089e68949d733fbea448c93fd26adf36a68f097201964645dc8dc1",
-                         dataset="CIFAR-10 as JPEG q75 (../shared/data/cifar10-jpeg.tar.gz)", top1=0.8715, top5=0.9952,
+                         dataset="CIFAR-10 as JPEG q75 (cifar10-jpeg.tar.gz, sha256 efac85c8ed52f4ea...)", top1=0.8715, top5=0.9952,
                          source="keras-preact-train --preset cifar10-folder-resnet20-paper (64,000 iterations; JAX "
                                 "on one H100, seed 0; reproduction/cifar10-preact-resnet20-paper/)")},
 }

@@ -159,7 +159,7 @@ def folder_splits(data_dir):
         raise DataError(
             f"data_dir={str(data_dir)!r} is not a directory. For dataset='folder' give a directory "
             "with train/ and test/ (or val/) sub-folders, one folder of images per class, e.g. "
-            "tar xzf ../shared/data/cifar10-jpeg.tar.gz -C /tmp && --data-dir /tmp/cifar10-jpeg"
+            "--data-dir cifar10-jpeg holding train/airplane/0000.jpg ... and test/airplane/0000.jpg ..."
         )
     train_dir = root / "train"
     test_dirs = [root / n for n in TEST_SPLIT_NAMES if (root / n).is_dir()]
