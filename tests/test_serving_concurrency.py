@@ -5,6 +5,7 @@ threads), each reply compared with its image's answer computed alone in the test
 import http.client
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -101,3 +102,37 @@ def test_concurrent_clients_each_get_their_own_images_answer(exported, images, r
              if status == 200 and not np.allclose(reply, expected[index], rtol=0, atol=1e-5)]
     assert (failed, wrong) == ([], []), f"{len(failed)} failed, {len(wrong)} wrong of {2 * CLIENTS * ROUNDS}: {failed[:3]}"
     assert sum(map(len, replies.values())) == 2 * CLIENTS * ROUNDS
+
+
+def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported, images):
+    """A REST upload holding the whole --max-bodies-in-flight-bytes (its Content-Length, stalled) leaves none to another
+    REST request (503) or a gRPC one (RESOURCE_EXHAUSTED); once it is gone both are answered."""
+    import socket
+
+    pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
+    version = exported["onnx"]
+    server = make_server(version.parent, port=0, grpc_port=0, runtime="onnx", max_body_bytes=100_000,
+                         max_bodies_in_flight_bytes=100_000)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    try:
+        held = socket.create_connection(("127.0.0.1", port), timeout=30)
+        held.sendall(b"POST /v1/models/onnx:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 99000\r\n\r\n[")
+        deadline = time.monotonic() + 30
+        while server.state.bodies.held == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.state.bodies.held == 99_000
+        status, reply = rest_predict(port, "onnx", images[0])
+        assert status == 503 and "--max-bodies-in-flight-bytes" in reply["error"], reply
+        assert grpc_predict(stub, "onnx", images[0])[0] == "RESOURCE_EXHAUSTED"
+        held.close()
+        while server.state.bodies.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rest_predict(port, "onnx", images[0])[0] == 200 and grpc_predict(stub, "onnx", images[0])[0] == 200
+        assert server.state.bodies.held == 0
+    finally:
+        channel.close()
+        server.shutdown()
+        server.server_close()
