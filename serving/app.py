@@ -250,7 +250,13 @@ class ServingState:
     def predict(self, model, signature_name, inputs):
         """``model.predict``, its batch size observed: every model call goes through here."""
         self.metrics.observe_batch(model.name, signature_name, next(iter(inputs.values())).shape[0])
-        return model.predict(signature_name, inputs)
+        outputs = model.predict(signature_name, inputs)
+        for name, value in outputs.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and not np.isfinite(value).all():  # e.g. float pixels of 1e38 overflowing
+                raise RequestError(f"The model's output '{name}' is not finite (NaN or infinity) for these inputs: "
+                                   f"send values in the range the signature takes (float pixels in 0-255).")
+        return outputs
 
     @contextlib.asynccontextmanager
     async def running(self):

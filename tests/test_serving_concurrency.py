@@ -136,3 +136,35 @@ def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported, images):
         channel.close()
         server.shutdown()
         server.server_close()
+
+
+def test_inputs_the_model_turns_into_non_finite_outputs_are_refused(exported):
+    """serving_float with finite pixels of 3e38 (the model's outputs overflow to NaN): a 400 on REST, INVALID_ARGUMENT
+    on gRPC, never a 500 nor an OK holding NaN; finite pixels in range still answer."""
+    version = exported["saved_model"]
+    server = make_server(version.parent, port=0, grpc_port=0, runtime="saved_model")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    huge = np.full((1, 32, 32, 3), 3e38, np.float32)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("POST", "/v1/models/saved_model:predict",
+                     body=json.dumps({"signature_name": "serving_float", "instances": huge.tolist()}))
+        response = conn.getresponse()
+        reply = json.loads(response.read())
+        conn.close()
+        assert response.status == 400 and "not finite" in reply["error"], reply
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name, request.model_spec.signature_name = "saved_model", "serving_float"
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(huge))
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Predict(request, 120)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not finite" in error.value.details()
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(np.full((1, 32, 32, 3), 100.0, np.float32)))
+        assert np.isfinite(tf.make_ndarray(stub.Predict(request, 120).outputs["probabilities"])).all()
+    finally:
+        channel.close()
+        server.shutdown()
+        server.server_close()
