@@ -161,7 +161,7 @@ class Server:
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
         self.command = [sys.executable, "-c", SERVE, str(model_base), "--host", "127.0.0.1", "--port", "0",
                         "--model-name", MODEL_NAME, "--runtime", fmt, "--max-batch-size", str(max_batch),
-                        "--max-body-bytes", str(max_body)]
+                        "--max-body-bytes", str(max_body), "--max-bodies-in-flight-bytes", str(max(max_body, 256 * 1024 * 1024))]
         self.lines = []
         self._queue = queue.Queue()
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

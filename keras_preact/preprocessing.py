@@ -225,9 +225,18 @@ def image_format(data):
     return next((name for name, magic in IMAGE_MAGIC.items() if head.startswith(magic)), None)
 
 
-def _gif_sub_blocks_end(data, pos):
-    """The offset after the sub-blocks starting at ``pos`` (each a length byte and its bytes, a 0 last)."""
+# Blocks and sub-blocks read up to the end of a GIF's first frame, at most: a 4096 x 4096 frame of 12-bit codes is
+# ~100K sub-blocks of 255 bytes; millions of empty extension blocks (3 bytes each) would cost seconds each.
+MAX_GIF_BLOCKS = 1 << 20
+
+
+def _gif_sub_blocks_end(data, pos, budget):
+    """The offset after the sub-blocks starting at ``pos`` (each a length byte and its bytes, a 0 last), each counted
+    in ``budget`` (a one-element list of the blocks left)."""
     while pos < len(data):
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise ValueError(f"The GIF holds more than {MAX_GIF_BLOCKS} blocks before the end of its first frame.")
         size = data[pos]
         pos += 1 + size
         if size == 0:
@@ -243,8 +252,8 @@ def gif_first_frame(data):
     ``tf.io.decode_image(expand_animations=False)`` keeps the first frame of a GIF, but giflib reads and
     decompresses every frame first (``DGifSlurp``): 1,500 frames of 1024 x 1024 in a 2.8 MB file cost
     seconds and gigabytes. The cut GIF decodes to the same first frame. Returns ``data`` itself when
-    nothing but the trailer follows its first frame; ValueError when it is not a GIF or ends before its
-    first frame does.
+    nothing but the trailer follows its first frame; ValueError when it is not a GIF, ends before its
+    first frame does, or holds more than ``MAX_GIF_BLOCKS`` blocks and sub-blocks up to there.
 
     Examples:
         >>> import io
@@ -259,13 +268,13 @@ def gif_first_frame(data):
     data = bytes(data)
     if len(data) < 13 or not data.startswith((b"GIF87a", b"GIF89a")):
         raise ValueError("Not a GIF: no GIF87a/GIF89a header.")
-    flags, pos = data[10], 13
+    flags, pos, budget = data[10], 13, [MAX_GIF_BLOCKS]
     if flags & 0x80:  # the global colour table
         pos += 3 << ((flags & 7) + 1)
     while pos < len(data):
         block = data[pos]
         if block == 0x21:  # an extension: its label, then sub-blocks
-            pos = _gif_sub_blocks_end(data, pos + 2)
+            pos = _gif_sub_blocks_end(data, pos + 2, budget)
         elif block == 0x2C:  # an image: its descriptor, local colour table, LZW code size, sub-blocks
             if pos + 10 > len(data):
                 break
@@ -273,7 +282,7 @@ def gif_first_frame(data):
             flags, pos = data[pos + 9], pos + 10
             if flags & 0x80:
                 pos += 3 << ((flags & 7) + 1)
-            end = _gif_sub_blocks_end(data, pos + 1)
+            end = _gif_sub_blocks_end(data, pos + 1, budget)
             return (data if data[end:] == b";" else data[:end] + b";"), size
         else:  # the trailer, or a block giflib refuses too
             raise ValueError(f"The GIF has no frame (block 0x{block:02x} before any image).")

@@ -39,6 +39,8 @@ class RequestLimits(FlagRecord):
     """What one request (and, in the local server, one connection: ``server_only``) may use."""
 
     max_body_bytes: int = flag(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
+    max_bodies_in_flight_bytes: int = flag(256 * 1024 * 1024, "bytes of request bodies held at once by all requests in "
+                                                              "flight, REST and gRPC (503 beyond); at least --max-body-bytes")
     max_batch_size: int = flag(256, "examples per request (413 above)")
     max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
     max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
@@ -46,9 +48,88 @@ class RequestLimits(FlagRecord):
     request_timeout: float = flag(30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
     max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
 
+    def __post_init__(self):
+        super().__post_init__()
+        if self.max_bodies_in_flight_bytes < self.max_body_bytes:
+            raise ValueError(f"Invalid max_bodies_in_flight_bytes={self.max_bodies_in_flight_bytes!r}: expected at least "
+                             f"max_body_bytes={self.max_body_bytes!r} (one whole body).")
+
     def model_limits(self):
         """The limits ``rest.check_inputs`` applies (keyword arguments)."""
         return {name: getattr(self, name) for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
+
+
+TRIM_BYTES = 1024 * 1024  # a body at least this large, once released, returns the heap's free memory to the system
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's ``malloc_trim`` (None elsewhere)."""
+    import ctypes
+    import ctypes.util
+
+    try:
+        return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim
+    except (OSError, AttributeError):
+        return None
+
+
+def trim_heap():
+    """Give the memory free in the C heap back to the system (glibc): a large body is read in many small chunks,
+    which the heap otherwise keeps once freed."""
+    trim = _malloc_trim()
+    if trim is not None:
+        trim(0)
+
+
+class BodyBytes:
+    """The bytes of request bodies a server holds at once (``held``), at most ``limit``: each request takes its
+    share (its Content-Length at once, a chunked body as it arrives) and gives it back once answered (``share``).
+
+    Examples:
+        >>> bodies = BodyBytes(limit=100)
+        >>> with bodies.share() as share:
+        ...     share.take(60)
+        ...     bodies.held
+        60
+        >>> bodies.held
+        0
+    """
+
+    def __init__(self, limit):
+        self.limit, self.held = limit, 0
+        self._lock = threading.Lock()
+
+    @contextlib.contextmanager
+    def share(self):
+        """One request's share (``take(n)`` more bytes: a 503 ``RequestError`` past the limit), given back at the end."""
+        share = _Share(self)
+        try:
+            yield share
+        finally:
+            with self._lock:
+                self.held -= share.bytes
+            if share.bytes >= TRIM_BYTES:
+                trim_heap()
+            share.bytes = 0
+
+
+class _Share:
+    def __init__(self, bodies):
+        self._bodies, self.bytes = bodies, 0
+
+    def take(self, n, close=True):
+        bodies = self._bodies
+        with bodies._lock:
+            if bodies.held + n > bodies.limit:
+                held = bodies.held
+            else:
+                bodies.held += n
+                self.bytes += n
+                return
+        error = _CloseAfter if close else RequestError
+        raise error(f"The server holds {held} bytes of request bodies in flight; {n} more would pass the limit of "
+                    f"{bodies.limit} bytes (--max-bodies-in-flight-bytes); retry later.", 503)
 
 
 def model_name_or_default(model_base, model_name=None):
@@ -118,6 +199,7 @@ class ServingState:
         self.headers = {}
         self.ready = threading.Event()
         self.metrics = ServingMetrics()
+        self.bodies = BodyBytes(self.limits.max_bodies_in_flight_bytes)
         self._lock = threading.Lock()
 
     def __reduce__(self):  # a Ray Serve replica unpickles a new state of its own
@@ -168,7 +250,13 @@ class ServingState:
     def predict(self, model, signature_name, inputs):
         """``model.predict``, its batch size observed: every model call goes through here."""
         self.metrics.observe_batch(model.name, signature_name, next(iter(inputs.values())).shape[0])
-        return model.predict(signature_name, inputs)
+        outputs = model.predict(signature_name, inputs)
+        for name, value in outputs.items():
+            value = np.asarray(value)
+            if value.dtype.kind == "f" and not np.isfinite(value).all():  # e.g. float pixels of 1e38 overflowing
+                raise RequestError(f"The model's output '{name}' is not finite (NaN or infinity) for these inputs: "
+                                   f"send values in the range the signature takes (float pixels in 0-255).")
+        return outputs
 
     @contextlib.asynccontextmanager
     async def running(self):
@@ -189,8 +277,9 @@ class ServingState:
             self.batcher.close()
 
 
-async def read_body(request, limits):
-    """The body (b"" for a GET without one), read whole first; refused and closed if unframed, framed twice, too big or slow."""
+async def read_body(request, limits, share):
+    """The body (b"" for a GET without one), read whole first, its bytes taken from ``share`` (``BodyBytes``) as they
+    arrive; refused and closed if unframed, framed twice, too big, slow, or past the bound of bodies in flight."""
     length = request.headers.get("content-length")
     chunked = "chunked" in request.headers.get("transfer-encoding", "").lower()
     if length is None and not chunked:
@@ -205,13 +294,21 @@ async def read_body(request, limits):
         raise _CloseAfter(f"Request body of {length} bytes exceeds the limit of {limits.max_body_bytes} bytes.", 413)
 
     async def receive():
-        body = bytearray()
+        chunks, size = [], 0  # joined once whole: a growing buffer's reallocations leave the heap fragmented
         async for chunk in request.stream():
-            body += chunk
-            if len(body) > limits.max_body_bytes:
+            size += len(chunk)
+            if size > limits.max_body_bytes:
                 raise _CloseAfter(f"Request body of more than {limits.max_body_bytes} bytes exceeds the limit of "
                                   f"{limits.max_body_bytes} bytes.", 413)
-        return bytes(body)
+            if length is None:  # chunked: taken as it arrives
+                share.take(len(chunk))
+            chunks.append(chunk)
+        body = b"".join(chunks)
+        chunks.clear()
+        return body
+
+    if length is not None:  # taken whole before any of it is read: admitted whole, or refused at once
+        share.take(int(length))
 
     try:
         return await asyncio.wait_for(receive(), limits.request_timeout)
@@ -462,25 +559,26 @@ class _Served:
                 MutableHeaders(scope=message).update(self.state.headers)
             await send(message)
 
-        try:
-            body = await read_body(request, self.state.limits)
-            if self.state.wait_for_load and scope["path"] not in SERVICE_PATHS:
-                await self.state.loaded(self.state.limits.request_timeout)  # then a 503 if still loading (``_served``)
+        with self.state.bodies.share() as share:  # the body's bytes held until the reply is sent
+            try:
+                body = await read_body(request, self.state.limits, share)
+                if self.state.wait_for_load and scope["path"] not in SERVICE_PATHS:
+                    await self.state.loaded(self.state.limits.request_timeout)  # then a 503 if still loading (``_served``)
 
-            async def replay():  # the body read, then what the server sends next (a disconnect)
-                nonlocal body
-                if body is None:
-                    return await receive()
-                message, body = {"type": "http.request", "body": body, "more_body": False}, None
-                return message
+                async def replay():  # the body read, then what the server sends next (a disconnect)
+                    nonlocal body
+                    if body is None:
+                        return await receive()
+                    message, body = {"type": "http.request", "body": body, "more_body": False}, None
+                    return message
 
-            await self.app(scope, replay, send_with_headers)
-        except ClientDisconnect:  # nobody to answer; the server may have closed it (connections.BoundedH11Protocol)
-            await Response(status_code=499)(scope, receive, send_with_headers)
-        except Exception as error:  # noqa: BLE001 - the server answers and stays up
-            if status:  # the reply has begun: nothing more can be said
-                raise
-            await _error_reply(error)(scope, receive, send_with_headers)
+                await self.app(scope, replay, send_with_headers)
+            except ClientDisconnect:  # nobody to answer; the server may have closed it (connections.BoundedH11Protocol)
+                await Response(status_code=499)(scope, receive, send_with_headers)
+            except Exception as error:  # noqa: BLE001 - the server answers and stays up
+                if status:  # the reply has begun: nothing more can be said
+                    raise
+                await _error_reply(error)(scope, receive, send_with_headers)
         if scope["path"] not in SERVICE_PATHS:
             route = scope.get("route")
             if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:

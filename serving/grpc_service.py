@@ -191,7 +191,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
 
 class RequestDeadline(grpc.aio.ServerInterceptor):
     """A unary RPC's message must arrive within ``request_timeout`` (else DEADLINE_EXCEEDED): gRPC bounds neither that
-    wait nor a call without a deadline. Each unary-unary handler is served as stream-unary, reading the message itself."""
+    wait nor a call without a deadline. Each unary-unary handler is served as stream-unary, reading the message itself;
+    its bytes count in ``state.bodies`` until answered (RESOURCE_EXHAUSTED past the bound)."""
 
     def __init__(self, state):
         self.state, self.timeout = state, state.limits.request_timeout
@@ -209,7 +210,13 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
                 await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s.")
             except StopAsyncIteration:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
-            return await handler.unary_unary(request, context)
+            with self.state.bodies.share() as share:  # the message's bytes held until the reply (REST's bound too)
+                try:
+                    share.take(request.ByteSize(), close=False)
+                except RequestError as error:
+                    self.state.metrics.observe_request("", "", "", grpc.StatusCode.RESOURCE_EXHAUSTED.name, 0.0)
+                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
+                return await handler.unary_unary(request, context)
 
         return grpc.stream_unary_rpc_method_handler(behavior, handler.request_deserializer, handler.response_serializer)
 

@@ -18,7 +18,7 @@ from ray import serve
 
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.batching import BatchingOptions, check_number
-from keras_preact_serving.servable import RUNTIMES, Servable, choose_runtimes, formats_in, latest_version_dir
+from keras_preact_serving.servable import RUNTIMES, Servable, check_runtime
 from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
 
 DEFAULT_PORT = 8000  # Ray Serve's HTTP port
@@ -89,7 +89,7 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, batchin
     options = BatchingOptions(batching_max_size, batching_timeout_ms)  # both checked (keras-preact-serve's flags)
     max_ongoing = 2 * options.batching_max_size  # one merged call running and the next one filling, per replica
     model_base = pathlib.Path(model_base).resolve()
-    choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # valid and installed here (else Value/ImportError)
+    check_runtime(model_base, runtime)  # valid and installed here for some version (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
     state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
                          dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers,

@@ -231,6 +231,13 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
             fmt = image_format(data)
             if fmt is None:
                 raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.")
+            if fmt == "GIF":  # cut to its first frame first, its blocks bounded: Pillow then reads no more
+                try:
+                    first, frame = gif_first_frame(data)
+                except ValueError as error:
+                    raise RequestError(f"Input '{name}'[{index}] is not a GIF image: {error}") from None
+                if first is not data:
+                    array.flat[index] = data = first
             try:
                 with Image.open(io.BytesIO(data)) as image:
                     width, height = image.size
@@ -240,12 +247,6 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
             except (UnidentifiedImageError, OSError, ValueError, SyntaxError):
                 raise RequestError(f"Input '{name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image.") from None
             if fmt == "GIF":
-                try:
-                    first, frame = gif_first_frame(data)
-                except ValueError as error:
-                    raise RequestError(f"Input '{name}'[{index}] is not a GIF image: {error}") from None
-                if first is not data:
-                    array.flat[index] = first
                 if frame[0] * frame[1] > width * height:
                     width, height = frame
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"

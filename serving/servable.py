@@ -36,12 +36,30 @@ def formats_in(version_dir):
     return tuple(f for f in RUNTIME_SPEED_ORDER if (pathlib.Path(version_dir) / ARTIFACTS[f]).is_file())
 
 
-def version_dirs(model_base):
-    """[(version, path), ...] of the version folders holding an export, newest first; else ValueError."""
+MAX_VERSION = 2**63 - 1  # TF Serving's versions are int64
+
+
+def version_number(name):
+    """The version a folder's name is (ASCII digits 0-9, at most ``MAX_VERSION``), else None."""
+    if not name.isascii() or not name.isdigit() or int(name) > MAX_VERSION:
+        return None
+    return int(name)
+
+
+def version_dirs(model_base, skipped=None):
+    """[(version, path), ...] of the version folders holding an export, newest first; else ValueError. Folders holding
+    an export under another name are left out, each appended to ``skipped`` as (path, reason)."""
     base = pathlib.Path(model_base)
     if not base.is_dir():
         raise ValueError(f"Invalid model_base_path={str(base)!r}: not a directory.")
-    versions = sorted(((int(p.name), p) for p in base.iterdir() if p.name.isdigit() and formats_in(p)), reverse=True)
+    versions = []
+    for p in base.iterdir():
+        if formats_in(p):
+            if version_number(p.name) is not None:
+                versions.append((version_number(p.name), p))
+            elif skipped is not None:
+                skipped.append((p, f"not a version: a version folder's name is ASCII digits 0-9, at most {MAX_VERSION}"))
+    versions.sort(reverse=True)
     if not versions:
         hint = " It is itself a version folder: pass its parent." if formats_in(base) else ""
         raise ValueError(f"Invalid model_base_path={str(base)!r}: no numeric version folder with an export "
@@ -52,6 +70,14 @@ def version_dirs(model_base):
 def latest_version_dir(model_base):
     """(version, path) of the highest numeric version folder holding an export under ``model_base``."""
     return version_dirs(model_base)[0]
+
+
+def check_runtime(model_base, runtime="auto"):
+    """``choose_runtimes`` for the newest version holding ``runtime`` (auto: the newest version): one line
+    (ValueError, ImportError) unless some version can serve on it."""
+    versions = version_dirs(model_base)
+    holding = [path for _, path in versions if runtime in formats_in(path)] or [versions[0][1]]
+    return choose_runtimes(formats_in(holding[0]), runtime)
 
 
 def choose_runtimes(present, runtime="auto"):
@@ -173,6 +199,24 @@ def _named_file(error, path, default):
     return default
 
 
+# The last 8 bytes of a whole checkpoint index (a LevelDB table): its magic number, little-endian.
+TABLE_MAGIC = (0xdb4775248b80fb57).to_bytes(8, "little")
+# Each format's entries in a version folder: any of them there means the format was (being) written.
+ENTRIES = {"saved_model": ("saved_model.pb", "variables", "fingerprint.pb"), "onnx": ("model.onnx",),
+           "litert": ("model.tflite",), "openvino": ("openvino",)}
+
+
+def _footer(file):
+    with open(file, "rb") as f:
+        f.seek(max(f.seek(0, 2) - 8, 0))
+        return f.read(8)
+
+
+def started_formats(version_dir):
+    """The formats a version folder holds any entry of (whole or not), in ``RUNTIME_SPEED_ORDER``."""
+    return tuple(f for f in RUNTIME_SPEED_ORDER if any((pathlib.Path(version_dir) / e).exists() for e in ENTRIES[f]))
+
+
 def check_version_files(path, formats):
     """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged; None when whole."""
     path = pathlib.Path(path)
@@ -193,6 +237,8 @@ def check_version_files(path, formats):
         return preprocessing, one_line(error), "DATA_LOSS"
     if "saved_model" in formats and not any((path / "variables").glob("variables.data-*")):
         return "variables/variables.data-*", "missing", "NOT_FOUND"
+    if "saved_model" in formats and _footer(path / "variables/variables.index") != TABLE_MAGIC:
+        return "variables/variables.index", "cut short (no table footer)", "DATA_LOSS"
     if "openvino" in formats:
         try:
             root = ElementTree.parse(path / ARTIFACTS["openvino"]).getroot()
@@ -219,8 +265,11 @@ class Servable:
 
     def __init__(self, name, model_base, runtime="auto"):
         self.name = name
-        versions = version_dirs(model_base)
-        choose_runtimes(formats_in(versions[0][1]), runtime)  # the flags fit the newest version (else one line)
+        skipped = []
+        versions = version_dirs(model_base, skipped)
+        for folder, reason in skipped:
+            logger.warning("keras-preact-serve: skipped %s: %s", folder, reason)
+        check_runtime(model_base, runtime)  # the flags fit some version (else one line)
         self.failed = []
         for version, path in versions:
             try:
@@ -241,7 +290,8 @@ class Servable:
         self.version, self.path = version, path
         choice = choose_runtimes(formats_in(path), runtime)
         loaded = {choice["pixels"]} | ({"saved_model"} if choice["saved_model"] else set())
-        if (damaged := check_version_files(path, loaded)) is not None:
+        # Every format begun is checked whole: a copy under way is skipped, not served with fewer signatures.
+        if (damaged := check_version_files(path, loaded | set(started_formats(path)))) is not None:
             raise VersionError(version, path, *damaged)
         self._runners, self.input_specs, signature_defs, self.signatures = {}, {}, {}, {}
         if choice["saved_model"]:
@@ -262,6 +312,12 @@ class Servable:
             self._runners[PIXELS_SIGNATURE], self.signatures[PIXELS_SIGNATURE] = artifact, choice["pixels"]
             self.input_specs[PIXELS_SIGNATURE] = artifact.input_spec
             signature_defs.setdefault(PIXELS_SIGNATURE, artifact.signature_def)
+        classes = signature_defs[PIXELS_SIGNATURE]["outputs"]["probabilities"]["tensor_shape"]["dim"][-1]["size"]
+        names_file = path / ASSETS / CLASS_NAMES_ASSET
+        names = len(names_file.read_text(encoding="utf-8", errors="replace").splitlines())
+        if int(classes) > 0 and names != int(classes):
+            raise VersionError(version, path, f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{names} class names; the model has "
+                               f"{classes} classes (one name per line, line number = label)", "DATA_LOSS")
         self.metadata = {
             "model_spec": {"name": self.name, "signature_name": "", "version": str(version)},
             "metadata": {"signature_def": {"signature_def": signature_defs}}}

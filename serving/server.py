@@ -19,7 +19,7 @@ from uvicorn._compat import asyncio_run
 from keras_preact_serving import batching
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.connections import BoundedH11Protocol
-from keras_preact_serving.servable import RUNTIMES, NoVersionLoads, Servable, choose_runtimes, formats_in, latest_version_dir, one_line
+from keras_preact_serving.servable import RUNTIMES, NoVersionLoads, Servable, check_runtime, one_line
 
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
@@ -174,7 +174,7 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
         raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
                           f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
     name = model_name_or_default(model_base, model_name)
-    choose_runtimes(formats_in(latest_version_dir(model_base)[1]), runtime)  # one line (Value/ImportError) if not
+    check_runtime(model_base, runtime)  # one line (Value/ImportError) unless some version fits
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
                          options if enable_batching else None, load_in_background=load_in_background)
     server = Server(state, host, port, verbose, grpc_port=grpc_port)  # a port in use: PortInUse before loading

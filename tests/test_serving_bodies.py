@@ -145,3 +145,25 @@ def test_a_60_mb_body_of_millions_of_values_is_refused_at_once_and_its_memory_re
     assert peak < 200 and after < 30, f"{kind}: the server's memory grew by {peak:.0f} MiB at the peak, {after:.0f} MiB after"
     status, reply = running.request("POST", PREDICT, json.dumps({"instances": [[1.0, 2.0]]}).encode())
     assert (status, json.loads(reply)) == (200, {"predictions": [3.0]})
+
+
+def test_a_gif_of_millions_of_empty_blocks_is_refused_in_bounded_work():
+    """Issue 56, case 9: 2M empty comment extensions (6 MB) before a GIF's frame: a 400 naming the bound, after reading
+    at most ``MAX_GIF_BLOCKS`` blocks (main read them all, in Pillow and in its own parse, then served the image)."""
+    import io
+
+    from PIL import Image
+
+    from keras_preact.preprocessing import MAX_GIF_BLOCKS
+
+    frame = io.BytesIO()
+    Image.new("RGB", (4, 4)).save(frame, "GIF")
+    gif = frame.getvalue()
+    start = gif.index(b"\x2c")  # the first image descriptor: the empty extensions go before it
+    bomb = gif[:start] + b"\x21\xfe\x00" * (2 * MAX_GIF_BLOCKS) + gif[start:]
+    limits = {"max_image_pixels": 4096 * 4096, "max_aspect_ratio": 8.0, "max_request_pixels": 64 * 1024 * 1024}
+    started = time.perf_counter()
+    with pytest.raises(rest.RequestError, match=f"more than {MAX_GIF_BLOCKS} blocks before the end of its first frame"):
+        rest.check_encoded_images({"s": np.array([bomb], dtype=object)}, **limits)
+    assert time.perf_counter() - started < 10  # about 0.3 s on a quiet core
+    rest.check_encoded_images({"s": np.array([gif], dtype=object)}, **limits)  # a whole GIF still passes

@@ -5,6 +5,7 @@ threads), each reply compared with its image's answer computed alone in the test
 import http.client
 import json
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -101,3 +102,69 @@ def test_concurrent_clients_each_get_their_own_images_answer(exported, images, r
              if status == 200 and not np.allclose(reply, expected[index], rtol=0, atol=1e-5)]
     assert (failed, wrong) == ([], []), f"{len(failed)} failed, {len(wrong)} wrong of {2 * CLIENTS * ROUNDS}: {failed[:3]}"
     assert sum(map(len, replies.values())) == 2 * CLIENTS * ROUNDS
+
+
+def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported, images):
+    """A REST upload holding the whole --max-bodies-in-flight-bytes (its Content-Length, stalled) leaves none to another
+    REST request (503) or a gRPC one (RESOURCE_EXHAUSTED); once it is gone both are answered."""
+    import socket
+
+    pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
+    version = exported["onnx"]
+    server = make_server(version.parent, port=0, grpc_port=0, runtime="onnx", max_body_bytes=100_000,
+                         max_bodies_in_flight_bytes=100_000)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    try:
+        held = socket.create_connection(("127.0.0.1", port), timeout=30)
+        held.sendall(b"POST /v1/models/onnx:predict HTTP/1.1\r\nHost: x\r\nContent-Length: 99000\r\n\r\n[")
+        deadline = time.monotonic() + 30
+        while server.state.bodies.held == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert server.state.bodies.held == 99_000
+        status, reply = rest_predict(port, "onnx", images[0])
+        assert status == 503 and "--max-bodies-in-flight-bytes" in reply["error"], reply
+        assert grpc_predict(stub, "onnx", images[0])[0] == "RESOURCE_EXHAUSTED"
+        held.close()
+        while server.state.bodies.held and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert rest_predict(port, "onnx", images[0])[0] == 200 and grpc_predict(stub, "onnx", images[0])[0] == 200
+        assert server.state.bodies.held == 0
+    finally:
+        channel.close()
+        server.shutdown()
+        server.server_close()
+
+
+def test_inputs_the_model_turns_into_non_finite_outputs_are_refused(exported):
+    """serving_float with finite pixels of 3e38 (the model's outputs overflow to NaN): a 400 on REST, INVALID_ARGUMENT
+    on gRPC, never a 500 nor an OK holding NaN; finite pixels in range still answer."""
+    version = exported["saved_model"]
+    server = make_server(version.parent, port=0, grpc_port=0, runtime="saved_model")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = server.server_address[1]
+    channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
+    stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
+    huge = np.full((1, 32, 32, 3), 3e38, np.float32)
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=120)
+        conn.request("POST", "/v1/models/saved_model:predict",
+                     body=json.dumps({"signature_name": "serving_float", "instances": huge.tolist()}))
+        response = conn.getresponse()
+        reply = json.loads(response.read())
+        conn.close()
+        assert response.status == 400 and "not finite" in reply["error"], reply
+        request = predict_pb2.PredictRequest()
+        request.model_spec.name, request.model_spec.signature_name = "saved_model", "serving_float"
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(huge))
+        with pytest.raises(grpc.RpcError) as error:
+            stub.Predict(request, 120)
+        assert error.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "not finite" in error.value.details()
+        request.inputs["images"].CopyFrom(tf.make_tensor_proto(np.full((1, 32, 32, 3), 100.0, np.float32)))
+        assert np.isfinite(tf.make_ndarray(stub.Predict(request, 120).outputs["probabilities"])).all()
+    finally:
+        channel.close()
+        server.shutdown()
+        server.server_close()

@@ -146,3 +146,58 @@ def test_a_port_in_use_exits_1_in_one_line(whole, tmp_path, flag):
     assert result.returncode == 1 and result.stdout == "", result
     (line,) = lines_of(result.stderr)
     assert line.startswith(f"keras-preact-serve: error: port {port} is in use ({flag}, 127.0.0.1:{port}"), line
+
+
+def test_damaged_names_index_or_formats_and_folders_not_versions_are_skipped_each_in_one_line(whole, tmp_path, caplog):
+    """Issue 56 cases 3-6, on the Servable keras-preact-serve loads: class names cut short or missing their first line
+    (fewer names than the model's classes), a truncated variables.index (named, not the data shard), a SavedModel
+    begun but not whole (auto would serve fewer signatures), and export folders whose names are not ASCII digits
+    within int64 ('²', '٣', 2**63) are each skipped with one line; version 1 serves with all three signatures."""
+    import logging
+
+    from keras_preact_serving.servable import Servable
+
+    base = tmp_path / "m"
+    shutil.copytree(whole, base / "1")
+    names = whole / "assets" / "class_names.txt"
+    damages = {
+        "2": (lambda v: (v / "assets" / "class_names.txt").write_text("\n".join(names.read_text().splitlines()[:5]) + "\n"),
+              "assets/class_names.txt"),
+        "3": (lambda v: (v / "assets" / "class_names.txt").write_text("\n".join(names.read_text().splitlines()[1:]) + "\n"),
+              "assets/class_names.txt"),
+        "4": (lambda v: truncate(v / "variables" / "variables.index"), "variables/variables.index"),
+        "5": (lambda v: (v / "saved_model.pb").unlink(), "saved_model.pb"),
+    }
+    for version, (damage, _) in damages.items():
+        shutil.copytree(whole, base / version)
+        damage(base / version)
+    for folder in ("²", "٣", str(2**63)):
+        shutil.copytree(whole, base / folder)
+    with caplog.at_level(logging.WARNING, logger="keras_preact_serving.servable"):
+        model = Servable("m", base)
+    assert model.version == 1 and sorted(model.signatures) == ["serving_bytes", "serving_default", "serving_float"]
+    assert {f.version: f.file for f in model.failed} == {int(v): file for v, (_, file) in damages.items()}
+    assert all(f.code == "DATA_LOSS" for f in model.failed if f.version in (2, 3, 4)), model.failed
+    lines = [record.getMessage() for record in caplog.records]
+    for folder in ("²", "٣", str(2**63)):
+        assert len([line for line in lines if str(base / folder) + ":" in line]) == 1, lines
+    assert len(lines) == 3 + len(damages), lines
+
+
+def test_an_explicit_runtime_missing_from_the_newest_version_serves_the_older_one(whole, tmp_path, caplog):
+    """Issue 56 case 4: --runtime onnx, version 2 part-copied (its model.onnx not written yet): version 1 serves on
+    ONNX, version 2 skipped in one line naming model.onnx; a runtime no version holds is refused in one line."""
+    import logging
+
+    from keras_preact_serving.servable import Servable, check_runtime
+
+    base = tmp_path / "m"
+    shutil.copytree(whole, base / "1")
+    shutil.copytree(whole, base / "2", ignore=shutil.ignore_patterns("model.onnx"))
+    with caplog.at_level(logging.WARNING, logger="keras_preact_serving.servable"):
+        model = Servable("m", base, runtime="onnx")
+    assert model.version == 1 and model.signatures["serving_default"] == "onnx"
+    assert [(f.version, f.file) for f in model.failed] == [(2, "model.onnx")]
+    assert len(caplog.records) == 1 and "model.onnx" in caplog.records[0].getMessage()
+    with pytest.raises(ValueError, match=r"Invalid runtime='litert': the version holds no litert export"):
+        check_runtime(base, "litert")
