@@ -96,6 +96,7 @@ def test_a_run_of_only_the_head_phase_keeps_the_backbone(tmp_path, flowers, sour
     ("--init-weights", "/nowhere/x.keras", "Invalid init_weights='/nowhere/x.keras': no such file"),
     ("--label-smoothing", "1.5", "Invalid label_smoothing=1.5: a fraction in \\[0, 1\\)"),
     ("--validation-split", "1", "Invalid validation_split=1.0"),
+    ("--architecture", "imagenet_edge_pool", "argument --architecture: invalid choice: 'imagenet_edge_pool'"),
 ])
 def test_bad_finetune_flags_exit_2_naming_them(tmp_path, flowers, flag, value, message, capsys):
     argv = ["finetune-folder", "--data-dir", str(flowers), "--run-dir", str(tmp_path / "run"), flag, value]
@@ -147,3 +148,24 @@ def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phase
     assert "iterations: 30 = 10 epochs x 3" in out
     assert ("fine-tuning: from init_weights cifar10; the new head alone for the first 6 iterations, then every "
             "layer; label smoothing 0.1") in out
+
+
+@pytest.mark.notf
+def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path):
+    """--init-weights a timm folder (config.json + model.safetensors): not taken for an unfinished run (a run's
+    folder holds a config.json too); --normalization model uses the checkpoint's pretrained_cfg."""
+    from keras_preact_training.recipe import configs
+    from keras_preact_training.recipe.model import init_input_config
+
+    folder = tmp_path / "resnetv2_18"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({
+        "architecture": "resnetv2_18", "num_classes": 1000,
+        "pretrained_cfg": {"input_size": [3, 224, 224], "mean": [0.5] * 3, "std": [0.25] * 3, "crop_pct": 0.95,
+                           "interpolation": "bicubic"}}))
+    (folder / "model.safetensors").write_bytes(b"")  # read only when the network is built
+    config = configs.get_config("finetune-folder", architecture="imagenet", depth=18, image_size=(224, 224),
+                                init_weights=str(folder), data_dir=str(tmp_path))
+    input_config = init_input_config(config)
+    assert (input_config.mean, input_config.std) == ((127.5,) * 3, (63.75,) * 3)
+    assert (input_config.interpolation, tuple(input_config.input_size)) == ("bicubic", (224, 224, 3))

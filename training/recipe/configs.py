@@ -28,6 +28,7 @@ import typing
 
 from keras_preact.layers.options import check_choice
 from keras_preact.models.presets import FAMILY_INPUTS
+from keras_preact.models.registry import FAMILIES
 
 from ..machine import memory_guard
 
@@ -46,7 +47,8 @@ PIXEL_MEAN = "pixel_mean"
 # The statistics the network was trained with: the init weights' input config (a run's or .keras file's own),
 # else the registered network's (keras_preact.models.get_input_config).
 MODEL_NORMALIZATION = "model"
-ARCHITECTURES = tuple(FAMILY_INPUTS)  # the registry's network families
+# The registry's network families, those with a builder (a timm checkpoint's edge-pool stem is a layout of "imagenet").
+ARCHITECTURES = tuple(FAMILIES)
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
 SCHEDULES = ("piecewise", "cosine")
 LR_SCALINGS = ("none", "linear")

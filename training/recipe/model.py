@@ -26,15 +26,19 @@ def build_classifier(config, num_classes, class_names=None):
 
 def init_input_config(config):
     """The input config the network was trained with (``normalization="model"``): the init weights' own
-    (a run's or ``.keras`` file's), else the registered network's."""
-    from keras_preact.models import finetune
+    (a run's or ``.keras`` file's; another library's checkpoint's or a registered checkpoint's preprocessing),
+    else the registered network's."""
+    from keras_preact.models import finetune, sources
+    from keras_preact.models.weights import choose
 
     spec = configs.network_spec(config)
-    if config.init_weights and finetune.is_local(config.init_weights):
-        source = finetune.local_source(config.init_weights, spec.name)
-        if source.input_config is not None:
-            return source.input_config
-    return spec.input_config
+    weights = config.init_weights
+    if weights and finetune.is_local(weights) and not sources.is_checkpoint(weights):
+        own = finetune.local_source(weights, spec.name).input_config
+    else:  # a registered weights name, or a timm / keras-hub / keras.applications checkpoint (its pretrained config)
+        chosen = choose(spec.name, spec.weights, weights)
+        own = chosen.input_config if chosen is not None else None
+    return own if own is not None else spec.input_config
 
 
 def head_steps(config, resolved):
