@@ -219,7 +219,7 @@ def test_recipe_stays_exact_with_it(scope, monkeypatch):
 
     monkeypatch.setattr(keras.layers, "BatchNormalization", BatchNormalization)
     assert type(recipe.tiny_model().get_layer("bn")) is BatchNormalization
-    recipe.test_three_steps_equal_torch_optim_sgd(scope)
+    recipe.test_three_steps_equal_torch_optim_sgd(scope, nesterov=True)
     recipe.test_bn_moving_statistics_follow_torch_momentum()
 
 

@@ -199,4 +199,4 @@ def test_recipe_stays_exact_with_it(scope, monkeypatch):
 
     monkeypatch.setattr(keras.layers, "Conv2D", Conv2D)
     assert type(recipe.tiny_model().get_layer("conv")) is Conv2D
-    recipe.test_three_steps_equal_torch_optim_sgd(scope)
+    recipe.test_three_steps_equal_torch_optim_sgd(scope, nesterov=True)

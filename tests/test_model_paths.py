@@ -226,7 +226,9 @@ def test_decode_predictions_names_and_orders_the_top_classes():
 
 @pytest.mark.parametrize("kwargs, message", [
     (dict(), "^Invalid model=None"),
-    (dict(model="imagenet_resnet18"), "^Invalid model='imagenet_resnet18': it has no registered trained weights"),
+    (dict(model="imagenet_resnet200"), "^Invalid model='imagenet_resnet200': it has no registered trained weights"),
+    (dict(model="imagenet_resnet18"), "^Invalid model='imagenet_resnet18': its registered trained weights carry no class "
+                                      "names"),
     (dict(model="untrained"), "^Invalid model='preact_resnet8_cifar': it carries no class_names"),
     (dict(model="cifar_resnet20", class_names=CIFAR10_CLASSES), "^Invalid model and class_names"),
     (dict(class_names=["a", "b"]), r"^Invalid preds of shape \(1, 10\)"),

@@ -191,7 +191,7 @@ def test_keras_hub_preset_folder_by_path(tmp_path, offline):
 
 def test_bad_local_weights_are_refused_by_name(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match="Invalid weights=.*notes.txt.*unknown file type.* a keras.applications .h5, a timm "
+    with pytest.raises(ValueError, match="Invalid weights=.*notes.txt.*unknown file type.*\\(a keras.applications .h5, a timm "
                                          ".safetensors/.pth file or folder, a keras-hub preset folder"):
         create_model("imagenet_resnet18", weights=str(tmp_path / "notes.txt"))
     with pytest.raises(ValueError, match="no such file or directory"):

@@ -117,9 +117,11 @@ def _class_names(model, class_names):
             trained = model_spec(model).weights
         except ValueError as e:
             raise ValueError(f"Invalid model={model!r}: {e}") from None
-        names = {spec.class_names for spec in trained.values()}
+        names = {spec.class_names for spec in trained.values() if spec.class_names}
         if len(names) != 1:
-            why = "it has no registered trained weights" if not names else "its trained weights name different classes"
+            why = ("it has no registered trained weights" if not trained else
+                   "its registered trained weights carry no class names" if not names else
+                   "its trained weights name different classes")
             raise ValueError(f"Invalid model={model!r}: {why}; pass the model built with its weights, or "
                              "class_names.")
         return names.pop()
