@@ -29,7 +29,6 @@ images/s from it are the device's. No checkpoints: this loop is for speed; ``ref
 """
 
 import argparse
-import csv
 import json
 import math
 import os
@@ -236,7 +235,7 @@ def main(argv=None):
         print(f"[strong-reference] epoch {epoch + 1}/{epochs}: loss {rows[-1]['loss']:.4f} acc "
               f"{rows[-1]['accuracy']:.4f} val_acc {val_acc:.4f} | train "
               f"{epoch_steps * args.batch_size / train_seconds:.1f} img/s", flush=True)
-        _write_history(out / "history.csv", rows)
+        base._write_history(out / "history.csv", rows)
     metrics = dict(test_accuracy=rows[-1]["val_accuracy"], test_loss=rows[-1]["val_loss"], epochs=len(rows),
                    steps=step, train_seconds=round(sum(r["train_seconds"] for r in rows), 3),
                    wall_time_s=round(time.time() - started, 1), torch=torch.__version__,
@@ -247,15 +246,6 @@ def main(argv=None):
     tmp.write_text(json.dumps(metrics, indent=2))
     os.replace(tmp, out / "metrics.json")
     return metrics
-
-
-def _write_history(path, rows):
-    tmp = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    os.replace(tmp, path)
 
 
 if __name__ == "__main__":
