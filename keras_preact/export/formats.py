@@ -90,6 +90,10 @@ def _finish_onnx(exported, target, serving):
     onnx.save(proto, target)
 
 
+def _is_scalar(shape):
+    return shape.rank.is_static and shape.rank.get_length() == 0
+
+
 def _finish_openvino(exported, target, serving):
     """Name the input ``serving.input_name`` ``[?, H, W, 3]`` and the outputs ``serving.output_names``
     (the torch tracer leaves them unnamed and the input fully dynamic); saved uncompressed (float32
@@ -97,6 +101,11 @@ def _finish_openvino(exported, target, serving):
     import openvino as ov
 
     model, names = ov.Core().read_model(exported), serving.output_names
+    if len(model.outputs) > len(names):  # TensorFlow's frontend can keep a layer's shape arithmetic (Keras'
+        # GroupNormalization slices tf.shape) as extra scalar results: the model's own outputs are the others
+        kept = [result for result in model.get_results() if not _is_scalar(result.get_output_partial_shape(0))]
+        if len(kept) == len(names):
+            model = ov.Model(kept, model.get_parameters(), model.get_friendly_name())
     if len(model.inputs) != 1 or len(model.outputs) != len(names):
         raise RuntimeError(f"Unexpected OpenVINO signature from Keras' exporter: {len(model.inputs)} inputs, "
                            f"{len(model.outputs)} outputs; expected 1 and {len(names)}.")
