@@ -2,6 +2,8 @@
 their ecosystem's loader and cache (here: caches filled with random checkpoints, no download); converted once;
 offline, one line within seconds; local files and folders by path."""
 
+import ast
+import pathlib
 import time
 
 import keras
@@ -9,7 +11,7 @@ import numpy as np
 import pretrained_reference as ref
 import pytest
 
-from keras_preact.models import create_model, list_models, model_spec, register_model, sources
+from keras_preact.models import create_model, list_models, model_spec, presets, register_model, sources
 from keras_preact.models.registry import unregister_model
 from support import to_numpy
 
@@ -45,6 +47,16 @@ def test_list_models_pretrained_lists_every_published_checkpoint():
     assert (bit.num_classes, bit.arguments, bit.dataset) == (21843, {"layout": "bit"}, "ImageNet-21k")
     keras_weights = model_spec("imagenet_resnet50").weights["imagenet"]
     assert keras_weights.checksum == "md5:3ef43a0b657b3be2300d5770ece849e0" and keras_weights.top1 == 0.760
+
+
+@pytest.mark.any_backend
+def test_every_registered_network_is_named_literally_in_presets_py():
+    """Each network is one entry of presets.py with its name spelled out (a grep finds it), not built by a loop."""
+    source = pathlib.Path(presets.__file__).resolve()
+    strings = {node.value for node in ast.walk(ast.parse(source.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert set(presets.MODEL_PRESETS) <= set(list_models())
+    assert [name for name in presets.MODEL_PRESETS if name not in strings] == []
 
 
 @pytest.fixture

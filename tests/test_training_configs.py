@@ -1,6 +1,8 @@
 """Presets, the schedule rule, the learning-rate schedules and the weight-decay term (backend-agnostic)."""
 
+import ast
 import math
+import pathlib
 
 import numpy as np
 import pytest
@@ -39,6 +41,15 @@ def test_presets_cover_every_table_of_the_paper():
     assert (t4.batch_size, t4.depth, t4.dataset) == (64, 1001, "cifar10")
     t5 = configs.PRESETS["t5-resnet200-preact"]
     assert (t5.architecture, t5.batch_size, t5.image_size, t5.eval_image_size) == ("imagenet", 256, (224, 224), (320, 320))
+
+
+def test_every_preset_is_named_literally_in_configs_py():
+    """Each preset and experiment is one entry of configs.py with its name spelled out (a grep finds it)."""
+    source = pathlib.Path(configs.__file__).resolve()
+    strings = {node.value for node in ast.walk(ast.parse(source.read_text()))
+               if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+    assert [e.config.name for e in configs.EXPERIMENTS if e.config.name not in strings] == []
+    assert [name for name in configs.PRESETS if name not in strings] == []
 
 
 def test_cifar_preset_is_the_paper_recipe():

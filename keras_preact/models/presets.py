@@ -21,19 +21,6 @@ IMAGENET_INPUT = InputConfig()  # InputConfig's defaults are ImageNet's: 224, th
 # Keyed by the backbone's stem (``imagenet_edge_pool``: the ImageNet stem of timm's layout).
 FAMILY_INPUTS = {"cifar": CIFAR_INPUT, "imagenet": IMAGENET_INPUT, "imagenet_edge_pool": IMAGENET_INPUT}
 
-CIFAR_PAPER = {
-    20: "Sec. 4 (fb.resnet.torch preresnet.lua)",
-    32: "Sec. 4 (fb.resnet.torch preresnet.lua)",
-    44: "Sec. 4 (fb.resnet.torch preresnet.lua)",
-    56: "Sec. 4 (fb.resnet.torch preresnet.lua)",
-    110: "Tables 1-3",
-    164: "Tables 2-3",
-    1001: "Tables 3-4",
-    1202: "Sec. 4 (original ResNet paper's deepest CIFAR net)",
-}
-IMAGENET_PAPER = {18: "Sec. 4 (fb.resnet.torch)", 34: "Sec. 4 (fb.resnet.torch)", 50: "Sec. 4 (fb.resnet.torch)",
-                  101: "Sec. 4.1", 152: "Table 5", 200: "Table 5"}
-
 CIFAR10_CLASSES = ["airplane", "automobile", "bird", "cat", "deer", "dog", "frog", "horse", "ship", "truck"]
 # Trained weights in keras_preact/weights/, written by `python -m keras_preact_training.publish RUN --model NAME --weights W`;
 # top1/top5: keras-preact-evaluate on the 10,000 test images of the CIFAR-10 JPEG folder (REPRODUCTION.md).
@@ -119,27 +106,34 @@ IMAGENET_RESNET152_WEIGHTS = {
 IMAGENET_WEIGHTS = {18: IMAGENET_RESNET18_WEIGHTS, 34: IMAGENET_RESNET34_WEIGHTS, 50: IMAGENET_RESNET50_WEIGHTS,
                     101: IMAGENET_RESNET101_WEIGHTS, 152: IMAGENET_RESNET152_WEIGHTS}
 
-# Test suites check every network at a small input; the deepest ones only under their slow marker.
-CIFAR_TEST = dict(test_input_size=(16, 16, 3))
-IMAGENET_TEST = dict(test_input_size=(64, 64, 3))
-SLOW_FROM_DEPTH = {"cifar": 1001, "imagenet": 101}
+# One function per family fills the fields its networks share; test suites check every network at a small input
+# (16x16 CIFAR, 64x64 ImageNet), the deepest ones (``slow``) only under their slow marker.
+def _cifar(arguments, paper, *, slow=False, weights=None):
+    return dict(family="cifar", arguments=arguments, input_config=CIFAR_INPUT, paper=paper, slow=slow,
+                weights=weights, test_input_size=(16, 16, 3))
 
+
+def _imagenet(arguments, paper, *, slow=False, weights=None):
+    return dict(family="imagenet", arguments=arguments, input_config=IMAGENET_INPUT, paper=paper, slow=slow,
+                weights=weights, test_input_size=(64, 64, 3))
+
+
+# Each registered network: its builder arguments, where the paper (or fb.resnet.torch) uses it, its trained weights.
 MODEL_PRESETS = {
-    **{
-        f"cifar_resnet{depth}": dict(family="cifar", arguments={"depth": depth}, input_config=CIFAR_INPUT,
-                                     paper=paper, slow=depth >= SLOW_FROM_DEPTH["cifar"],
-                                     weights=CIFAR_WEIGHTS.get(depth), **CIFAR_TEST)
-        for depth, paper in CIFAR_PAPER.items()
-    },
+    "cifar_resnet20": _cifar({"depth": 20}, "Sec. 4 (fb.resnet.torch preresnet.lua)", weights=CIFAR_WEIGHTS[20]),
+    "cifar_resnet32": _cifar({"depth": 32}, "Sec. 4 (fb.resnet.torch preresnet.lua)"),
+    "cifar_resnet44": _cifar({"depth": 44}, "Sec. 4 (fb.resnet.torch preresnet.lua)"),
+    "cifar_resnet56": _cifar({"depth": 56}, "Sec. 4 (fb.resnet.torch preresnet.lua)"),
+    "cifar_resnet110": _cifar({"depth": 110}, "Tables 1-3"),
+    "cifar_resnet164": _cifar({"depth": 164}, "Tables 2-3"),
+    "cifar_resnet1001": _cifar({"depth": 1001}, "Tables 3-4", slow=True),
+    "cifar_resnet1202": _cifar({"depth": 1202}, "Sec. 4 (original ResNet paper's deepest CIFAR net)", slow=True),
     # Table 3's "ResNet-110 (1-layer skip)": 108 units of a single 3x3 conv.
-    "cifar_resnet110_1layer": dict(
-        family="cifar", arguments={"depth": 110, "block": "one_layer"}, input_config=CIFAR_INPUT, paper="Table 3",
-        **CIFAR_TEST,
-    ),
-    **{
-        f"imagenet_resnet{depth}": dict(family="imagenet", arguments={"depth": depth}, input_config=IMAGENET_INPUT,
-                                        paper=paper, slow=depth >= SLOW_FROM_DEPTH["imagenet"],
-                                        weights=IMAGENET_WEIGHTS.get(depth), **IMAGENET_TEST)
-        for depth, paper in IMAGENET_PAPER.items()
-    },
+    "cifar_resnet110_1layer": _cifar({"depth": 110, "block": "one_layer"}, "Table 3"),
+    "imagenet_resnet18": _imagenet({"depth": 18}, "Sec. 4 (fb.resnet.torch)", weights=IMAGENET_WEIGHTS[18]),
+    "imagenet_resnet34": _imagenet({"depth": 34}, "Sec. 4 (fb.resnet.torch)", weights=IMAGENET_WEIGHTS[34]),
+    "imagenet_resnet50": _imagenet({"depth": 50}, "Sec. 4 (fb.resnet.torch)", weights=IMAGENET_WEIGHTS[50]),
+    "imagenet_resnet101": _imagenet({"depth": 101}, "Sec. 4.1", slow=True, weights=IMAGENET_WEIGHTS[101]),
+    "imagenet_resnet152": _imagenet({"depth": 152}, "Table 5", slow=True, weights=IMAGENET_WEIGHTS[152]),
+    "imagenet_resnet200": _imagenet({"depth": 200}, "Table 5", slow=True),
 }

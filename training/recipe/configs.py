@@ -42,7 +42,8 @@ NORMALIZATIONS = {
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
-# The paper's "per-pixel mean subtracted": the mean training image, std 1 (keras_preact_training.data.pipelines.pixel_stats).
+# The paper's "per-pixel mean subtracted": the mean training image, std 1
+# (keras_preact_training.data.pipelines.pixel_stats).
 PIXEL_MEAN = "pixel_mean"
 # The statistics the network was trained with: the init weights' input config (a run's or .keras file's own),
 # else the registered network's (keras_preact.models.get_input_config).
@@ -183,104 +184,112 @@ def from_percent(error):
     return error if error in (None, FAIL) else round(error / 100, 6)
 
 
-def _table1():
-    """Table 1 (Fig. 2): shortcut variants on the original ResNet-110 unit (f = ReLU after the addition)."""
-    gating = {0: FAIL, -1: FAIL, -2: FAIL, -3: FAIL, -4: FAIL, -5: FAIL, -6: 8.70, -7: 9.81}
-    rows = [
-        ("original", "original", {}, 6.61),
-        ("constant scaling 0 / 1", "constant-scaling-0-1",
-         dict(shortcut="constant_scaling", shortcut_scale=0.0, residual_scale=1.0), FAIL),
-        ("constant scaling 0.5 / 1", "constant-scaling-0.5-1",
-         dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=1.0), FAIL),
-        ("constant scaling 0.5 / 0.5", "constant-scaling-0.5-0.5",
-         dict(shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=0.5), 12.35),
-        *[(f"exclusive gating b_g={b}", f"exclusive-gating-bg{b}",
-           dict(shortcut="exclusive_gating", gate_bias_init=float(b)), error) for b, error in gating.items()],
-        ("shortcut-only gating b_g=0", "shortcut-only-gating-bg0",
-         dict(shortcut="shortcut_only_gating", gate_bias_init=0.0), 12.86),
-        ("shortcut-only gating b_g=-6", "shortcut-only-gating-bg-6",
-         dict(shortcut="shortcut_only_gating", gate_bias_init=-6.0), 6.91),
-        ("1x1 conv shortcut", "conv1x1", dict(shortcut="conv1x1"), 12.22),
-        ("dropout shortcut 0.5", "dropout", dict(shortcut="dropout", shortcut_dropout_rate=0.5), FAIL),
-    ]
-    return [
-        Experiment("1", label, from_percent(error), _cifar(f"t1-resnet110-{key}", "Table 1, Fig. 2", 110,
-                                             unit_options={"ordering": "original", **options}))
-        for label, key, options, error in rows
-    ]
+def _table1(name, label, error, **shortcut):
+    """A row of Table 1 (Fig. 2): a shortcut variant on the original ResNet-110 unit (f = ReLU after the addition)."""
+    return Experiment("1", label, from_percent(error),
+                      _cifar(name, "Table 1, Fig. 2", 110, unit_options={"ordering": "original", **shortcut}))
 
 
-def _table2():
-    """Table 2 (Fig. 4): five activation placements x ResNet-110 / ResNet-164 on CIFAR-10."""
-    paper = {
-        "original": (6.61, 5.93),
-        "bn_after_addition": (8.17, 6.50),
-        "relu_before_addition": (7.84, 6.14),
-        "relu_only_preact": (6.71, 5.91),
-        "full_preact": (6.37, 5.46),
-    }
-    return [
-        Experiment("2", f"{ordering} (ResNet-{depth})", from_percent(errors[i]),
-                   _cifar(f"t2-resnet{depth}-{ordering.replace('_', '-')}", "Table 2, Fig. 4", depth,
-                          unit_options={"ordering": ordering}))
-        for i, depth in enumerate((110, 164))
-        for ordering, errors in paper.items()
-    ]
+def _table2(name, label, error, depth, ordering):
+    """A row of Table 2 (Fig. 4): an activation placement on ResNet-110 or ResNet-164, CIFAR-10."""
+    return Experiment("2", label, from_percent(error),
+                      _cifar(name, "Table 2, Fig. 4", depth, unit_options={"ordering": ordering}))
 
 
-def _table3():
-    """Table 3 (Fig. 6): original vs pre-activation unit, CIFAR-10/100. The 1-layer-skip ResNet-110 is
-    108 units of one 3x3 conv (``block="one_layer"``), shortcut as the CIFAR builder's default."""
-    paper = {
-        ("cifar10", 110, "one_layer"): (9.90, 8.91),
-        ("cifar10", 110, None): (6.61, 6.37),
-        ("cifar10", 164, None): (5.93, 5.46),
-        ("cifar10", 1001, None): (7.61, 4.92),
-        ("cifar100", 164, None): (25.16, 24.33),
-        ("cifar100", 1001, None): (27.82, 22.71),
-    }
-    experiments = []
-    for (dataset, depth, block), errors in paper.items():
-        network, key, options = f"ResNet-{depth}", f"resnet{depth}", {}
-        if block == "one_layer":
-            network, key, options = f"ResNet-{depth} (1-layer skip)", f"resnet{depth}-1layer", {"block": block}
-        for error, (ordering, label) in zip(errors, (("original", "original"), ("full_preact", "preact"))):
-            experiments.append(Experiment(
-                "3", f"{dataset} {network} {label}", from_percent(error),
-                _cifar(f"t3-{dataset}-{key}-{label}", "Table 3", depth, dataset,
-                       unit_options={"ordering": ordering, **options})))
-    return experiments
+def _table3(name, label, error, dataset, depth, ordering, **options):
+    """A row of Table 3 (Fig. 6): the original or the pre-activation unit on CIFAR-10/100."""
+    return Experiment("3", label, from_percent(error),
+                      _cifar(name, "Table 3", depth, dataset, unit_options={"ordering": ordering, **options}))
 
 
-def _experiments():
-    """Every experiment of the paper, in table order."""
-    experiments = [*_table1(), *_table2(), *_table3()]
+# Every experiment of the paper, in table order: one entry each, its preset name spelled out.
+EXPERIMENTS = [
+    # Table 1 (Fig. 2): shortcut variants on the original ResNet-110 unit; the paper's gate-bias inits.
+    _table1("t1-resnet110-original", "original", 6.61),
+    _table1("t1-resnet110-constant-scaling-0-1", "constant scaling 0 / 1", FAIL,
+            shortcut="constant_scaling", shortcut_scale=0.0, residual_scale=1.0),
+    _table1("t1-resnet110-constant-scaling-0.5-1", "constant scaling 0.5 / 1", FAIL,
+            shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=1.0),
+    _table1("t1-resnet110-constant-scaling-0.5-0.5", "constant scaling 0.5 / 0.5", 12.35,
+            shortcut="constant_scaling", shortcut_scale=0.5, residual_scale=0.5),
+    _table1("t1-resnet110-exclusive-gating-bg0", "exclusive gating b_g=0", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=0.0),
+    _table1("t1-resnet110-exclusive-gating-bg-1", "exclusive gating b_g=-1", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=-1.0),
+    _table1("t1-resnet110-exclusive-gating-bg-2", "exclusive gating b_g=-2", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=-2.0),
+    _table1("t1-resnet110-exclusive-gating-bg-3", "exclusive gating b_g=-3", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=-3.0),
+    _table1("t1-resnet110-exclusive-gating-bg-4", "exclusive gating b_g=-4", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=-4.0),
+    _table1("t1-resnet110-exclusive-gating-bg-5", "exclusive gating b_g=-5", FAIL,
+            shortcut="exclusive_gating", gate_bias_init=-5.0),
+    _table1("t1-resnet110-exclusive-gating-bg-6", "exclusive gating b_g=-6", 8.70,
+            shortcut="exclusive_gating", gate_bias_init=-6.0),
+    _table1("t1-resnet110-exclusive-gating-bg-7", "exclusive gating b_g=-7", 9.81,
+            shortcut="exclusive_gating", gate_bias_init=-7.0),
+    _table1("t1-resnet110-shortcut-only-gating-bg0", "shortcut-only gating b_g=0", 12.86,
+            shortcut="shortcut_only_gating", gate_bias_init=0.0),
+    _table1("t1-resnet110-shortcut-only-gating-bg-6", "shortcut-only gating b_g=-6", 6.91,
+            shortcut="shortcut_only_gating", gate_bias_init=-6.0),
+    _table1("t1-resnet110-conv1x1", "1x1 conv shortcut", 12.22, shortcut="conv1x1"),
+    _table1("t1-resnet110-dropout", "dropout shortcut 0.5", FAIL, shortcut="dropout", shortcut_dropout_rate=0.5),
+    # Table 2 (Fig. 4): five activation placements x ResNet-110 / ResNet-164 on CIFAR-10.
+    _table2("t2-resnet110-original", "original (ResNet-110)", 6.61, 110, "original"),
+    _table2("t2-resnet110-bn-after-addition", "bn_after_addition (ResNet-110)", 8.17, 110, "bn_after_addition"),
+    _table2("t2-resnet110-relu-before-addition", "relu_before_addition (ResNet-110)", 7.84, 110,
+            "relu_before_addition"),
+    _table2("t2-resnet110-relu-only-preact", "relu_only_preact (ResNet-110)", 6.71, 110, "relu_only_preact"),
+    _table2("t2-resnet110-full-preact", "full_preact (ResNet-110)", 6.37, 110, "full_preact"),
+    _table2("t2-resnet164-original", "original (ResNet-164)", 5.93, 164, "original"),
+    _table2("t2-resnet164-bn-after-addition", "bn_after_addition (ResNet-164)", 6.50, 164, "bn_after_addition"),
+    _table2("t2-resnet164-relu-before-addition", "relu_before_addition (ResNet-164)", 6.14, 164,
+            "relu_before_addition"),
+    _table2("t2-resnet164-relu-only-preact", "relu_only_preact (ResNet-164)", 5.91, 164, "relu_only_preact"),
+    _table2("t2-resnet164-full-preact", "full_preact (ResNet-164)", 5.46, 164, "full_preact"),
+    # Table 3 (Fig. 6): original vs pre-activation unit, CIFAR-10/100. The 1-layer-skip ResNet-110 is 108 units
+    # of one 3x3 conv (block="one_layer"), shortcut as the CIFAR builder's default.
+    _table3("t3-cifar10-resnet110-1layer-original", "cifar10 ResNet-110 (1-layer skip) original", 9.90,
+            "cifar10", 110, "original", block="one_layer"),
+    _table3("t3-cifar10-resnet110-1layer-preact", "cifar10 ResNet-110 (1-layer skip) preact", 8.91,
+            "cifar10", 110, "full_preact", block="one_layer"),
+    _table3("t3-cifar10-resnet110-original", "cifar10 ResNet-110 original", 6.61, "cifar10", 110, "original"),
+    _table3("t3-cifar10-resnet110-preact", "cifar10 ResNet-110 preact", 6.37, "cifar10", 110, "full_preact"),
+    _table3("t3-cifar10-resnet164-original", "cifar10 ResNet-164 original", 5.93, "cifar10", 164, "original"),
+    _table3("t3-cifar10-resnet164-preact", "cifar10 ResNet-164 preact", 5.46, "cifar10", 164, "full_preact"),
+    _table3("t3-cifar10-resnet1001-original", "cifar10 ResNet-1001 original", 7.61, "cifar10", 1001, "original"),
+    _table3("t3-cifar10-resnet1001-preact", "cifar10 ResNet-1001 preact", 4.92, "cifar10", 1001, "full_preact"),
+    _table3("t3-cifar100-resnet164-original", "cifar100 ResNet-164 original", 25.16, "cifar100", 164, "original"),
+    _table3("t3-cifar100-resnet164-preact", "cifar100 ResNet-164 preact", 24.33, "cifar100", 164, "full_preact"),
+    _table3("t3-cifar100-resnet1001-original", "cifar100 ResNet-1001 original", 27.82, "cifar100", 1001, "original"),
+    _table3("t3-cifar100-resnet1001-preact", "cifar100 ResNet-1001 preact", 22.71, "cifar100", 1001, "full_preact"),
     # Table 4: ResNet-1001 pre-activation at mini-batch 64.
-    experiments.append(Experiment("4", "ResNet-1001 pre-activation, mini-batch 64", None, _cifar(
+    Experiment("4", "ResNet-1001 pre-activation, mini-batch 64", None, _cifar(
         "t4-cifar10-resnet1001-preact-batch64", "Table 4 (mini-batch 64)", 1001, batch_size=64,
-        unit_options={"ordering": "full_preact"})))
+        unit_options={"ordering": "full_preact"})),
     # Table 5: ImageNet, train crop 224, test crop 320 (and 224 for the first row); single-crop top-1.
-    experiments.append(Experiment("5", "ResNet-152 original, test 224", None, _imagenet(
+    Experiment("5", "ResNet-152 original, test 224", None, _imagenet(
         "t5-resnet152-original-test224", "Table 5", 152, eval_image_size=(224, 224),
-        unit_options={"ordering": "original"})))
-    for depth in (152, 200):
-        for ordering, label in (("original", "original"), ("full_preact", "preact")):
-            experiments.append(Experiment("5", f"ResNet-{depth} {label}", None, _imagenet(
-                f"t5-resnet{depth}-{label}", "Table 5", depth, unit_options={"ordering": ordering})))
-    experiments.append(Experiment("5", "ResNet-200 pre-activation, scale + aspect-ratio augmentation", None,
-                                  _imagenet("t5-resnet200-preact-aspect-aug",
-                                            "Table 5 (scale + aspect-ratio augmentation)", 200,
-                                            augmentation="imagenet_aspect", unit_options={"ordering": "full_preact"})))
-    experiments.append(Experiment("4.1", "ResNet-101, BN after addition", None, _imagenet(
+        unit_options={"ordering": "original"})),
+    Experiment("5", "ResNet-152 original", None, _imagenet(
+        "t5-resnet152-original", "Table 5", 152, unit_options={"ordering": "original"})),
+    Experiment("5", "ResNet-152 preact", None, _imagenet(
+        "t5-resnet152-preact", "Table 5", 152, unit_options={"ordering": "full_preact"})),
+    Experiment("5", "ResNet-200 original", None, _imagenet(
+        "t5-resnet200-original", "Table 5", 200, unit_options={"ordering": "original"})),
+    Experiment("5", "ResNet-200 preact", None, _imagenet(
+        "t5-resnet200-preact", "Table 5", 200, unit_options={"ordering": "full_preact"})),
+    Experiment("5", "ResNet-200 pre-activation, scale + aspect-ratio augmentation", None, _imagenet(
+        "t5-resnet200-preact-aspect-aug", "Table 5 (scale + aspect-ratio augmentation)", 200,
+        augmentation="imagenet_aspect", unit_options={"ordering": "full_preact"})),
+    # Sec. 4.1: ImageNet ResNet-101, BN after addition against the original unit.
+    Experiment("4.1", "ResNet-101, BN after addition", None, _imagenet(
         "sec4.1-resnet101-bn-after-addition", "Sec. 4.1 (ImageNet, BN after addition)", 101,
-        eval_image_size=(224, 224), unit_options={"ordering": "bn_after_addition"})))
-    experiments.append(Experiment("4.1", "ResNet-101, original", None, _imagenet(
+        eval_image_size=(224, 224), unit_options={"ordering": "bn_after_addition"})),
+    Experiment("4.1", "ResNet-101, original", None, _imagenet(
         "sec4.1-resnet101-original", "Sec. 4.1 (ImageNet, original)", 101, eval_image_size=(224, 224),
-        unit_options={"ordering": "original"})))
-    return experiments
-
-
-EXPERIMENTS = _experiments()
+        unit_options={"ordering": "original"})),
+]
 
 # Runs that are no experiment of the paper.
 EXTRA_PRESETS = [
