@@ -69,8 +69,10 @@ def resize_weights(in_size, out_size, interpolation, start=0, count=None):
     downscaling, each row's weights summing to 1.
 
     Examples:
-        >>> resize_weights(4, 2, "bilinear").tolist()  # halving: each output the mean of its 2 (of 4 taps)
-        [[0.375, 0.375, 0.25, 0.0], [0.0, 0.25, 0.375, 0.375]]
+        >>> resize_weights(2, 4, "bilinear").tolist()  # doubling: samples at 0.25, 0.75, 1.25, 1.75 of 2 pixels
+        [[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]
+        >>> [round(float(w), 4) for w in resize_weights(4, 2, "bilinear")[0]]  # halving: the triangle stretched over 3 taps
+        [0.4286, 0.4286, 0.1429, 0.0]
     """
     count = out_size - start if count is None else count
     inv_scale = in_size / out_size
