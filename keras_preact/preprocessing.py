@@ -16,7 +16,9 @@ itself (CIFAR, whose images are already at the crop size, and the 320 x 320 test
 ``InputConfig`` and the format tables need nothing but the standard library. The image functions are
 TensorFlow graph functions (``tf.io``/``tf.image``), run inside ``tf.data`` and inside exported
 SavedModels; TensorFlow is imported when one is called, and without it the call raises one ImportError
-saying so.
+saying so. On every backend, without TensorFlow, the same view is the Keras layer
+``keras_preact.layers.EvalView`` (``keras.ops``, saved with a model) on pixels that ``decode_image_array``
+decodes with Pillow.
 
 Examples:
     >>> from keras_preact.preprocessing import InputConfig
@@ -28,7 +30,6 @@ Examples:
 import dataclasses
 import math
 import numbers
-import struct
 
 IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads (and Pillow's names)
 # The leading bytes of each accepted format (the prefixes tf.io.decode_image itself recognises).
@@ -225,68 +226,62 @@ def image_format(data):
     return next((name for name, magic in IMAGE_MAGIC.items() if head.startswith(magic)), None)
 
 
-# Blocks and sub-blocks read up to the end of a GIF's first frame, at most: a 4096 x 4096 frame of 12-bit codes is
-# ~100K sub-blocks of 255 bytes; millions of empty extension blocks (3 bytes each) would cost seconds each.
-MAX_GIF_BLOCKS = 1 << 20
+SIXTEEN_BIT_GRAY = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # Pillow's modes of 16-bit grayscale PNGs
 
 
-def _gif_sub_blocks_end(data, pos, budget):
-    """The offset after the sub-blocks starting at ``pos`` (each a length byte and its bytes, a 0 last), each counted
-    in ``budget`` (a one-element list of the blocks left)."""
-    while pos < len(data):
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise ValueError(f"The GIF holds more than {MAX_GIF_BLOCKS} blocks before the end of its first frame.")
-        size = data[pos]
-        pos += 1 + size
-        if size == 0:
-            return pos
-    raise ValueError("The GIF ends inside its first frame.")
+def pillow_pixels(image):
+    """uint8 ``[H, W, 3]`` pixels of a Pillow image, as TensorFlow's ``decode_image(channels=3)`` gives them.
+
+    ``convert("RGB")`` does that for 8-bit images of every mode (1, L, LA, P, RGB, RGBA, CMYK...), but clips a
+    16-bit grayscale image's samples at 255 (nearly white); libpng, under TensorFlow, keeps each sample's high
+    byte, as here.
+
+    Examples:
+        >>> import numpy as np
+        >>> from PIL import Image
+        >>> from keras_preact.preprocessing import pillow_pixels
+        >>> gray16 = Image.fromarray(np.array([[0, 255, 256, 65535]], np.uint16))
+        >>> gray16.mode, pillow_pixels(gray16)[0, :, 0].tolist()
+        ('I;16', [0, 0, 1, 255])
+    """
+    import numpy as np
+
+    if image.mode in SIXTEEN_BIT_GRAY:
+        gray = (np.clip(np.asarray(image, np.int64), 0, 65535) >> 8).astype(np.uint8)
+        return np.repeat(gray[:, :, None], 3, axis=2)
+    return np.asarray(image.convert("RGB"))
 
 
-def gif_first_frame(data):
-    """``(gif, (width, height))``: a GIF's bytes cut after its first frame (the trailer appended) and
-    that frame's size, read from the block structure alone: nothing is decompressed, and the cost is
-    the bytes up to the end of the first frame.
+def decode_image_array(encoded):
+    """Encoded JPEG/PNG/GIF/BMP bytes (or a file path) to a uint8 ``[H, W, 3]`` numpy array with Pillow,
+    without TensorFlow: ``decode_image``'s pixels (libjpeg's accurate IDCT; a GIF's first frame).
 
-    ``tf.io.decode_image(expand_animations=False)`` keeps the first frame of a GIF, but giflib reads and
-    decompresses every frame first (``DGifSlurp``): 1,500 frames of 1024 x 1024 in a 2.8 MB file cost
-    seconds and gigabytes. The cut GIF decodes to the same first frame. Returns ``data`` itself when
-    nothing but the trailer follows its first frame; ValueError when it is not a GIF, ends before its
-    first frame does, or holds more than ``MAX_GIF_BLOCKS`` blocks and sub-blocks up to there.
+    A file that is not an image raises ValueError naming what Pillow reads.
 
     Examples:
         >>> import io
         >>> from PIL import Image
-        >>> from keras_preact.preprocessing import gif_first_frame
-        >>> frames, animation = [Image.new("L", (4, 3), 40 * i) for i in range(5)], io.BytesIO()
-        >>> frames[0].save(animation, "GIF", save_all=True, append_images=frames[1:])
-        >>> gif, size = gif_first_frame(animation.getvalue())
-        >>> size, len(gif) < len(animation.getvalue()), Image.open(io.BytesIO(gif)).n_frames
-        ((4, 3), True, 1)
+        >>> from keras_preact.preprocessing import decode_image_array
+        >>> png = io.BytesIO()
+        >>> Image.new("RGB", (6, 4), (10, 20, 30)).save(png, "PNG")
+        >>> image = decode_image_array(png.getvalue())
+        >>> image.shape, image.dtype.name, image[0, 0].tolist()
+        ((4, 6, 3), 'uint8', [10, 20, 30])
     """
-    data = bytes(data)
-    if len(data) < 13 or not data.startswith((b"GIF87a", b"GIF89a")):
-        raise ValueError("Not a GIF: no GIF87a/GIF89a header.")
-    flags, pos, budget = data[10], 13, [MAX_GIF_BLOCKS]
-    if flags & 0x80:  # the global colour table
-        pos += 3 << ((flags & 7) + 1)
-    while pos < len(data):
-        block = data[pos]
-        if block == 0x21:  # an extension: its label, then sub-blocks
-            pos = _gif_sub_blocks_end(data, pos + 2, budget)
-        elif block == 0x2C:  # an image: its descriptor, local colour table, LZW code size, sub-blocks
-            if pos + 10 > len(data):
-                break
-            size = struct.unpack_from("<HH", data, pos + 5)
-            flags, pos = data[pos + 9], pos + 10
-            if flags & 0x80:
-                pos += 3 << ((flags & 7) + 1)
-            end = _gif_sub_blocks_end(data, pos + 1, budget)
-            return (data if data[end:] == b";" else data[:end] + b";"), size
-        else:  # the trailer, or a block giflib refuses too
-            raise ValueError(f"The GIF has no frame (block 0x{block:02x} before any image).")
-    raise ValueError("The GIF ends before its first frame.")
+    import io
+
+    try:
+        from PIL import Image, UnidentifiedImageError
+    except ImportError:
+        raise ImportError("keras_preact.preprocessing.decode_image_array decodes with Pillow: pip install pillow") from None
+    source = io.BytesIO(bytes(encoded)) if isinstance(encoded, (bytes, bytearray, memoryview)) else encoded
+    try:
+        with Image.open(source, formats=IMAGE_FORMATS) as image:
+            return pillow_pixels(image)
+    except FileNotFoundError:
+        raise
+    except (UnidentifiedImageError, SyntaxError, OSError) as error:
+        raise ValueError(f"Invalid encoded image: not a readable {'/'.join(IMAGE_FORMATS)} image ({error}).") from None
 
 
 def is_encoded_image(encoded):

@@ -8,7 +8,8 @@ import math
 
 import numpy as np
 
-from keras_preact.preprocessing import IMAGE_FORMATS, gif_first_frame, image_format
+from keras_preact.preprocessing import IMAGE_FORMATS, image_format
+from keras_preact_serving.gif import gif_first_frame
 
 
 class RequestError(Exception):

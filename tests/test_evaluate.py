@@ -190,18 +190,25 @@ def test_an_extra_or_reordered_class_is_named(registered, tmp_path, capsys):
 
 
 @pytest.mark.notf
-def test_images_needing_the_evaluation_view_say_they_need_tensorflow(tmp_path, capsys, monkeypatch):
-    config = CIFAR16.replace(crop_fraction=0.875)
-    _register(tmp_path, config, "test_eval_view")
+def test_images_needing_the_evaluation_view_evaluate_on_every_backend(tmp_path, capsys):
+    """Images of another size than the model's go through the evaluation view on every backend: the EvalView
+    layer on Pillow-decoded files on JAX and PyTorch (no TensorFlow), eval_view in tf.data on TensorFlow (the
+    same numbers: tests/test_eval_view.py). The CLI's top-1 is model.evaluate's on the layer's views."""
+    from keras_preact.layers import EvalView
+
+    config = CIFAR16.replace(crop_fraction=0.875)  # shorter side 19, centre 16 x 16
+    model = _register(tmp_path, config, "test_eval_view")
     try:
-        images = np.random.default_rng(1).integers(0, 256, (6, 20, 24, 3), dtype=np.uint8)
-        _write_folder(tmp_path / "data", images, np.arange(6))
-        monkeypatch.setattr(evaluate_lib.sources, "has_tensorflow", lambda: False)
-        with pytest.raises(SystemExit) as exit_info:
-            evaluate_lib.main(["test_eval_view", "--weights", "toy", "--data-dir", str(tmp_path / "data")])
-        assert exit_info.value.code == 2
-        err = capsys.readouterr().err.strip()
-        assert len(err.splitlines()) == 1 and "size 20x24" in err and "needs TensorFlow" in err
+        images = np.random.default_rng(1).integers(0, 256, (16, 20, 24, 3), dtype=np.uint8)
+        views = np.stack([to_numpy(EvalView(config)(image)) for image in images])
+        labels = _half_right(model, images, views)
+        _write_folder(tmp_path / "data", images, labels)
+        out = _run(capsys, "test_eval_view", "--weights", "toy", "--data-dir", tmp_path / "data",
+                   "--json", tmp_path / "m.json")
+        order = np.argsort(labels, kind="stable")
+        expected = _keras_metrics(model, views[order], labels[order])
+        assert json.loads((tmp_path / "m.json").read_text())["top1_accuracy"] == float(expected["accuracy"]) == 0.5
+        assert "top1_accuracy 0.5000" in out
     finally:
         unregister_model("test_eval_view")
 

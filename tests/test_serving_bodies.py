@@ -154,7 +154,7 @@ def test_a_gif_of_millions_of_empty_blocks_is_refused_in_bounded_work():
 
     from PIL import Image
 
-    from keras_preact.preprocessing import MAX_GIF_BLOCKS
+    from keras_preact_serving.gif import MAX_GIF_BLOCKS
 
     frame = io.BytesIO()
     Image.new("RGB", (4, 4)).save(frame, "GIF")

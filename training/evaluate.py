@@ -11,9 +11,11 @@ directory (``config.json`` + ``model.keras``) or a ``.keras`` file (a classifier
 or one beside its run's ``config.json``). The data is an image folder (``train/`` and ``test/`` class
 folders, as ``sources`` reads them) or a prepared TFDS data set's test split. Evaluation is training's:
 images at the model's input size (crop fraction 1.0: CIFAR) are normalized arrays
-(``pipelines.numpy_array_eval``), others go through ``keras_preact.preprocessing.eval_view`` (resize,
-centre crop; needs TensorFlow), both with the model's own mean/std, measured by ``model.evaluate`` with
-training's metrics. Every argument is checked before anything is loaded. It prints, and ``--json`` writes,
+(``pipelines.numpy_array_eval``), others go through the evaluation view (resize the shorter side, centre
+crop): ``keras_preact.preprocessing.eval_view`` in tf.data on the TensorFlow backend, the same view as the
+Keras layer ``keras_preact.layers.EvalView`` on the files decoded by Pillow on JAX and PyTorch (no TensorFlow
+needed), both with the model's own mean/std, measured by ``model.evaluate`` with training's metrics. Every
+argument is checked before anything is loaded. It prints, and ``--json`` writes,
 ``top1_accuracy``/``top5_accuracy`` as fractions in [0, 1], as every accuracy keras-preact reports.
 
 While ``model.evaluate`` runs, ``keras_preact_training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
@@ -30,12 +32,14 @@ if __name__ == "__main__":  # python -m keras_preact_training.evaluate: quiet st
 import argparse
 import dataclasses
 import json
+import math
 import pathlib
 import zipfile
 
+import keras
 import numpy as np
 
-from keras_preact.preprocessing import InputConfig
+from keras_preact.preprocessing import InputConfig, decode_image_array
 from keras_preact.scratch import atomic_path
 
 from .data import pipelines, sources
@@ -66,6 +70,8 @@ class TestData:
     image_size: tuple  # (height, width), or None when the images differ in size
     arrays: object  # () -> (uint8 images, labels)
     stream: object  # () -> tf.data of (encoded image, label)
+    files: list = None  # an image folder's files and labels (the evaluation view without TensorFlow), else None
+    labels: object = None
 
 
 # ---------------------------------------------------------------------------------------- model
@@ -172,7 +178,7 @@ def resolve_data(dataset, data_dir, cache_dir=None):
         def stream():
             return sources.folder_stream(data_dir).make("test")
 
-        return TestData(f"{test_dir} ({len(files)} images)", classes, len(files), size, arrays, stream)
+        return TestData(f"{test_dir} ({len(files)} images)", classes, len(files), size, arrays, stream, files, labels)
     sources.require_tensorflow(f"dataset={dataset!r} (a TFDS data set)",
                                "; without TensorFlow use --dataset folder")
     builder = sources.tfds_builder(dataset, data_dir)
@@ -230,11 +236,17 @@ def class_mismatch(model_names, data_names):
             f"same order): {'; '.join(parts)}.")
 
 
+def views_with_layer(data):
+    """Whether the evaluation view is the Keras layer on Pillow-decoded files (an image folder on JAX or PyTorch)
+    rather than ``eval_view`` in tf.data (the TensorFlow backend, TFDS data sets)."""
+    return data.files is not None and keras.backend.backend() != "tensorflow"
+
+
 def check_match(target, data):
-    """The data's classes are the model's, and images of another size can be viewed (TensorFlow)."""
+    """The data's classes are the model's, and images of another size can be viewed."""
     if target.class_names is not None and list(target.class_names) != list(data.class_names):
         raise ValueError(class_mismatch(target.class_names, data.class_names))
-    if not as_arrays(target, data):
+    if not as_arrays(target, data) and not views_with_layer(data):
         config, size = target.input_config, data.image_size
         sources.require_tensorflow(
             f"Evaluating images of {'mixed sizes' if size is None else f'size {size[0]}x{size[1]}'} "
@@ -242,13 +254,41 @@ def check_match(target, data):
             f"{config.crop_size[0]}x{config.crop_size[1]}: keras_preact.preprocessing.eval_view)")
 
 
+class ViewBatches(keras.utils.PyDataset):
+    """Batches of ``files`` through the evaluation view layer (``keras_preact.layers.EvalView``, normalized):
+    each file decoded by Pillow (``decode_image_array``), viewed alone (the files differ in size), stacked."""
+
+    def __init__(self, files, labels, batch_size, view):
+        super().__init__()
+        self.files, self.labels, self.batch_size, self.view = files, labels, batch_size, view
+
+    def __len__(self):
+        return math.ceil(len(self.labels) / self.batch_size)
+
+    def __getitem__(self, index):
+        window = slice(index * self.batch_size, (index + 1) * self.batch_size)
+        views = []
+        for file in self.files[window]:
+            try:
+                image = decode_image_array(file)
+            except ValueError as error:
+                raise sources.DataError(f"Invalid --data-dir: {file}: {error}") from None
+            views.append(keras.ops.convert_to_numpy(self.view(image)))
+        return np.stack(views), np.asarray(self.labels[window])
+
+
 def evaluation_data(target, data, batch_size):
-    """Training's evaluation input: normalized arrays, or the evaluation view in tf.data."""
+    """Training's evaluation input: normalized arrays, or the evaluation view (in tf.data on TensorFlow, the
+    ``EvalView`` layer on JAX and PyTorch)."""
     config = target.input_config
     mean, std = np.asarray(config.mean, np.float32), np.asarray(config.std, np.float32)
     if as_arrays(target, data):
         images, labels = data.arrays()
         return pipelines.numpy_array_eval(images, labels, batch_size, mean=mean, std=std)
+    if views_with_layer(data):
+        from keras_preact.layers import EvalView
+
+        return ViewBatches(data.files, data.labels, batch_size, EvalView(config))
     import tensorflow as tf
 
     from keras_preact.preprocessing import eval_view

@@ -13,12 +13,13 @@ Examples:
 
 from keras_preact.layers.batch_normalization import BatchNormalization
 from keras_preact.layers.convolution import Conv2D, WeightStandardizedConv2D
+from keras_preact.layers.eval_view import EvalView
 from keras_preact.layers.options import BLOCKS, CONVOLUTIONS, ORDERINGS, SHORTCUT_TYPES, SHORTCUTS
 from keras_preact.layers.padding import EdgePadding2D
 from keras_preact.layers.residual_unit import ResidualUnit, Step, UnitPlan
 from keras_preact.layers.unit_config import UnitConfig
 
 __all__ = [
-    "BatchNormalization", "Conv2D", "EdgePadding2D", "WeightStandardizedConv2D", "ResidualUnit", "Step", "UnitPlan",
+    "BatchNormalization", "Conv2D", "EdgePadding2D", "EvalView", "WeightStandardizedConv2D", "ResidualUnit", "Step", "UnitPlan",
     "UnitConfig", "ORDERINGS", "SHORTCUTS", "SHORTCUT_TYPES", "BLOCKS", "CONVOLUTIONS",
 ]

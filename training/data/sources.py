@@ -22,7 +22,7 @@ import pathlib
 
 import numpy as np
 
-from keras_preact.preprocessing import decode_image, is_encoded_image
+from keras_preact.preprocessing import decode_image, is_encoded_image, pillow_pixels
 from keras_preact.scratch import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -170,28 +170,6 @@ def folder_splits(data_dir):
             f"sub-folders; it contains: {', '.join(present[:10])}."
         )
     return train_dir, test_dirs[0]
-
-
-SIXTEEN_BIT_GRAY = ("I;16", "I;16B", "I;16L", "I;16N", "I")  # Pillow's modes of 16-bit grayscale PNGs
-
-
-def pillow_pixels(image):
-    """uint8 ``[H, W, 3]`` pixels of a Pillow image, as TensorFlow's ``decode_image(channels=3)`` gives them.
-
-    ``convert("RGB")`` does that for 8-bit images of every mode (1, L, LA, P, RGB, RGBA, CMYK...), but clips a
-    16-bit grayscale image's samples at 255 (nearly white); libpng, under TensorFlow, keeps each sample's high
-    byte, as here.
-
-    Examples:
-        >>> from PIL import Image
-        >>> gray16 = Image.fromarray(np.array([[0, 255, 256, 65535]], np.uint16))
-        >>> gray16.mode, pillow_pixels(gray16)[0, :, 0].tolist()
-        ('I;16', [0, 0, 1, 255])
-    """
-    if image.mode in SIXTEEN_BIT_GRAY:
-        gray = (np.clip(np.asarray(image, np.int64), 0, 65535) >> 8).astype(np.uint8)
-        return np.repeat(gray[:, :, None], 3, axis=2)
-    return np.asarray(image.convert("RGB"))
 
 
 def _decoded_images(files):
