@@ -303,6 +303,10 @@ def decode_image(encoded, channels=3):
     """Encoded JPEG/PNG/GIF/BMP bytes (a scalar string tensor) to a uint8 ``[H, W, channels]`` image;
     a GIF gives its first frame.
 
+    Uncompressed 1-, 4- and 8-bit BMPs are decoded through their palette here, in graph ops (as Pillow and
+    the BMP specification read them): TensorFlow's BMP decoder reads 8-bit palette indices as gray levels
+    and refuses 1- and 4-bit BMPs.
+
     JPEGs are decoded with libjpeg's accurate integer IDCT (``dct_method="INTEGER_ACCURATE"``), as Pillow
     (the TensorFlow-free path and the ONNX/OpenVINO servers) and torchvision decode them, so every path
     sees the same pixels. TensorFlow's default, the fast IDCT, differs by up to 5 levels on CIFAR-10's
@@ -317,11 +321,71 @@ def decode_image(encoded, channels=3):
     """
     tf = _tensorflow("decode_image")
     encoded = tf.convert_to_tensor(encoded, tf.string)
+
+    def decode_other():
+        return tf.io.decode_image(encoded, channels=channels, expand_animations=False)
+
+    def decode_bmp():
+        header = _bmp_header(tf, encoded)
+        return tf.cond(header["indexed"], lambda: _decode_indexed_bmp(tf, encoded, header, channels), decode_other)
+
     return tf.cond(
         tf.io.is_jpeg(encoded),
         lambda: tf.io.decode_jpeg(encoded, channels=channels, dct_method="INTEGER_ACCURATE"),
-        lambda: tf.io.decode_image(encoded, channels=channels, expand_animations=False),
+        lambda: tf.cond(tf.strings.substr(encoded, 0, 2) == IMAGE_MAGIC["BMP"], decode_bmp, decode_other),
     )
+
+
+# BITMAPINFOHEADER and its successors (V2-V5, OS/2 2.x): a palette of 4-byte BGRX entries follows the header.
+BMP_INFO_HEADER_SIZES = (40, 52, 56, 64, 108, 124)
+BMP_INDEXED_BITS = (1, 4, 8)
+
+
+def _bmp_header(tf, encoded):
+    """The fields of a BMP's header that an indexed (palette) image needs, as int64 tensors, and ``indexed``: whether
+    the BMP ``encoded`` is an uncompressed 1-, 4- or 8-bit BMP with an info header (what ``tf.io.decode_bmp`` gets
+    wrong: it reads 8-bit indices as gray levels, ignoring the palette, and refuses 1- and 4-bit images)."""
+    # Ten little-endian int32 from byte 10 (zeros past a short file): the pixels' offset, the info header's size, width,
+    # height (negative: rows stored top-down), planes | bits << 16, compression, 3 sizes, the palette's colours.
+    head = tf.strings.substr(tf.strings.join([tf.strings.substr(encoded, 10, 40), tf.constant(bytes(40))]), 0, 40)
+    head = tf.cast(tf.io.decode_raw(head, tf.int32, little_endian=True), tf.int64)
+    fields = {"offset": head[0], "header_size": head[1], "width": head[2], "height": head[3], "bits": head[4] // 65536,
+              "compression": head[5], "colors": head[9]}
+    fields["indexed"] = (tf.reduce_any(tf.equal(fields["header_size"], BMP_INFO_HEADER_SIZES))
+                         & tf.reduce_any(tf.equal(fields["bits"], BMP_INDEXED_BITS)) & tf.equal(fields["compression"], 0))
+    return fields
+
+
+def _decode_indexed_bmp(tf, encoded, header, channels):
+    """An uncompressed 1-, 4- or 8-bit BMP decoded through its palette (as Pillow and the BMP specification read it):
+    rows padded to 4 bytes, bottom-up unless the height is negative, the most significant bits the leftmost pixel;
+    indices past the palette are black. uint8 ``[H, W, channels]`` (``channels`` 0 or 3: RGB; 4: opaque RGBA; 1: the
+    luma of ITU-R 601-2, as Pillow's ``convert("L")``)."""
+    width, bits = header["width"], header["bits"]
+    height = tf.abs(header["height"])
+    row_bytes = (width * bits + 31) // 32 * 4
+    fits = ((width > 0) & (height > 0) & (header["offset"] >= 0)
+            & (header["offset"] + row_bytes * height <= tf.cast(tf.strings.length(encoded), tf.int64)))
+    with tf.control_dependencies([tf.debugging.Assert(fits, ["The BMP is truncated or its size is invalid."])]):
+        data = tf.strings.substr(encoded, header["offset"], row_bytes * height)
+    rows = tf.reshape(tf.io.decode_raw(data, tf.uint8), tf.stack([height, row_bytes]))
+    rows = tf.gather(rows, tf.where(header["height"] > 0, height - 1 - tf.range(height), tf.range(height)))  # top first
+    per_byte = 8 // bits
+    shifts = tf.cast(tf.range(per_byte - 1, -1, -1) * bits, tf.uint8)
+    mask = tf.cast(tf.bitwise.right_shift(tf.constant(255, tf.int64), 8 - bits), tf.uint8)  # the low ``bits`` bits
+    indices = tf.bitwise.bitwise_and(tf.bitwise.right_shift(rows[:, :, None], shifts), mask)
+    indices = tf.reshape(indices, tf.stack([height, row_bytes * per_byte]))[:, :width]
+    # The palette's BGRX entries, zeros (black) after its colours; 256 entries cover every index of 8 bits or fewer.
+    colors = tf.where(header["colors"] > 0, tf.minimum(header["colors"], 256), 256)
+    palette = tf.strings.join([tf.strings.substr(encoded, 14 + header["header_size"], colors * 4), tf.constant(bytes(1024))])
+    palette = tf.reshape(tf.io.decode_raw(tf.strings.substr(palette, 0, 1024), tf.uint8), (256, 4))[:, 2::-1]
+    rgb = tf.gather(palette, tf.cast(indices, tf.int32))
+    if channels == 1:
+        luma = tf.cast(rgb, tf.int32) * tf.constant([19595, 38470, 7471], tf.int32)
+        return tf.cast((tf.reduce_sum(luma, -1, keepdims=True) + 0x8000) // 65536, tf.uint8)
+    if channels == 4:
+        return tf.concat([rgb, tf.fill(tf.concat([tf.shape(rgb)[:2], [1]], 0), tf.constant(255, tf.uint8))], -1)
+    return rgb
 
 
 def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):

@@ -295,17 +295,18 @@ async def read_body(request, limits, share):
 
     async def receive():
         chunks, size = [], 0  # joined once whole: a growing buffer's reallocations leave the heap fragmented
-        async for chunk in request.stream():
-            size += len(chunk)
-            if size > limits.max_body_bytes:
-                raise _CloseAfter(f"Request body of more than {limits.max_body_bytes} bytes exceeds the limit of "
-                                  f"{limits.max_body_bytes} bytes.", 413)
-            if length is None:  # chunked: taken as it arrives
-                share.take(len(chunk))
-            chunks.append(chunk)
-        body = b"".join(chunks)
-        chunks.clear()
-        return body
+        try:
+            async for chunk in request.stream():
+                size += len(chunk)
+                if size > limits.max_body_bytes:
+                    raise _CloseAfter(f"Request body of more than {limits.max_body_bytes} bytes exceeds the limit of "
+                                      f"{limits.max_body_bytes} bytes.", 413)
+                if length is None:  # chunked: taken as it arrives
+                    share.take(len(chunk))
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:  # an error's traceback keeps this frame (in a reference cycle, until the garbage collector runs): not its chunks
+            chunks.clear()
 
     if length is not None:  # taken whole before any of it is read: admitted whole, or refused at once
         share.take(int(length))

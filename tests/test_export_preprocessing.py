@@ -60,6 +60,26 @@ def test_served_output_equals_evaluated_output(exported):
 
 
 @pytest.mark.core
+def test_palette_and_1_bit_bmps_are_served_as_their_pixels(exported):
+    """``serving_bytes`` gives an 8-bit palette BMP and a 1-bit BMP the output of their pixels (Pillow's, sent as a
+    lossless PNG): TensorFlow's own BMP decoder served the palette's indices as gray and refused the 1-bit one."""
+    import io
+
+    from PIL import Image
+
+    _, _, _, signatures = exported
+    photo = Image.fromarray(photo_like(150, 200, seed=3))
+    bmps, pngs = [], []
+    for mode in ("P", "1"):
+        bmp = io.BytesIO()
+        photo.convert(mode).save(bmp, format="BMP")
+        bmps.append(bmp.getvalue())
+        pngs.append(encode_image(np.asarray(Image.open(io.BytesIO(bmp.getvalue())).convert("RGB")), "PNG"))
+    served = signatures["serving_bytes"](image_bytes=tf.constant(bmps))["probabilities"].numpy()
+    np.testing.assert_array_equal(served, signatures["serving_bytes"](image_bytes=tf.constant(pngs))["probabilities"].numpy())
+
+
+@pytest.mark.core
 def test_the_served_view_is_not_the_shorter_side_to_crop_view(exported):
     """The export used to resize the shorter side to the crop itself whatever the model's evaluation
     crop; at crop_fraction 0.875 that view gives other outputs than the one evaluation uses."""

@@ -20,6 +20,7 @@ pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 MIB = 1024 * 1024
 BOUND, MAX_BODY, SENT, UPLOADS = 32 * MIB, 16 * MIB, 12 * MIB, 6  # 6 uploads of 12 MiB: 72 MiB, twice the bound
 TIMEOUT = 6.0
+KEPT = 4 * MIB  # the growth of the server's RSS allowed once the uploads have ended (RSS settles within 1 MiB)
 
 SERVER = """
 import sys
@@ -101,7 +102,8 @@ def stalled_upload(port, statuses, sent):
 def test_stalled_uploads_hold_no_more_than_the_bound_and_their_memory_is_given_back():
     """6 uploads each stalling after 12 MiB of a 16 MiB body, against a bound of 32 MiB: two are held (408 once
     timed out), the others get a 503 at once; the server's RSS grows by less than the 32 MiB bound plus 16 MiB while they
-    stall (it held 72 MiB before the bound), and keeps less than the bound once they end (a normal request still 200)."""
+    stall (it held 72 MiB before the bound), and gives it back once they end: it keeps less than 4 MiB (a normal request
+    still 200)."""
     process = subprocess.Popen([sys.executable, "-c", SERVER, str(TIMEOUT), str(MAX_BODY), str(BOUND)], stdout=subprocess.PIPE,
                                text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
     try:
@@ -125,6 +127,7 @@ def test_stalled_uploads_hold_no_more_than_the_bound_and_their_memory_is_given_b
         process.send_signal(signal.SIGTERM)
         process.wait(timeout=60)
     assert held < BOUND + 16 * MIB, f"{held / MIB:.1f} MiB held by stalled uploads; the bound is {BOUND / MIB:.0f} MiB"
-    # Kept once they end: < 16 MiB with TensorFlow's environment, 23.8 MiB (the two held bodies) in the TensorFlow-free one.
-    assert after < BOUND, f"{after / MIB:.1f} MiB kept after the uploads ended"
+    # Kept once they end: within 1 MiB either way of where it started in both environments (the timed-out bodies' chunks
+    # were kept, 12-24 MiB, by their error's traceback in a reference cycle until the garbage collector ran).
+    assert after < KEPT, f"{after / MIB:.1f} MiB kept after the uploads ended; at most {KEPT / MIB:.0f} MiB expected"
     assert sorted(statuses, key=str) == sorted([408] * 2 + [503] * (UPLOADS - 2)), statuses

@@ -216,15 +216,9 @@ def test_a_16_bit_grayscale_png_decodes_without_tensorflow_to_its_high_bytes(tmp
 
 
 MODES = sorted(_encoded_in_every_mode())
-TENSORFLOW_BMP_DEFECTS = {  # where TensorFlow's own BMP decoder is wrong: Pillow's pixels are the image's
-    ("P", "BMP"): "TensorFlow's BMP decoder ignores the palette: an 8-bit palette BMP decodes to its indices as gray",
-    ("1", "BMP"): "TensorFlow's BMP decoder refuses 1-bit BMPs",
-}
 
 
-@pytest.mark.parametrize("mode, fmt", [
-    pytest.param(*key, marks=pytest.mark.xfail(strict=True, reason=TENSORFLOW_BMP_DEFECTS[key]))
-    if key in TENSORFLOW_BMP_DEFECTS else key for key in MODES], ids=[f"{m}-{f}" for m, f in MODES])
+@pytest.mark.parametrize("mode, fmt", MODES, ids=[f"{m}-{f}" for m, f in MODES])
 def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode, fmt):
     """Pillow's path (``sources.pillow_pixels``) gives TensorFlow's pixels (``keras_preact.preprocessing.decode_image``,
     channels 3) for every Pillow mode in every format both decode."""
@@ -241,6 +235,105 @@ def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode,
     theirs = decode_image(data).numpy()
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (6, 7, 3)
     np.testing.assert_array_equal(ours, theirs)
+
+
+def _indexed_bmp(indices, palette, bits, top_down=False, colors=None):
+    """A BMP of ``indices`` (``[H, W]`` ints) through ``palette`` (``[N, 3]`` RGB), ``bits`` per pixel, written here
+    byte by byte from the format's layout (BITMAPINFOHEADER, BGRX palette, rows padded to 4 bytes, bottom-up unless
+    ``top_down``), so that Pillow and TensorFlow both read a file neither of them wrote."""
+    import struct
+
+    height, width = indices.shape
+    row_bytes = (width * bits + 31) // 32 * 4
+    rows = np.zeros((height, row_bytes * 8 // bits), np.uint8)
+    rows[:, :width] = indices
+    packed = np.zeros((height, row_bytes), np.uint8)
+    for k in range(8 // bits):  # the most significant bits hold the leftmost pixel
+        packed |= (rows[:, k::8 // bits] << (8 - bits * (k + 1))).astype(np.uint8)
+    if not top_down:
+        packed = packed[::-1]
+    entries = np.zeros((len(palette), 4), np.uint8)
+    entries[:, :3] = np.asarray(palette, np.uint8)[:, ::-1]
+    offset = 14 + 40 + entries.size
+    info = struct.pack("<IiiHHIIiiII", 40, width, -height if top_down else height, 1, bits, 0, packed.size, 2835, 2835,
+                       len(palette) if colors is None else colors, 0)
+    return b"BM" + struct.pack("<IHHI", offset + packed.size, 0, 0, offset) + info + entries.tobytes() + packed.tobytes()
+
+
+def _bmp_cases():
+    """{name: BMP bytes}: Pillow's 8-bit palette and 1-bit BMPs, and hand-written 1-, 4- and 8-bit ones (odd widths,
+    top-down rows, a palette shorter than the bits allow)."""
+    import io
+
+    from PIL import Image
+
+    rng = np.random.default_rng(3)
+    rgb = Image.fromarray(rng.integers(0, 256, (13, 11, 3), dtype=np.uint8))
+    cases = {}
+    for mode in ("P", "1"):
+        out = io.BytesIO()
+        rgb.convert(mode).save(out, format="BMP")
+        cases[f"pillow-{mode}"] = out.getvalue()
+    for bits, width, top_down, colors in [(1, 13, False, 2), (1, 33, True, 2), (4, 7, False, 16), (4, 9, True, 5),
+                                          (8, 5, False, 256), (8, 6, True, 40)]:
+        palette = rng.integers(0, 256, (colors, 3))
+        indices = rng.integers(0, colors, (9, width))
+        cases[f"{bits}bit-w{width}-{'topdown' if top_down else 'bottomup'}-{colors}colors"] = _indexed_bmp(
+            indices, palette, bits, top_down)
+    return cases
+
+
+BMP_CASES = sorted(_bmp_cases())
+
+
+@pytest.mark.parametrize("case", BMP_CASES)
+def test_palette_and_1_bit_bmps_decode_through_their_palette_on_the_tensorflow_path(case):
+    """TensorFlow's BMP decoder reads an 8-bit BMP's palette indices as gray levels and refuses 1- and 4-bit BMPs;
+    ``keras_preact.preprocessing.decode_image`` (training, evaluation and the exported ``serving_bytes``) gives the
+    palette's colours, Pillow's pixels exactly, and the 1-, 3- and 4-channel images Pillow's convert gives."""
+    import io
+
+    from PIL import Image
+
+    pytest.importorskip("tensorflow")
+    from keras_preact.preprocessing import decode_image
+
+    data = _bmp_cases()[case]
+    with Image.open(io.BytesIO(data)) as image:
+        ours, gray, rgba = sources.pillow_pixels(image), np.asarray(image.convert("L")), np.asarray(image.convert("RGBA"))
+    np.testing.assert_array_equal(decode_image(data).numpy(), ours)
+    np.testing.assert_array_equal(decode_image(data, channels=1).numpy()[..., 0], gray)
+    np.testing.assert_array_equal(decode_image(data, channels=4).numpy(), rgba)
+
+
+def test_a_truncated_palette_bmp_is_an_invalid_argument_on_the_tensorflow_path():
+    """A palette BMP whose pixels end past the file is refused (InvalidArgumentError, what tf.data's ignore_errors
+    and the server's 400 catch), as Pillow refuses it."""
+    tf = pytest.importorskip("tensorflow")
+    from keras_preact.preprocessing import decode_image
+
+    data = _bmp_cases()["pillow-P"]
+    with pytest.raises(tf.errors.InvalidArgumentError, match="truncated or its size is invalid"):
+        decode_image(data[:-20])
+
+
+def test_a_folder_of_palette_and_1_bit_bmps_loads_the_same_pixels_with_and_without_tensorflow(tmp_path, monkeypatch):
+    """Training and evaluation data loading (``sources._decode_files``): TensorFlow's path and Pillow's give the same
+    images for Pillow's 8-bit palette and 1-bit BMPs (TensorFlow's path dropped the 1-bit one as undecodable and
+    made the palette one gray)."""
+    pytest.importorskip("tensorflow")
+    cases = _bmp_cases()
+    files = []
+    for name in ("pillow-P", "pillow-1"):
+        (tmp_path / f"{name}.bmp").write_bytes(cases[name])
+        files.append(str(tmp_path / f"{name}.bmp"))
+    with_tf, kept = sources._decode_files(files, skip_bad=True)
+    assert kept.tolist() == [0, 1]
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow fails: the TensorFlow-free path
+    without_tf, kept = sources._decode_files(files, skip_bad=True)
+    assert kept.tolist() == [0, 1]
+    np.testing.assert_array_equal(with_tf, without_tf)
+    assert len({tuple(p) for p in with_tf[0].reshape(-1, 3)} - {(v, v, v) for v in range(256)}) > 0  # colours, not gray
 
 
 @pytest.mark.core
