@@ -5,7 +5,7 @@
 - ``TF_CPP_MIN_LOG_LEVEL=3``: TensorFlow's C++ log below FATAL is not written (0 writes everything);
 - ``TF_ENABLE_ONEDNN_OPTS=1``: TensorFlow's oneDNN CPU kernels on. TensorFlow turns them on by itself only on
   CPUs with AVX-512/VNNI/AMX; on an AVX2-only CPU they make a CIFAR ResNet-20 training step about 1.6x faster
-  with results equal to float32 round-off (BENCHMARKS.md, "TensorFlow's oneDNN kernels");
+  with results equal to float32 round-off (``benchmarks/tf_onednn.py``; docs/training.md);
   ``TF_ENABLE_ONEDNN_OPTS=0`` keeps TensorFlow's default;
 - the Python loggers ``tensorflow`` (``tf.get_logger()``) and ``absl`` at ERROR, unless
   ``TF_CPP_MIN_LOG_LEVEL`` is 0.
