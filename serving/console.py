@@ -1,9 +1,9 @@
-"""The console scripts: TensorFlow's C++ start-up log lines hidden (``keras_preact_training.machine.start_up``), then the command."""
+"""The console scripts: the launcher (``keras_preact_serving.start_up``: TensorFlow's start-up settings), then the command."""
 
 import sys
 
 from keras_preact_serving import main, main_ray, missing_extra  # standard library only (``serving/__init__.py``): no Keras
-from keras_preact_training.machine.start_up import start_command
+from keras_preact_serving.start_up import start_command
 
 
 def _start(prog, argv):

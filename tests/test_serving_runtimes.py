@@ -194,8 +194,8 @@ def test_a_served_file_changed_on_disk_changes_no_answer(exported, tmp_path, run
 # keras-preact-serve whose model loads only once the file $LOAD_GATE exists: a slow load, made to wait.
 GATED_SERVE = """
 import os, sys, time
-from keras_preact_training.machine.start_up import quiet_tensorflow_start_up
-quiet_tensorflow_start_up()  # as the console script starts
+from keras_preact_serving.start_up import launch
+launch()  # as the console script starts
 from keras_preact_serving import server
 
 class GatedServable(server.Servable):

@@ -241,26 +241,6 @@ def test_torch_sgd_multi_tensor_update_equals_the_per_variable_update(monkeypatc
 
 
 # ------------------------------------------------------------------------------- --backend
-def test_backend_auto_keeps_the_users_choice_and_otherwise_takes_the_fastest_installed(tmp_path, monkeypatch):
-    monkeypatch.delitem(sys.modules, "keras")  # as in a fresh process
-    assert backends.choose("auto", {"KERAS_BACKEND": "jax"}) == ("jax", "set by KERAS_BACKEND")
-    home = tmp_path / "keras_home"
-    home.mkdir()
-    (home / "keras.json").write_text(json.dumps({"backend": "jax"}))
-    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == "jax"
-    (home / "keras.json").write_text(json.dumps({"backend": "tensorflow"}))  # Keras' own default: not a choice
-    monkeypatch.setattr(backends, "has_accelerator", lambda: False)
-    monkeypatch.setattr(backends, "installed", lambda b: b in ("tensorflow", "jax"))
-    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == "tensorflow"
-    monkeypatch.setattr(backends, "installed", lambda b: True)
-    assert backends.choose("auto", {"KERAS_HOME": str(home)})[0] == backends.CPU_FASTEST_FIRST[0]
-    monkeypatch.setattr(backends, "installed", lambda b: b == "jax")
-    with pytest.raises(ValueError, match=r"--backend torch: torch is not installed"):
-        backends.choose("torch", {})
-    with pytest.raises(ValueError, match=r"Invalid --backend 'mxnet': allowed auto, tensorflow, jax, torch"):
-        backends.choose("mxnet", {})
-
-
 def test_backend_flag_in_process_must_match_the_imported_keras(capsys):
     other = next(b for b in backends.BACKENDS if b != keras.backend.backend())
     assert cli.main(["--backend", other, "--dry-run"]) == 2

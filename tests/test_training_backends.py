@@ -9,6 +9,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import tarfile
@@ -43,7 +44,8 @@ TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_tes
 
 
 def env():
-    return {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **ONE_THREAD}
+    path = os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)  # a checkout's overlay first
+    return {**os.environ, "PYTHONPATH": path, "TF_CPP_MIN_LOG_LEVEL": "3", **ONE_THREAD}
 
 
 def run_cli(*args, timeout=600):
@@ -336,126 +338,119 @@ def test_error_inside_fit_is_reported_in_one_line(tmp_path, monkeypatch, capsys)
     assert "KERAS_PREACT_TRACEBACK" in lines[0] and len(lines[0]) < 600 and "[[" not in lines[0]
 
 
-# ------------------------------------------------------------------------- --backend auto measures
+# ------------------------------------------------------------------ the backend: Keras' choice; measured when asked
 TINY_RUN = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "8"]
-MODEL = {"architecture": "cifar", "depth": 8, "image_size": [16, 16], "batch_size": 8}
+# Runs keras-preact-train's real entry point in a fresh interpreter and records every Python process it starts
+# (audit events: a subprocess or spawn of a Python interpreter, any fork; multiprocessing starts through them).
+# Libraries' own small tools (platform's `uname -p`, matplotlib's `fc-list`) are not Python processes.
+RECORD_PROCESSES = """
+import json, os, sys
+started = []
+def hook(event, args):
+    if event in ("os.fork", "os.forkpty") or (event in ("subprocess.Popen", "os.posix_spawn", "os.spawn", "os.exec")
+                                              and "python" in os.path.basename(str(args[1][0] if args[1] else args[0]))):
+        started.append(event + " " + repr(args)[:300])
+sys.addaudithook(hook)
+from keras_preact_training import cli
+code = cli.main(sys.argv[1:])
+import keras
+print(json.dumps({"code": code, "backend": keras.backend.backend(), "started": started}))
+"""
 
 
-@pytest.fixture
-def fresh_process(monkeypatch):
-    """``backends.choose`` as in a fresh process (Keras not imported), on a CPU with all three installed."""
-    monkeypatch.delitem(sys.modules, "keras")
-    monkeypatch.setattr(backends, "has_accelerator", lambda: False)
-    monkeypatch.setattr(backends, "installed", lambda backend: True)
-
-
-@pytest.mark.any_backend  # every installed backend's probe runs in test_cli_auto_measures_the_installed_backends
-def test_probe_subprocess_times_the_runs_model_on_this_backend():
-    backend = keras.backend.backend()
-    result = backends.run_probe(backend, TINY_RUN, steps=2, warmup=1)
-    assert result["backend"] == backend and result["steps"] == 2 and result["ms_per_step"] > 0
-    assert result["model"]["depth"] == 8 and result["model"]["image_size"] == [16, 16]
-    assert result["model"]["batch_size"] == 8
-
-
-def test_auto_picks_the_fastest_measured_and_caches_it(tmp_path, fresh_process, monkeypatch, capsys):
-    speeds = {"tensorflow": 602.0, "torch": 412.0, "jax": 455.0}
-    probed = []
-
-    def measure(backend, argv):
-        probed.append(backend)
-        return speeds[backend]
-
-    def describe(backend, argv):
-        return {**MODEL, "depth": int(argv[argv.index("--depth") + 1])}
-
-    versions = {"keras": "3.15.0", "tensorflow": "2.21.0", "jax": "0.7.0", "torch": "2.13.0"}
-    monkeypatch.setattr(backends, "installed_versions", lambda: dict(versions))
-    probe = dict(argv=TINY_RUN, measure=measure, describe=describe, cache_dir=tmp_path)
-    environ = {"KERAS_HOME": str(tmp_path / "no_keras_json")}
-    assert backends.select("auto", environ, **probe) == "torch" == environ["KERAS_BACKEND"]
-    cache = tmp_path / backends.PROBE_CACHE_FILE
-    assert capsys.readouterr().out.strip() == (
-        f"[backend] torch (measured on this machine: torch 412 ms/step, jax 455, tensorflow 602; cached in "
-        f"{cache}; --backend or KERAS_BACKEND to choose)")
-    assert sorted(probed) == ["jax", "tensorflow", "torch"]
-    (entry,) = json.loads(cache.read_text()).values()
-    assert entry["ms_per_step"] == speeds and entry["model"]["depth"] == 8 and entry["versions"] == versions
-    assert not list(tmp_path.glob(".*.tmp"))  # written to a temporary name, then renamed
-
-    probed.clear()
-    assert backends.choose("auto", {}, **probe) == (
-        "torch", f"cached: measured on this machine: torch 412 ms/step, jax 455, tensorflow 602; from {cache}")
-    assert probed == []
-    deeper = ["--depth", "20", *TINY_RUN[2:]]
-    speeds["jax"] = 300.0
-    assert backends.choose("auto", {}, **{**probe, "argv": deeper})[0] == "jax" and len(probed) == 3
-    probed.clear()
-    versions["keras"] = "3.16.0"
-    assert backends.choose("auto", {}, **probe)[0] == "jax" and len(probed) == 3
-    assert len(json.loads(cache.read_text())) == 3
-
-
-def test_failing_probes_are_named_and_skipped(tmp_path, fresh_process):
-    def measure(backend, argv):
-        if backend == "jax":
-            raise backends.ProbeFailed("timed out after 300 s")
-        return {"tensorflow": 9.0, "torch": 7.0}[backend]
-
-    probe = dict(argv=TINY_RUN, describe=lambda backend, argv: MODEL, cache_dir=tmp_path)
-    backend, reason = backends.choose("auto", {}, measure=measure, **probe)
-    assert backend == "torch" and reason.startswith("measured on this machine: torch 7 ms/step, tensorflow 9; "
-                                                    "jax failed: timed out after 300 s; cached in ")
-
-    def broken(backend, argv):
-        raise backends.ProbeFailed(f"exit 1: ModuleNotFoundError: No module named '{backend}'")
-
-    backend, reason = backends.choose("auto", {}, measure=broken, **{**probe, "cache_dir": tmp_path / "other"})
-    assert backend == backends.CPU_FASTEST_FIRST[0] and "\n" not in reason
-    assert reason.startswith("fixed order measured on one CPU (BENCHMARKS.md, Training speed); every probe failed; "
-                             "tensorflow failed: exit 1: ModuleNotFoundError")
-    assert not (tmp_path / "other" / backends.PROBE_CACHE_FILE).exists()  # nothing measured: nothing cached
-
-
-def test_a_chosen_backend_is_never_probed(tmp_path, fresh_process, monkeypatch):
-    def never(*args):
-        raise AssertionError("probed")
-
-    probe = dict(argv=TINY_RUN, measure=never, describe=never, cache_dir=tmp_path)
-    assert backends.choose("auto", {"KERAS_BACKEND": "jax"}, **probe) == ("jax", "set by KERAS_BACKEND")
+def keras_choice_case(case, tmp_path):
+    """(environment, expected backend) of a ``test_the_backend_is_keras_choice`` case."""
     home = tmp_path / "keras_home"
     home.mkdir()
-    (home / "keras.json").write_text(json.dumps({"backend": "torch"}))
-    assert backends.choose("auto", {"KERAS_HOME": str(home)}, **probe)[0] == "torch"
-    assert backends.choose("jax", {}, **probe) == ("jax", "--backend")
-    backend, reason = backends.choose("auto", {}, dry_run=True, **probe)
-    assert backend == backends.CPU_FASTEST_FIRST[0] and reason.startswith("--dry-run: a run would measure ")
-    monkeypatch.setattr(backends, "installed", lambda backend: backend == "jax")
-    assert backends.choose("auto", {}, **probe) == ("jax", "the only backend installed: nothing to measure")
-
-
-@pytest.mark.any_backend  # KERAS_BACKEND unset: the pass's backend plays no part
-def test_cli_auto_measures_the_installed_backends_then_trains(tmp_path):
-    """The real entry point, KERAS_BACKEND unset: every installed backend is probed on this run's model in
-    its own process, the line names the figures, and the run trains on the fastest. No --jit-compile: each
-    backend compiles as Keras does by default (``auto``: XLA on JAX and TensorFlow, eager PyTorch), as a user's
-    run does; one flag for all would probe JAX eagerly (``false``) or PyTorch through torch.compile (``true``)."""
-    run_dir = tmp_path / "run"
     environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
-    environ.update(KERAS_HOME=str(tmp_path / "keras_home"), KERAS_PREACT_CACHE=str(tmp_path / "cache"))
-    done = subprocess.run(
-        [sys.executable, "-m", "keras_preact_training.cli", "--backend-probe-steps", "1", *TINY_RUN[:5], "--batch-size", "16",
-         "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32", "--synthetic-test-size", "16",
-         "--verbose", "0", "--no-export", "--run-dir", str(run_dir)],
-        cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
+    environ.update(KERAS_HOME=str(home), KERAS_PREACT_CACHE=str(tmp_path / "cache"), HOME=str(tmp_path))
+    others = [b for b in ("jax", "torch", "tensorflow") if importlib.util.find_spec(b)]
+    if case == "KERAS_BACKEND":
+        return {**environ, "KERAS_BACKEND": others[0]}, others[0]
+    if case == "keras.json":
+        (home / "keras.json").write_text(json.dumps({"backend": others[-1]}))
+        return environ, others[-1]
+    return environ, "tensorflow" if HAS_TF else backends.QUICKEST_IMPORT_FIRST[0]
+
+
+@pytest.mark.any_backend  # KERAS_BACKEND is the case's, not the pass's
+@pytest.mark.parametrize("case", ["default", "KERAS_BACKEND", "keras.json"])
+def test_the_backend_is_keras_choice_and_no_process_is_started(tmp_path, case):
+    """``keras-preact-train`` runs on the backend Keras itself would load (``KERAS_BACKEND``, else keras.json,
+    else TensorFlow; without TensorFlow an installed one) and starts no process to decide: a whole tiny run on
+    the default, ``--dry-run`` on the others. (It measured every installed backend in subprocesses before.)"""
+    environ, expected = keras_choice_case(case, tmp_path)
+    run = (["--dry-run"] if case != "default" else
+           ["--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "16", "--synthetic-test-size", "8",
+            "--verbose", "0", "--no-export", "--run-dir", str(tmp_path / "run")])
+    done = subprocess.run([sys.executable, "-c", RECORD_PROCESSES, *TINY_RUN, *run], cwd=tmp_path, env=environ,
+                          capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result["code"] == 0 and result["started"] == [] and result["backend"] == expected, result
     line = next(line for line in done.stdout.splitlines() if line.startswith("[backend] "))
-    present = [b for b in backends.CPU_FASTEST_FIRST if importlib.util.find_spec(b)]
-    assert "measured on this machine: " in line and all(f"{b} " in line for b in present), line
-    assert str(tmp_path / "cache" / backends.PROBE_CACHE_FILE) in line
-    chosen = line.split()[1]
-    assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == chosen
-    assert "[train] summary" in done.stdout
+    reason = {"default": "Keras' default" if HAS_TF else "installed;", "KERAS_BACKEND": "set by KERAS_BACKEND",
+              "keras.json": f"set by {tmp_path / 'keras_home' / 'keras.json'}"}[case]
+    assert line.startswith(f"[backend] {expected} ({reason}") and "--measure-backends" in line, line
+    if case == "default":
+        assert json.loads((tmp_path / "run" / "config.json").read_text())["keras_backend"] == expected
+    assert not (tmp_path / "cache").exists()  # nothing measured, nothing cached
+
+
+def test_backend_choice_reads_what_keras_reads(tmp_path, monkeypatch):
+    monkeypatch.delitem(sys.modules, "keras")  # as in a fresh process
+    monkeypatch.setattr(backends, "installed", lambda b: True)
+    home = tmp_path / "keras_home"
+    home.mkdir()
+    environ = {"KERAS_HOME": str(home)}
+    assert backends.choose(None, {**environ, "KERAS_BACKEND": "jax"}) == ("jax", "set by KERAS_BACKEND")
+    assert backends.choose(None, environ) == ("tensorflow", "Keras' default")
+    (home / "keras.json").write_text(json.dumps({"backend": "torch"}))
+    assert backends.choose(None, environ) == ("torch", f"set by {home / 'keras.json'}")
+    assert backends.choose("jax", environ) == ("jax", "--backend")
+    monkeypatch.setattr(backends, "installed", lambda b: b in ("jax", "torch"))
+    (home / "keras.json").unlink()
+    assert backends.choose(None, environ) == ("torch", "installed; TensorFlow, Keras' default, is not")
+    with pytest.raises(ValueError, match=r"--backend tensorflow: tensorflow is not installed"):
+        backends.choose("tensorflow", environ)
+    with pytest.raises(ValueError, match=r"Invalid --backend 'auto': allowed tensorflow, jax, torch"):
+        backends.choose("auto", environ)
+
+
+def test_measure_backends_report_names_figures_choice_and_how_to_set_it():
+    from keras_preact_training import backend_probe
+
+    config = configs.get_config("synthetic-resnet8", needs_data=False, depth=8, image_size=(16, 16), batch_size=8)
+    lines = backend_probe.report(config, {"tensorflow": 60.4, "torch": 41.2, "jax": 55.0},
+                                 {}, 5, 2)
+    assert lines == [
+        "[measure] torch 41 ms/step, jax 55, tensorflow 60 (cifar ResNet-8, image 16x16, batch 8; median of 5 steps "
+        "after 2 untimed)",
+        '[measure] fastest: torch; to train on it: KERAS_BACKEND=torch keras-preact-train ..., or "backend": "torch" '
+        "in ~/.keras/keras.json (every Keras program), or --backend torch for one run"]
+    lines = backend_probe.report(config, {"torch": 41.2}, {"jax": "timed out after 600 s"}, 5, 2)
+    assert lines[1] == "[measure] jax failed: timed out after 600 s" and "fastest: torch" in lines[2]
+
+
+@pytest.mark.any_backend  # every installed backend is measured, whichever the pass's is
+def test_measure_backends_times_every_installed_backend_and_trains_nothing(tmp_path, capsys, monkeypatch):
+    """``--measure-backends``: this process's backend timed here, each other installed one in a child process
+    (what the user asked for); the figures, the fastest and how to choose it printed; no run directory written."""
+    monkeypatch.chdir(tmp_path)
+    for name, value in ONE_THREAD.items():
+        monkeypatch.setenv(name, value)
+    assert cli.main(["--measure-backends", "--measure-steps", "1", *TINY_RUN, "--run-dir", str(tmp_path / "run")]) == 0
+    out = capsys.readouterr().out
+    present = [b for b in backends.BACKENDS if importlib.util.find_spec(b)]
+    first = next(line for line in out.splitlines() if line.startswith("[measure] ") and "ms/step" in line)
+    figures = dict(re.findall(r"(tensorflow|jax|torch) (\d+)", first))
+    assert sorted(figures) == sorted(present) and "median of 1 steps after 2 untimed" in first, out
+    fastest = min(figures, key=lambda b: int(figures[b]))
+    assert f"[measure] fastest: {fastest}; to train on it: KERAS_BACKEND={fastest} keras-preact-train" in out, out
+    assert not (tmp_path / "run").exists()
+    with pytest.raises(SystemExit) as stop:
+        cli.main(["--measure-backends", "--measure-steps", "0", *TINY_RUN])
+    assert stop.value.code == 2 and "argument --measure-steps: 0 given, at least 1 is required" in capsys.readouterr().err
 
 
 NO_BACKEND = """

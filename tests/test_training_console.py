@@ -1,6 +1,8 @@
-"""The command lines as a newcomer meets them (issue 23): no TensorFlow C++ start-up lines unless asked,
-``--dry-run`` without data, and ``python -m keras_preact_training.train`` naming the command."""
+"""The command lines as a newcomer meets them: TensorFlow's start-up settings made by one launcher per app
+(``TF_CPP_MIN_LOG_LEVEL``, ``TF_ENABLE_ONEDNN_OPTS``, the Python loggers; no file-descriptor surgery), ``--dry-run``
+without data, and ``python -m keras_preact_training.train`` naming the command."""
 
+import ast
 import importlib.util
 import os
 import pathlib
@@ -9,50 +11,103 @@ import subprocess
 import sys
 import textwrap
 
+import numpy as np
 import pytest
 
+from keras_preact_serving import start_up as serving_start_up
 from keras_preact_training.machine import start_up
 
 pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.any_backend]
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# What TensorFlow 2.21 writes while it loads on a CPU machine (absl's format, before InitializeLog), and
-# what older versions wrote (tsl's format); each must go unless the level lets it through.
-ABSL_NOTE = b"WARNING: All log messages before absl::InitializeLog() is called are written to STDERR\n"
-INFO = b"I0000 00:00:1795469411.078504   28727 port.cc:153] oneDNN custom operations are on.\n"
-WARNING = b"W0000 00:00:1758131045.228000 3722035 computation_placer.cc:177] computation placer already registered.\n"
-ERROR = b"E0000 00:00:1758131045.203198 3722035 cuda_dnn.cc:8579] Unable to register cuDNN factory\n"
-TSL_INFO = b"2025-09-17 14:44:05.157831: I external/local_xla/xla/tsl/cuda/cudart_stub.cc:32] Could not find cuda drivers\n"
-PYTHON = b"/site-packages/x.py:55: UserWarning: a warning of the user's own\n  warnings.warn(\n"
 HAS_TENSORFLOW = importlib.util.find_spec("tensorflow") is not None
 # Without TensorFlow there are no C++ start-up lines to hide: checking for none could not fail there.
 needs_tensorflow = pytest.mark.skipif(not HAS_TENSORFLOW, reason="no TensorFlow C++ start-up lines without it")
 CPP_LINE = re.compile(r"^(?:[IWEF]\d{4} [\d:.]+\s+\d+ \S+:\d+\]|\d{4}-\d\d-\d\d [\d:.]+: [IWEF] \S+:\d+\])", re.M)
+# What TensorFlow 2.19+ logs while its shared libraries load, before absl::InitializeLog(): written to stderr
+# whatever TF_CPP_MIN_LOG_LEVEL says (tensorflow/tensorflow#100442), so no documented setting hides it.
+BEFORE_ABSL_INIT = re.compile(r"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to "
+                              r"STDERR|I\d{4} [\d:.]+\s+\d+ (?:cudart_stub|port)\.cc:\d+\] .*)$")
 
 
-def test_start_up_lines_below_the_level_are_dropped_and_nothing_else():
-    text = ABSL_NOTE + INFO + PYTHON + WARNING + ERROR + TSL_INFO
-    assert start_up.drop_start_up_lines(text, 0) == text
-    assert start_up.drop_start_up_lines(text, 1) == PYTHON + WARNING + ERROR
-    assert start_up.drop_start_up_lines(text, 2) == PYTHON + ERROR
-    assert start_up.drop_start_up_lines(text, 3) == PYTHON
-    assert start_up.drop_start_up_lines(b"no newline at the end", 3) == b"no newline at the end"
+def start_up_lines(stderr):
+    """TensorFlow's C++ log lines in ``stderr`` other than those logged before absl's start."""
+    return [line for line in stderr.splitlines() if CPP_LINE.match(line) and not BEFORE_ABSL_INIT.match(line)]
 
 
-def test_the_level_is_a_default_the_user_overrides(monkeypatch):
-    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
-    start_up.quiet_tensorflow_start_up()  # Keras is loaded in this process: only the level is set
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == start_up.DEFAULT_LOG_LEVEL == "3"
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "0")
-    start_up.quiet_tensorflow_start_up()
-    assert os.environ["TF_CPP_MIN_LOG_LEVEL"] == "0" and start_up.log_level() == 0
-    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "two")
-    assert start_up.log_level() == 0
+def test_the_launchers_settings_are_defaults_the_user_overrides(monkeypatch):
+    """Both apps' launchers set the same variables, each only where the user has not."""
+    for launcher in (start_up, serving_start_up):
+        environ = {}
+        launcher.launch(environ)
+        assert environ == {"TF_CPP_MIN_LOG_LEVEL": "3", "TF_ENABLE_ONEDNN_OPTS": "1"}
+        environ = {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLE_ONEDNN_OPTS": "0"}
+        launcher.launch(environ)
+        assert environ == {"TF_CPP_MIN_LOG_LEVEL": "0", "TF_ENABLE_ONEDNN_OPTS": "0"}
+    assert start_up.log_level({"TF_CPP_MIN_LOG_LEVEL": "two"}) == 0
+
+
+def test_no_file_descriptor_surgery_no_blocks_above_imports_and_serving_imports_no_training():
+    """The start is made with documented settings: no ``dup2`` in either app; no ``if __name__ == "__main__"`` block
+    before a module's last import; the serving app imports nothing of the training app."""
+    for folder in ("training", "serving"):
+        for path in sorted((REPO / folder).rglob("*.py")):
+            tree = ast.parse(path.read_text())
+            calls = {node.func.attr for node in ast.walk(tree) if isinstance(node, ast.Call)
+                     and isinstance(node.func, ast.Attribute)}
+            assert not calls & {"dup2", "dup"}, path
+            imports = [i for i, node in enumerate(tree.body) if isinstance(node, (ast.Import, ast.ImportFrom))]
+            mains = [i for i, node in enumerate(tree.body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+            assert not mains or not imports or min(mains) > max(imports), path
+            if folder == "serving":
+                names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+                names |= {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
+                assert not [n for n in names if n.startswith("keras_preact_training")], path
+
+
+@needs_tensorflow
+@pytest.mark.parametrize("onednn, expected", [(None, "True"), ("0", "False")])
+def test_the_launcher_turns_tensorflows_onednn_kernels_on_unless_the_user_says(onednn, expected):
+    """TensorFlow turns oneDNN on by itself only on CPUs with AVX-512/VNNI/AMX; the launcher asks for it
+    (``TF_ENABLE_ONEDNN_OPTS=1``) unless the user set the variable (``0``: TensorFlow's own choice, off here)."""
+    code = ("from keras_preact_training.machine.start_up import launch; launch(); "
+            "from tensorflow.python.util import _pywrap_util_port; print(_pywrap_util_port.IsMklEnabled())")
+    environ = {k: v for k, v in os.environ.items() if k != "TF_ENABLE_ONEDNN_OPTS"}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO,
+                          env=environ | ({"TF_ENABLE_ONEDNN_OPTS": onednn} if onednn else {}))
+    assert done.returncode == 0 and done.stdout.split() == [expected], done.stderr[-2000:]
+
+
+# A small network's predictions in a fresh process (oneDNN on or off): the same seeded weights, the same input.
+PREDICT = """
+import sys
+import keras, numpy as np
+from keras_preact.models import create_model
+keras.utils.set_random_seed(0)
+model = create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(16, 16, 3))
+images = np.random.default_rng(0).normal(size=(8, 16, 16, 3)).astype("float32")
+np.save(sys.argv[1], model.predict_on_batch(images))
+"""
+
+
+@needs_tensorflow
+def test_onednn_kernels_predict_what_the_default_kernels_predict(tmp_path):
+    """The same weights' predictions with TensorFlow's oneDNN kernels on and off agree to float32 round-off
+    (measured on ResNet-20: 1.2e-6 absolute on softmax outputs; benchmarks/tf_onednn.py)."""
+    outputs = {}
+    for onednn in ("0", "1"):
+        done = subprocess.run([sys.executable, "-c", PREDICT, str(tmp_path / f"{onednn}.npy")], capture_output=True,
+                              text=True, timeout=600, cwd=REPO, env={**os.environ, "KERAS_BACKEND": "tensorflow",
+                                                                     "TF_ENABLE_ONEDNN_OPTS": onednn})
+        assert done.returncode == 0, done.stderr[-2000:]
+        outputs[onednn] = np.load(tmp_path / f"{onednn}.npy")
+    assert outputs["0"].shape == (8, 10)
+    np.testing.assert_allclose(outputs["1"], outputs["0"], rtol=1e-5, atol=1e-6)
 
 
 def run(args, level=None, **extra_env):
     env = {key: value for key, value in os.environ.items() if key != "TF_CPP_MIN_LOG_LEVEL"}
-    env.update(PYTHONPATH=str(REPO), **extra_env)
+    env.update(PYTHONPATH=os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p), **extra_env)
     if level is not None:
         env["TF_CPP_MIN_LOG_LEVEL"] = level
     return subprocess.run([sys.executable, *args], capture_output=True, text=True, timeout=600, env=env, cwd=REPO)
@@ -64,7 +119,7 @@ def test_dry_run_needs_no_data_and_prints_no_tensorflow_lines_unless_asked(tmp_p
     quiet = run(argv)
     assert quiet.returncode == 0, quiet.stderr
     assert "50000 training images (assumed: the size of cifar10" in quiet.stdout and not (tmp_path / "r").exists()
-    assert not CPP_LINE.search(quiet.stderr) and "absl::InitializeLog" not in quiet.stderr, quiet.stderr
+    assert not start_up_lines(quiet.stderr) and "cpu_feature_guard" not in quiet.stderr, quiet.stderr
     if not HAS_TENSORFLOW:  # no C++ lines to ask for: a second start with level 0 could not fail here
         return
     asked = run(argv, level="0", TF_ENABLE_ONEDNN_OPTS="1")  # TensorFlow notes oneDNN as it loads
@@ -110,24 +165,25 @@ def test_console_script_help_has_no_tensorflow_lines(name, backend):
     ray_missing = name == "keras-preact-serve-ray" and "pip install" in done.stderr
     assert done.returncode == (2 if ray_missing else 0), done.stderr
     assert ray_missing or "usage:" in done.stdout
-    assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr
+    assert not start_up_lines(done.stderr) and "cpu_feature_guard" not in done.stderr, done.stderr
 
 
 def test_the_library_module_names_the_command_line_in_one_line():
     done = run(["-m", "keras_preact_training.train"])
     assert done.returncode == 1 and done.stdout == ""
-    assert done.stderr.strip().splitlines() == [
+    assert done.stderr.strip().splitlines()[-1:] == [  # after TensorFlow's lines: the module imports Keras first
         "keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
         "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"]
 
 
 @needs_tensorflow
-@pytest.mark.parametrize("module", ["evaluate", "export", "reproduce", "publish"])
-def test_python_dash_m_commands_start_as_quietly_as_the_scripts(module):
-    """``python -m keras_preact_training.<module>`` (what a reader of the checkout types) gets the same quiet start."""
-    done = run(["-m", f"keras_preact_training.{module}", "--help"])
+def test_python_dash_m_export_starts_as_quietly_as_its_script():
+    """``python -m keras_preact_training.export`` imports no Keras before ``main``: its ``__main__`` block (at the end)
+    makes the console script's start. (The other commands' modules import Keras at the top: run as ``python -m``
+    they start as any Keras program does; their console scripts or ``keras-preact-train`` are the quiet way.)"""
+    done = run(["-m", "keras_preact_training.export", "--help"])
     assert done.returncode == 0 and "usage:" in done.stdout, done.stderr
-    assert not CPP_LINE.search(done.stderr) and "absl::InitializeLog" not in done.stderr, done.stderr
+    assert not start_up_lines(done.stderr) and "cpu_feature_guard" not in done.stderr, done.stderr
 
 
 @pytest.mark.skipif(HAS_TENSORFLOW, reason="with TensorFlow, each command starts in its own process (above)")

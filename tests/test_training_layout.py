@@ -94,7 +94,7 @@ def test_the_finder_sees_a_cycle():
 def test_every_import_of_a_relative_or_function_level_kind_is_seen():
     edges = graph("keras_preact_training")
     assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.cli"]  # from .machine import ..., start_up
-    assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.evaluate"]  # in the __main__ block
+    assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.export"]  # in the __main__ block
     assert "keras_preact_training.export" in edges["keras_preact_training.console"]  # inside a function
     assert "keras_preact_training.recipe.configs" in edges["keras_preact_training.data.pipelines"]  # from ..recipe.configs import ...
 
@@ -127,8 +127,8 @@ def test_package_inits_import_nothing():
 
 
 def test_the_quiet_start_up_is_standard_library_only():
-    """The console scripts (the serving app's too) import it before anything loads Keras; it loads Keras
-    itself, inside ``quiet_tensorflow_start_up``, with TensorFlow's start-up lines caught."""
+    """The console scripts import the launcher before anything loads Keras: importing it, the consoles and the
+    CLI loads none of Keras, TensorFlow, JAX, PyTorch or numpy."""
     tree = ast.parse((PACKAGE / "machine" / "start_up.py").read_text())
     imported = {alias.name.split(".")[0] for node in tree.body if isinstance(node, ast.Import) for alias in node.names}
     imported |= {node.module.split(".")[0] for node in tree.body if isinstance(node, ast.ImportFrom)}
@@ -137,6 +137,7 @@ def test_the_quiet_start_up_is_standard_library_only():
             "keras_preact_training.cli, keras_preact_serving.console; "
             "print(sorted({'keras', 'tensorflow', 'jax', 'torch', 'numpy'} & set(sys.modules)))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(REPO)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)})
     assert done.returncode == 0 and done.stdout.strip() == "[]", done.stderr[-2000:] or done.stdout
 

@@ -18,17 +18,17 @@ the four rooms hold what the jobs are made of::
 
     training/
       train.py          train(config): the model.fit loop; a run directory in, metrics out
-      cli.py            keras-preact-train: train's command line (--backend picked before Keras loads)
+      cli.py            keras-preact-train: train's command line (the backend set before Keras loads)
       export.py         export_run(run_dir) / keras-preact-export: SavedModel, ONNX, LiteRT, OpenVINO
       evaluate.py       keras-preact-evaluate: top-1/top-5 of a registry name, a run or a .keras file
       publish.py        python -m keras_preact_training.publish: a run's weights as a registry network's
       reproduce.py      python -m keras_preact_training.reproduce: a table of the paper, ours beside theirs
       carry.py          python -m keras_preact_training.carry: a run's resumable files, to resume it on another machine
-      backend_probe.py  python -m keras_preact_training.backend_probe: a few timed training steps of a run's model (--backend auto)
+      backend_probe.py  keras-preact-train --measure-backends: a few timed training steps of a run's model per backend
       console.py        the console scripts' entry points (pyproject.toml [project.scripts])
       machine/          where a run runs (it imports no other room)
-        start_up.py     TensorFlow's C++ start-up lines hidden; run_module (standard library only)
-        backends.py     which Keras backend (standard library only: decided before Keras loads), measured
+        start_up.py     the launcher: TensorFlow's start-up settings, before Keras loads (standard library only)
+        backends.py     which Keras backend: Keras' own choice or --backend (standard library only)
         compat.py       every use of a Keras internal, with the version it was checked against
         distribute.py   --distribute: one device, MirroredStrategy, MultiWorkerMirroredStrategy
         memory_guard.py host memory watched: one line before the kernel's OOM killer (standard library only)
@@ -59,7 +59,7 @@ Rules (tests/test_training_layout.py checks them from the source):
   imports its own room and the rooms before it (``data`` and ``run`` do not import each other), never the
   top level. The top-level jobs import any room and each other (``train`` calls ``export``).
 - ``__init__`` files import nothing, so ``import keras_preact_training.console`` (the console scripts, the serving
-  app's too) loads no Keras: ``machine/start_up.py`` is standard library only, and every job's
-  ``python -m`` block calls its ``run_module`` before its imports load Keras.
+  app's too) loads no Keras: ``machine/start_up.py`` is standard library only; each console script calls
+  its ``launch`` before Keras loads.
 - Nothing in ``keras_preact`` imports this package.
 """

@@ -1,31 +1,32 @@
-"""Time a few training steps of a run's model on this process's Keras backend (``KERAS_BACKEND``).
+"""``keras-preact-train --measure-backends``: time a few training steps of a run's model on each installed
+Keras backend, say which is fastest and how to choose it (``KERAS_BACKEND`` or ``keras.json``).
 
-``--backend auto`` (``training/machine/backends.py``) runs this once per installed backend, each in its own
-process (a backend is fixed per process): the model is the run's, built by ``keras_preact_training.recipe.model`` from
-the same ``keras-preact-train`` flags, fed synthetic images of the run's size and batch; the warm-up steps
-(compilation) are not timed; the last line printed is one JSON object with the median ms/step.
-With ``--steps 0`` it builds nothing and prints only the model-defining config fields (the cache key).
+Asked for, never run by default. The backend Keras loaded in this process is timed here; each other one in a
+child process of its own (a backend is fixed per process): ``python -m keras_preact_training.backend_probe``
+reads the run's ``Config`` as JSON on stdin (``dataclasses.asdict``) and prints one JSON line. The model is the
+run's (``keras_preact_training.recipe.model``), fed synthetic images of the run's size and batch; the warm-up
+steps (compilation) are not timed; the figure is the median ms/step.
 
-Usage::
+Examples::
 
-    KERAS_BACKEND=torch python -m keras_preact_training.backend_probe --steps 5 -- --depth 8 --image-size 16 16
+    keras-preact-train --depth 8 --image-size 16 16 --measure-backends
+    # [measure] torch 41 ms/step, jax 55, tensorflow 60 (ResNet-8, batch 128; 5 steps after 2 untimed)
+    # [measure] fastest: torch; to train on it: KERAS_BACKEND=torch keras-preact-train ... (or "backend": ...)
 """
 
-import argparse
+import dataclasses
 import json
+import os
 import statistics
+import subprocess
 import sys
 import time
 
-# The Config fields that decide how fast a training step is: the backend probe's cache key.
-MODEL_FIELDS = ("architecture", "depth", "unit_options", "drop_path_rate", "remat", "image_size", "batch_size",
-                "augmentation", "normalization", "pipeline", "precision", "jit_compile", "steps_per_execution",
-                "distribute", "synthetic_num_classes")
+from .machine import backends
 
-
-def model_fields(config):
-    """The ``MODEL_FIELDS`` of ``config`` as JSON values, e.g. ``{"depth": 8, "image_size": [16, 16], ...}``."""
-    return json.loads(json.dumps({name: getattr(config, name) for name in MODEL_FIELDS}, default=list))
+MEASURE_STEPS = 5  # timed training steps per backend (--measure-steps)
+MEASURE_WARMUP_STEPS = 2  # untimed first steps: compilation, allocator warm-up
+MEASURE_TIMEOUT_S = 600
 
 
 def num_classes_of(config):
@@ -72,31 +73,79 @@ def median_step_ms(config, steps, warmup):
     return statistics.median(times), pipeline
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else list(argv)
-    own, train_argv = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
-    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.backend_probe",
-                                     description="Time training steps of a run's model on KERAS_BACKEND.")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps (0: print the model fields only)")
-    parser.add_argument("--warmup", type=int, default=2, help="untimed steps first (compilation)")
-    args = parser.parse_args(own)
-    if args.steps < 0 or args.warmup < 0:
-        parser.error(f"--steps {args.steps} --warmup {args.warmup}: both must be 0 or more")
-    from .machine import backends, start_up
+def run_child(backend, config, steps, warmup, timeout=MEASURE_TIMEOUT_S):
+    """(ms/step, None) of ``backend`` on ``config`` timed in a child process, or (None, why) when it gave none."""
+    env = {**os.environ, "KERAS_BACKEND": backend}
+    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+    command = [sys.executable, "-m", "keras_preact_training.backend_probe", "--steps", str(steps), "--warmup", str(warmup)]
+    payload = json.dumps(dataclasses.asdict(config))
+    try:
+        done = subprocess.run(command, input=payload, env=env, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return None, f"timed out after {timeout} s"
+    if done.returncode != 0:
+        return None, f"exit {done.returncode}: {(done.stderr.strip().splitlines() or ['no message'])[-1][:200]}"
+    try:
+        return float(json.loads(done.stdout.strip().splitlines()[-1])["ms_per_step"]), None
+    except (IndexError, ValueError, KeyError):
+        return None, f"no result line in its output: {done.stdout[-200:]!r}"
 
-    start_up.quiet_tensorflow_start_up()
-    from . import cli
 
-    train_parser = cli.build_parser()
-    config = cli.config_from_args(train_parser.parse_args(train_argv), train_parser)
+def measure(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_child):
+    """({backend: ms/step}, {backend: why it failed}) for every installed backend: the one Keras loaded here
+    in this process, the others through ``child``."""
     import keras
 
-    result = {"backend": keras.backend.backend(), "model": model_fields(config)}
-    if args.steps:
-        backends.xla_flags_for_remat(result["backend"], config.remat)
-        result["ms_per_step"], result["pipeline"] = median_step_ms(config, args.steps, args.warmup)
-        result["steps"] = args.steps
-    print(json.dumps(result), flush=True)
+    here = keras.backend.backend()
+    figures, failed = {}, {}
+    for backend in [here, *(b for b in backends.BACKENDS if b != here and backends.installed(b))]:
+        if backend == here:
+            figures[backend] = median_step_ms(config, steps, warmup)[0]
+            continue
+        ms, why = child(backend, config, steps, warmup)
+        if ms is None:
+            failed[backend] = why
+        else:
+            figures[backend] = ms
+    return figures, failed
+
+
+def report(config, figures, failed, steps, warmup):
+    """The lines ``--measure-backends`` prints: the figures (fastest first), the failures, the choice and how to
+    make it."""
+    ranked = sorted(figures.items(), key=lambda item: item[1])
+    numbers = ", ".join(f"{name} {ms:.0f}" + (" ms/step" if i == 0 else "") for i, (name, ms) in enumerate(ranked))
+    lines = [f"[measure] {numbers} ({config.architecture} ResNet-{config.depth}, image {config.image_size[0]}x"
+             f"{config.image_size[1]}, batch {config.batch_size}; median of {steps} steps after {warmup} untimed)"]
+    lines += [f"[measure] {name} failed: {why}" for name, why in failed.items()]
+    if ranked:
+        fastest = ranked[0][0]
+        lines.append(f"[measure] fastest: {fastest}; to train on it: KERAS_BACKEND={fastest} keras-preact-train ..., "
+                     f"or \"backend\": \"{fastest}\" in ~/.keras/keras.json (every Keras program), or --backend "
+                     f"{fastest} for one run")
+    return lines
+
+
+def main(argv=None):
+    """The child: the ``Config`` (JSON) on stdin, timed on this process's backend; one JSON line out."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.backend_probe",
+                                     description="Time training steps of the run config on stdin (JSON) on KERAS_BACKEND.")
+    parser.add_argument("--steps", type=int, default=MEASURE_STEPS, help="timed steps")
+    parser.add_argument("--warmup", type=int, default=MEASURE_WARMUP_STEPS, help="untimed steps first (compilation)")
+    args = parser.parse_args(argv)
+    if args.steps < 1 or args.warmup < 0:
+        parser.error(f"--steps {args.steps} --warmup {args.warmup}: at least 1 and 0 are required")
+    import keras
+
+    from .recipe import configs
+
+    config = configs.from_dict(json.loads(sys.stdin.read()), "the run config on stdin")
+    backends.xla_flags_for_remat(keras.backend.backend(), config.remat)
+    ms, pipeline = median_step_ms(config, args.steps, args.warmup)
+    print(json.dumps({"backend": keras.backend.backend(), "ms_per_step": ms, "pipeline": pipeline, "steps": args.steps}),
+          flush=True)
     return 0
 
 

@@ -1,9 +1,10 @@
 """``keras-preact-train``: the command line of ``train`` (``python -m keras_preact_training.cli``).
 
 Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...) over a preset;
-``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. ``--backend`` picks the
-Keras backend (``training/machine/backends.py``), so this module imports Keras only once that is decided: the
-modules that load Keras are imported inside the functions.
+``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. The Keras backend is Keras'
+own choice (``KERAS_BACKEND``, ``keras.json``) unless ``--backend`` names one (``training/machine/backends.py``),
+so this module imports Keras only once that is set: the modules that load Keras are imported inside the
+functions. ``--measure-backends`` times the installed backends on the run's model (``backend_probe``).
 """
 
 import argparse
@@ -81,13 +82,15 @@ def build_parser():
                    "(sets unit_options['ordering'])")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
-    p.add_argument("--backend", choices=("auto", *backends.BACKENDS), default="auto",
-                   help="Keras backend (default auto: KERAS_BACKEND if set, else the fastest installed backend "
-                   "measured on this run's model and batch on this machine, cached per machine and model; printed "
-                   "at start)")
-    p.add_argument("--backend-probe-steps", type=int, default=backends.PROBE_STEPS, metavar="N",
-                   help=f"--backend auto: timed training steps per backend (default {backends.PROBE_STEPS}, after "
-                   f"{backends.PROBE_WARMUP_STEPS} untimed)")
+    p.add_argument("--backend", choices=backends.BACKENDS, default=None,
+                   help="Keras backend for this run (default: Keras' own choice, KERAS_BACKEND, else \"backend\" in "
+                   "~/.keras/keras.json, else tensorflow; printed at start)")
+    p.add_argument("--measure-backends", action="store_true",
+                   help="time a few training steps of this run's model on every installed backend (one child "
+                   "process per backend other than this one's), print the figures and how to choose the fastest, "
+                   "and exit; no training")
+    p.add_argument("--measure-steps", type=int, default=5, metavar="N",
+                   help="--measure-backends: timed training steps per backend (default 5, after 2 untimed)")
     flags.add_config_flags(p)
     return p
 
@@ -123,27 +126,29 @@ def config_from_args(args, parser):
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--backend", default="auto")
-    early.add_argument("--backend-probe-steps", type=int, default=backends.PROBE_STEPS)
-    early.add_argument("--dry-run", action="store_true")
-    early.add_argument("-h", "--help", action="store_true")
-    known = early.parse_known_args(argv)[0]
+    early.add_argument("--backend")
     try:
-        if known.backend_probe_steps < 1:
-            raise ValueError(f"Invalid --backend-probe-steps {known.backend_probe_steps}: at least 1 is required.")
-        # The backends are measured on this run's model in subprocesses: Keras is not imported here yet.
-        backends.select(known.backend, argv=None if known.help else argv, dry_run=known.dry_run,
-                        steps=known.backend_probe_steps)
+        # Keras' own choice unless --backend: said in one line and set before Keras is imported.
+        backends.select(early.parse_known_args(argv)[0].backend)
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
-    start_up.quiet_tensorflow_start_up()  # the backend chosen, Keras loads: without TensorFlow's C++ lines
+    start_up.launch()  # the backend chosen, Keras loads: TensorFlow's start-up settings first
     from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 
     parser = build_parser()
     args = parser.parse_args(argv)
     config = config_from_args(args, parser)
+    if args.measure_backends:
+        if args.measure_steps < 1:
+            parser.error(f"argument --measure-steps: {args.measure_steps} given, at least 1 is required")
+        from . import backend_probe
+
+        figures, failed = backend_probe.measure(config, args.measure_steps)
+        print("\n".join(backend_probe.report(config, figures, failed, args.measure_steps,
+                                             backend_probe.MEASURE_WARMUP_STEPS)), flush=True)
+        return 0 if figures else 1
     if args.dry_run:
         try:
             print(describe_recipe(config))

@@ -24,11 +24,6 @@ limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, be
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
-if __name__ == "__main__":  # python -m keras_preact_training.evaluate: quiet start-up as the console scripts, before Keras loads
-    from .machine.start_up import run_module
-
-    raise SystemExit(run_module("keras_preact_training.evaluate"))
-
 import argparse
 import dataclasses
 import json
@@ -428,3 +423,6 @@ def main(argv=None):
         write_json(args.json, target, data, metrics)
     return 0
 
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -12,11 +12,6 @@ measured on. The CLI::
 The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
 """
 
-if __name__ == "__main__":  # python -m keras_preact_training.export: quiet start-up as the console scripts, before Keras loads
-    from .machine.start_up import run_module
-
-    raise SystemExit(run_module("keras_preact_training.export"))
-
 import argparse
 import errno
 import importlib.util
@@ -209,3 +204,8 @@ def main(argv=None):
     print(path)
     return 0
 
+
+if __name__ == "__main__":  # python -m keras_preact_training.export: the console script's start (Keras loads in main)
+    from .machine.start_up import start_command
+
+    raise SystemExit(start_command("python -m keras_preact_training.export") or main())

@@ -11,11 +11,6 @@ rename) and prints the registry entry (sha256, class names, the run's final-epoc
 add to ``keras_preact/models/presets.py``. Every check runs before anything is written.
 """
 
-if __name__ == "__main__":  # python -m keras_preact_training.publish: quiet start-up as the console scripts, before Keras loads
-    from .machine.start_up import run_module
-
-    raise SystemExit(run_module("keras_preact_training.publish"))
-
 import argparse
 import json
 import pathlib
@@ -128,3 +123,6 @@ def main(argv=None):
     print(json.dumps({args.weights: entry}, indent=4))
     return 0
 
+
+if __name__ == "__main__":
+    raise SystemExit(main())

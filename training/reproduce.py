@@ -20,11 +20,6 @@ Budgets (``BUDGETS``): ``paper`` runs the presets unchanged (the paper's 64k ite
 ResNet-20) for ``--epochs`` (default 3) on the whole schedule compressed proportionally, 1 seed.
 """
 
-if __name__ == "__main__":  # python -m keras_preact_training.reproduce: quiet start-up as the console scripts, before Keras loads
-    from .machine.start_up import run_module
-
-    raise SystemExit(run_module("keras_preact_training.reproduce"))
-
 import argparse
 import dataclasses
 import json
@@ -313,3 +308,6 @@ def main(argv=None):
     print(f"[reproduce] wrote {written['table']}, {written['json']}, {written['curves']}")
     return 0
 
+
+if __name__ == "__main__":
+    raise SystemExit(main())

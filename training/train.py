@@ -26,16 +26,11 @@ checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``ker
 process with one line (exit 1) when host memory in use reaches ``config.memory_limit`` of the limit.
 """
 
-import sys
-
-if __name__ == "__main__":  # python -m keras_preact_training.train: one line naming the command, before Keras loads
-    sys.exit("keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
-             "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")
-
 import contextlib
 import dataclasses
 import functools
 import pathlib
+import sys
 import time
 
 import keras
@@ -488,3 +483,7 @@ def export(run_dir, export_dir):
     print(f"[train] exported SavedModel to {path}")
     return str(path)
 
+
+if __name__ == "__main__":
+    sys.exit("keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
+             "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")

@@ -1,46 +1,30 @@
-"""Which Keras backend ``keras-preact-train`` runs on (``--backend``), decided before Keras is imported.
+"""Which Keras backend a command runs on, decided before Keras is imported: Keras' own choice.
 
-``--backend auto`` (the default) keeps the user's choice where there is one (``KERAS_BACKEND``, or a
-backend other than Keras' default written in ``keras.json``). Otherwise it measures: each installed
-backend trains ``PROBE_STEPS`` steps of the run's own model and batch on synthetic images, in its own
-process (``training/backend_probe.py``; warm-up steps not timed, median ms/step), and the fastest
-wins. The figures are cached per machine and model (``backend_probe.json`` in ``$KERAS_PREACT_CACHE`` or
-``~/.cache/keras_preact``), keyed by the CPU, core count, accelerator, the versions of Keras and the
-backends and the model-defining config fields, so a second run only reads them. A probe that fails
-is named and skipped; if all fail, or with no run to measure (``--dry-run``, in-process use), the fixed
-order is used: ``CPU_FASTEST_FIRST`` (measured on one Intel Xeon, BENCHMARKS.md "Training speed"), or
-with an accelerator ``BACKENDS`` (Keras' default first). One backend installed: nothing to measure.
-The library never changes the backend: only the command line does, and it prints its choice.
+Keras reads ``KERAS_BACKEND``, else ``backend`` in ``~/.keras/keras.json`` (``$KERAS_HOME``), else uses
+TensorFlow; ``keras-preact-train`` follows it, and ``--backend NAME`` overrides it for one run. Nothing is
+measured and no process is started to decide: ``keras-preact-train --measure-backends`` times the installed
+backends on a run's model when asked (``keras_preact_training.backend_probe``) and says how to set the fastest.
+The commands that load a model (export, evaluate, serve) take, where TensorFlow is missing and nothing is
+configured, the backend the run recorded (``for_command``). The library never changes the backend.
 This module imports nothing but the standard library, so it runs before Keras loads.
 
 Examples::
 
-    keras-preact-train --depth 56        # [backend] torch (measured on this machine: torch 412 ms/step, ...)
-    backends.choose("auto", argv=["--depth", "56"])   # ("torch", "measured on this machine: ...")
+    keras-preact-train --depth 56        # [backend] tensorflow (Keras' default; ...)
+    KERAS_BACKEND=jax keras-preact-train # [backend] jax (set by KERAS_BACKEND; ...)
+    backends.choose(None, {"KERAS_BACKEND": "torch"})   # ("torch", "set by KERAS_BACKEND")
 """
 
-import hashlib
-import importlib.metadata
 import importlib.util
 import json
 import os
 import pathlib
-import platform
-import subprocess
 import sys
-import tempfile
 
 BACKENDS = ("tensorflow", "jax", "torch")
-CPU_FASTEST_FIRST = ("tensorflow", "torch", "jax")
-QUICKEST_IMPORT_FIRST = ("torch", "jax", "tensorflow")  # the backend that reads the run's model fields: Keras starts fastest on it
-PROBE_STEPS = 5  # timed training steps per backend (--backend-probe-steps)
-PROBE_WARMUP_STEPS = 2  # untimed first steps: compilation, allocator warm-up
-PROBE_TIMEOUT_S = 300
-PROBE_CACHE_FILE = "backend_probe.json"
-# Distributions whose versions key the cache, per backend (the first one installed counts).
-VERSIONED = {"keras": ("keras",), "tensorflow": ("tensorflow", "tensorflow-cpu", "tf-nightly"),
-             "jax": ("jax",), "jaxlib": ("jaxlib",), "torch": ("torch",)}
-PACKAGE_ROOT = pathlib.Path(__file__).resolve().parents[2]  # holds training/: the probe imports it
+QUICKEST_IMPORT_FIRST = ("torch", "jax", "tensorflow")  # without TensorFlow and a choice: Keras starts fastest on these
+HOW_TO_CHOOSE = ("set KERAS_BACKEND or \"backend\" in ~/.keras/keras.json to choose, or --backend for one run; "
+                 "keras-preact-train --measure-backends times them")
 ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/accel0")
 # XLA's CPU compiler undoes rematerialisation: it drops jax.checkpoint's optimization barriers, so its
 # common-subexpression elimination merges the recomputation back into the forward pass, and its default
@@ -76,183 +60,59 @@ def configured(environ=None):
     return (backend, str(path)) if backend and backend != "tensorflow" else (None, None)
 
 
-class ProbeFailed(Exception):
-    """A backend's probe did not give a figure (import error, crash, timeout); the message says why."""
+def _names_tensorflow(path):
+    try:
+        return json.loads(pathlib.Path(path).read_text()).get("backend") == "tensorflow"
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
-def default_cache_dir(environ=None):
-    """``$KERAS_PREACT_CACHE`` or ``~/.cache/keras_preact``, as ``keras_preact_training.data.sources.default_cache_dir``."""
+def keras_choice(environ=None):
+    """(backend, reason): the backend Keras itself loads, read as Keras reads it (``KERAS_BACKEND``, else
+    ``keras.json``'s ``backend``, else its default ``tensorflow``), nothing imported. Where nothing is
+    configured and TensorFlow is not installed (Keras would fail to load), the first installed of
+    ``QUICKEST_IMPORT_FIRST`` instead, said in the reason. ValueError when no backend is installed."""
     environ = os.environ if environ is None else environ
-    return pathlib.Path(environ.get("KERAS_PREACT_CACHE") or pathlib.Path.home() / ".cache" / "keras_preact")
+    backend, where = configured(environ)
+    if backend:
+        return backend, f"set by {where}"
+    path = pathlib.Path(environ.get("KERAS_HOME") or pathlib.Path.home() / ".keras") / "keras.json"
+    if installed("tensorflow"):
+        return "tensorflow", f"set by {path}" if _names_tensorflow(path) else "Keras' default"
+        return "tensorflow", "Keras' default"
+    backend = next((b for b in QUICKEST_IMPORT_FIRST if installed(b)), None)
+    if backend is None:
+        raise ValueError("No Keras backend is installed: install one of tensorflow, jax, torch.")
+    return backend, "installed; TensorFlow, Keras' default, is not"
 
 
-def machine():
-    """What makes this machine's timings its own: CPU model name, cores, accelerator present."""
-    cpu = platform.processor() or platform.machine()
-    try:
-        names = [line.split(":", 1)[1].strip() for line in pathlib.Path("/proc/cpuinfo").read_text().splitlines()
-                 if line.startswith("model name")]
-        cpu = names[0] if names else cpu
-    except OSError:
-        pass
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return {"cpu": cpu, "cores": cores, "accelerator": has_accelerator()}
-
-
-def installed_versions():
-    """{package: version} of Keras and every backend installed (read from metadata, nothing imported)."""
-    versions = {}
-    for package, distributions in VERSIONED.items():
-        for distribution in distributions:
-            try:
-                versions[package] = importlib.metadata.version(distribution)
-                break
-            except importlib.metadata.PackageNotFoundError:
-                continue
-    return versions
-
-
-def cache_key(model, versions=None, this_machine=None):
-    """The probe cache's key: a hash of the machine, the installed versions and the model's fields."""
-    keyed = {"machine": machine() if this_machine is None else this_machine,
-             "versions": installed_versions() if versions is None else versions, "model": model}
-    return hashlib.sha256(json.dumps(keyed, sort_keys=True).encode()).hexdigest()[:16], keyed
-
-
-def read_cache(path):
-    try:
-        entries = json.loads(pathlib.Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return entries if isinstance(entries, dict) else {}
-
-
-def write_cache(path, key, entry):
-    """Add ``entry`` under ``key`` to the cache file: written to a temporary name, then renamed."""
-    path = pathlib.Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    entries = {**read_cache(path), key: entry}
-    fd, temporary = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(entries, f, indent=1, sort_keys=True)
-        os.replace(temporary, path)
-    except BaseException:
-        pathlib.Path(temporary).unlink(missing_ok=True)
-        raise
-
-
-def run_probe(backend, argv, steps=PROBE_STEPS, warmup=PROBE_WARMUP_STEPS, timeout=PROBE_TIMEOUT_S):
-    """Run ``keras_preact_training.backend_probe`` on ``backend`` with the run's flags ``argv`` in a subprocess;
-    its JSON result (``ms_per_step``, ``model``). Raises ProbeFailed saying why it gave none.
-
-    Example: ``run_probe("jax", ["--depth", "8", "--image-size", "16", "16"], steps=2)["ms_per_step"]``"""
-    path = os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p)
-    env = {**os.environ, "KERAS_BACKEND": backend, "PYTHONPATH": path}
-    env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = [sys.executable, "-m", "keras_preact_training.backend_probe", "--steps", str(steps),
-               "--warmup", str(warmup), "--", *argv]
-    try:
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=timeout)
-    except subprocess.TimeoutExpired:
-        raise ProbeFailed(f"timed out after {timeout} s") from None
-    if done.returncode != 0:
-        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
-        raise ProbeFailed(f"exit {done.returncode}: {last[:200]}")
-    try:
-        return json.loads(done.stdout.strip().splitlines()[-1])
-    except (IndexError, ValueError):
-        raise ProbeFailed(f"no result line in its output: {done.stdout[-200:]!r}") from None
-
-
-def measure_step_ms(backend, argv, steps=PROBE_STEPS):
-    """The median ms/step of ``backend`` on the run of ``argv`` (a probe subprocess)."""
-    return run_probe(backend, argv, steps=steps)["ms_per_step"]
-
-
-def describe_model(backend, argv):
-    """The model-defining config fields of the run of ``argv`` (a probe subprocess on ``backend``, no steps)."""
-    return run_probe(backend, argv, steps=0)["model"]
-
-
-def _figures(milliseconds):
-    ranked = sorted(milliseconds.items(), key=lambda item: item[1])
-    return ", ".join(f"{name} {ms:.0f}" + (" ms/step" if i == 0 else "") for i, (name, ms) in enumerate(ranked))
-
-
-def measured(present, argv, fallback, *, measure=None, describe=None, cache_dir=None, steps=PROBE_STEPS):
-    """(backend, reason): the fastest of ``present`` measured on the run of ``argv``, from the cache when
-    this machine and model were measured before; ``fallback`` (backend, reason) when nothing could be."""
-    measure = measure or (lambda backend, argv: measure_step_ms(backend, argv, steps))
-    describe = describe or describe_model
-    try:
-        model = describe(min(present, key=QUICKEST_IMPORT_FIRST.index), argv)
-    except ProbeFailed as e:
-        return fallback[0], f"{fallback[1]}; not measured: the run's model could not be built ({e})"
-    key, keyed = cache_key(model)
-    path = pathlib.Path(cache_dir or default_cache_dir()) / PROBE_CACHE_FILE
-    entry = read_cache(path).get(key)
-    cached = isinstance(entry, dict) and bool(entry.get("ms_per_step"))
-    if not cached:
-        entry = {**keyed, "ms_per_step": {}, "failed": {}, "steps": steps}
-        for backend in present:
-            try:
-                entry["ms_per_step"][backend] = float(measure(backend, argv))
-            except ProbeFailed as e:
-                entry["failed"][backend] = str(e)
-    failed = "".join(f"; {name} failed: {why}" for name, why in entry.get("failed", {}).items())
-    if not entry["ms_per_step"]:
-        return fallback[0], f"{fallback[1]}; every probe failed{failed}"
-    if not cached:
-        write_cache(path, key, entry)
-    fastest = min(entry["ms_per_step"], key=entry["ms_per_step"].get)
-    where = f"cached in {path}" if not cached else f"from {path}"
-    return fastest, (f"{'cached: ' if cached else ''}measured on this machine: {_figures(entry['ms_per_step'])}"
-                     f"{failed}; {where}")
-
-
-def choose(requested="auto", environ=None, *, argv=None, dry_run=False, **probe):
-    """(backend, reason). ``argv``: the run's ``keras-preact-train`` flags, for ``auto`` to measure the
-    backends on its model (None: the fixed order); ``probe``: ``measure``, ``describe``, ``cache_dir``,
-    ``steps`` of ``measured``. Raises ValueError naming ``--backend`` for a backend that cannot run here."""
-    if requested != "auto" and requested not in BACKENDS:
-        raise ValueError(f"Invalid --backend {requested!r}: allowed auto, {', '.join(BACKENDS)}.")
+def choose(requested=None, environ=None):
+    """(backend, reason): ``requested`` (``--backend``) when given, else Keras' own choice (``keras_choice``).
+    Nothing is measured (``keras-preact-train --measure-backends`` does, when asked). Raises ValueError
+    naming ``--backend`` for a backend that cannot run here."""
+    if requested is not None and requested not in BACKENDS:
+        raise ValueError(f"Invalid --backend {requested!r}: allowed {', '.join(BACKENDS)}.")
     if "keras" in sys.modules:  # in-process use (tests, notebooks): Keras' backend is fixed already
         import keras
 
         current = keras.backend.backend()
-        if requested not in ("auto", current):
+        if requested not in (None, current):
             raise ValueError(f"--backend {requested}: Keras is already imported with backend {current} in this "
                              f"process; set KERAS_BACKEND={requested} before Python starts.")
         return current, "Keras already imported"
-    if requested != "auto":
+    if requested is not None:
         if not installed(requested):
             raise ValueError(f"--backend {requested}: {requested} is not installed ({INSTALL_HINT[requested]}).")
         return requested, "--backend"
-    backend, where = configured(environ)
-    if backend:
-        return backend, f"set by {where}"
-    accelerator = has_accelerator()
-    present = [backend for backend in (BACKENDS if accelerator else CPU_FASTEST_FIRST) if installed(backend)]
-    if not present:
-        raise ValueError("No Keras backend is installed: install one of tensorflow, jax, torch.")
-    fallback = (present[0], "accelerator found: Keras' default order" if accelerator
-                else "fixed order measured on one CPU (BENCHMARKS.md, Training speed)")
-    if len(present) == 1:
-        return present[0], "the only backend installed: nothing to measure"
-    if dry_run:
-        return present[0], f"--dry-run: a run would measure {', '.join(present)} on this model; {fallback[1]}"
-    if argv is None:
-        return fallback
-    return measured(present, list(argv), fallback, **probe)
+    return keras_choice(environ)
 
 
-def select(requested="auto", environ=None, **choice):
-    """Choose (``choose``'s arguments), set ``KERAS_BACKEND`` for Keras to read when it loads, print the
-    choice in one line; the backend. Example: ``select("auto", argv=sys.argv[1:])``."""
-    backend, reason = choose(requested, environ, **choice)
+def select(requested=None, environ=None):
+    """Choose (``choose``), set ``KERAS_BACKEND`` for Keras to read when it loads, print the choice in one
+    line; the backend. Example: ``select()`` (Keras' choice), ``select("jax")``."""
+    backend, reason = choose(requested, environ)
     (os.environ if environ is None else environ)["KERAS_BACKEND"] = backend
-    print(f"[backend] {backend} ({reason}; --backend or KERAS_BACKEND to choose)", flush=True)
+    print(f"[backend] {backend} ({reason}; {HOW_TO_CHOOSE})", flush=True)
     return backend
 
 
