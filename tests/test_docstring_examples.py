@@ -31,6 +31,7 @@ MODULES = [
     "keras_preact.layers",
     "keras_preact.layers.batch_normalization",
     "keras_preact.layers.convolution",
+    "keras_preact.layers.fused",
     "keras_preact.layers.options",
     "keras_preact.layers.padding",
     "keras_preact.layers.residual_unit",
