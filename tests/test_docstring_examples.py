@@ -32,6 +32,7 @@ MODULES = [
     "keras_preact.layers.batch_normalization",
     "keras_preact.layers.convolution",
     "keras_preact.layers.eval_view",
+    "keras_preact.layers.fused",
     "keras_preact.layers.options",
     "keras_preact.layers.padding",
     "keras_preact.layers.residual_unit",

@@ -173,12 +173,59 @@ def test_the_library_imports_no_app():
     assert not list((REPO / "keras_preact").glob("serving/**/*.py"))  # the serving app is serving/ (a stale __pycache__ may stay)
 
 
+# What of the development environment must not reach the product's code, messages, metadata or comments.
+WORKSHOP_TRACES = {
+    "the shared data path": re.compile(r"\.\./shared"),
+    "an issue number or title": re.compile(r"\bissues? *(#?\d+|[\"\u201c'])", re.IGNORECASE),
+    "a test hook": re.compile(r"[\"'][A-Z][A-Z0-9_]*_TESTS?(_[A-Z0-9]+)*[\"']|[\"']TESTS?_[A-Z0-9_]+[\"']|_FOR_TESTS?\b"
+                              r"|(?i:\btest[- ]only\b|\btest hook|\bkill hook)"),
+    "the repository's file-size limit": re.compile(r"2 MB limit|committed file|this project keeps", re.IGNORECASE),
+}
+
+
+def workshop_traces(root=REPO):
+    """(file, line number, what, line) for each line of the library's and the apps' Python files that names the
+    development environment."""
+    return [(str(path.relative_to(root)), number, what, line.strip())
+            for folder in ("keras_preact", *APP_FOLDERS.values())
+            for path in sorted((root / folder).rglob("*.py"))
+            for number, line in enumerate(path.read_text().splitlines(), 1)
+            for what, pattern in WORKSHOP_TRACES.items() if pattern.search(line)]
+
+
+@pytest.mark.parametrize("line, what", [
+    ('    "tar xzf ../shared/data/cifar10-jpeg.tar.gz"', "the shared data path"),
+    ("    # 2-core CPU machine (issue \"Trained for real\", item 3).", "an issue number or title"),
+    ("# see issue 24", "an issue number or title"),
+    ('TEST_KILL_ENV = "KERAS_PREACT_TEST_KILL_AT"', "a test hook"),
+    ('    if os.environ.get("REFERENCE_TEST_KILL_AFTER_EPOCH") == "2":', "a test hook"),
+    ('"""Test hook: SIGKILL this process."""', "a test hook"),
+    ("per-file limit (this project keeps each committed file under 2 MB)", "the repository's file-size limit"),
+    ("CIFAR_TEST = dict(test_input_size=(16, 16, 3))", None),
+    ('UPSTREAM_ISSUE = "keras-team/keras#20585"', None),
+    ('    """Remove a registered network (for tests and interactive sessions)."""', None),
+])
+def test_workshop_traces_are_recognised(line, what, tmp_path):
+    (tmp_path / "keras_preact").mkdir()
+    (tmp_path / "keras_preact" / "x.py").write_text(line + "\n")
+    assert [found[2] for found in workshop_traces(tmp_path)] == ([what] if what else [])
+
+
 def test_the_product_names_no_development_machine_path_or_issue():
-    """No ``../shared`` data path, and no issue number, in the library's or the apps' code, messages and
-    registry metadata: a user has neither."""
-    pattern = re.compile(r"\.\./shared|\bissues? #?\d+", re.IGNORECASE)
-    found = [(str(path.relative_to(REPO)), number, line.strip())
-             for folder in ("keras_preact", *APP_FOLDERS.values())
-             for path in sorted((REPO / folder).rglob("*.py"))
-             for number, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
-    assert found == []
+    """No ``../shared`` data path, issue number or title, test hook or repository file-size rationale in the
+    library's or the apps' code, messages, comments and registry metadata: a user has none of them."""
+    assert workshop_traces() == []
+
+
+def test_no_checkpoint_file_is_committed():
+    """Checkpoints are results a reproduction regenerates (its README says how), not code: none is tracked by git
+    outside the tests' fixtures, and .gitignore keeps new ones out."""
+    try:
+        tracked = subprocess.run(["git", "ls-files", "-z", "--", "*.pt", "*.pth", "*.ckpt"], cwd=REPO,
+                                 capture_output=True, text=True, timeout=60, check=True).stdout.split("\0")
+    except (OSError, subprocess.CalledProcessError):
+        pytest.skip("not a git checkout")
+    assert [path for path in tracked if path and not path.startswith("tests/data/")] == []
+    ignored = subprocess.run(["git", "check-ignore", "--no-index", "reproduction/x/checkpoint.pt", "reproduction/x/model.pth",
+                              "benchmarks/last.ckpt"], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert ignored.stdout.split() == ["reproduction/x/checkpoint.pt", "reproduction/x/model.pth", "benchmarks/last.ckpt"]

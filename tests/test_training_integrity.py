@@ -10,18 +10,25 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import zipfile
 
+import killing
 import pytest
 
 from keras_preact_training import cli
 from keras_preact_training import export as export_cli
 from keras_preact_training.recipe import configs
-from keras_preact_training.run import run_lock, run_state
+from keras_preact_training.run import run_lock
 from support import TRAIN_JIT_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def python_path():
+    """This checkout first, then the caller's PYTHONPATH (where a development setup puts the apps' import names)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 FLAGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--synthetic-train-size", "96",
          "--synthetic-test-size", "32", "--steps-per-epoch", "3", "--checkpoint-every", "2", "--verbose", "0",
          "--no-export", "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
@@ -31,26 +38,30 @@ def command(run_dir, *extra, epochs=2):
     return [*FLAGS, "--epochs", str(epochs), "--run-dir", str(run_dir), *extra]
 
 
-def env(kill_at=None):
-    values = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    if kill_at:
-        values[run_state.TEST_KILL_ENV] = kill_at
-    return values
+def env():
+    return {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-def spawn(argv, kill_at=None, **kwargs):
-    return subprocess.Popen([sys.executable, "-m", "keras_preact_training.cli", *argv], cwd=REPO, env=env(kill_at), text=True,
+def spawn(argv, **kwargs):
+    return subprocess.Popen([sys.executable, "-m", "keras_preact_training.cli", *argv], cwd=REPO, env=env(), text=True,
                             **kwargs)
 
 
-def run_cli(argv, kill_at=None, timeout=600):
-    proc = spawn(argv, kill_at, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-    return proc.returncode, out, err
+def run_cli(argv, kill_when=None, timeout=600):
+    """``keras-preact-train argv`` in a process of its own, SIGKILLed from here once ``kill_when()`` holds."""
+    with tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        proc = spawn(argv, stdout=out, stderr=err)
+        try:
+            if kill_when is None:
+                proc.wait(timeout=timeout)
+            else:
+                killing.kill_when(proc, kill_when, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        out.seek(0)
+        err.seek(0)
+        return proc.returncode, out.read(), err.read()
 
 
 def cli_error(argv, capsys, code=2):
@@ -67,7 +78,7 @@ def cli_error(argv, capsys, code=2):
 def trained_run(tmp_path, *extra):
     """A run killed after its last backup (before evaluation), as a SIGKILL leaves it."""
     run = tmp_path / "run"
-    code, _, err = run_cli(command(run, *extra), kill_at="trained")
+    code, _, err = run_cli(command(run, *extra), kill_when=killing.backed_up(run, 6))
     assert code == -signal.SIGKILL, err[-3000:]
     return run
 
@@ -110,7 +121,8 @@ def test_a_second_training_on_a_run_dir_exits_at_once_naming_the_owner(tmp_path,
         first.kill()
         first.wait()
     # SIGKILL left no stale lock: the same command resumes (and is killed at its next backup).
-    code, _, err = run_cli(command(run, epochs=100000), kill_at="checkpoint")
+    step = json.loads((run / "checkpoints" / "backup" / "latest.json").read_text())["step"]
+    code, _, err = run_cli(command(run, epochs=100000), kill_when=killing.backed_up(run, step + 1))
     assert code == -signal.SIGKILL, err[-3000:]
 
 

@@ -12,6 +12,7 @@ import sys
 import time
 
 import keras
+import killing
 import numpy as np
 import pytest
 
@@ -20,10 +21,14 @@ from keras_preact_training import train as train_lib
 from keras_preact_training.data import sources
 from keras_preact_training.recipe import configs
 from keras_preact_training.run import run_dir as run_files
-from keras_preact_training.run import run_state
 from support import TRAIN_JIT_COMPILE
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def python_path():
+    """This checkout first, then the caller's PYTHONPATH (where a development setup puts the apps' import names)."""
+    return os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))
 TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_test_size=32,
             batch_size=16, epochs=2, steps_per_epoch=3, checkpoint_every=2, verbose="0", export=False,
             jit_compile=TRAIN_JIT_COMPILE)
@@ -86,17 +91,26 @@ def _command(run_dir, export_dir):
             "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
 
 
-def _run(run_dir, export_dir, kill_at=None):
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    if kill_at:
-        env[run_state.TEST_KILL_ENV] = kill_at
+def _run(run_dir, export_dir):
+    env = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     return subprocess.run(_command(run_dir, export_dir), cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=600)
 
 
+def _run_killed(run_dir, export_dir, when):
+    """The same command, SIGKILLed from here once ``when(run_dir)`` holds (tests/killing.py)."""
+    env = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    with open(run_dir.parent / f"{run_dir.name}-killed.log", "a+") as log:
+        proc = subprocess.Popen(_command(run_dir, export_dir), cwd=REPO, env=env, stdout=log, stderr=log)
+        code = killing.kill_when(proc, when(run_dir))
+        log.seek(0)
+        assert code == -signal.SIGKILL, log.read()[-3000:]
+    return code
+
+
 def _run_killed_during_export(run_dir, export_dir):
     """Real SIGKILL while the SavedModel is being written (its scratch folder exists)."""
-    env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     proc = subprocess.Popen(_command(run_dir, export_dir), cwd=REPO, env=env, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
     model_dir = export_dir / "synthetic-resnet8"
@@ -123,14 +137,14 @@ def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
     run, export = tmp_path / "run", tmp_path / "export"
     backup = run / "checkpoints" / "backup"
     # Killed while writing the first backup: its temporary folder is left, nothing else.
-    assert _run(run, export, kill_at="checkpoint").returncode == -signal.SIGKILL
+    assert _run_killed(run, export, killing.writing_backup) == -signal.SIGKILL
     assert [p.name for p in backup.iterdir()] == [p.name for p in backup.iterdir() if p.name.startswith(".tmp-state")]
-    # Killed after the last backup, before evaluation: no metrics, no model.
-    assert _run(run, export, kill_at="trained").returncode == -signal.SIGKILL
+    # Killed once the last backup is written, before evaluation: no metrics, no model.
+    assert _run_killed(run, export, lambda run: killing.backed_up(run, 6)) == -signal.SIGKILL
     assert run_files.read_backup(backup)["step"] == 6
     assert not (run / "metrics.json").exists() and not (run / "model.keras").exists()
     # Killed while saving model.keras (written to a temporary name, not yet renamed).
-    assert _run(run, export, kill_at="save").returncode == -signal.SIGKILL
+    assert _run_killed(run, export, killing.saving_model) == -signal.SIGKILL
     assert not (run / "model.keras").exists()
     # Killed while exporting.
     assert _run_killed_during_export(run, export) == -signal.SIGKILL
@@ -188,15 +202,18 @@ exit $code
 """
 
 
-def train_on_a_tmpfs(tmp_path, options, **env):
+def train_on_a_tmpfs(tmp_path, options, kill_when_exists=None):
     """The tiny training, its run dir on a fresh tmpfs mounted with ``options``: (exit code, stderr, the
-    temporaries left in the tmpfs, its inodes in use when the run ended)."""
+    temporaries left in the tmpfs, its inodes in use when the run ended). With ``kill_when_exists`` (a glob
+    under the run dir) the run is SIGKILLed once it matches, by a watcher in the tmpfs' mount namespace."""
     mount = tmp_path / f"tmpfs-{options}"
     mount.mkdir()
     command = [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16", "--batch-size", "16",
                "--epochs", "1", "--steps-per-epoch", "4", "--checkpoint-every", "2", "--no-export", "--verbose", "0",
                "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(mount / "run")]
-    environment = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3", **env}
+    if kill_when_exists:
+        command = [sys.executable, killing.__file__, str(mount / "run" / kill_when_exists), "--", *command]
+    environment = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}
     try:
         done = subprocess.run([*UNSHARE, "sh", "-c", ON_A_TMPFS, "sh", options, str(mount), *command], cwd=REPO,
                               env=environment, capture_output=True, text=True, timeout=600)
@@ -227,8 +244,10 @@ def test_a_real_full_tmpfs_fails_the_space_check_before_a_checkpoint_in_one_line
 @pytest.mark.once  # nor an installed TensorFlow's
 def test_a_real_enospc_while_writing_a_checkpoint_fails_in_one_line_and_removes_the_temporary(tmp_path):
     """Out of inodes: the space check passes, and the kernel refuses the checkpoint's file (ENOSPC). How many
-    inodes the run has made when it creates that file is counted by a run killed just after writing it."""
-    code, err, _, used = train_on_a_tmpfs(tmp_path, "size=64m", **{run_state.TEST_KILL_ENV: "checkpoint"})
+    inodes the run has made when it creates that file is counted by a run killed (tests/killing.py) once the
+    file exists."""
+    code, err, _, used = train_on_a_tmpfs(tmp_path, "size=64m",
+                                          kill_when_exists="checkpoints/backup/.tmp-state-*/model.weights.h5")
     assert code == -signal.SIGKILL or code == 128 + signal.SIGKILL, err[-3000:]
     code, err, temporaries, _ = train_on_a_tmpfs(tmp_path, f"size=64m,nr_inodes={used - 1}")
     assert code == 1, err[-3000:]

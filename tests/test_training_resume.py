@@ -1,7 +1,7 @@
 """Fault tolerance: SIGKILL a real training process mid-epoch; the same command resumes it, and so does another
-machine from what ``keras_preact_training.carry`` copied out (what is committed, the backup in parts under a per-file
-limit: the run directory and the first machine are gone, the data lives at another path). Both end with the
-weights of a run that was never stopped (issue "Weights at the data's ceiling", item 1)."""
+machine from what ``keras_preact_training.carry`` copied out (here with ``--part-mb``, the backup in parts, as for
+storage with a per-file size limit: the run directory and the first machine are gone, the data lives at another
+path). Both end with the weights of a run that was never stopped."""
 
 import json
 import os
@@ -83,7 +83,7 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     killed_at = train_until_killed(first / "run", write_folder(first / "data"))
     assert not (first / "run" / "model.keras").exists()
 
-    # The backup in parts of at most 0.1 MiB, as ResNet-20's 2.4 MB backup goes in parts of 1 MiB (the default).
+    # The backup in parts of at most 0.1 MiB (--part-mb; by default the weights file is copied whole).
     weights_bytes = (first / "run" / "checkpoints" / "backup" / f"state-{killed_at:010d}" / "model.weights.h5").stat().st_size
     assert carry.main([str(first / "run"), str(tmp_path / "committed"), "--part-mb", "0.1"]) == 0
     done = capsys.readouterr()
@@ -150,6 +150,28 @@ def test_carry_of_a_folder_that_is_no_resumable_run_names_it(tmp_path, make, mes
     err = capsys.readouterr().err
     assert "run_dir=" in err and message in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "dest").exists() and not list(tmp_path.glob(".tmp-*"))
+
+
+@pytest.mark.notf
+def test_carry_copies_the_weights_whole_unless_a_part_size_is_asked(tmp_path, capsys):
+    """No per-file limit is assumed: a 2.4 MB backup (ResNet-20's size) is one file unless ``--part-mb`` is given."""
+    run = tmp_path / "run"
+    state = run / "checkpoints" / "backup" / "state-0000000006"
+    state.mkdir(parents=True)
+    data = bytes(range(256)) * (2_400_000 // 256)
+    (state / "model.weights.h5").write_bytes(data)
+    (run / "checkpoints" / "backup" / "latest.json").write_text(json.dumps({"state": state.name, "step": 6, "epoch": 0}))
+    (run / "config.json").write_text("{}")
+    assert carry.main([str(run), str(tmp_path / "whole")]) == 0
+    assert sorted(p.name for p in (tmp_path / "whole" / "checkpoints" / "backup" / state.name).iterdir()) == [
+        "model.weights.h5"]
+    assert (tmp_path / "whole" / "checkpoints" / "backup" / state.name / "model.weights.h5").read_bytes() == data
+    assert carry.main([str(run), str(tmp_path / "parts"), "--part-mb", "1"]) == 0
+    assert sorted(p.name for p in (tmp_path / "parts" / "checkpoints" / "backup" / state.name).iterdir()) == [
+        "model.weights.h5.part-000", "model.weights.h5.part-001", "model.weights.h5.part-002",
+        "model.weights.h5.parts.json"]
+    with pytest.raises(ValueError, match=r"Invalid part_bytes=0: None \(no split\) or a whole number of bytes"):
+        carry.carry(run, tmp_path / "none", part_bytes=0)
 
 
 @pytest.mark.notf

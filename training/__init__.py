@@ -43,7 +43,7 @@ the four rooms hold what the jobs are made of::
         sources.py      synthetic / image-folder / TFDS data
         pipelines.py    tf.data, numpy and on-device input streams
       run/              a run directory's life: created, locked, backed up, resumed, recorded
-        run_state.py    what a killed run left, disk-full checks, the test kill hook
+        run_state.py    what a killed run left, disk-full checks
         run_dir.py      the directory and its atomic writes; backups
         run_lock.py     one owner per run directory
         manifest.py     config.json (RunManifest): the one description of a run

@@ -1,19 +1,21 @@
-"""What a run needs to resume on another machine, copied out of its run directory: a few MB to commit.
+"""What a run needs to resume on another machine, copied out of its run directory.
 
 ::
 
     python -m keras_preact_training.carry RUN_DIR DEST      # on the machine that trained (stopped or still running)
     cp -r DEST RUN; keras-preact-train --config RUN/config.json --run-dir RUN --data-dir DATA   # the next one
 
-A long run (the paper's 64,000 iterations take several hours of a CPU machine) outlives one machine. The
-resume needs four files: the manifest ``config.json`` (what the run trains), ``history.csv`` (its epochs so far)
-and the last complete backup (``checkpoints/backup/latest.json`` and the ``model.weights.h5`` it names: model and
-optimizer state). ``carry`` copies exactly those into ``DEST`` (written to a temporary folder, then renamed, so
-``DEST`` is the old carry or the new one, never half of each) and prints the command that resumes there. A weights
-file over ``--part-mb`` (default 1 MiB: ResNet-20's backup is 2.4 MB, over a repository's 2 MB limit for a file)
-is written as parts of at most that size and their index (``training/run/parts.py``); the resume joins them.
-TensorBoard events, ``model.keras``, exports and caches stay behind: the resumed run rewrites what it needs. The
-data may live elsewhere on the next machine (``--data-dir`` may change on resume; ``training/run/resume.py``).
+A long run (the paper's 64,000 iterations take several hours of a CPU machine) can outlive one machine: a
+preemptible or time-limited instance, a lease that ends. The resume needs four files: the manifest
+``config.json`` (what the run trains), ``history.csv`` (its epochs so far) and the last complete backup
+(``checkpoints/backup/latest.json`` and the ``model.weights.h5`` it names: model and optimizer state). ``carry``
+copies exactly those into ``DEST`` (written to a temporary folder, then renamed, so ``DEST`` is the old carry or the
+new one, never half of each) and prints the command that resumes there. Where the copy goes through storage with a
+per-file size limit (an object store's, a repository host's, an attachment's), ``--part-mb N`` writes a weights file
+over N MiB as parts of at most N MiB and their index (``keras_preact_training.run.parts``), which the resume
+checks and joins back; by default nothing is split. TensorBoard events, ``model.keras``, exports and caches stay
+behind: the resumed run rewrites what it needs. The data may live elsewhere on the next machine (``--data-dir``
+may change on resume; ``keras_preact_training.run.resume``).
 
 Standard library only: it runs beside a live training without loading Keras.
 """
@@ -34,7 +36,6 @@ BACKUP = pathlib.PurePath("checkpoints", "backup")
 POINTER = "latest.json"
 WEIGHTS = "model.weights.h5"
 ATTEMPTS = 5  # a live run writes a new backup at most every few seconds
-PART_BYTES = 2**20  # the default --part-mb, 1 MiB
 
 
 def resumable_files(run_dir):
@@ -68,17 +69,17 @@ def resumable_files(run_dir):
 def _copy(run_dir, files, staging, part_bytes):
     for relative in files:
         (staging / relative).parent.mkdir(parents=True, exist_ok=True)
-        if relative.name == WEIGHTS and (run_dir / relative).stat().st_size > part_bytes:
+        if part_bytes is not None and relative.name == WEIGHTS and (run_dir / relative).stat().st_size > part_bytes:
             parts.split(run_dir / relative, (staging / relative).parent, part_bytes)
         else:
             shutil.copy2(run_dir / relative, staging / relative)
 
 
-def carry(run_dir, dest, part_bytes=PART_BYTES):
-    """Copy ``resumable_files(run_dir)`` into ``dest`` (replacing an earlier carry there), a file over ``part_bytes``
-    as parts of at most that size; the backup's pointer."""
-    if not isinstance(part_bytes, int) or part_bytes < 1:
-        raise ValueError(f"Invalid part_bytes={part_bytes!r}: a whole number of bytes >= 1 is required.")
+def carry(run_dir, dest, part_bytes=None):
+    """Copy ``resumable_files(run_dir)`` into ``dest`` (replacing an earlier carry there); with ``part_bytes``, a
+    weights file over that size as parts of at most that size. The backup's pointer."""
+    if part_bytes is not None and (not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1):
+        raise ValueError(f"Invalid part_bytes={part_bytes!r}: None (no split) or a whole number of bytes >= 1 is required.")
     run_dir, dest = pathlib.Path(run_dir), pathlib.Path(dest)
     files, pointer = resumable_files(run_dir)
     if dest.resolve() == run_dir.resolve():
@@ -116,14 +117,16 @@ def carry(run_dir, dest, part_bytes=PART_BYTES):
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m keras_preact_training.carry", description=__doc__.splitlines()[0])
     parser.add_argument("run_dir", help="the run directory of a keras-preact-train run (running or stopped)")
-    parser.add_argument("dest", help="the folder to write (replaced when it exists), e.g. under reproduction/")
-    parser.add_argument("--part-mb", type=float, default=PART_BYTES / 2**20,
-                        help="largest file written, in MiB (default 1); a larger weights file goes in parts")
+    parser.add_argument("dest", help="the folder to write (replaced when it exists)")
+    parser.add_argument("--part-mb", type=float, default=None,
+                        help="largest file written, in MiB, for storage with a per-file size limit: a larger weights "
+                             "file goes in parts the resume joins back (default: no split)")
     args = parser.parse_args(argv)
-    if not (math.isfinite(args.part_mb) and args.part_mb * 2**20 >= 1):
+    if args.part_mb is not None and not (math.isfinite(args.part_mb) and args.part_mb * 2**20 >= 1):
         parser.error(f"--part-mb must be a finite size of at least one byte (e.g. 1 or 0.5), got {args.part_mb}")
     try:
-        pointer = carry(args.run_dir, args.dest, part_bytes=int(args.part_mb * 2**20))
+        part_bytes = None if args.part_mb is None else int(args.part_mb * 2**20)
+        pointer = carry(args.run_dir, args.dest, part_bytes=part_bytes)
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

@@ -334,7 +334,6 @@ def fit(run):
         if not backup.finite or run.model.stop_training:
             break
     run.wall_s = time.time() - started
-    run_state.kill_point("trained")
     if not backup.finite:
         last = backup.last_good
         raise TrainingDiverged(

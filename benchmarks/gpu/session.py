@@ -374,7 +374,7 @@ def paper_run(args, log, deadline):
     record = dict(name=name, returncode=rc, stopped_by=stop_reason, finished=finished,
                   seconds=round(time.time() - start, 1), epochs_before=epochs_before)
     try:
-        pointer = carry.carry(run_dir, args.work_dir / f"paper-{name}-carry")
+        pointer = carry.carry(run_dir, args.work_dir / f"paper-{name}-carry", part_bytes=2**20)  # parts of 1 MiB
     except ValueError as e:
         record.update(status=f"nothing to carry: {e}")
         log.line(f"paper run {name}: {record['status']}")

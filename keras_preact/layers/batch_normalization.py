@@ -1,4 +1,4 @@
-"""Keras' ``BatchNormalization`` with the backend's fused training kernel where that is measured faster.
+"""A fused ``BatchNormalization``: Keras' layer, trained with the backend's fused kernel where that is faster.
 
 Keras' training-mode batch normalization is backend-neutral arithmetic: ``ops.moments`` (a mean and a
 mean of squares), then ``ops.batch_normalization`` (subtract, rsqrt, multiply, add), about ten separate
@@ -11,7 +11,8 @@ and saved paths (Keras names a layer's weights in a file after the snake-cased c
 keeps Keras' name: ``.keras`` and ``.weights.h5`` files move between the two layers unchanged). In
 training mode it calls the backend's fused kernel when the backend has an entry in ``FUSED_TRAINING``,
 and Keras' own path everywhere else (inference, masks, an axis other than the channel axis, a dtype the
-kernel refuses, batch renormalization, ``synchronized=True``, fewer than two values per channel).
+kernel refuses, batch renormalization, ``synchronized=True``, fewer than two values per channel), and on a
+Keras release outside ``fused.CHECKED_KERAS`` (the releases the equality tests ran on).
 
 Per backend, as measured with ``benchmarks/batch_norm_kernels.py`` (the normalization alone, forward +
 backward, batch 128, ResNet-20's three shapes, on a 2-core AMD EPYC):
@@ -38,6 +39,8 @@ are only used to read the batch's).
 
 import keras
 from keras import ops
+
+from keras_preact.layers import fused
 
 _RANKS = (2, 3, 4, 5)
 _DTYPES = ("float32", "float64")
@@ -71,10 +74,11 @@ FUSED_TRAINING = {"torch": _torch_training}
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class BatchNormalization(keras.layers.BatchNormalization):
-    """``keras.layers.BatchNormalization`` that trains with the backend's fused kernel (module docstring).
+    """A fused layer: ``keras.layers.BatchNormalization`` trained with the backend's fused kernel (module docstring).
 
     Same arguments, variables, config and weights files as Keras' layer; only the training-mode
-    computation differs, and only in float32 rounding.
+    computation differs, and only in float32 rounding, on PyTorch and the Keras releases in
+    ``fused.CHECKED_KERAS`` (elsewhere it is Keras' layer). The networks' builders use it by default.
 
     Examples:
         >>> import keras
@@ -89,13 +93,14 @@ class BatchNormalization(keras.layers.BatchNormalization):
     def _fused_axis(self, inputs, mask):
         """The input's channel axis (1 or the last) if the fused kernel applies to this call, else None."""
         rank = len(inputs.shape)
-        if mask is not None or self.renorm or self.synchronized or rank not in _RANKS:
+        # ``renorm`` exists from Keras 3.14 on.
+        if mask is not None or getattr(self, "renorm", False) or self.synchronized or rank not in _RANKS:
             return None
         axis = self.axis % rank
         return axis if axis in (1, rank - 1) else None
 
     def call(self, inputs, training=None, mask=None):
-        kernel = FUSED_TRAINING.get(keras.backend.backend())
+        kernel = FUSED_TRAINING.get(keras.backend.backend()) if fused.enabled() else None
         axis = None if kernel is None or not (training and self.trainable) else self._fused_axis(inputs, mask)
         if axis is None:
             return super().call(inputs, training=training, mask=mask)
@@ -105,10 +110,10 @@ class BatchNormalization(keras.layers.BatchNormalization):
             return super().call(inputs, training=training, mask=mask)
         gamma = ops.cast(self.gamma, x.dtype) if self.scale else None
         beta = ops.cast(self.beta, x.dtype) if self.center else None
-        fused = kernel(x, gamma, beta, axis, self.epsilon)
-        if fused is None:
+        result = kernel(x, gamma, beta, axis, self.epsilon)
+        if result is None:
             return super().call(inputs, training=training, mask=mask)
-        outputs, mean, variance = fused
+        outputs, mean, variance = result
         moving_mean = ops.cast(self.moving_mean, x.dtype)
         moving_variance = ops.cast(self.moving_variance, x.dtype)
         self.moving_mean.assign(moving_mean * self.momentum + mean * (1.0 - self.momentum))

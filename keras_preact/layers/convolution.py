@@ -1,9 +1,9 @@
-"""Keras' ``Conv2D`` without the layout copies of Keras' PyTorch ``conv`` where that is measured faster.
+"""A fused ``Conv2D``: Keras' layer, computed on PyTorch by one ``conv2d`` call on channels-last views.
 
-Keras 3.15's torch ``conv()`` turns a ``channels_last`` (NHWC) input into an NCHW-contiguous tensor
-(``permute(...).contiguous()``, a copy), then back into ``channels_last`` memory
-(``contiguous(memory_format=torch.channels_last)``, a second copy), and autograd replays both copies
-for the gradient. A bare ``permute(0, 3, 1, 2)`` of an NHWC tensor already *is* a ``channels_last``
+Keras' torch ``conv()`` (3.10 to 3.13 and 3.15; 3.14 copies only the kernel) turns a ``channels_last``
+(NHWC) input into an NCHW-contiguous tensor (``permute(...).contiguous()``, a copy), then back into
+``channels_last`` memory (``contiguous(memory_format=torch.channels_last)``, a second copy), and autograd
+replays both copies for the gradient. A bare ``permute(0, 3, 1, 2)`` of an NHWC tensor already *is* a ``channels_last``
 NCHW tensor, so ``torch.nn.functional.conv2d`` can take it as it is, and its output permuted back is a
 contiguous NHWC tensor: no copy either way.
 
@@ -16,11 +16,14 @@ call is one it covers, and Keras' own ``convolution_op`` everywhere else.
 The PyTorch fast path covers 4-D ``channels_last`` inputs, ``groups=1``, no dilation, and padding
 ``"valid"`` (0) or ``"same"`` where Keras' ``_apply_same_padding`` would pass a symmetric padding to
 torch: stride 1 and an odd kernel (``k // 2`` each side). Anything else (even kernels or strides with
-``"same"``, ``channels_first``, dilation, groups, quantized layers, TensorFlow, JAX) is Keras' path.
+``"same"``, ``channels_first``, dilation, groups, quantized layers, TensorFlow, JAX) is Keras' path, and
+so is every call on a Keras release outside ``fused.CHECKED_KERAS`` (the releases the equality tests ran on).
 Measured with ``benchmarks/conv_kernels.py`` (forward + backward, batch 128, ResNet-20's shapes).
 """
 
 import keras
+
+from keras_preact.layers import fused
 
 
 def _torch_conv2d(inputs, kernel, strides, padding, data_format, dilation_rate):
@@ -57,10 +60,11 @@ FAST_CONV = {"torch": _torch_conv2d}
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class Conv2D(keras.layers.Conv2D):
-    """``keras.layers.Conv2D`` without Keras' layout copies on PyTorch (module docstring).
+    """A fused layer: ``keras.layers.Conv2D`` computed on PyTorch without Keras' layout copies (module docstring).
 
     Same arguments, variables, config and weights files as Keras' layer; only how the convolution is
-    called differs.
+    called differs, on the PyTorch backend and the Keras releases in ``fused.CHECKED_KERAS`` (elsewhere it
+    is Keras' layer). The networks' builders use it by default.
 
     Examples:
         >>> import keras
@@ -73,7 +77,7 @@ class Conv2D(keras.layers.Conv2D):
     """
 
     def convolution_op(self, inputs, kernel):
-        fast = FAST_CONV.get(keras.backend.backend())
+        fast = FAST_CONV.get(keras.backend.backend()) if fused.enabled() else None
         if fast is not None and self.groups == 1 and getattr(self, "quantization_mode", None) is None:
             outputs = fast(inputs, kernel, self.strides, self.padding, self.data_format, self.dilation_rate)
             if outputs is not None:

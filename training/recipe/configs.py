@@ -321,8 +321,8 @@ EXTRA_PRESETS = [
         unit_options={"ordering": "full_preact"},
         normalization="cifar10",
     ),
-    # The paper's recipe (piecewise: /10 at 50% and 75%) scaled to 50 epochs: about 2 hours of the
-    # 2-core CPU machine (issue "Trained for real", item 3).
+    # The paper's recipe (piecewise: /10 at 50% and 75%) scaled to 50 epochs: about 2 hours of a 2-core CPU
+    # (reproduction/cifar10-preact-resnet20-paper/).
     _cifar(
         "cifar10-folder-resnet20-converged",
         "Sec. 4 recipe scaled to 50 epochs (19,500 iterations) on the CIFAR-10 JPEG folder",
@@ -333,8 +333,8 @@ EXTRA_PRESETS = [
         normalization="cifar10",
     ),
     # The paper's recipe at its own length, 64,000 iterations (164 epochs of 390) on the CIFAR-10 JPEG folder:
-    # several hours of the 2-core CPU machine, run across sessions from committed backups (issue "Weights at
-    # the data's ceiling"; reproduction/cifar10-preact-resnet20-paper/).
+    # several hours of a 2-core CPU, resumable on another machine (keras_preact_training.carry;
+    # reproduction/cifar10-preact-resnet20-paper/).
     _cifar(
         "cifar10-folder-resnet20-paper",
         "Sec. 4 recipe at the paper's length (64,000 iterations) on the CIFAR-10 JPEG folder",

@@ -1,8 +1,8 @@
-"""A file cut into parts of at most a given size, and joined back: how a carried backup fits a repository's
-per-file limit (this project keeps each committed file under 2 MB). ResNet-20's backup, model and optimizer
-state, is one 2.4 MB ``model.weights.h5``; ``keras_preact_training.carry`` writes it as ``model.weights.h5.part-000``,
-``...-001``, ... with an index ``model.weights.h5.parts.json`` (the parts' names, the whole file's size and
-sha256), and the resume joins them back before it loads the backup.
+"""A file cut into parts of at most a given size, and joined back: how a carried backup goes through storage
+with a per-file size limit (``python -m keras_preact_training.carry --part-mb N``). ``split`` writes
+``model.weights.h5`` as ``model.weights.h5.part-000``, ``...-001``, ... with an index ``model.weights.h5.parts.json``
+(the parts' names, the whole file's size and sha256); the resume joins them back, checked, before it loads the
+backup.
 
 Standard library only: ``keras_preact_training.carry`` runs beside a live training without loading Keras.
 

@@ -35,7 +35,6 @@ def save_model(model, path):
     """``model.save(path)`` atomically, after checking the free space."""
     with atomic_path(path) as tmp:
         run_state.guard_write(path, run_state.weight_bytes(model), lambda: model.save(tmp), cleanup=tmp)
-        run_state.kill_point("save")
 
 
 def prepare_run_dir(config):
@@ -117,7 +116,6 @@ class AtomicBackup(keras.callbacks.Callback):
             needed = run_state.tree_bytes(self.last_good["weights"]) if self.last_good else 0
             run_state.guard_write(tmp / "model.weights.h5", needed or run_state.weight_bytes(self.model),
                                   lambda: self.model.save_weights(tmp / "model.weights.h5"), cleanup=tmp)
-            run_state.kill_point("checkpoint")
             shutil.rmtree(state, ignore_errors=True)
         pointer = {"state": state.name, "step": self.step, "epoch": self._current_epoch,
                    "weights": str(state / "model.weights.h5")}

@@ -6,8 +6,6 @@
   ``model.keras``, ``metrics.json``, export when asked) is done; a re-run is then a no-op.
 - ``guard_write(...)``: a write that needs disk space fails with one line naming the path and the
   space needed (checked before writing, and on ENOSPC while writing) instead of an h5py traceback.
-- ``kill_point(phase)``: the test-only hook ``KERAS_PREACT_TEST_KILL_AT=<phase>`` SIGKILLs the process
-  at a phase boundary, so tests can kill at a precise moment.
 """
 
 import errno
@@ -17,21 +15,13 @@ import json
 import os
 import pathlib
 import shutil
-import signal
 import zipfile
 
-TEST_KILL_ENV = "KERAS_PREACT_TEST_KILL_AT"
 MARGIN = 1.25  # free space asked for, relative to the estimated size of the write
 
 
 class DiskFullError(OSError):
     """Not enough free space to write a checkpoint, the model or the export (one line, no traceback)."""
-
-
-def kill_point(phase):
-    """Test hook: SIGKILL this process when ``KERAS_PREACT_TEST_KILL_AT`` names ``phase``."""
-    if os.environ.get(TEST_KILL_ENV) == phase:
-        os.kill(os.getpid(), signal.SIGKILL)
 
 
 # ------------------------------------------------------------------------------------- restore
