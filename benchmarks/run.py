@@ -63,8 +63,8 @@ SCRIPTS = {
                            pattern=r"^\s+(?P<case>\S+)\s+(?P<figure>[\d.]+) ms", better="lower"),
     "profile_train_step": Script("profile_train_step", "where one training step's time goes (PyTorch operators)",
                                  "ms/step", column="ours", better="lower"),
-    "remat_memory": Script("remat_memory", "peak memory of keras-preact-train per rematerialisation policy", "MiB",
-                           column="peak_mib", read="json", better="lower"),
+    "remat_memory": Script("remat_memory", "peak memory of keras-preact-train per rematerialisation policy", "GiB",
+                           column="peak_rss_gib", read="json", better="lower"),
     "health_overhead": Script("analysis_health_overhead", "the health callback's cost per step", "ms/step",
                               column="ms/step", better="lower"),
     "gradient_flow": Script("analysis_gradient_flow", "signal and gradient ratios through depth at initialisation",
@@ -76,8 +76,8 @@ SCRIPTS = {
     "serving_connections": Script("serving_connections", "idle and slowloris connections the server holds",
                                   "KiB/connection", column="KiB per connection", better="lower"),
     "serving_ray": Script("serving_ray", "throughput of the Ray Serve deployment", "images/s", column="images/s"),
-    "served_accuracy": Script("served_accuracy", "the served model's test accuracy per export format", "top-1",
-                              column="top1", read="json"),
+    "served_accuracy": Script("served_accuracy", "the served model's test accuracy per export format", "% top-1",
+                              read="lines", pattern=r"^\[served\] (?P<case>[^:]+): top-1 (?P<figure>[\d.]+)%"),
 }
 NAMES = (*TRAINING, *SCRIPTS)
 
@@ -149,13 +149,13 @@ def run_training(name, args):
     else:
         unit = "ms/step" if name != "eval" else "ms/batch"
         spes = args.steps_per_execution if name == "host_cost" else (1,)
-        found = [(case, backend, ours, ref, unit, "lower", versions) for case, backend, ours, ref, versions in
+        found = [(case, backend, ours, ref, unit, "lower", versions, label) for case, backend, ours, ref, versions, label in
                  training_table.in_process(name, args.backends, pythons, args.rounds, args.steps, spes)]
-    for case, backend, ours, reference, unit, better, versions in found:
+    for case, backend, ours, reference, unit, better, versions, label in found:
         reference = reference if args.vs == "torch" else None
         figures = rows_lib.compare(ours, reference, better=better)
         made.append(rows_lib.row(name, case, unit, figures, backend=backend, versions=versions,
-                                 reference=training_table.REFERENCE if reference else None))
+                                 reference=label if reference else None))
     return made
 
 
@@ -209,6 +209,7 @@ def main(argv=None):
             print(f"{name:20s} training table: {name} beside plain PyTorch")
         for name, spec in SCRIPTS.items():
             print(f"{name:20s} {spec.question} (benchmarks/{spec.module}.py)")
+        print(f"{'(GPU session)':20s} bash benchmarks/gpu/run.sh: the prepared run for a lent GPU (benchmarks/gpu/README.md)")
         return 0
     if args.action == "render":
         print(rows_lib.render(rows_lib.read(args.rows)), end="")

@@ -150,20 +150,26 @@ def run_child(python, backend, kind, rounds, steps, spes=(1,)):
 
 
 def in_process(kind, backends, pythons, rounds, steps, spes=(1,)):
-    """Rows' material for host_cost, step and eval: [(case, backend, ours, reference, versions)] per backend."""
-    found = []
+    """Rows' material for host_cost, step and eval: [(case, backend, ours, reference, versions, reference's name)]."""
+    found, references = [], []
     for backend in backends:
         python = pythons.get(backend, sys.executable)
         figures = run_child(python, backend, kind, rounds, steps, spes)
         reference = figures["times"].pop(REFERENCE, None)
+        references.append(reference)
         for case, ours in figures["times"].items():
-            found.append((case, figures["backend"], ours, reference, figures["versions"]))
-    return found
+            found.append([case, figures["backend"], ours, reference, figures["versions"], REFERENCE])
+    # An interpreter without torch (TensorFlow's) is set beside the reference measured in another one.
+    elsewhere = next((r for r in references if r), None)
+    for entry in found:
+        if entry[3] is None and elsewhere:
+            entry[3], entry[5] = elsewhere, REFERENCE + " (in the other interpreter's run)"
+    return [tuple(entry) for entry in found]
 
 
 def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20, image_size=(32, 32)):
     """Whole ``keras-preact-train`` runs against ``reference_torch_cifar.py``, alternating: for each backend,
-    (case, backend, ours, reference, unit, better, versions) for the epoch's seconds, training and evaluation images/s."""
+    (case, backend, ours, reference, unit, better, versions, reference's name) for the epoch's seconds, training and evaluation images/s."""
     from benchmarks import train_speed_vs_pytorch as speed
 
     notf = pythons.get("torch", sys.executable)
@@ -194,7 +200,7 @@ def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20
                                         ("train", "training", "images/s", "higher"),
                                         ("eval", "evaluation", "images/s", "higher")):
             found.append((case, backend, [f[key] for f in ours], [f[key] for f in reference], unit, better,
-                          versions_of(args.python if backend in ("tensorflow", "auto") else notf)))
+                          versions_of(args.python if backend in ("tensorflow", "auto") else notf), REFERENCE))
     return found
 
 
