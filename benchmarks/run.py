@@ -37,7 +37,8 @@ NUMBER = re.compile(r"-?[\d,]*\.?\d+(?:e[-+]?\d+)?")
 class Script:
     """A benchmark script run as ``python -m benchmarks.<module> ARGS``; its figures are read from its output:
     the first markdown table with a column whose header holds ``column`` (``table``), lines matching ``pattern``
-    with groups ``case`` and ``figure`` (``lines``), or JSON lines with the key ``column`` (``json``)."""
+    with groups ``figure`` and (optional) ``case`` (``lines``: a line ending in ":" heads the lines below it; with
+    ``head``, the text before a line's first ": " heads that line), or JSON lines with the key ``column`` (``json``)."""
 
     module: str
     question: str
@@ -45,6 +46,7 @@ class Script:
     column: str = ""
     read: str = "table"
     pattern: str = ""
+    head: bool = False
     better: str = "higher"
     tiny: tuple = ()
 
@@ -57,7 +59,7 @@ SCRIPTS = {
     "input_pipeline": Script("input_pipeline_backends", "input pipeline speed per backend", "images/s",
                              column="img/s"),
     "batch_norm_kernels": Script("batch_norm_kernels", "the fused batch-normalization kernel against Keras'",
-                                 "ms", read="lines", pattern=r"^\s+(?P<case>\S.*?):\s+.*?(?P<figure>[\d.]+)",
+                                 "ms", read="lines", pattern=r"(?P<case>[^,(]+?) (?P<figure>[\d.]+) \(", head=True,
                                  better="lower"),
     "conv_kernels": Script("conv_kernels", "the library's Conv2D against Keras' on PyTorch", "ms", read="lines",
                            pattern=r"^\s+(?P<case>\S+)\s+(?P<figure>[\d.]+) ms", better="lower"),
@@ -77,7 +79,7 @@ SCRIPTS = {
                                   "KiB/connection", column="KiB per connection", better="lower"),
     "serving_ray": Script("serving_ray", "throughput of the Ray Serve deployment", "images/s", column="images/s"),
     "served_accuracy": Script("served_accuracy", "the served model's test accuracy per export format", "% top-1",
-                              read="lines", pattern=r"^\[served\] (?P<case>[^:]+): top-1 (?P<figure>[\d.]+)%"),
+                              read="lines", pattern=r"^top-1 (?P<figure>[\d.]+)%", head=True),
 }
 NAMES = (*TRAINING, *SCRIPTS)
 
@@ -109,12 +111,16 @@ def script_rows(spec, text):
     """[(case, figure)] from a script's output as its ``Script`` says."""
     if spec.read == "table":
         return table_rows(text, spec.column)
-    found = []
+    found, section = [], ""
     for line in text.splitlines():
         if spec.read == "lines":
-            m = re.match(spec.pattern, line)
-            if m:
-                found.append((m.group("case"), float(m.group("figure"))))
+            if line.rstrip().endswith(":"):
+                section = line.strip()[:-1]
+                continue
+            head, _, rest = line.partition(": ") if spec.head else ("", "", line)
+            for m in re.finditer(spec.pattern, rest if spec.head else line):
+                case = ", ".join(x.strip() for x in (section, head, m.groupdict().get("case") or "") if x.strip())
+                found.append((case, float(m.group("figure"))))
         elif line.startswith("{"):
             record = json.loads(line)
             if isinstance(record.get(spec.column), (int, float)):
