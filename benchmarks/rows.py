@@ -133,7 +133,7 @@ def render(rows):
     commands = []
     for r in rows:
         lo, hi = r["spread"]
-        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.2f}x ({r['ratio_spread'][0]:.2f}-{r['ratio_spread'][1]:.2f})"
+        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.3g}x ({r['ratio_spread'][0]:.3g}-{r['ratio_spread'][1]:.3g})"
         m = r["machine"]
         where = f"{m['cpu']} ({', '.join(m['flags']) or 'no AVX2'}), {m['cores']} cores, load {m['load']}"
         lines.append(f"| {r['benchmark']} | {r['backend']} | {r['case']} | {number(r['figure'])} ({number(lo)}-{number(hi)}) {r['unit']} | "

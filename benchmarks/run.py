@@ -155,8 +155,9 @@ def run_training(name, args):
     else:
         unit = "ms/step" if name != "eval" else "ms/batch"
         spes = args.steps_per_execution if name == "host_cost" else (1,)
+        steps = args.host_steps if name == "host_cost" else args.steps
         found = [(case, backend, ours, ref, unit, "lower", versions, label) for case, backend, ours, ref, versions, label in
-                 training_table.in_process(name, args.backends, pythons, args.rounds, args.steps, spes)]
+                 training_table.in_process(name, args.backends, pythons, args.rounds, steps, spes)]
     for case, backend, ours, reference, unit, better, versions, label in found:
         reference = reference if args.vs == "torch" else None
         figures = rows_lib.compare(ours, reference, better=better)
@@ -181,7 +182,9 @@ def parse_args(argv=None):
                      choices=("tensorflow", "jax", "torch"))
     run.add_argument("--python", default=sys.executable, help="interpreter for TensorFlow (default: this one)")
     run.add_argument("--notf-python", default=None, help="interpreter for JAX, PyTorch and the reference")
-    run.add_argument("--steps", type=int, default=20, help="steps (batches) per round: host_cost, step, eval")
+    run.add_argument("--steps", type=int, default=20, help="steps (batches) per round: step, eval")
+    run.add_argument("--host-steps", type=int, default=200,
+                     help="host_cost: steps of one fit per round (enough that fit's own set-up is a small share)")
     run.add_argument("--steps-per-execution", type=int, nargs="+", default=[1, 10], help="host_cost's")
     run.add_argument("--data-dir", default=None, help="epoch: the CIFAR-10 image folder")
     run.add_argument("--epochs", type=int, default=2, help="epoch: epochs per run (the first is not counted)")
@@ -198,12 +201,12 @@ def parse_args(argv=None):
         unknown = [n for n in names if n not in NAMES]
         if unknown:
             p.error(f"unknown benchmark {', '.join(unknown)}; allowed: all, training, {', '.join(NAMES)}")
-        for flag in ("rounds", "steps", "epochs", "steps_per_epoch"):
+        for flag in ("rounds", "steps", "host_steps", "epochs", "steps_per_epoch"):
             if getattr(args, flag) < 1:
                 p.error(f"--{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}")
-        bad = [s for s in args.steps_per_execution if s < 1 or args.steps % s]
+        bad = [s for s in args.steps_per_execution if s < 1 or args.host_steps % s]
         if bad:
-            p.error(f"--steps-per-execution must divide --steps ({args.steps}), got {bad}")
+            p.error(f"--steps-per-execution must divide --host-steps ({args.host_steps}), got {bad}")
         args.names = list(dict.fromkeys(names))
     return args
 

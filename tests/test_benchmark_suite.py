@@ -35,7 +35,7 @@ def test_entry_point_runs_the_host_cost_benchmark_and_writes_a_complete_row(tmp_
 
     backend = keras.backend.backend()
     out = tmp_path / "rows.jsonl"
-    argv = ["run", "host_cost", "--backends", backend, "--rounds", "2", "--steps", "2", "--steps-per-execution", "1",
+    argv = ["run", "host_cost", "--backends", backend, "--rounds", "2", "--host-steps", "2", "--steps-per-execution", "1",
             "--out", str(out)]
     done = suite(*argv, env={"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
@@ -60,7 +60,8 @@ def test_entry_point_runs_the_host_cost_benchmark_and_writes_a_complete_row(tmp_
 @pytest.mark.parametrize("argv, message", [
     (["run", "nonesuch"], "unknown benchmark nonesuch; allowed: all, training, host_cost"),
     (["run", "host_cost", "--rounds", "0"], "--rounds must be >= 1, got 0"),
-    (["run", "host_cost", "--steps", "6", "--steps-per-execution", "4"], "--steps-per-execution must divide --steps (6)"),
+    (["run", "host_cost", "--host-steps", "6", "--steps-per-execution", "4"],
+     "--steps-per-execution must divide --host-steps (6)"),
     (["run", "host_cost", "--vs", "numpy"], "argument --vs: invalid choice: 'numpy'"),
 ])
 def test_bad_arguments_are_refused_naming_them(argv, message, capsys):
