@@ -4,7 +4,9 @@
     python -m benchmarks run host_cost --backends jax torch --rounds 3 --out bench.jsonl
     python -m benchmarks run training --data-dir /tmp/cifar10-jpeg --python python \\
         --notf-python .venv-notf/bin/python --out bench.jsonl      # the whole training table
-    python -m benchmarks render bench.jsonl                         # the markdown table of BENCHMARKS.md
+    python -m benchmarks render bench.jsonl                         # the rows as a markdown table
+
+BENCHMARKS.md's training table is ``python -m benchmarks render benchmarks/results.jsonl``, the committed rows.
 
 Every benchmark writes rows in one format (``benchmarks/rows.py``: figure, unit, the reference's figure and the
 ratio when side by side, the exact command, machine, backend, versions and date) to ``--out`` (JSON lines; the
