@@ -1,4 +1,4 @@
-"""Timing for the kernel benchmarks (``batch_norm_kernels``, ``conv_kernels``, ``augmentation_kernels``):
+"""Timing for the kernel benchmarks (``batch_norm_kernels``, ``conv_kernels``):
 candidates called in alternating rounds in one process, so drift of the host falls on all of them alike."""
 
 import time

@@ -8,7 +8,7 @@ difference. On PyTorch also the ATen operator table of
 table shows what Keras adds (layout copies, unfused batch-norm arithmetic, per-op dispatch).
 
     KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5
-    KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --normalization keras  # before issue 35
+    KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --normalization keras  # Keras' own layer
     KERAS_BACKEND=torch python benchmarks/profile_train_step.py --steps 5 --convolution keras  # Keras' Conv2D
 """
 
@@ -34,7 +34,7 @@ NORMALIZATIONS = ("fused", "keras")
 def use_normalization(kind):
     """Models built from now on get, as ``normalization="batch"``, the library's ``BatchNormalization``
     (``"fused"``: the backend's fused training kernel, the default) or Keras' own (``"keras"``: the
-    library before issue 35)."""
+    library before the fused layers)."""
     from keras_preact.layers import BatchNormalization, options
 
     layer = {"fused": BatchNormalization, "keras": keras.layers.BatchNormalization}[kind]
@@ -127,7 +127,7 @@ def main(argv=None):
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rows", type=int, default=14, help="operators listed (PyTorch)")
     p.add_argument("--normalization", choices=NORMALIZATIONS, default="fused",
-                   help="normalization='batch' as the library's BatchNormalization or Keras' own (before issue 35)")
+                   help="normalization='batch' as the library's BatchNormalization or Keras' own (the library before the fused layers)")
     p.add_argument("--convolution", choices=("fast", "keras"), default="fast",
                    help="Conv2D as the library's (no layout copies on PyTorch) or Keras' own (before it)")
     args = p.parse_args(argv)

@@ -1,7 +1,7 @@
 """An independent reference: a pre-activation ResNet trained on a CIFAR image folder in plain PyTorch.
 
-It imports nothing from keras_preact or training, so it can judge them (issues "Train at least as fast
-as plain PyTorch" and "Trained for real"). Network, as fb.resnet.torch ``models/preresnet.lua`` (CIFAR):
+It imports nothing from keras_preact or training, so it can judge their speed and their accuracy.
+Network, as fb.resnet.torch ``models/preresnet.lua`` (CIFAR):
 a 3x3 conv 3->16, three stages of n basic units (16/32/64 channels, strides 1/2/2; the first unit of
 every stage pre-activates the input its shortcut reads, ``both_preact``), option-A shortcuts (strided
 identity, zero channels), BN-ReLU, global average pooling, a linear layer. Depth 9n+2 (164, 1001) takes

@@ -1,4 +1,4 @@
-"""Peak memory and step time of ``keras-preact-train --remat`` policies, side by side in one run (issue 26).
+"""Peak memory and step time of ``keras-preact-train --remat`` policies, side by side in one run.
 
 Each policy trains in its own process, the real entry point (``python -m keras_preact_training.cli``) under
 ``/usr/bin/time -v``, on built-in synthetic data (no input pipeline cost): ``--epochs`` epochs of

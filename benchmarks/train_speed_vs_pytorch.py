@@ -30,7 +30,7 @@ virtual environment, e.g. ``.venv-notf/bin/python``) the JAX, PyTorch and refere
 interpreter, candidates whose backend is missing are skipped with a note.
 
 ``--normalizations keras fused``: each ``keras-preact-train`` candidate with Keras' own
-``BatchNormalization`` (the library before issue 35; name suffix ``/keras-bn``) and with the library's
+``BatchNormalization`` (the library before the fused layers; name suffix ``/keras-bn``) and with the library's
 (the backend's fused training kernel, the default).
 
 ``--steps-only``: no data and no training loop: per backend one process alternating, round by round,
@@ -292,7 +292,7 @@ def parse_args(argv=None):
                         "and/or Keras' own (keras: the library before it)")
     p.add_argument("--normalizations", nargs="+", default=["fused"], choices=["fused", "keras"],
                    help="normalization='batch' as the library's BatchNormalization (fused, the default) and/or "
-                        "Keras' own (keras: the library before issue 35)")
+                        "Keras' own (keras: the library before the fused layers)")
     p.add_argument("--steps-only", action="store_true",
                    help="in-process train_on_batch steps per backend instead of whole training runs (no data)")
     p.add_argument("--steps", type=int, default=3, help="--steps-only: steps per candidate per round")

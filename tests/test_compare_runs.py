@@ -1,6 +1,6 @@
-"""benchmarks/compare_runs.py (issue "Weights at the data's ceiling", item 5) through its entry point: from two
-histories in the two trainers' own formats it writes the agreement table with the figures computed by hand, the
-time ratio and the overlaid curves; bad arguments are refused naming them, before anything is written."""
+"""reproduction/cifar10-preact-resnet20-paper/compare_runs.py through its entry point: from two histories in the
+two trainers' own formats it writes the agreement table with the figures computed by hand, the time ratio
+and the overlaid curves; bad arguments are refused naming them, before anything is written."""
 
 import csv
 import re
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
+sys.path.insert(0, str(REPO / "reproduction" / "cifar10-preact-resnet20-paper"))  # beside the reproduction it serves
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
 
 # keras-preact-train's CSVLogger columns (alphabetical) and the reference's (its own order, with lr).
@@ -34,7 +34,7 @@ def write_history(path, columns, val_accuracy, train_seconds, eval_seconds=0.5, 
 
 
 def test_compare_runs_writes_the_table_the_curves_and_the_time_ratio(tmp_path, capsys):
-    from benchmarks import compare_runs
+    import compare_runs
 
     ours = write_history(tmp_path / "ours" / "history.csv", OURS_COLUMNS, [0.50, 0.80, 0.86, 0.87, 0.88, 0.87],
                          train_seconds=[9, 3, 3, 4, 3, 3], repeat_epoch=2)
@@ -57,7 +57,7 @@ def test_compare_runs_writes_the_table_the_curves_and_the_time_ratio(tmp_path, c
 
 
 def test_a_run_stopped_before_the_window_has_no_mean(tmp_path, capsys):
-    from benchmarks import compare_runs
+    import compare_runs
 
     long = write_history(tmp_path / "a.csv", OURS_COLUMNS, [0.5, 0.6, 0.7, 0.8], train_seconds=[1] * 4)
     short = write_history(tmp_path / "b.csv", REFERENCE_COLUMNS, [0.5, 0.65], train_seconds=[1] * 2)
@@ -71,7 +71,7 @@ def test_a_run_stopped_before_the_window_has_no_mean(tmp_path, capsys):
 
 
 def test_groups_of_seeds_get_their_mean_spread_and_welch_t_against_the_first(tmp_path, capsys):
-    from benchmarks import compare_runs
+    import compare_runs
 
     def run(name, accuracies):
         return f"{name}=" + str(write_history(tmp_path / f"{name}.csv", REFERENCE_COLUMNS, accuracies,
@@ -98,7 +98,7 @@ def test_groups_of_seeds_get_their_mean_spread_and_welch_t_against_the_first(tmp
 def test_the_docstring_examples_of_compare_runs_hold():
     import doctest
 
-    from benchmarks import compare_runs
+    import compare_runs
 
     result = doctest.testmod(compare_runs, optionflags=doctest.ELLIPSIS)
     assert result.attempted >= 1 and result.failed == 0
@@ -130,7 +130,7 @@ def test_the_docstring_examples_of_compare_runs_hold():
      r"--group b: 'ours' is in another group already"),
 ])
 def test_bad_arguments_are_named_before_anything_is_written(tmp_path, capsys, bad, message):
-    from benchmarks import compare_runs
+    import compare_runs
 
     paths = {
         "ours": write_history(tmp_path / "ours.csv", OURS_COLUMNS, [0.5, 0.6, 0.7], train_seconds=[1] * 3),

@@ -17,7 +17,7 @@ from test_train_speed import write_folder  # tests/ is on sys.path (pytest's def
 from support import ONE_THREAD
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
+sys.path.insert(0, str(REPO / "reproduction" / "cifar10-parity-resnet20"))  # beside the reproduction it serves
 pytestmark = [
     pytest.mark.notf,
     pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="the PyTorch reference needs torch"),
@@ -26,7 +26,7 @@ pytestmark = [
 
 
 def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
-    from benchmarks import parity_vs_pytorch as parity
+    import parity_vs_pytorch as parity
 
     monkeypatch.setenv("HOME", str(tmp_path))  # the decoded-image caches of both trainers
     for name, value in ONE_THREAD.items():  # the trainers' processes inherit this environment
@@ -104,7 +104,7 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
     (["--depth", "10"], "--depth must be 6n+2"),
 ])
 def test_bad_arguments_are_named(tmp_path, capsys, bad, message):
-    from benchmarks import parity_vs_pytorch as parity
+    import parity_vs_pytorch as parity
 
     data = write_folder(tmp_path / "data", per_class=1, classes=2)
     with pytest.raises(SystemExit) as exit_info:

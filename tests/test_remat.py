@@ -9,9 +9,7 @@ import functools
 import importlib
 import importlib.util
 import json
-import os
 import pathlib
-import subprocess
 import sys
 import types
 
@@ -325,49 +323,3 @@ def test_remat_on_jax_cpu_sets_the_xla_flags_unless_the_user_did(monkeypatch):
     note = backends.xla_flags_for_remat("jax", "units", environ, accelerator=False)
     assert note.startswith("[remat] warning: JAX has started already") and f'XLA_FLAGS="{scheduler} {cse}"' in note
     assert environ == {}
-
-
-@pytest.mark.notf
-@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan, its own JAX process: run once, in the JAX pass")
-def test_jax_memory_plan_keeps_less_with_remat(tmp_path):
-    """benchmarks/remat_memory_plan.py, its own JAX process as a user runs it: XLA's compiled plan of
-    keras-preact-train's step (with the CPU flags keras-preact-train sets) keeps fewer temporaries with
-    ``units`` than without, and peak adds up."""
-    out = tmp_path / "plan"
-    command = [sys.executable, str(REPO / "benchmarks" / "remat_memory_plan.py"), "--preset", "synthetic-resnet8",
-               "--depth", "20", "--batch-sizes", "32", "--policies", "none", "units", "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)})
-    assert done.returncode == 0, done.stderr[-2000:]
-    none, units = json.loads(out.with_name("plan.json").read_text())
-    assert (none["policy"], units["policy"]) == ("none", "units") and none["backend"] == "cpu"
-    assert units["temp_bytes"] < 0.9 * none["temp_bytes"]
-    for row in (none, units):
-        assert row["peak_bytes"] == row["argument_bytes"] + row["output_bytes"] - row["alias_bytes"] + row["temp_bytes"]
-    assert "| synthetic-resnet8 | 20 | 32 | units |" in out.with_name("plan.md").read_text()
-    refused = subprocess.run([*command[:2], "--preset", "synthetic-resnet8", "--policies", "segments:0"],
-                             capture_output=True, text=True, timeout=120, env={**os.environ, "KERAS_BACKEND": "jax"})
-    assert refused.returncode == 2 and "--policies: Invalid remat='segments:0'" in refused.stderr
-
-
-@pytest.mark.notf
-@pytest.mark.skipif(BACKEND != "jax", reason="XLA's plan, its own JAX process: run once, in the JAX pass")
-def test_jax_memory_plan_for_an_h100_that_is_not_here(tmp_path):
-    """``remat_memory_plan.py --target h100``: XLA's GPU compiler plans the step for an H100 on a machine
-    without one. With JAX's CUDA plugin installed, ``units`` keeps under half of none's temporaries (the GPU
-    compile keeps the recomputation); without it, the run is refused before any work, naming the install."""
-    out = tmp_path / "plan"
-    command = [sys.executable, str(REPO / "benchmarks" / "remat_memory_plan.py"), "--target", "h100", "--preset",
-               "synthetic-resnet8", "--depth", "20", "--batch-sizes", "32", "--policies", "none", "units",
-               "--out", str(out)]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO)})
-    if importlib.util.find_spec("jax_plugins") is None or importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-        assert done.returncode == 2 and not out.with_name("plan.json").exists()
-        assert "--target h100" in done.stderr and 'pip install "jax[cuda12]"' in done.stderr
-        return
-    assert done.returncode == 0, done.stderr[-2000:]
-    none, units = json.loads(out.with_name("plan.json").read_text())
-    assert {none["backend"], units["backend"], none["target"]} == {"cuda", "h100"}
-    assert units["temp_bytes"] < 0.5 * none["temp_bytes"]
-    assert "XLA's GPU compiler for an H100 80GB" in out.with_name("plan.md").read_text()

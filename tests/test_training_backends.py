@@ -139,24 +139,6 @@ def test_pad_crop_flip_puts_every_pixel_where_the_crop_and_mirror_do(dtype, padd
     assert out.dtype == np.dtype(dtype) and out.shape == images.shape
 
 
-def test_augmentation_benchmark_checks_both_gathers_agree_and_times_them(capsys):
-    """benchmarks/augmentation_kernels.py, the measurement behind the one gather: it checks that the layer's
-    one gather and the two gathers it replaced give the same values, then times both (and, on PyTorch, the
-    reference trainer's augmentation)."""
-    import re
-
-    sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
-    from benchmarks import augmentation_kernels
-
-    augmentation_kernels.main(["--rounds", "1", "--repeats", "1"])
-    out = capsys.readouterr().out.splitlines()
-    assert "the same values from the same draws: yes" in out[0]
-    names = ["one gather", "two gathers"] + (["reference"] if keras.backend.backend() == "torch" else [])
-    assert [line.split(":")[0].strip() for line in out[1:]] == names
-    for line in out[1:]:
-        assert re.fullmatch(r"  [a-z ]+: [\d.]+ \([\d.]+-[\d.]+\)", line) and float(line.split()[-2]) > 0, line
-
-
 def test_device_model_normalizes_like_the_host():
     from keras_preact.models import cifar_resnet
 

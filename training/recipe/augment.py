@@ -60,7 +60,7 @@ def pad_crop_flip(images, offsets, flip, padding):
 
     One gather of whole pixels: output (i, j) is padded pixel (b, oy + i, ox + j), or (b, oy + i, ox + W-1-j)
     when flipped. Two gathers (along H, then W), a flip and a select give the same values at several times
-    the time on PyTorch and TensorFlow (``benchmarks/augmentation_kernels.py``).
+    the time on PyTorch and TensorFlow.
 
     Examples:
 

@@ -24,7 +24,7 @@ small evidence files (run directories stay under ``OUT/runs/``, which git ignore
 of every trainer, for a small check of the tool itself (tests: ResNet-8 on 16x16 images); the folder's images
 must have that size.
 
-    python benchmarks/parity_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python \\
+    python reproduction/cifar10-parity-resnet20/parity_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python \\
         --epochs 10 --seeds 1 2 --out reproduction/cifar10-parity-resnet20
 """
 
@@ -38,11 +38,13 @@ import subprocess
 import sys
 import time
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
-if str(REPO) not in sys.path:
-    sys.path.insert(0, str(REPO))  # benchmarks/ and training/ are not installed
+REPO = pathlib.Path(__file__).resolve().parents[2]
+for _path in (REPO, REPO / "reproduction" / "cifar10-preact-resnet20-paper"):  # benchmarks/, compare_runs.py
+    if str(_path) not in sys.path:
+        sys.path.insert(0, str(_path))
 
-from benchmarks import compare_runs  # noqa: E402
+import compare_runs  # noqa: E402
+
 from benchmarks import train_speed_vs_pytorch as speed  # noqa: E402
 from keras_preact_training.run.plots import read_history  # noqa: E402
 from keras_preact_training.run.run_dir import write_json, write_text  # noqa: E402
@@ -118,7 +120,7 @@ def markdown(args, table, machine, versions):
         f"# Parity: keras-preact against plain PyTorch (pre-act ResNet-{args.depth}, CIFAR-10 JPEG, "
         f"{args.epochs} epochs)",
         "",
-        f"Command: `python benchmarks/parity_vs_pytorch.py {' '.join(sys.argv[1:])}`",
+        f"Command: `python reproduction/cifar10-parity-resnet20/parity_vs_pytorch.py {' '.join(sys.argv[1:])}`",
         "",
         f"Machine: {machine}.",
         "",

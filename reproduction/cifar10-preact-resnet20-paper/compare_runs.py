@@ -16,7 +16,7 @@ is its per-epoch history: keras-preact-train's ``history.csv`` (CSVLogger) or th
 
 Both files are written to a temporary name and renamed.
 
-    python benchmarks/compare_runs.py --from-epoch 84 \\
+    python reproduction/cifar10-preact-resnet20-paper/compare_runs.py --from-epoch 84 \\
         --run "ours=reproduction/cifar10-preact-resnet20-paper/ours-jax-h100-seed0/history.csv" \\
         --run "reference=reproduction/cifar10-preact-resnet20-paper/reference-seed0/history.csv" \\
         --time "one H100" ours=138-165 reference=22-26 \\
@@ -29,7 +29,7 @@ import pathlib
 import statistics
 import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))  # benchmarks/ and training/ are not installed
 
@@ -293,7 +293,7 @@ def parse_args(argv=None):
 
 def main(argv=None):
     args = parse_args(argv)
-    command = "python benchmarks/compare_runs.py " + " ".join(
+    command = "python reproduction/cifar10-preact-resnet20-paper/compare_runs.py " + " ".join(
         f'"{a}"' if " " in a else a for a in (sys.argv[1:] if argv is None else argv))
     text = markdown(args.table, args.window, args.times, command, args.groups)
     print(text, end="")
