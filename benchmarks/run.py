@@ -80,6 +80,8 @@ SCRIPTS = {
     "serving_connections": Script("serving_connections", "idle and slowloris connections the server holds",
                                   "KiB/connection", column="KiB per connection", better="lower"),
     "serving_ray": Script("serving_ray", "throughput of the Ray Serve deployment", "images/s", column="images/s"),
+    "tf_onednn": Script("tf_onednn", "TensorFlow's oneDNN kernels off and on (TF_ENABLE_ONEDNN_OPTS=0/1)", "ms/step",
+                        column="train_ms", read="json", better="lower"),
     "served_accuracy": Script("served_accuracy", "the served model's test accuracy per export format", "% top-1",
                               read="lines", pattern=r"^top-1 (?P<figure>[\d.]+)%", head=True),
 }

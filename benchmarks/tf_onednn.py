@@ -121,7 +121,7 @@ def main(argv=None):
             summary[f"{key}_onednn_{setting}"] = statistics.median(r[key] for r in rows if r["onednn"] == setting)
         summary[f"{key}_speedup"] = summary[f"{key}_onednn_0"] / summary[f"{key}_onednn_1"]
     summary["max_abs_and_relative_l2_diff"] = diffs
-    print(json.dumps(summary, indent=1))
+    print(json.dumps(summary))
     return 0
 
 
