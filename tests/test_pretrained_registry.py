@@ -9,7 +9,8 @@ import numpy as np
 import pretrained_reference as ref
 import pytest
 
-from keras_preact.models import create_model, list_models, model_spec, register_model, sources
+from keras_preact.applications import decode_predictions
+from keras_preact.models import create_model, imagenet_class_names, list_models, model_spec, register_model, sources
 from keras_preact.models.registry import unregister_model
 from support import to_numpy
 
@@ -92,7 +93,8 @@ def write_hf_cache(root, repo, state):
 
 def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_converts_once(offline):
     """create_model("imagenet_resnet18.timm_ra4_in1k") offline with the checkpoint in the Hub cache: timm's
-    layout, the entry's preprocessing, timm's outputs; the conversion is written once and reused."""
+    layout, the entry's preprocessing, timm's outputs, the ImageNet-1k class names; the conversion is written
+    once and reused."""
     pytest.importorskip("huggingface_hub")
     pytest.importorskip("safetensors")
     state = ref.random_state(18, num_classes=1000, seed=5)
@@ -103,6 +105,11 @@ def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_conver
     x = images(5)
     expected, _ = ref.forward(state, x)
     assert np.abs(logits(model, x) - expected).max() <= 1e-4
+    # The 1,000 ImageNet-1k class names, shipped: decode_predictions names the classes of its predictions
+    assert model.class_names == imagenet_class_names()
+    best = np.argsort(-expected, axis=1)[:, :3]
+    assert [[name for _, name, _ in row] for row in decode_predictions(expected, top=3, model=model)] == [
+        [imagenet_class_names()[i] for i in row] for row in best]
     converted = list((offline / "keras" / "keras_preact").glob("imagenet_resnet18-timm_ra4_in1k-*.weights.h5"))
     assert len(converted) == 1
     stamp = converted[0].stat().st_mtime_ns

@@ -22,6 +22,7 @@ import socket
 import tempfile
 import urllib.parse
 
+from keras_preact.models.class_names import ClassNames
 from keras_preact.preprocessing import InputConfig
 
 ORIGINS = ("keras", "timm", "keras_hub")
@@ -54,8 +55,10 @@ def parse_entry(where, name, entry, spec_class):
     if config is not None and not isinstance(config, InputConfig):
         raise ValueError(f"Invalid {where}: input_config must be a keras_preact.preprocessing.InputConfig.")
     names = entry.get("class_names")
+    if names and len(names) != classes:
+        raise ValueError(f"Invalid {where}: {len(names)} class_names for num_classes={classes}.")
     entry = {**entry, "arguments": dict(entry.get("arguments") or {}),
-             "class_names": tuple(names) if names else None}
+             "class_names": (names if isinstance(names, ClassNames) else tuple(names)) if names else None}
     return spec_class(name=name, **entry)
 
 
