@@ -196,6 +196,53 @@ def test_keras_hub_preset_folder_by_path(tmp_path, offline):
     assert np.abs(to_numpy(model(x)) - to_numpy(classifier(x))).max() <= 1e-4
 
 
+def test_keras_hub_preset_carries_its_image_converter_into_the_input_config(tmp_path, offline):
+    """A keras-hub preset saved by keras-hub with a preprocessor (ResNetImageConverter: 64 x 48, per-channel
+    scale/offset of ImageNet's statistics, bicubic), by path and as a registered kaggle:// preset in kagglehub's
+    cache: the model's input config is the converter's (mean = -offset / scale, std = 1 / scale, its size and
+    interpolation, the crop_to_aspect_ratio view), and keras-hub's predict on raw 0-255 images equals ours on
+    preprocess_input of the same images."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from test_pretrained_convert import randomize
+
+    from keras_preact.applications import preprocess_input
+    from keras_preact.preprocessing import InputConfig
+
+    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+    converter = keras_hub.layers.ResNetImageConverter(
+        image_size=(64, 48), scale=[1 / s for s in std], offset=[-m / s for m, s in zip(mean, std)],
+        interpolation="bicubic", antialias=True)
+    backbone = keras_hub.models.ResNetBackbone(
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[2, 2, 2, 2],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(
+        backbone=backbone, num_classes=3, activation=None,
+        preprocessor=keras_hub.models.ResNetImageClassifierPreprocessor(image_converter=converter))
+    randomize(backbone, 9)
+    handle = "kaggle://keras/test/keras/resnet_v2_18_test/1"
+    preset = sources.kaggle_cache(handle)
+    classifier.save_to_preset(str(preset))
+    expected = InputConfig(input_size=(64, 48, 3), mean=mean, std=std, crop_fraction=1.0, interpolation="bicubic")
+    x = np.random.default_rng(9).uniform(0, 255, (2, 64, 48, 3)).astype("float32")  # at the input size: no resize
+    theirs = to_numpy(classifier.predict(x, verbose=0))  # keras-hub's preprocessor, then its network
+    register_model("test_keras_hub_resnet18", family="imagenet", arguments={"depth": 18},
+                   input_config=model_spec("imagenet_resnet18").input_config,
+                   weights={"preset": dict(origin="keras_hub", checkpoint=handle, num_classes=3,
+                                           arguments={"layout": "timm"})})
+    try:
+        for model in (create_model("imagenet_resnet18", weights=str(preset), classifier_activation=None),
+                      create_model("test_keras_hub_resnet18", weights="preset", classifier_activation=None)):
+            config = model.input_config
+            assert (config.input_size, config.crop_fraction, config.interpolation) == ((64, 48, 3), 1.0, "bicubic")
+            np.testing.assert_allclose(config.mean, expected.mean, rtol=1e-6)
+            np.testing.assert_allclose(config.std, expected.std, rtol=1e-6)
+            assert model.input_shape == (None, 64, 48, 3)
+            assert np.abs(to_numpy(model(preprocess_input(x, model))) - theirs).max() <= 1e-4
+    finally:
+        unregister_model("test_keras_hub_resnet18")
+
+
 def test_bad_local_weights_are_refused_by_name(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
     with pytest.raises(ValueError, match="Invalid weights=.*notes.txt.*unknown file type.*\\(a keras.applications .h5, a timm "
