@@ -117,6 +117,21 @@ def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_conver
     assert converted[0].stat().st_mtime_ns == stamp  # converted once
 
 
+def test_evaluating_a_registered_checkpoint_uses_its_own_preprocessing(offline):
+    """keras-preact-evaluate imagenet_resnet18 --weights timm_ra4_in1k (a random checkpoint in the Hub cache):
+    evaluated with the checkpoint's view (timm's statistics, the shorter side to 248, bicubic) and its ImageNet-1k
+    class names, not the network's default (the centre 224 of 256, bilinear)."""
+    pytest.importorskip("huggingface_hub")
+    pytest.importorskip("safetensors")
+    from keras_preact_training.evaluate import resolve_model
+
+    write_hf_cache(offline / "hf", "timm/resnetv2_18.ra4_e3600_r224_in1k", ref.random_state(18, num_classes=1000))
+    target = resolve_model("imagenet_resnet18", "timm_ra4_in1k")
+    config = target.input_config
+    assert (config.mean, config.resize_size, config.interpolation) == ((127.5, 127.5, 127.5), 248, "bicubic")
+    assert tuple(target.class_names) == imagenet_class_names()
+
+
 def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path):
     """A keras.applications ResNetV2 weights file in Keras' cache, registered with its md5: loaded through
     keras.utils.get_file, converted into the tf_slim layout, Keras' outputs; a wrong md5 is refused."""
