@@ -40,6 +40,7 @@ MODULES = [
     "keras_preact.models",
     "keras_preact.models.backbone",
     "keras_preact.models.cifar",
+    "keras_preact.models.class_names",
     "keras_preact.models.classifier",
     "keras_preact.models.finetune",
     "keras_preact.models.imagenet",

@@ -11,7 +11,8 @@ import numpy as np
 import pretrained_reference as ref
 import pytest
 
-from keras_preact.models import create_model, list_models, model_spec, presets, register_model, sources
+from keras_preact.applications import decode_predictions
+from keras_preact.models import create_model, imagenet_class_names, list_models, model_spec, presets, register_model, sources
 from keras_preact.models.registry import unregister_model
 from support import to_numpy
 
@@ -104,7 +105,8 @@ def write_hf_cache(root, repo, state):
 
 def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_converts_once(offline):
     """create_model("imagenet_resnet18.timm_ra4_in1k") offline with the checkpoint in the Hub cache: timm's
-    layout, the entry's preprocessing, timm's outputs; the conversion is written once and reused."""
+    layout, the entry's preprocessing, timm's outputs, the ImageNet-1k class names; the conversion is written
+    once and reused."""
     pytest.importorskip("huggingface_hub")
     pytest.importorskip("safetensors")
     state = ref.random_state(18, num_classes=1000, seed=5)
@@ -115,11 +117,31 @@ def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_conver
     x = images(5)
     expected, _ = ref.forward(state, x)
     assert np.abs(logits(model, x) - expected).max() <= 1e-4
+    # The 1,000 ImageNet-1k class names, shipped: decode_predictions names the classes of its predictions
+    assert model.class_names == imagenet_class_names()
+    best = np.argsort(-expected, axis=1)[:, :3]
+    assert [[name for _, name, _ in row] for row in decode_predictions(expected, top=3, model=model)] == [
+        [imagenet_class_names()[i] for i in row] for row in best]
     converted = list((offline / "keras" / "keras_preact").glob("imagenet_resnet18-timm_ra4_in1k-*.weights.h5"))
     assert len(converted) == 1
     stamp = converted[0].stat().st_mtime_ns
     create_model("imagenet_resnet18.timm_ra4_in1k", input_shape=SIZE)
     assert converted[0].stat().st_mtime_ns == stamp  # converted once
+
+
+def test_evaluating_a_registered_checkpoint_uses_its_own_preprocessing(offline):
+    """keras-preact-evaluate imagenet_resnet18 --weights timm_ra4_in1k (a random checkpoint in the Hub cache):
+    evaluated with the checkpoint's view (timm's statistics, the shorter side to 248, bicubic) and its ImageNet-1k
+    class names, not the network's default (the centre 224 of 256, bilinear)."""
+    pytest.importorskip("huggingface_hub")
+    pytest.importorskip("safetensors")
+    from keras_preact_training.evaluate import resolve_model
+
+    write_hf_cache(offline / "hf", "timm/resnetv2_18.ra4_e3600_r224_in1k", ref.random_state(18, num_classes=1000))
+    target = resolve_model("imagenet_resnet18", "timm_ra4_in1k")
+    config = target.input_config
+    assert (config.mean, config.resize_size, config.interpolation) == ((127.5, 127.5, 127.5), 248, "bicubic")
+    assert tuple(target.class_names) == imagenet_class_names()
 
 
 def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path):
@@ -199,6 +221,53 @@ def test_keras_hub_preset_folder_by_path(tmp_path, offline):
     x = images(8)
     assert model.output_shape == (None, 3)
     assert np.abs(to_numpy(model(x)) - to_numpy(classifier(x))).max() <= 1e-4
+
+
+def test_keras_hub_preset_carries_its_image_converter_into_the_input_config(tmp_path, offline):
+    """A keras-hub preset saved by keras-hub with a preprocessor (ResNetImageConverter: 64 x 48, per-channel
+    scale/offset of ImageNet's statistics, bicubic), by path and as a registered kaggle:// preset in kagglehub's
+    cache: the model's input config is the converter's (mean = -offset / scale, std = 1 / scale, its size and
+    interpolation, the crop_to_aspect_ratio view), and keras-hub's predict on raw 0-255 images equals ours on
+    preprocess_input of the same images."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from test_pretrained_convert import randomize
+
+    from keras_preact.applications import preprocess_input
+    from keras_preact.preprocessing import InputConfig
+
+    mean, std = (123.675, 116.28, 103.53), (58.395, 57.12, 57.375)
+    converter = keras_hub.layers.ResNetImageConverter(
+        image_size=(64, 48), scale=[1 / s for s in std], offset=[-m / s for m, s in zip(mean, std)],
+        interpolation="bicubic", antialias=True)
+    backbone = keras_hub.models.ResNetBackbone(
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[2, 2, 2, 2],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(
+        backbone=backbone, num_classes=3, activation=None,
+        preprocessor=keras_hub.models.ResNetImageClassifierPreprocessor(image_converter=converter))
+    randomize(backbone, 9)
+    handle = "kaggle://keras/test/keras/resnet_v2_18_test/1"
+    preset = sources.kaggle_cache(handle)
+    classifier.save_to_preset(str(preset))
+    expected = InputConfig(input_size=(64, 48, 3), mean=mean, std=std, crop_fraction=1.0, interpolation="bicubic")
+    x = np.random.default_rng(9).uniform(0, 255, (2, 64, 48, 3)).astype("float32")  # at the input size: no resize
+    theirs = to_numpy(classifier.predict(x, verbose=0))  # keras-hub's preprocessor, then its network
+    register_model("test_keras_hub_resnet18", family="imagenet", arguments={"depth": 18},
+                   input_config=model_spec("imagenet_resnet18").input_config,
+                   weights={"preset": dict(origin="keras_hub", checkpoint=handle, num_classes=3,
+                                           arguments={"layout": "timm"})})
+    try:
+        for model in (create_model("imagenet_resnet18", weights=str(preset), classifier_activation=None),
+                      create_model("test_keras_hub_resnet18", weights="preset", classifier_activation=None)):
+            config = model.input_config
+            assert (config.input_size, config.crop_fraction, config.interpolation) == ((64, 48, 3), 1.0, "bicubic")
+            np.testing.assert_allclose(config.mean, expected.mean, rtol=1e-6)
+            np.testing.assert_allclose(config.std, expected.std, rtol=1e-6)
+            assert model.input_shape == (None, 64, 48, 3)
+            assert np.abs(to_numpy(model(preprocess_input(x, model))) - theirs).max() <= 1e-4
+    finally:
+        unregister_model("test_keras_hub_resnet18")
 
 
 def test_bad_local_weights_are_refused_by_name(tmp_path):

@@ -169,3 +169,35 @@ def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path):
     input_config = init_input_config(config)
     assert (input_config.mean, input_config.std) == ((127.5,) * 3, (63.75,) * 3)
     assert (input_config.interpolation, tuple(input_config.input_size)) == ("bicubic", (224, 224, 3))
+
+
+@pytest.mark.core
+@pytest.mark.notf
+def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_and_interpolation(tmp_path, flowers):
+    """--init-weights a timm folder (random resnetv2_18 under timm's names; pretrained_cfg crop_pct 0.9, bicubic,
+    mean/std 0.5/0.25): the run's input config (config.json, model.keras, keras-preact-evaluate's view of the run,
+    the export's preprocessing.json) has the checkpoint's statistics, crop and interpolation, not the ImageNet
+    family's (the centre 224 of 256, bilinear)."""
+    pytest.importorskip("safetensors")
+    import pretrained_reference as ref
+    from test_pretrained_convert import write_timm_folder
+
+    from keras_preact.models.sources import timm_crop_fraction
+    from keras_preact_training import evaluate
+
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", ref.random_state(18, num_classes=10, seed=2),
+                               crop_pct=0.9, std=[0.25] * 3)
+    argv = ["finetune-folder", "--architecture", "imagenet", "--depth", "18", "--image-size", "32", "32",
+            "--init-weights", str(folder), "--data-dir", str(flowers), "--epochs", "1", "--batch-size", "8",
+            "--run-dir", str(tmp_path / "run"), "--export-dir", str(tmp_path / "exported"),
+            "--cache-dir", str(tmp_path / "cache"), "--verbose", "0", "--jit-compile", TRAIN_JIT_COMPILE]
+    assert cli.main(argv) == 0
+    expected = {"input_size": [32, 32, 3], "mean": [127.5] * 3, "std": [63.75] * 3,
+                "crop_fraction": timm_crop_fraction(224, 0.9), "interpolation": "bicubic"}
+    run = tmp_path / "run"
+    assert json.loads((run / "config.json").read_text())["input_config"] == expected
+    assert keras.saving.load_model(run / "model.keras").input_config.to_dict() == expected
+    assert evaluate.resolve_model(str(run), None).input_config.to_dict() == expected
+    if sources.has_tensorflow():  # the SavedModel export: what serving reads
+        (version,) = (tmp_path / "exported" / "finetune-folder").iterdir()
+        assert json.loads((version / "assets" / "preprocessing.json").read_text()) == expected

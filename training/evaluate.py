@@ -107,9 +107,12 @@ def _registry_target(name, weights):
         raise ValueError(f"Invalid --weights: a registry model is evaluated with its trained weights, "
                          f"--weights NAME; for {name}: {allowed}.")
     trained = weights_lib.choose(name, spec.weights, weights)
-    trained.checked_path(name)  # the sha256, before anything is built
+    from keras_preact.models import sources
+
+    _, trained = sources.resolve(name, trained)  # the sha256 (a published checkpoint: fetched, converted), before anything is built
     return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=weights),
-                  spec.input_config, trained.class_names, {"top1_accuracy": trained.top1, "top5_accuracy": trained.top5})
+                  trained.input_config or spec.input_config, trained.class_names,  # a checkpoint's own preprocessing
+                  {"top1_accuracy": trained.top1, "top5_accuracy": trained.top5})
 
 
 def _run_target(path):

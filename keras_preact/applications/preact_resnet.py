@@ -9,6 +9,7 @@ import keras
 
 from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
+from keras_preact.models.class_names import imagenet_class_names
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
 from keras_preact.models.presets import KERAS_RESNET_V2_INPUT
 
@@ -167,6 +168,8 @@ def preact_resnet(
     input_shape = _input_shape(input_shape, input_tensor, include_top, weights)
     layout = layout or ("tf_slim" if weights == "imagenet" else "fb")
     extra = {"input_config": KERAS_RESNET_V2_INPUT} if weights == "imagenet" else {}
+    if weights == "imagenet" and include_top:  # the 1,000 ImageNet-1k classes of Keras' heads
+        extra["class_names"] = imagenet_class_names()
     model = imagenet_resnet(
         depth,
         classes,

@@ -117,7 +117,7 @@ def _class_names(model, class_names):
             trained = model_spec(model).weights
         except ValueError as e:
             raise ValueError(f"Invalid model={model!r}: {e}") from None
-        names = {spec.class_names for spec in trained.values() if spec.class_names}
+        names = {tuple(spec.class_names) for spec in trained.values() if spec.class_names}
         if len(names) != 1:
             why = ("it has no registered trained weights" if not trained else
                    "its registered trained weights carry no class names" if not names else

@@ -18,6 +18,7 @@ Examples:
 
 from keras_preact.models.backbone import PreActResNetBackbone
 from keras_preact.models.cifar import CIFAR_DEPTHS, cifar_resnet
+from keras_preact.models.class_names import imagenet_class_names
 from keras_preact.models.classifier import PreActResNetClassifier
 from keras_preact.models.finetune import set_trainable
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, LAYOUTS, imagenet_resnet
@@ -40,6 +41,7 @@ __all__ = [
     "cifar_resnet",
     "create_model",
     "get_input_config",
+    "imagenet_class_names",
     "imagenet_resnet",
     "list_models",
     "model_spec",

@@ -8,6 +8,7 @@ Trained weights are an entry's ``weights`` mapping (``CIFAR_WEIGHTS``), added in
 file in ``keras_preact/weights/``.
 """
 
+from keras_preact.models.class_names import IMAGENET1K_CLASSES
 from keras_preact.models.sources import timm_crop_fraction
 from keras_preact.preprocessing import InputConfig
 
@@ -35,7 +36,8 @@ CIFAR_WEIGHTS = {
 # Published ImageNet checkpoints of the pre-activation networks (``origin``: the ecosystem whose loader fetches
 # them, ``keras_preact.models.sources``). Each entry names the architecture it needs (``arguments``: the layout of
 # imagenet_resnet), its preprocessing, licence and published accuracy (fractions; None where the source
-# publishes none). Class names: ImageNet's synsets are not shipped; the model's head has num_classes outputs.
+# publishes none). Class names: the ImageNet-1k heads carry the 1,000 shipped names (class_names.IMAGENET1K_CLASSES,
+# read on first use); the ImageNet-21k heads (21,843 classes) carry none: no names list of them is shipped.
 # keras.applications ResNetV2: [-1, 1] pixels, the standard crop; accuracy from keras.io/api/applications.
 KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5))
 # timm's resnetv2 cfgs: IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
@@ -48,58 +50,59 @@ TIMM_BIT_IN21K_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5
 TIMM_BIT_448_INPUT = InputConfig(input_size=(448, 448, 3), mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
                                  crop_fraction=1.0)
 KERAS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+IMAGENET1K_HEAD = dict(num_classes=1000, class_names=IMAGENET1K_CLASSES)  # an ImageNet-1k checkpoint's head
 
 IMAGENET_RESNET18_WEIGHTS = {
-    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_18.ra4_e3600_r224_in1k", num_classes=1000,
+    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_18.ra4_e3600_r224_in1k", **IMAGENET1K_HEAD,
                           arguments={"layout": "timm"}, input_config=TIMM_RA4_INPUT, licence="Apache-2.0",
                           dataset="ImageNet-1k", top1=0.73572, top5=0.91356, source="timm resnetv2_18.ra4_e3600_r224_in1k"),
 }
 IMAGENET_RESNET34_WEIGHTS = {
-    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_34.ra4_e3600_r224_in1k", num_classes=1000,
+    "timm_ra4_in1k": dict(origin="timm", checkpoint="timm/resnetv2_34.ra4_e3600_r224_in1k", **IMAGENET1K_HEAD,
                           arguments={"layout": "timm"}, input_config=TIMM_RA4_INPUT, licence="Apache-2.0",
                           dataset="ImageNet-1k", top1=0.77626, top5=0.93518, source="timm resnetv2_34.ra4_e3600_r224_in1k"),
 }
 IMAGENET_RESNET50_WEIGHTS = {
     "imagenet": dict(origin="keras", checkpoint="resnet50v2_weights_tf_dim_ordering_tf_kernels.h5",
-                     checksum="md5:3ef43a0b657b3be2300d5770ece849e0", num_classes=1000, arguments={"layout": "tf_slim"},
+                     checksum="md5:3ef43a0b657b3be2300d5770ece849e0", **IMAGENET1K_HEAD, arguments={"layout": "tf_slim"},
                      input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.760,
                      top5=0.930, source=f"keras.applications.ResNet50V2(weights='imagenet'), {KERAS_URL}"),
-    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_50.a1h_in1k", num_classes=1000,
+    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_50.a1h_in1k", **IMAGENET1K_HEAD,
                           arguments={"layout": "timm"}, input_config=TIMM_A1H_INPUT, licence="Apache-2.0",
                           dataset="ImageNet-1k", top1=0.80410, top5=0.95082, source="timm resnetv2_50.a1h_in1k"),
     "timm_bit_in21k": dict(origin="timm", checkpoint="timm/resnetv2_50x1_bit.goog_in21k", num_classes=21843,
                            arguments={"layout": "bit"}, input_config=TIMM_BIT_IN21K_INPUT, licence="Apache-2.0",
                            dataset="ImageNet-21k", source="timm resnetv2_50x1_bit.goog_in21k (Big Transfer, BiT-M)"),
     "timm_bit_in21k_ft_in1k": dict(origin="timm", checkpoint="timm/resnetv2_50x1_bit.goog_in21k_ft_in1k",
-                                   num_classes=1000, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
+                                   **IMAGENET1K_HEAD, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
                                    licence="Apache-2.0", dataset="ImageNet-21k, fine-tuned on ImageNet-1k at 448",
                                    top1=0.80386, top5=0.95694, source="timm resnetv2_50x1_bit.goog_in21k_ft_in1k"),
     "keras_hub_imagenet": dict(origin="keras_hub", checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_50_imagenet/3",
-                               num_classes=1000, arguments={"layout": "timm"}, licence="Apache-2.0",
+                               **IMAGENET1K_HEAD, arguments={"layout": "timm"}, licence="Apache-2.0",
                                dataset="ImageNet-1k", source="keras-hub preset resnet_v2_50_imagenet"),
 }
 IMAGENET_RESNET101_WEIGHTS = {
     "imagenet": dict(origin="keras", checkpoint="resnet101v2_weights_tf_dim_ordering_tf_kernels.h5",
-                     checksum="md5:6343647c601c52e1368623803854d971", num_classes=1000, arguments={"layout": "tf_slim"},
+                     checksum="md5:6343647c601c52e1368623803854d971", **IMAGENET1K_HEAD, arguments={"layout": "tf_slim"},
                      input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.772,
                      top5=0.938, source=f"keras.applications.ResNet101V2(weights='imagenet'), {KERAS_URL}"),
-    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_101.a1h_in1k", num_classes=1000,
+    "timm_a1h_in1k": dict(origin="timm", checkpoint="timm/resnetv2_101.a1h_in1k", **IMAGENET1K_HEAD,
                           arguments={"layout": "timm"}, input_config=TIMM_A1H_INPUT, licence="Apache-2.0",
                           dataset="ImageNet-1k", top1=0.82042, top5=0.95866, source="timm resnetv2_101.a1h_in1k"),
     "timm_bit_in21k": dict(origin="timm", checkpoint="timm/resnetv2_101x1_bit.goog_in21k", num_classes=21843,
                            arguments={"layout": "bit"}, input_config=TIMM_BIT_IN21K_INPUT, licence="Apache-2.0",
                            dataset="ImageNet-21k", source="timm resnetv2_101x1_bit.goog_in21k (Big Transfer, BiT-M)"),
     "timm_bit_in21k_ft_in1k": dict(origin="timm", checkpoint="timm/resnetv2_101x1_bit.goog_in21k_ft_in1k",
-                                   num_classes=1000, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
+                                   **IMAGENET1K_HEAD, arguments={"layout": "bit"}, input_config=TIMM_BIT_448_INPUT,
                                    licence="Apache-2.0", dataset="ImageNet-21k, fine-tuned on ImageNet-1k at 448",
                                    top1=0.82332, top5=0.96524, source="timm resnetv2_101x1_bit.goog_in21k_ft_in1k"),
     "keras_hub_imagenet": dict(origin="keras_hub", checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_101_imagenet/3",
-                               num_classes=1000, arguments={"layout": "timm"}, licence="Apache-2.0",
+                               **IMAGENET1K_HEAD, arguments={"layout": "timm"}, licence="Apache-2.0",
                                dataset="ImageNet-1k", source="keras-hub preset resnet_v2_101_imagenet"),
 }
 IMAGENET_RESNET152_WEIGHTS = {
     "imagenet": dict(origin="keras", checkpoint="resnet152v2_weights_tf_dim_ordering_tf_kernels.h5",
-                     checksum="md5:a49b44d1979771252814e80f8ec446f9", num_classes=1000, arguments={"layout": "tf_slim"},
+                     checksum="md5:a49b44d1979771252814e80f8ec446f9", **IMAGENET1K_HEAD, arguments={"layout": "tf_slim"},
                      input_config=KERAS_RESNET_V2_INPUT, licence="Apache-2.0", dataset="ImageNet-1k", top1=0.780,
                      top5=0.942, source=f"keras.applications.ResNet152V2(weights='imagenet'), {KERAS_URL}"),
 }

@@ -90,7 +90,8 @@ class ModelSpec:
         needs = dict(spec.arguments)
         if spec.input_config is not None:
             needs["input_shape"] = tuple(spec.input_config.input_size)
-        return finetune.Source(label, spec.num_classes, spec.class_names, spec.input_config, path), needs
+        names = tuple(spec.class_names) if spec.class_names else None  # shipped names are read here, on first use
+        return finetune.Source(label, spec.num_classes, names, spec.input_config, path), needs
 
     def _build_from(self, source, needs, overrides):
         """The source's classifier (its classes), or its backbone under a new head (other classes)."""

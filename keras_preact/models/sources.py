@@ -22,6 +22,7 @@ import socket
 import tempfile
 import urllib.parse
 
+from keras_preact.models.class_names import ClassNames
 from keras_preact.preprocessing import InputConfig
 
 ORIGINS = ("keras", "timm", "keras_hub")
@@ -54,8 +55,10 @@ def parse_entry(where, name, entry, spec_class):
     if config is not None and not isinstance(config, InputConfig):
         raise ValueError(f"Invalid {where}: input_config must be a keras_preact.preprocessing.InputConfig.")
     names = entry.get("class_names")
+    if names and len(names) != classes:
+        raise ValueError(f"Invalid {where}: {len(names)} class_names for num_classes={classes}.")
     entry = {**entry, "arguments": dict(entry.get("arguments") or {}),
-             "class_names": tuple(names) if names else None}
+             "class_names": (names if isinstance(names, ClassNames) else tuple(names)) if names else None}
     return spec_class(name=name, **entry)
 
 
@@ -279,6 +282,44 @@ def _timm_input_config(pretrained_cfg):
                        interpolation="bicubic" if interpolation == "bicubic" else "bilinear")
 
 
+KERAS_HUB_CONVERTER_FILES = ("image_converter.json", "preprocessor.json")  # where a keras-hub preset keeps its converter
+
+
+def keras_hub_input_config(preset, default):
+    """An InputConfig from a keras-hub preset folder's image converter, loaded with keras-hub's own loader
+    (``keras_hub.models.ImageClassifierPreprocessor.from_preset(preset).image_converter``, which reads the preset's
+    ``preprocessor.json`` or ``image_converter.json``); ``default`` for a preset without one.
+
+    The converter computes ``pixels * scale + offset`` (0-255 pixels in), i.e. ``(pixels - mean) / std`` with
+    ``std = 1 / scale`` and ``mean = -offset / scale``; ``image_size`` is the input size (``default``'s where None);
+    its ``interpolation`` is kept. The view is the centre crop of the image's largest region of the input's aspect
+    ratio, resized (``crop_fraction=1.0``): keras-hub's ``crop_to_aspect_ratio=True``, its default. InputConfig has
+    no squashing resize (``crop_to_aspect_ratio=False``) nor padding (``pad_to_aspect_ratio=True``): such a
+    preset gets the same crop_fraction 1.0 view, which equals keras-hub's on images of the input's aspect ratio."""
+    preset = pathlib.Path(preset)
+    if not any((preset / name).is_file() for name in KERAS_HUB_CONVERTER_FILES):
+        return default
+    import keras_hub
+    import numpy as np
+
+    converter = keras_hub.models.ImageClassifierPreprocessor.from_preset(str(preset)).image_converter
+    if converter is None:
+        return default
+    config = converter.get_config()
+    scale = np.broadcast_to(np.asarray(1.0 if config.get("scale") is None else config["scale"], "float64"), (3,))
+    offset = np.broadcast_to(np.asarray(0.0 if config.get("offset") is None else config["offset"], "float64"), (3,))
+    size = config.get("image_size")
+    try:
+        if not np.all(scale > 0):
+            raise ValueError(f"scale={config['scale']!r} must be positive")
+        return InputConfig(input_size=(*size, 3) if size is not None else default.input_size,
+                           mean=tuple(float(v) for v in -offset / scale), std=tuple(float(v) for v in 1.0 / scale),
+                           crop_fraction=1.0, interpolation=config.get("interpolation", "bilinear"))
+    except ValueError as error:
+        raise ValueError(f"Invalid weights={str(preset)!r}: its keras-hub image converter does not give an input "
+                         f"config ({error}).") from None
+
+
 def timm_crop_fraction(size, crop_pct):
     """The crop fraction whose ``InputConfig.resize_size`` is timm's ``floor(size / crop_pct)``."""
     import math
@@ -325,7 +366,7 @@ def local_spec(model_name, weights):
         config = json.loads(config_json.read_text())
         kind, extra["input_config"] = "timm", _timm_input_config(config.get("pretrained_cfg", {}))
     elif path.is_dir() and config_json.is_file():
-        kind, extra["input_config"] = "keras_hub", IMAGENET_INPUT
+        kind, extra["input_config"] = "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT)
     elif path.name.endswith(".weights.h5"):
         kind = "package"
     elif path.suffix == ".h5":
@@ -343,6 +384,11 @@ def local_spec(model_name, weights):
 def resolve(model_name, spec):
     """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes)."""
     path = spec.checked_path(model_name) if spec.origin != "file" else converted_path(model_name, spec)
+    if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
+        from keras_preact.models.presets import IMAGENET_INPUT
+
+        spec = dataclasses.replace(spec, input_config=keras_hub_input_config(fetch_keras_hub(spec),
+                                                                             spec.input_config or IMAGENET_INPUT))
     if spec.origin == "file" and spec.source != "package":
         import h5py
 

@@ -29,14 +29,21 @@ def _invalid(source, problem):
 
 
 def input_config_for(config, mean, std):
-    """The ``InputConfig`` a run's model is evaluated (and served) with: its family's evaluation crop
-    (``presets.FAMILY_INPUTS``: CIFAR the whole image, ImageNet the centre 224 of 256), or a larger test crop
-    as ``at_test_size``."""
+    """The ``InputConfig`` a run's model is evaluated (and served) with: its family's evaluation view
+    (``presets.FAMILY_INPUTS``: CIFAR the whole image, ImageNet the centre 224 of 256, bilinear), or with
+    ``init_weights`` the view those weights were trained for (a timm checkpoint's crop_pct and interpolation,
+    ``recipe.model.init_input_config``); a larger test crop as ``at_test_size``."""
+    view = FAMILY_INPUTS[config.architecture]
+    if config.init_weights:
+        from ..recipe.model import init_input_config
+
+        view = init_input_config(config)
     train = InputConfig(
         input_size=(*config.image_size, 3),
         mean=mean,
         std=std,
-        crop_fraction=FAMILY_INPUTS[config.architecture].crop_fraction,
+        crop_fraction=view.crop_fraction,
+        interpolation=view.interpolation,
     )
     if config.eval_image_size and tuple(config.eval_image_size) != tuple(config.image_size):
         return train.at_test_size(tuple(config.eval_image_size))
