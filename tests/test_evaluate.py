@@ -15,6 +15,7 @@ from keras_preact.models import create_model, get_input_config, register_model
 from keras_preact.models.registry import unregister_model
 from keras_preact.models.weights import sha256_of
 from keras_preact_training import evaluate as evaluate_lib
+from keras_preact_training.data import sources
 from keras_preact_training.run.manifest import RunManifest
 from support import assert_printed_fractions, misnamed_metrics, randomize_statistics, to_numpy
 
@@ -196,7 +197,7 @@ def test_images_needing_the_evaluation_view_say_they_need_tensorflow(tmp_path, c
     try:
         images = np.random.default_rng(1).integers(0, 256, (6, 20, 24, 3), dtype=np.uint8)
         _write_folder(tmp_path / "data", images, np.arange(6))
-        monkeypatch.setattr(evaluate_lib.sources, "has_tensorflow", lambda: False)
+        monkeypatch.setattr(sources, "has_tensorflow", lambda: False)
         with pytest.raises(SystemExit) as exit_info:
             evaluate_lib.main(["test_eval_view", "--weights", "toy", "--data-dir", str(tmp_path / "data")])
         assert exit_info.value.code == 2

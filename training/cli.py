@@ -122,18 +122,15 @@ def config_from_args(args, parser):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--backend", default="auto")
-    early.add_argument("--backend-probe-steps", type=int, default=backends.PROBE_STEPS)
-    early.add_argument("--dry-run", action="store_true")
-    early.add_argument("-h", "--help", action="store_true")
-    known = early.parse_known_args(argv)[0]
+    # The parser is standard library only (recipe.configs, recipe.flags): --help and a bad flag are answered
+    # before a backend is measured or Keras loads.
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
-        if known.backend_probe_steps < 1:
-            raise ValueError(f"Invalid --backend-probe-steps {known.backend_probe_steps}: at least 1 is required.")
+        if args.backend_probe_steps < 1:
+            raise ValueError(f"Invalid --backend-probe-steps {args.backend_probe_steps}: at least 1 is required.")
         # The backends are measured on this run's model in subprocesses: Keras is not imported here yet.
-        backends.select(known.backend, argv=None if known.help else argv, dry_run=known.dry_run,
-                        steps=known.backend_probe_steps)
+        backends.select(args.backend, argv=argv, dry_run=args.dry_run, steps=args.backend_probe_steps)
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
@@ -141,8 +138,6 @@ def main(argv=None):
     from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     config = config_from_args(args, parser)
     if args.dry_run:
         try:

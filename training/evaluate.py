@@ -22,6 +22,8 @@ limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, be
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
+from __future__ import annotations  # Target's InputConfig: imported where a model is resolved
+
 if __name__ == "__main__":  # python -m keras_preact_training.evaluate: quiet start-up as the console scripts, before Keras loads
     from .machine.start_up import run_module
 
@@ -35,12 +37,9 @@ import zipfile
 
 import numpy as np
 
-from keras_preact.preprocessing import InputConfig
-from keras_preact.scratch import atomic_path
-
-from .data import pipelines, sources
+# Standard library, numpy and memory_guard only at the top: ``--help`` and a bad flag are answered (``build_parser``)
+# before Keras loads. Keras, the library and the data modules are imported where they are used.
 from .machine import memory_guard
-from .run.manifest import RunManifest
 
 __all__ = ["evaluate", "resolve_data", "resolve_model"]  # the Python API; main is the command line's
 
@@ -51,7 +50,7 @@ class Target:
 
     label: str
     load: object  # () -> keras.Model
-    input_config: InputConfig
+    input_config: InputConfig  # noqa: F821 - keras_preact.preprocessing's, imported where a model is resolved
     class_names: tuple = None
     registered: dict = dataclasses.field(default_factory=dict)  # the registry's top1/top5 as top1_accuracy/top5_accuracy
 
@@ -113,6 +112,7 @@ def _registry_target(name, weights):
 
 def _run_target(path):
     from .export import load_run_model
+    from .run.manifest import RunManifest
 
     manifest = RunManifest.read(path)
     if not (path / "model.keras").is_file():
@@ -123,7 +123,10 @@ def _run_target(path):
 
 
 def _keras_target(path):
+    from keras_preact.preprocessing import InputConfig
+
     from .export import load_run_model
+    from .run.manifest import RunManifest
 
     if not path.is_file():
         raise ValueError(f"Invalid model={str(path)!r}: no such .keras file.")
@@ -161,6 +164,8 @@ def resolve_data(dataset, data_dir, cache_dir=None):
         ...
         keras_preact_training.data.sources.DataError: data_dir='no/such/folder' is not a directory. ...
     """
+    from .data import sources
+
     if dataset == "folder":
         _, test_dir = sources.folder_splits(data_dir)
         files, labels, classes = sources._list_folder(test_dir)
@@ -186,6 +191,8 @@ def resolve_data(dataset, data_dir, cache_dir=None):
 
 def _image_size(file):
     from PIL import Image
+
+    from .data import sources
 
     try:
         with Image.open(file) as image:
@@ -232,6 +239,8 @@ def class_mismatch(model_names, data_names):
 
 def check_match(target, data):
     """The data's classes are the model's, and images of another size can be viewed (TensorFlow)."""
+    from .data import sources
+
     if target.class_names is not None and list(target.class_names) != list(data.class_names):
         raise ValueError(class_mismatch(target.class_names, data.class_names))
     if not as_arrays(target, data):
@@ -244,6 +253,8 @@ def check_match(target, data):
 
 def evaluation_data(target, data, batch_size):
     """Training's evaluation input: normalized arrays, or the evaluation view in tf.data."""
+    from .data import pipelines
+
     config = target.input_config
     mean, std = np.asarray(config.mean, np.float32), np.asarray(config.std, np.float32)
     if as_arrays(target, data):
@@ -320,6 +331,8 @@ def summary(target, data, metrics):
 
 def write_json(path, target, data, metrics):
     import keras
+
+    from keras_preact.scratch import atomic_path
 
     report = {**metrics, "model": target.label, "data": data.label, "backend": keras.backend.backend(),
               "input_config": target.input_config.to_dict()}
