@@ -24,7 +24,7 @@ from starlette.routing import Route
 
 import keras_preact
 from keras_preact_serving import batching, metrics, openapi, rest, v2
-from keras_preact_serving.batching import FlagRecord, flag
+from keras_preact_serving.flags import RequestLimits  # noqa: F401 - make_server's and the flags' record, here as before
 from keras_preact_serving.metrics import ServingMetrics
 from keras_preact_serving.rest import RequestError
 
@@ -32,31 +32,6 @@ JSON = "application/json"
 LIVE_PATH, READY_PATH = "/v2/health/live", "/v2/health/ready"  # the Open Inference Protocol's
 SERVICE_PATHS = (metrics.PATH, LIVE_PATH, READY_PATH, openapi.PATH)  # answered before the model is ready; not counted
 LOAD_POLL_S = 0.05  # how often a request waiting for the model (``ServingState.wait_for_load``) looks
-
-
-@dataclasses.dataclass(frozen=True)
-class RequestLimits(FlagRecord):
-    """What one request (and, in the local server, one connection: ``server_only``) may use."""
-
-    max_body_bytes: int = flag(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
-    max_bodies_in_flight_bytes: int = flag(256 * 1024 * 1024, "bytes of request bodies held at once by all requests in "
-                                                              "flight, REST and gRPC (503 beyond); at least --max-body-bytes")
-    max_batch_size: int = flag(256, "examples per request (413 above)")
-    max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
-    max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
-    max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
-    request_timeout: float = flag(30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
-    max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
-
-    def __post_init__(self):
-        super().__post_init__()
-        if self.max_bodies_in_flight_bytes < self.max_body_bytes:
-            raise ValueError(f"Invalid max_bodies_in_flight_bytes={self.max_bodies_in_flight_bytes!r}: expected at least "
-                             f"max_body_bytes={self.max_body_bytes!r} (one whole body).")
-
-    def model_limits(self):
-        """The limits ``rest.check_inputs`` applies (keyword arguments)."""
-        return {name: getattr(self, name) for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
 
 
 TRIM_BYTES = 1024 * 1024  # a body at least this large, once released, returns the heap's free memory to the system
@@ -147,6 +122,19 @@ class Call:
     api: str = ""
     model: str = ""
     signature: str = ""
+    # Seconds of an inference request's phases, as Triton's statistics extension names them (``metrics.PHASES``):
+    # compute_input (its tensors decoded and checked), queue (waiting for a thread or a batch), compute_infer (the
+    # model call that ran it), compute_output (its reply encoded).
+    phases: dict = dataclasses.field(default_factory=dict)
+
+
+def timed(call, phase, function, *args, **kwargs):
+    """``function(*args, **kwargs)``, its seconds added to ``call.phases[phase]`` (in the thread that runs it)."""
+    started = time.perf_counter()
+    try:
+        return function(*args, **kwargs)
+    finally:
+        call.phases[phase] = call.phases.get(phase, 0.0) + time.perf_counter() - started
 
 
 def decode_predict(model, body, call, **limits):
@@ -317,12 +305,22 @@ async def read_body(request, limits, share):
         raise _CloseAfter(f"The request body did not arrive within {limits.request_timeout} s.", 408) from None
 
 
-async def run_predict(state, signature_name, inputs):
-    """(outputs, headers naming the model call when batching) of a decoded predict request."""
+async def run_predict(state, signature_name, inputs, call=None):
+    """(outputs, headers naming the model call when batching) of a decoded predict request; ``call``'s phases get
+    the model call's seconds (compute_infer) and the rest of the wait for it (queue: a thread, or a batch)."""
+    started = time.perf_counter()
     if state.batcher is None:
-        return await run_in_threadpool(state.predict, state.model, signature_name, inputs), {}
-    result = await state.batcher.submit(signature_name, inputs)
-    return result.outputs, {"X-Batch-Id": str(result.call), "X-Batch-Size": str(result.call_size)}
+        infer = Call()
+        outputs = await run_in_threadpool(timed, infer, "compute_infer", state.predict, state.model, signature_name, inputs)
+        seconds, headers = infer.phases["compute_infer"], {}
+    else:
+        result = await state.batcher.submit(signature_name, inputs)
+        outputs, seconds = result.outputs, result.seconds
+        headers = {"X-Batch-Id": str(result.call), "X-Batch-Size": str(result.call_size)}
+    if call is not None:
+        call.phases["compute_infer"] = seconds
+        call.phases["queue"] = max(time.perf_counter() - started - seconds, 0.0)
+    return outputs, headers
 
 
 def _decode_infer(model, body, header_length, call, limits):
@@ -378,10 +376,12 @@ async def v1_predict(request):
     requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/PredictRequest'}}}}
     responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}"""
     state, model = _served(request)
-    signature_name, inputs, mode = await run_in_threadpool(decode_predict, model, await request.body(),
-                                                           request.state.call, **state.limits.model_limits())
-    outputs, headers = await run_predict(state, signature_name, inputs)
-    return Response(await run_in_threadpool(rest.encode_outputs, outputs, mode), headers=headers, media_type=JSON)
+    call = request.state.call
+    signature_name, inputs, mode = await run_in_threadpool(timed, call, "compute_input", decode_predict, model,
+                                                           await request.body(), call, **state.limits.model_limits())
+    outputs, headers = await run_predict(state, signature_name, inputs, call)
+    return Response(await run_in_threadpool(timed, call, "compute_output", rest.encode_outputs, outputs, mode), headers=headers,
+                    media_type=JSON)
 
 
 async def v1_unsupported(request):
@@ -442,11 +442,12 @@ async def v2_infer(request):
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise RequestError(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; "
                            "send the body uncompressed.", 415)
+    call = request.state.call
     infer, signature_name, inputs = await run_in_threadpool(
-        _decode_infer, model, await request.body(), request.headers.get(v2.HEADER_LENGTH), request.state.call,
+        timed, call, "compute_input", _decode_infer, model, await request.body(), request.headers.get(v2.HEADER_LENGTH), call,
         state.limits.model_limits())
-    outputs, headers = await run_predict(state, signature_name, inputs)
-    reply, more = await run_in_threadpool(v2.encode_reply, model, infer, outputs)
+    outputs, headers = await run_predict(state, signature_name, inputs, call)
+    reply, more = await run_in_threadpool(timed, call, "compute_output", v2.encode_reply, model, infer, outputs)
     return Response(reply, headers={**headers, **more}, media_type="application/octet-stream" if more else JSON)
 
 
@@ -584,7 +585,8 @@ class _Served:
             route = scope.get("route")
             if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:
                 call.api = route.name
-            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0], time.perf_counter() - started)
+            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0], time.perf_counter() - started,
+                                               call.phases)
 
 
 def create_app(state):

@@ -1,66 +1,17 @@
-"""Dynamic batching, as TF Serving's ``--enable_batching`` (docs/export-and-serving.md, "Dynamic batching");
-``FlagRecord``, records of flags."""
+"""Dynamic batching, as TF Serving's ``--enable_batching`` (docs/export-and-serving.md, "Dynamic batching"), with the
+options of ``keras_preact_serving.flags.BatchingOptions``."""
 
 import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import math
 import threading
 import time
 
 import numpy as np
 
+from keras_preact_serving.flags import BatchingOptions, FlagRecord, check_number, flag  # noqa: F401 - as before
 from keras_preact_serving.rest import RequestError
-
-
-def check_number(argument, value, *, real=False, at_least=None):
-    """ValueError naming ``argument`` unless ``value`` is a positive integer (``real``: finite number, >= ``at_least``)."""
-    is_number = not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
-    if not real:
-        valid, expected = is_number and value >= 1, "a positive integer"
-    else:
-        valid = is_number and (0 < value if at_least is None else at_least <= value) and value < math.inf
-        expected = "a positive number" if at_least is None else f"a number >= {at_least:g}"
-    if not valid:
-        raise ValueError(f"Invalid {argument}={value!r}: expected {expected}.")
-
-
-def flag(default, help, *, at_least=None, server_only=False):  # noqa: A002 - argparse's word
-    """A ``FlagRecord`` field: default, help, a float's lower bound, whether only ``keras-preact-serve`` has it."""
-    return dataclasses.field(default=default, metadata={"help": help, "at_least": at_least, "server_only": server_only})
-
-
-class FlagRecord:
-    """A frozen dataclass whose fields are flags (``--batching-max-size``) and ``make_server`` arguments, checked."""
-
-    def __post_init__(self):
-        for field in dataclasses.fields(self):
-            check_number(field.name, getattr(self, field.name), real=field.type is float, at_least=field.metadata["at_least"])
-
-    @classmethod
-    def add_arguments(cls, parser, *, server_only=True):
-        """One flag per field (without the ``server_only`` ones unless asked), defaults as the record's."""
-        for field in dataclasses.fields(cls):
-            if server_only or not field.metadata["server_only"]:
-                parser.add_argument("--" + field.name.replace("_", "-"), type=field.type, default=field.default,
-                                    help=f"{field.metadata['help']} (default %(default)s)")
-
-    @classmethod
-    def from_args(cls, args):
-        """The record of parsed flags (``add_arguments``); a field without its flag keeps its default."""
-        return cls(**{f.name: getattr(args, f.name) for f in dataclasses.fields(cls) if hasattr(args, f.name)})
-
-
-@dataclasses.dataclass(frozen=True)
-class BatchingOptions(FlagRecord):
-    """How a ``Batcher`` merges requests (each field's help says how)."""
-
-    batching_max_size: int = flag(32, "examples in one model call; a larger request runs alone (TF Serving's max_batch_size)")
-    batching_timeout_ms: float = flag(0.0, "the longest the oldest request of a batch waits for more (0: batch "
-                                           "what is queued when the model is free)", at_least=0)
-    batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond)")
-    batching_threads: int = flag(1, "batches run at once")
 
 
 @dataclasses.dataclass
@@ -79,11 +30,12 @@ class BatchingStats:
 
 @dataclasses.dataclass(frozen=True)
 class BatchResult:
-    """A request's outputs, the model call that ran it (numbered from 1) and the examples that call held."""
+    """A request's outputs, the model call that ran it (numbered from 1), the examples that call held and its seconds."""
 
     outputs: dict
     call: int
     call_size: int
+    seconds: float = 0.0
 
 
 @dataclasses.dataclass(eq=False)
@@ -226,21 +178,23 @@ class Batcher:
         return batch
 
     def _call(self, signature_name, inputs, size):
-        """(outputs, call number) of one call of the wrapped ``predict``."""
+        """(outputs, call number, seconds) of one call of the wrapped ``predict``."""
         with self._condition:
             self._stats.model_calls += 1
             self._stats.batch_sizes[size] += 1
             self._stats.calls_by_signature[signature_name] += 1
             number = self._stats.model_calls
-        return self._predict(signature_name, inputs), number
+        started = time.perf_counter()
+        outputs = self._predict(signature_name, inputs)
+        return outputs, number, time.perf_counter() - started
 
     def _run_alone(self, pending):
         try:
-            outputs, number = self._call(pending.signature_name, pending.inputs, pending.size)
+            outputs, number, seconds = self._call(pending.signature_name, pending.inputs, pending.size)
         except Exception as error:  # noqa: BLE001 - the caller's own error, raised in its thread
             pending.future.set_exception(error)
         else:
-            pending.future.set_result(BatchResult(outputs, number, pending.size))
+            pending.future.set_result(BatchResult(outputs, number, pending.size, seconds))
 
     def _run(self, batch):
         if len(batch) == 1:
@@ -250,7 +204,7 @@ class Batcher:
             merged = {name: np.concatenate([p.inputs[name] for p in batch]) for name in batch[0].inputs}
             with self._condition:
                 self._stats.merged_calls += 1
-            outputs, number = self._call(batch[0].signature_name, merged, total)
+            outputs, number, seconds = self._call(batch[0].signature_name, merged, total)
             outputs = {name: np.asarray(v) for name, v in outputs.items()}
             unbatched = [name for name, v in outputs.items() if v.ndim == 0 or v.shape[0] != total]
             if unbatched:
@@ -264,6 +218,6 @@ class Batcher:
         start = 0
         for pending in batch:
             rows = {name: v[start:start + pending.size].copy() for name, v in outputs.items()}
-            pending.future.set_result(BatchResult(rows, number, total))
+            pending.future.set_result(BatchResult(rows, number, total, seconds))
             start += pending.size
 

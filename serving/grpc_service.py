@@ -17,7 +17,7 @@ from tensorflow_serving.apis import (
 )
 
 from keras_preact_serving import rest
-from keras_preact_serving.app import Call, run_predict
+from keras_preact_serving.app import Call, run_predict, timed
 from keras_preact_serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
@@ -144,7 +144,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
             status, details = rest.error_status(error)
             code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
-        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name, time.perf_counter() - started)
+        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name, time.perf_counter() - started,
+                                           call.phases)
         if code != grpc.StatusCode.OK:
             await context.abort(code, details)
         return reply
@@ -152,11 +153,13 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
         async def predict(model, call):
             limits = self.state.limits.model_limits()
-            signature_name, inputs = await run_in_threadpool(decode_predict_request, model, request, call, **limits)
-            outputs, headers = await run_predict(self.state, signature_name, inputs)
+            signature_name, inputs = await run_in_threadpool(timed, call, "compute_input", decode_predict_request, model,
+                                                             request, call, **limits)
+            outputs, headers = await run_predict(self.state, signature_name, inputs, call)
             if headers:  # the model call that ran a batched request
                 context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
-            return await run_in_threadpool(encode_predict_response, model, signature_name, outputs, list(request.output_filter))
+            return await run_in_threadpool(timed, call, "compute_output", encode_predict_response, model, signature_name,
+                                           outputs, list(request.output_filter))
 
         return await self._answer(context, "grpc:predict", predict)
 

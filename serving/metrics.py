@@ -12,6 +12,9 @@ API_NAMES = ("v1:status", "v1:metadata", "v1:predict", "v2:server_metadata", "v2
              "v2:infer", "v2:model_config", "v2:model_stats", "v2:repository_index", "grpc:status", "grpc:metadata",
              "grpc:predict", "")
 INFERENCE_APIS = ("v1:predict", "v2:infer", "grpc:predict")
+# The phases of an inference request Triton's statistics extension times (``app.Call.phases``): each successful
+# request's count and seconds, beside its "success" (the whole request) and "fail".
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
 BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 examples
 
@@ -35,23 +38,29 @@ class ServingMetrics:
                                                    registry=self.registry)
         self.model_ready = prometheus_client.Gauge(
             prefix + "model_ready", "1 once the model is loaded and warmed up.", ["model"], registry=self.registry)
-        self.inferences = {}  # model -> {"success"|"fail": [requests, seconds], "last": time.time() of the last}
+        self.inferences = {}  # model -> {"success"|"fail"|PHASES: [requests, seconds], "last": time.time() of the last}
 
     def model_started(self, model_name, queued):
         """Call once the model ``model_name`` is ready; ``queued()`` says how many requests wait for a batch."""
         self.queue_depth.labels(model_name).set_function(queued)
         self.model_ready.labels(model_name).set(1)
 
-    def observe_request(self, model, api, signature, code, seconds):
+    def observe_request(self, model, api, signature, code, seconds, phases=None):
+        """One request answered with ``code`` after ``seconds``; an inference request's ``phases`` ({PHASES name:
+        seconds}) are tallied when it succeeded."""
         if api not in API_NAMES:
             raise ValueError(f"Invalid api={api!r}: expected one of {API_NAMES}.")
         self.requests.labels(model, api, signature, str(code)).inc()
         self.latency.labels(model, api, signature).observe(seconds)
         if api in INFERENCE_APIS:
-            tally = self.inferences.setdefault(model, {"success": [0, 0.0], "fail": [0, 0.0]})
-            outcome = tally["success" if str(code) in ("200", "OK") else "fail"]
-            outcome[0] += 1
-            outcome[1] += seconds
+            tally = self.inferences.setdefault(model, {name: [0, 0.0] for name in ("success", "fail", *PHASES)})
+            success = str(code) in ("200", "OK")
+            timed = [("success" if success else "fail", seconds)]
+            if success:
+                timed += [(phase, phases[phase]) for phase in PHASES if phase in (phases or {})]
+            for name, value in timed:
+                tally[name][0] += 1
+                tally[name][1] += value
             tally["last"] = time.time()
 
     def observe_batch(self, model, signature, size):

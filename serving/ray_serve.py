@@ -1,7 +1,6 @@
 """``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
 the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serve")."""
 
-import argparse
 import dataclasses
 import errno
 import functools
@@ -16,16 +15,13 @@ import threading
 import ray
 from ray import serve
 
+from keras_preact_serving import flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.batching import BatchingOptions, check_number
-from keras_preact_serving.servable import RUNTIMES, Servable, check_runtime
+from keras_preact_serving.flags import DEFAULT_BATCHING_MAX_SIZE, DEFAULT_BATCHING_TIMEOUT_MS, DEFAULT_REPLICAS, MAX_REPLICAS_PER_NODE
+from keras_preact_serving.servable import Servable, check_runtime
 from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
 
-DEFAULT_PORT = 8000  # Ray Serve's HTTP port
-DEFAULT_REPLICAS = 1
-DEFAULT_BATCHING_MAX_SIZE = 32  # each replica's batcher (``BatchingOptions``): at most this many examples a call
-DEFAULT_BATCHING_TIMEOUT_MS = 5.0  # and the oldest request waits this long for more
-MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
 PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "keras_preact_serving.connections.ray_proxy_setup_hook"}
 
 
@@ -101,36 +97,7 @@ def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, batchin
     return deployment.bind()
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-preact-serve-ray",
-        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2) from Ray Serve replicas.")
-    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})")
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address Ray Serve's proxy binds on every node (default 127.0.0.1, loopback only)")
-    parser.add_argument("--address", default=None,
-                        help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)")
-    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--batching-max-size", type=int, default=DEFAULT_BATCHING_MAX_SIZE,
-                        help="examples in one model call of a replica; a larger request runs alone (as keras-preact-serve's)")
-    parser.add_argument("--batching-timeout-ms", type=float, default=DEFAULT_BATCHING_TIMEOUT_MS,
-                        help="milliseconds the oldest request of a replica's batch waits for more (as keras-preact-serve's)")
-    parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
-    parser.add_argument("--max-replicas-per-node", type=int, default=None,
-                        help=f"most replicas Ray places on one node, 1-{MAX_REPLICAS_PER_NODE} (default: no limit; 1 "
-                             "spreads the replicas one per node)")
-    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance started here (default: all)")
-    parser.add_argument("--object-store-memory", type=int, default=None,
-                        help="bytes of the object store of the Ray instance started here (default: Ray's)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
-                        help="what runs serving_default, as keras-preact-serve's --runtime (default auto: the fastest "
-                             "installed for a format the version holds)")
-    RequestLimits.add_arguments(parser.add_argument_group("request limits"), server_only=False)
-    return parser
-
+build_parser = flags.ray_parser  # the parser, standard library only (keras_preact_serving.flags)
 
 def _stop(signum, frame):
     raise KeyboardInterrupt

@@ -15,11 +15,9 @@ from keras_preact.export.formats import FORMATS
 from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
 from keras_preact.preprocessing import InputConfig
 from keras_preact_serving import rest
+from keras_preact_serving.flags import RUNTIME_SPEED_ORDER, RUNTIMES  # fastest first on CPU; the --runtime choices
 from keras_preact_serving.rest import RequestError
 
-# Fastest first on CPU, as measured in BENCHMARKS.md, "Export runtimes".
-RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
-RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 PIXELS_SIGNATURE = "serving_default"  # the one signature every format holds
 # The file that marks each format in a version folder, and the modules that run it: the export's table.
 ARTIFACTS = {name: FORMATS[name].files[0] for name in RUNTIME_SPEED_ORDER}

@@ -1,7 +1,6 @@
 """``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its event loop, for the
 newest version that loads; it binds first and loads in the background (docs/export-and-serving.md)."""
 
-import argparse
 import asyncio
 import dataclasses
 import errno
@@ -16,12 +15,12 @@ import threading
 import uvicorn
 from uvicorn._compat import asyncio_run
 
-from keras_preact_serving import batching
+from keras_preact_serving import batching, flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.connections import BoundedH11Protocol
-from keras_preact_serving.servable import RUNTIMES, NoVersionLoads, Servable, check_runtime, one_line
+from keras_preact_serving.flags import DEFAULT_ENABLE_BATCHING
+from keras_preact_serving.servable import NoVersionLoads, Servable, check_runtime, one_line
 
-DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
 GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact_serving.grpc_service imports
@@ -187,31 +186,7 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     return server
 
 
-def build_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-preact-serve",
-        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2), with Prometheus metrics.")
-    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
-    parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
-    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--grpc-port", type=int, default=None,
-                        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this port (TF "
-                             "Serving's is 8500; 0: any free port; default: no gRPC). Needs TensorFlow and "
-                             "pip install 'keras-preact[grpc]'")
-    RequestLimits.add_arguments(parser.add_argument_group("request limits"))
-    batching_flags = parser.add_argument_group(
-        "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
-    batching_flags.add_argument("--enable-batching", action=argparse.BooleanOptionalAction, default=DEFAULT_ENABLE_BATCHING,
-                                help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})")
-    batching.BatchingOptions.add_arguments(batching_flags)
-    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
-                        help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
-                             "the fastest installed for a format the version holds; the SavedModel's other "
-                             "signatures run on TensorFlow")
-    parser.add_argument("--verbose", action="store_true", help="log every request")
-    return parser
+build_parser = flags.serve_parser  # the parser, standard library only (keras_preact_serving.flags)
 
 
 def main(argv=None):

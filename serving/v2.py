@@ -9,6 +9,7 @@ import struct
 import numpy as np
 
 from keras_preact_serving import rest
+from keras_preact_serving.metrics import PHASES
 from keras_preact_serving.rest import RequestError
 
 HEADER_LENGTH = "inference-header-content-length"  # Triton's binary tensor data extension
@@ -28,9 +29,10 @@ def datatype_of(dtype):
     return "BYTES" if dtype.kind in "OSU" else _NUMPY_DATATYPES[dtype.name]
 
 
-# Triton's names of the protocol extensions this server serves: binary tensor data, the classification
-# output parameter, GET /v2/models/NAME/config, /v2/models[/NAME]/stats and POST /v2/repository/index.
-EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics", "model_repository")
+# Triton's names of the protocol extensions this server serves whole: binary tensor data, the classification
+# output parameter, GET /v2/models/NAME/config and GET /v2/models[/NAME[/versions/V]]/stats. Not model_repository:
+# of its routes only POST /v2/repository/index is served (one model, loaded at start: no load or unload).
+EXTENSIONS = ("binary_tensor_data", "classification", "model_configuration", "statistics")
 
 
 def server_metadata(version):
@@ -72,12 +74,12 @@ def model_config(model, max_batch_size, batching=None):
 def model_statistics(model, metrics):
     """Triton's statistics of the served version, from the app's ``metrics.ServingMetrics``."""
     calls, examples = metrics.model_calls(model.name)
-    tally = metrics.inferences.get(model.name, {"success": (0, 0), "fail": (0, 0)})
+    tally = metrics.inferences.get(model.name, {})
     return {"model_stats": [{
         "name": model.name, "version": str(model.version), "last_inference": round(tally.get("last", 0) * 1000),
         "inference_count": examples, "execution_count": calls,
-        "inference_stats": {outcome: {"count": tally[outcome][0], "ns": round(tally[outcome][1] * 1e9)}
-                            for outcome in ("success", "fail")}}]}
+        "inference_stats": {name: {"count": tally.get(name, (0, 0))[0], "ns": round(tally.get(name, (0, 0))[1] * 1e9)}
+                            for name in ("success", "fail", *PHASES)}}]}
 
 
 def repository_index(model):

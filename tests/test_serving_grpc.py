@@ -417,6 +417,32 @@ def test_grpc_requests_are_counted_and_timed_in_the_metrics(served_both_ways):
     assert grown(latency + "_count", model="cifar", api="grpc:metadata", signature="") == 1
 
 
+def inference_stats(rest_port):
+    """The served model's Triton statistics (``inference_stats``), read over REST."""
+    conn = http.client.HTTPConnection("127.0.0.1", rest_port, timeout=30)
+    conn.request("GET", "/v2/models/cifar/stats")
+    (stats,) = json.loads(conn.getresponse().read())["model_stats"]
+    conn.close()
+    return stats["inference_stats"]
+
+
+@needs_grpc
+def test_grpc_predicts_time_each_phase_in_tritons_statistics(served_both_ways):
+    """Issue 58, case 15: a gRPC Predict's phases (compute_input, queue, compute_infer, compute_output) are
+    measured as REST's are and counted in Triton's statistics; a refused one counts as a fail alone."""
+    rest_port, port, _ = served_both_ways
+    before = inference_stats(rest_port)
+    for n in (1, 2, 3):
+        predict(port, {"images": images(n)})
+    assert _code(lambda: predict(port, {"images": images(1).astype(np.float32)}))[0] == grpc.StatusCode.INVALID_ARGUMENT
+    after = inference_stats(rest_port)
+    delta = {name: {key: after[name][key] - before[name][key] for key in ("count", "ns")} for name in after}
+    assert delta["success"]["count"] == 3 and delta["fail"]["count"] == 1
+    phases = ("queue", "compute_input", "compute_infer", "compute_output")
+    assert all(delta[phase]["count"] == 3 and delta[phase]["ns"] > 0 for phase in phases), delta
+    assert sum(delta[phase]["ns"] for phase in phases) <= delta["success"]["ns"], delta
+
+
 @needs_grpc
 @pytest.mark.parametrize("value", [300, -1, 256])
 def test_uint8_values_out_of_range_are_invalid_argument_naming_the_range(served, value):

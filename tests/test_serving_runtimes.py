@@ -99,6 +99,14 @@ def test_every_runtime_answers_as_the_saved_model_does(exported, runtime):
         code, reply = post(port, "every", {"signature_name": "serving_bytes",
                                            "instances": [{"b64": base64.b64encode(png.getvalue()).decode()}]})
         assert code == 200 and reply["predictions"][0]["classes"] == direct["classes"].numpy()[0].tolist()
+        # Triton's statistics time each phase of both requests on every runtime (issue 58, case 15).
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/v2/models/every/stats")
+        (stats,) = json.loads(conn.getresponse().read())["model_stats"]
+        conn.close()
+        phases = {name: stats["inference_stats"][name] for name in ("queue", "compute_input", "compute_infer", "compute_output")}
+        assert all(phase["count"] == 2 and phase["ns"] > 0 for phase in phases.values()), phases
+        assert sum(phase["ns"] for phase in phases.values()) <= stats["inference_stats"]["success"]["ns"], stats
     finally:
         server.shutdown()
         server.server_close()

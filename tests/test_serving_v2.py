@@ -63,7 +63,7 @@ def test_health_and_metadata(numpy_served):
     assert client.is_model_ready("m", "1") and not client.is_model_ready("other")
     assert client.get_server_metadata() == {"name": "keras-preact", "version": "0.1.0",
                                             "extensions": ["binary_tensor_data", "classification",
-                                                           "model_configuration", "statistics", "model_repository"]}
+                                                           "model_configuration", "statistics"]}
     assert client.get_model_metadata("m") == {"name": "m", "versions": ["1"], "platform": "keras_preact",
                                               "inputs": [{"name": "x", "datatype": "FP32", "shape": [-1, 2]}],
                                               "outputs": []}
@@ -275,6 +275,88 @@ def test_triton_model_config_statistics_and_repository_index(numpy_served):
     assert fail["count"] == sum(value for labels, value in requests if labels["code"] != "200" and labels["model"] == "m")
     assert (after["execution_count"], after["inference_count"]) == (len(model.calls) - 1, sum(model.calls[1:]))
     assert client.get_inference_statistics() == client.get_inference_statistics("m", "1") == {"model_stats": [after]}
+
+
+MODEL_SECONDS = 0.02  # each call of SlowModel
+
+
+class SlowModel(Model):
+    """``Model`` whose every call takes MODEL_SECONDS more, with class scores too (``scores``: x itself, [N, 2])."""
+
+    def predict(self, signature_name, inputs):
+        time.sleep(MODEL_SECONDS)
+        return {**super().predict(signature_name, inputs), "scores": np.asarray(inputs["x"], np.float32)}
+
+
+@pytest.fixture(params=BATCHING, ids=["unbatched", "batched"])
+def slow_served(request):
+    running = started(SlowModel(), request.param)
+    yield running, httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+    running.close()
+
+
+PHASES = ("queue", "compute_input", "compute_infer", "compute_output")
+
+
+@pytest.mark.notf
+def test_statistics_time_every_phase_of_each_inference_request(slow_served):
+    """Triton's statistics extension (extension_statistics.md): besides success and fail, each successful request's
+    queue, compute_input, compute_infer and compute_output, a count and nanoseconds each, measured in the request
+    path (issue 58, case 15: no phase was reported). Judged by tritonclient, on REST's both protocols; gRPC's in
+    test_serving_grpc.py."""
+    running, client = slow_served
+
+    def stats():
+        (entry,) = client.get_inference_statistics("m")["model_stats"]
+        return entry["inference_stats"]
+
+    before = stats()
+    started_at = time.perf_counter()
+    requests = 6
+    for i in range(requests // 2):
+        client.infer("m", [x_input(np.full((2, 2), i, np.float32))])
+        assert running.request("POST", "/v1/models/m:predict", {"instances": [[i, 1.0]]})[0] == 200
+    elapsed_ns = (time.perf_counter() - started_at) * 1e9
+    assert error_of(lambda: client.infer("m", [x_input(np.ones((17, 2), np.float32))]))[0] == 413  # a fail: no phases
+    after = stats()
+    delta = {name: {key: after[name][key] - before.get(name, {}).get(key, 0) for key in ("count", "ns")} for name in after}
+    assert set(after) == {"success", "fail", *PHASES}
+    assert delta["success"]["count"] == requests and delta["fail"]["count"] == 1
+    for phase in PHASES:
+        assert delta[phase]["count"] == requests and delta[phase]["ns"] > 0, (phase, delta)
+    # The phases lie within their requests, the requests within the client's time; the model's own sleep is in compute_infer.
+    assert sum(delta[phase]["ns"] for phase in PHASES) <= delta["success"]["ns"] <= elapsed_ns, delta
+    assert delta["compute_infer"]["ns"] >= requests * MODEL_SECONDS * 1e9, delta
+    if running.state.batching is not None:  # each request alone waits the batching timeout (10 ms) for others
+        assert delta["queue"]["ns"] >= requests * 0.9 * running.state.batching.batching_timeout_ms * 1e6, delta
+
+
+# Each extension of Triton's a client may find in the server metadata: the requests that must answer 200.
+EXTENSION_REQUESTS = {
+    "binary_tensor_data": [lambda client, running: client.infer(
+        "m", [x_input(np.ones((1, 2), np.float32), binary=True)],
+        outputs=[httpclient.InferRequestedOutput("y", binary_data=True)]).as_numpy("y").tolist() == [2.0]],
+    "classification": [lambda client, running: client.infer(
+        "m", [x_input(np.array([[1, 3]], np.float32))],
+        outputs=[httpclient.InferRequestedOutput("scores", class_count=1)]).as_numpy("scores").tolist() == [[b"3.000000:1"]]],
+    "model_configuration": [lambda client, running: running.request("GET", "/v2/models/m/config")[0] == 200],
+    "statistics": [lambda client, running, path=path: running.request("GET", path)[0] == 200
+                   for path in ("/v2/models/stats", "/v2/models/m/stats", "/v2/models/m/versions/1/stats")],
+    "model_repository": [lambda client, running, path=path: running.request("POST", path)[0] == 200
+                         for path in ("/v2/repository/index", "/v2/repository/models/m/load", "/v2/repository/models/m/unload")],
+}
+
+
+@pytest.mark.notf
+def test_the_advertised_extensions_are_exactly_those_served(slow_served):
+    """The server metadata's extensions name each extension all of whose requests are answered (issue 58, case 15:
+    it listed model_repository, whose load and unload were 404s), and no other."""
+    running, client = slow_served
+    advertised = client.get_server_metadata()["extensions"]
+    assert set(advertised) <= set(EXTENSION_REQUESTS), advertised
+    served = [name for name, checks in EXTENSION_REQUESTS.items() if all(check(client, running) for check in checks)]
+    assert sorted(advertised) == sorted(served)
+    assert {"binary_tensor_data", "classification", "model_configuration", "statistics"} <= set(served)
 
 
 def pngs(*sizes):

@@ -157,3 +157,14 @@ def test_bad_flags_name_the_flag(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         cli.build_parser().parse_args(argv)
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_light_tables_agree_with_the_library():
+    """``configs`` holds the families' names and statistics as literals (its parsers are built before Keras loads):
+    they are the registry's families and ``FAMILY_INPUTS``' statistics."""
+    from keras_preact.models.presets import FAMILY_INPUTS
+    from keras_preact.models.registry import FAMILIES
+
+    assert configs.ARCHITECTURES == tuple(FAMILIES)
+    assert configs.NORMALIZATIONS["cifar10"] == (FAMILY_INPUTS["cifar"].mean, FAMILY_INPUTS["cifar"].std)
+    assert configs.NORMALIZATIONS["imagenet"] == (FAMILY_INPUTS["imagenet"].mean, FAMILY_INPUTS["imagenet"].std)

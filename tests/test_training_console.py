@@ -4,6 +4,7 @@ without data, and ``python -m keras_preact_training.train`` naming the command."
 
 import ast
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -232,19 +233,41 @@ def test_a_missing_serve_extra_is_said_before_keras_loads():
         'keras-preact-serve: error: serving needs Starlette and uvicorn: pip install "keras-preact[serve]"']
 
 
-def test_export_help_comes_before_keras_loads():
-    """``keras-preact-export --help`` answers from its parser alone: no Keras, no TensorFlow start-up (27 s on
-    a loaded 2-core machine before, 1 s after)."""
-    code = textwrap.dedent("""
-        import contextlib, io, sys
-        from keras_preact_training.console import export
+HEAVY = ("keras", "tensorflow", "jax", "torch")  # what a command's --help and a bad flag must not wait for
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["x", "--no-such-flag"]], ids=["help", "bad-flag"])
+@pytest.mark.parametrize("name", sorted(console_scripts()))
+def test_help_and_a_bad_flag_come_before_keras_loads(name, argv):
+    """Every console script of pyproject.toml, called as the installed script calls it (its module's function, in a
+    fresh process), answers ``--help`` (exit 0, its usage) and a bad flag (exit 2, one usage error) from its parser
+    alone: nothing of Keras or a backend is imported (``--help`` took 11-16 s of Keras and TensorFlow start-up on
+    a loaded 2-core machine, 1 s after). Without an extra a script needs, its one line comes first, as early."""
+    module, function = console_scripts()[name].split(":")
+    code = textwrap.dedent(f"""
+        import contextlib, io, json, sys
+        sys.argv = [{name!r}, *{argv!r}]
+        from {module} import {function}
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
             try:
-                export(["--help"])
+                code = {function}()
             except SystemExit as stop:
                 code = stop.code
-        print(code, "--top-k" in out.getvalue(), "keras" in sys.modules, "tensorflow" in sys.modules)
+        print(json.dumps({{"code": code, "out": out.getvalue(), "heavy": [m for m in {HEAVY!r} if m in sys.modules]}}))
     """)
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=600, cwd=REPO)
-    assert done.stdout.split() == ["0", "True", "False", "False"], done.stderr[-2000:]
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True,
+                          timeout=600, cwd=REPO)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.splitlines()[-1])
+    imported = {line.split("|")[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")}
+    assert result["heavy"] == [] and not imported & set(HEAVY), (result["heavy"], sorted(imported & set(HEAVY)))
+    errors = [line for line in done.stderr.splitlines() if not line.startswith("import time:")]
+    if name == "keras-preact-serve-ray" and importlib.util.find_spec("ray") is None:
+        assert result["code"] == 2 and errors == [
+            'keras-preact-serve-ray: error: serving on Ray needs Ray Serve: pip install "keras-preact[ray]"']
+    elif argv == ["--help"]:
+        assert result["code"] == 0 and result["out"].startswith(f"usage: {name} "), done.stderr[-2000:]
+        assert errors == [], errors
+    else:
+        assert result["code"] == 2 and errors[-1] == f"{name}: error: unrecognized arguments: --no-such-flag", errors

@@ -125,11 +125,13 @@ def config_from_args(args, parser):
 
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
-    early = argparse.ArgumentParser(add_help=False)
-    early.add_argument("--backend")
+    # The parser is standard library only (recipe.configs, recipe.flags): --help and a bad flag are answered
+    # before Keras loads.
+    parser = build_parser()
+    args = parser.parse_args(argv)
     try:
         # Keras' own choice unless --backend: said in one line and set before Keras is imported.
-        backends.select(early.parse_known_args(argv)[0].backend)
+        backends.select(args.backend)
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
@@ -137,8 +139,6 @@ def main(argv=None):
     from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 
-    parser = build_parser()
-    args = parser.parse_args(argv)
     config = config_from_args(args, parser)
     if args.measure_backends:
         if args.measure_steps < 1:

@@ -9,13 +9,11 @@ from .machine.start_up import start_command
 
 
 def export(argv=None):
-    """``keras-preact-export``: on the run's backend where TensorFlow is missing; ``--help`` before Keras loads."""
-    import sys
-
+    """``keras-preact-export``: on the run's backend where TensorFlow is missing; ``--help`` and a bad flag
+    before Keras loads."""
     from .export import build_parser  # standard library only
 
-    if {"-h", "--help"} & set(sys.argv[1:] if argv is None else argv):
-        build_parser().parse_args(["--help"])
+    build_parser().parse_args(argv)
     status = start_command("keras-preact-export", argv)
     if status is not None:
         return status
@@ -25,7 +23,11 @@ def export(argv=None):
 
 
 def evaluate(argv=None):
-    """``keras-preact-evaluate``: on the run's backend where TensorFlow is missing."""
+    """``keras-preact-evaluate``: on the run's backend where TensorFlow is missing; ``--help`` and a bad flag
+    before Keras loads."""
+    from .evaluate import build_parser  # its module loads Keras only where a model or data is resolved
+
+    build_parser().parse_args(argv)
     status = start_command("keras-preact-evaluate", argv)
     if status is not None:
         return status

@@ -24,6 +24,8 @@ limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, be
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
+from __future__ import annotations  # Target's InputConfig: imported where a model is resolved
+
 import argparse
 import dataclasses
 import json
@@ -31,15 +33,11 @@ import math
 import pathlib
 import zipfile
 
-import keras
 import numpy as np
 
-from keras_preact.preprocessing import InputConfig, decode_image_array
-from keras_preact.scratch import atomic_path
-
-from .data import pipelines, sources
+# Standard library, numpy and memory_guard only at the top: ``--help`` and a bad flag are answered (``build_parser``)
+# before Keras loads. Keras, the library and the data modules are imported where they are used.
 from .machine import memory_guard
-from .run.manifest import RunManifest
 
 __all__ = ["evaluate", "resolve_data", "resolve_model"]  # the Python API; main is the command line's
 
@@ -50,7 +48,7 @@ class Target:
 
     label: str
     load: object  # () -> keras.Model
-    input_config: InputConfig
+    input_config: InputConfig  # noqa: F821 - keras_preact.preprocessing's, imported where a model is resolved
     class_names: tuple = None
     registered: dict = dataclasses.field(default_factory=dict)  # the registry's top1/top5 as top1_accuracy/top5_accuracy
 
@@ -117,6 +115,7 @@ def _registry_target(name, weights):
 
 def _run_target(path):
     from .export import load_run_model
+    from .run.manifest import RunManifest
 
     manifest = RunManifest.read(path)
     if not (path / "model.keras").is_file():
@@ -127,7 +126,10 @@ def _run_target(path):
 
 
 def _keras_target(path):
+    from keras_preact.preprocessing import InputConfig
+
     from .export import load_run_model
+    from .run.manifest import RunManifest
 
     if not path.is_file():
         raise ValueError(f"Invalid model={str(path)!r}: no such .keras file.")
@@ -165,6 +167,8 @@ def resolve_data(dataset, data_dir, cache_dir=None):
         ...
         keras_preact_training.data.sources.DataError: data_dir='no/such/folder' is not a directory. ...
     """
+    from .data import sources
+
     if dataset == "folder":
         _, test_dir = sources.folder_splits(data_dir)
         files, labels, classes = sources._list_folder(test_dir)
@@ -190,6 +194,8 @@ def resolve_data(dataset, data_dir, cache_dir=None):
 
 def _image_size(file):
     from PIL import Image
+
+    from .data import sources
 
     try:
         with Image.open(file) as image:
@@ -237,11 +243,15 @@ def class_mismatch(model_names, data_names):
 def views_with_layer(data):
     """Whether the evaluation view is the Keras layer on Pillow-decoded files (an image folder on JAX or PyTorch)
     rather than ``eval_view`` in tf.data (the TensorFlow backend, TFDS data sets)."""
+    import keras
+
     return data.files is not None and keras.backend.backend() != "tensorflow"
 
 
 def check_match(target, data):
-    """The data's classes are the model's, and images of another size can be viewed."""
+    """The data's classes are the model's, and images of another size can be viewed (TensorFlow)."""
+    from .data import sources
+
     if target.class_names is not None and list(target.class_names) != list(data.class_names):
         raise ValueError(class_mismatch(target.class_names, data.class_names))
     if not as_arrays(target, data) and not views_with_layer(data):
@@ -252,32 +262,42 @@ def check_match(target, data):
             f"{config.crop_size[0]}x{config.crop_size[1]}: keras_preact.preprocessing.eval_view)")
 
 
-class ViewBatches(keras.utils.PyDataset):
-    """Batches of ``files`` through the evaluation view layer (``keras_preact.layers.EvalView``, normalized):
-    each file decoded by Pillow (``decode_image_array``), viewed alone (the files differ in size), stacked."""
+def view_batches(files, labels, batch_size, view):
+    """A ``keras.utils.PyDataset`` of ``files`` through the evaluation view layer (``keras_preact.layers.EvalView``,
+    normalized): each file decoded by Pillow (``decode_image_array``), viewed alone (the files differ in size),
+    stacked."""
+    import keras
 
-    def __init__(self, files, labels, batch_size, view):
-        super().__init__()
-        self.files, self.labels, self.batch_size, self.view = files, labels, batch_size, view
+    from keras_preact.preprocessing import decode_image_array
 
-    def __len__(self):
-        return math.ceil(len(self.labels) / self.batch_size)
+    from .data import sources
 
-    def __getitem__(self, index):
-        window = slice(index * self.batch_size, (index + 1) * self.batch_size)
-        views = []
-        for file in self.files[window]:
-            try:
-                image = decode_image_array(file)
-            except ValueError as error:
-                raise sources.DataError(f"Invalid --data-dir: {file}: {error}") from None
-            views.append(keras.ops.convert_to_numpy(self.view(image)))
-        return np.stack(views), np.asarray(self.labels[window])
+    class ViewBatches(keras.utils.PyDataset):
+        def __init__(self):
+            super().__init__()
+
+        def __len__(self):
+            return math.ceil(len(labels) / batch_size)
+
+        def __getitem__(self, index):
+            window = slice(index * batch_size, (index + 1) * batch_size)
+            views = []
+            for file in files[window]:
+                try:
+                    image = decode_image_array(file)
+                except ValueError as error:
+                    raise sources.DataError(f"Invalid --data-dir: {file}: {error}") from None
+                views.append(keras.ops.convert_to_numpy(view(image)))
+            return np.stack(views), np.asarray(labels[window])
+
+    return ViewBatches()
 
 
 def evaluation_data(target, data, batch_size):
     """Training's evaluation input: normalized arrays, or the evaluation view (in tf.data on TensorFlow, the
     ``EvalView`` layer on JAX and PyTorch)."""
+    from .data import pipelines
+
     config = target.input_config
     mean, std = np.asarray(config.mean, np.float32), np.asarray(config.std, np.float32)
     if as_arrays(target, data):
@@ -286,7 +306,7 @@ def evaluation_data(target, data, batch_size):
     if views_with_layer(data):
         from keras_preact.layers import EvalView
 
-        return ViewBatches(data.files, data.labels, batch_size, EvalView(config))
+        return view_batches(data.files, data.labels, batch_size, EvalView(config))
     import tensorflow as tf
 
     from keras_preact.preprocessing import eval_view
@@ -358,6 +378,8 @@ def summary(target, data, metrics):
 
 def write_json(path, target, data, metrics):
     import keras
+
+    from keras_preact.scratch import atomic_path
 
     report = {**metrics, "model": target.label, "data": data.label, "backend": keras.backend.backend(),
               "input_config": target.input_config.to_dict()}

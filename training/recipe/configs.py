@@ -26,19 +26,19 @@ import json
 import math
 import typing
 
-from keras_preact.layers.options import check_choice
-from keras_preact.models.presets import FAMILY_INPUTS
-from keras_preact.models.registry import FAMILIES
-
 from ..machine import memory_guard
+
+# Standard library only (with ``machine``): the command lines' parsers are built from this module before Keras
+# loads (``--help``, a bad flag). The library's values are imported where a config is checked or built.
 
 # Per-channel normalization in 0-255 pixel units: the model consumes (pixels - mean) / std.
 TRAIN_SIZES = {"cifar10": 50000, "cifar100": 50000, "imagenet2012": 1281167}  # for --dry-run
 NORMALIZATIONS = {
-    # fb.resnet.torch's datasets/cifar10.lua and imagenet.lua statistics: the registry's family inputs.
-    "cifar10": (FAMILY_INPUTS["cifar"].mean, FAMILY_INPUTS["cifar"].std),
+    # fb.resnet.torch's datasets/cifar10.lua and imagenet.lua statistics: the registry's family inputs
+    # (keras_preact.models.presets.FAMILY_INPUTS; tests/test_training_configs.py checks they agree).
+    "cifar10": ((125.3, 123.0, 113.9), (63.0, 62.1, 66.7)),
     "cifar100": ((129.3, 124.1, 112.4), (68.2, 65.4, 70.4)),  # fb.resnet.torch datasets/cifar100.lua
-    "imagenet": (FAMILY_INPUTS["imagenet"].mean, FAMILY_INPUTS["imagenet"].std),
+    "imagenet": ((123.675, 116.28, 103.53), (58.395, 57.12, 57.375)),
     # (x - 127.5) / 63.75: for synthetic data.
     "centered": ((127.5, 127.5, 127.5), (63.75, 63.75, 63.75)),
 }
@@ -48,8 +48,9 @@ PIXEL_MEAN = "pixel_mean"
 # The statistics the network was trained with: the init weights' input config (a run's or .keras file's own),
 # else the registered network's (keras_preact.models.get_input_config).
 MODEL_NORMALIZATION = "model"
-# The registry's network families, those with a builder (a timm checkpoint's edge-pool stem is a layout of "imagenet").
-ARCHITECTURES = tuple(FAMILIES)
+# The registry's network families, those with a builder (a timm checkpoint's edge-pool stem is a layout of "imagenet"):
+# keras_preact.models.registry.FAMILIES' keys (tests/test_training_configs.py checks they agree).
+ARCHITECTURES = ("cifar", "imagenet")
 AUGMENTATIONS = ("cifar", "imagenet", "imagenet_aspect", "none")
 SCHEDULES = ("piecewise", "cosine")
 LR_SCALINGS = ("none", "linear")
@@ -424,6 +425,7 @@ def network_spec(config):
     """The ``keras_preact.models.ModelSpec`` of the config's network: the registered one, else one of its family
     builder at that depth (no registered weights), so a ``.weights.h5``/``.keras`` file or run of any depth loads."""
     from keras_preact.models import ModelSpec, list_models, model_spec
+    from keras_preact.models.presets import FAMILY_INPUTS
     from keras_preact.models.registry import FAMILIES
 
     name = registered_network(config)
@@ -456,6 +458,7 @@ def _check_init_weights(config):
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
+    from keras_preact.layers.options import check_choice
     from keras_preact.models.remat import parse_remat
 
     parse_remat(config.remat)
