@@ -333,3 +333,65 @@ def decline_usage_telemetry():
     checker = OptInChecker()
     if checker.consent_file_base_dir() is not None and not os.path.exists(checker.consent_file()):
         checker.update_result(ConsentCheckResult.DECLINED)
+
+
+# ---------------------------------------------------------------------- a numpy model's server in its own process
+# A Server on a numpy model: y = sum(x) per example, after sleeping x[0][1] seconds (0: no sleep).
+NUMPY_SERVER = """
+import sys, time
+import numpy as np
+from keras_preact_serving import app, rest, server
+from keras_preact_serving.batching import BatchingOptions
+
+class Model:
+    name, version, path = "m", 1, "numpy"
+    signatures = {"serving_default": "numpy"}
+    input_specs = {"serving_default": {"x": rest.TensorSpec("x", "float32", (None, 2))}}
+    metadata = {"model_spec": {"name": "m", "signature_name": "", "version": "1"}}
+
+    def status(self):
+        return {"model_version_status": [{"version": "1", "state": "AVAILABLE"}]}
+
+    def predict(self, signature_name, inputs):
+        time.sleep(float(inputs["x"][0][1]))
+        return {"y": inputs["x"].sum(axis=1)}
+
+batching = None if sys.argv[1] == "off" else BatchingOptions(batching_max_size=8, batching_timeout_ms=50)
+in_flight = {} if sys.argv[4] == "default" else {"max_bodies_in_flight_bytes": int(sys.argv[4])}
+limits = app.RequestLimits(request_timeout=float(sys.argv[2]), max_body_bytes=int(sys.argv[3]), **in_flight)
+served = server.Server(app.ServingState(Model, limits, batching), "127.0.0.1", 0)
+served.state.start()
+print(served.server_address[1], flush=True)
+served.serve_forever()
+served.server_close()
+print("exited", flush=True)
+"""
+
+
+def start_numpy_server(batching, timeout, max_body, max_bodies_in_flight=None):
+    """(process, port) of ``NUMPY_SERVER`` in its own process: ``batching`` "off" or "on", the request limits given
+    (``max_bodies_in_flight`` None: the server's default)."""
+    import pathlib
+    import select
+    import subprocess
+    import sys
+
+    import keras_preact
+
+    repo = str(pathlib.Path(keras_preact.__file__).parents[1])  # where keras_preact_serving is found too
+    in_flight = "default" if max_bodies_in_flight is None else str(max_bodies_in_flight)
+    process = subprocess.Popen([sys.executable, "-c", NUMPY_SERVER, batching, str(timeout), str(max_body), in_flight],
+                               stdout=subprocess.PIPE, text=True,
+                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+                                    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), repo]))})
+    ready, _, _ = select.select([process.stdout], [], [], 120)
+    assert ready, "the server did not start"
+    return process, int(process.stdout.readline())
+
+
+def stop_numpy_server(process):
+    """SIGTERM: the server drains and exits 0."""
+    import signal
+
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=60) == 0

@@ -97,7 +97,7 @@ def test_every_block_names_a_known_language_and_every_marker_a_reason():
             assert re.fullmatch(r"[a-z_][a-z0-9_.]*", block.reason), f"{block.where}: <!-- needs: MODULE -->"
         if block.marker == "run by":
             runner = REPO / block.reason
-            assert re.fullmatch(r"tests/test_\w+\.py", block.reason) and runner.is_file(), \
+            assert re.fullmatch(r"tests/(\w+/)?test_\w+\.py", block.reason) and runner.is_file(), \
                 f"{block.where}: <!-- run by: tests/test_FILE.py --> names no test file"
             assert f'"{block.page}"' in runner.read_text(), f"{block.where}: {block.reason} does not name {block.page}"
 

@@ -3,17 +3,15 @@ stall part-sent are held to the bound (the rest refused with 503), the server's 
 it is given back once they end. The server runs in its own process on a numpy model (no TensorFlow)."""
 
 import json
-import os
 import pathlib
-import select
 import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
 
 import pytest
+
+from support import start_numpy_server
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
@@ -21,33 +19,6 @@ MIB = 1024 * 1024
 BOUND, MAX_BODY, SENT, UPLOADS = 32 * MIB, 16 * MIB, 12 * MIB, 6  # 6 uploads of 12 MiB: 72 MiB, twice the bound
 TIMEOUT = 6.0
 KEPT = 4 * MIB  # the growth of the server's RSS allowed once the uploads have ended (RSS settles within 1 MiB)
-
-SERVER = """
-import sys
-import numpy as np
-from keras_preact_serving import app, rest, server
-
-class Model:
-    name, version, path = "m", 1, "numpy"
-    signatures = {"serving_default": "numpy"}
-    input_specs = {"serving_default": {"x": rest.TensorSpec("x", "float32", (None, 2))}}
-    metadata = {"model_spec": {"name": "m", "signature_name": "", "version": "1"}}
-
-    def status(self):
-        return {"model_version_status": [{"version": "1", "state": "AVAILABLE"}]}
-
-    def predict(self, signature_name, inputs):
-        return {"y": inputs["x"].sum(axis=1)}
-
-limits = app.RequestLimits(request_timeout=float(sys.argv[1]), max_body_bytes=int(sys.argv[2]),
-                           max_bodies_in_flight_bytes=int(sys.argv[3]))
-served = server.Server(app.ServingState(Model, limits), "127.0.0.1", 0)
-served.state.start()
-print(served.server_address[1], flush=True)
-served.serve_forever()
-served.server_close()
-"""
-
 
 def rss(pid):
     """The resident memory of process ``pid`` in bytes (Linux)."""
@@ -69,7 +40,7 @@ def settled_rss(pid, seconds=1.5):
 
 
 def predict(port):
-    body = json.dumps({"instances": [[1.0, 2.0]]}).encode()
+    body = json.dumps({"instances": [[1.0, 0.0]]}).encode()  # x[0][1]: the model sleeps 0 s
     with socket.create_connection(("127.0.0.1", port), timeout=30) as sock:
         sock.sendall(b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nConnection: close\r\n"
                      b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
@@ -104,12 +75,8 @@ def test_stalled_uploads_hold_no_more_than_the_bound_and_their_memory_is_given_b
     timed out), the others get a 503 at once; the server's RSS grows by less than the 32 MiB bound plus 16 MiB while they
     stall (it held 72 MiB before the bound), and gives it back once they end: it keeps less than 4 MiB (a normal request
     still 200)."""
-    process = subprocess.Popen([sys.executable, "-c", SERVER, str(TIMEOUT), str(MAX_BODY), str(BOUND)], stdout=subprocess.PIPE,
-                               text=True, env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"})
+    process, port = start_numpy_server("off", TIMEOUT, MAX_BODY, max_bodies_in_flight=BOUND)
     try:
-        ready, _, _ = select.select([process.stdout], [], [], 120)
-        assert ready, "the server did not start"
-        port = int(process.stdout.readline())
         assert predict(port) == 200
         before = settled_rss(process.pid)
         statuses, sent = [], threading.Semaphore(0)

@@ -9,73 +9,30 @@ are its own.
 """
 
 import json
-import os
 import pathlib
 import resource
-import select
 import signal
 import socket
-import subprocess
 import sys
 import threading
 import time
 
 import pytest
 
-import keras_preact
+from support import start_numpy_server, stop_numpy_server
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
-REPO = str(pathlib.Path(keras_preact.__file__).parents[1])
 TIMEOUT = 3.0  # the server's request_timeout: long enough for a loaded CI machine, short for the test
 MAX_BODY = 1000
 IDLE, SLOW = 1000, 50  # idle connections and slowloris clients (issue 25)
 
-# A Server on a numpy model: y = sum(x) per example, after sleeping x[0][1] seconds (0: no sleep).
-SERVER = """
-import sys, time
-import numpy as np
-from keras_preact_serving import app, rest, server
-from keras_preact_serving.batching import BatchingOptions
-
-class Model:
-    name, version, path = "m", 1, "numpy"
-    signatures = {"serving_default": "numpy"}
-    input_specs = {"serving_default": {"x": rest.TensorSpec("x", "float32", (None, 2))}}
-    metadata = {"model_spec": {"name": "m", "signature_name": "", "version": "1"}}
-
-    def status(self):
-        return {"model_version_status": [{"version": "1", "state": "AVAILABLE"}]}
-
-    def predict(self, signature_name, inputs):
-        time.sleep(float(inputs["x"][0][1]))
-        return {"y": inputs["x"].sum(axis=1)}
-
-batching = None if sys.argv[1] == "off" else BatchingOptions(batching_max_size=8, batching_timeout_ms=50)
-limits = app.RequestLimits(request_timeout=float(sys.argv[2]), max_body_bytes=int(sys.argv[3]))
-served = server.Server(app.ServingState(Model, limits, batching), "127.0.0.1", 0)
-served.state.start()
-print(served.server_address[1], flush=True)
-served.serve_forever()
-served.server_close()
-print("exited", flush=True)
-"""
-
-
 def start_server(batching="off", timeout=TIMEOUT, max_body=MAX_BODY):
-    """(process, port) of a server in its own process."""
-    process = subprocess.Popen([sys.executable, "-c", SERVER, batching, str(timeout), str(max_body)],
-                               stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-                                    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), REPO]))})
-    ready, _, _ = select.select([process.stdout], [], [], 120)
-    assert ready, "the server did not start"
-    return process, int(process.stdout.readline())
+    """(process, port) of a server on a numpy model (support.NUMPY_SERVER) in its own process."""
+    return start_numpy_server(batching, timeout, max_body)
 
 
-def stop_server(process):
-    process.send_signal(signal.SIGTERM)
-    assert process.wait(timeout=60) == 0
+stop_server = stop_numpy_server
 
 
 def raise_open_file_limit(needed=2 * (IDLE + SLOW) + 200):

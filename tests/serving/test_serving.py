@@ -585,7 +585,7 @@ def test_a_full_batching_queue_is_answered_503(exported):
 @pytest.mark.slow
 def test_batching_benchmark_runs_end_to_end(capsys):
     """benchmarks/serving_batching.py, tiny: both variants answer every request."""
-    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))  # benchmarks/ is not installed
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))  # benchmarks/ is not installed
     from benchmarks import serving_batching
 
     serving_batching.main(["--signatures", "bytes", "--clients", "2", "--duration", "1", "--warmup", "0.5",

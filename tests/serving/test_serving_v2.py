@@ -439,13 +439,6 @@ def test_not_ready_until_warmed_up():
 
 
 # ----------------------------------------------------------------------------- a real export (TensorFlow)
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, export_copy):
-    """conftest's SavedModel (top 3 of 10 classes), served as cifar version 1."""
-    pytest.importorskip("tensorflow", reason="needs TensorFlow")
-    return export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
-
-
 @pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
 def tf_served(exported, request):
     served = server.make_server(exported.parent, port=0, max_batch_size=16, enable_batching=request.param)

@@ -39,12 +39,6 @@ MAX_BODY = 100_000
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 
 
-@pytest.fixture(scope="module")
-def exported(tmp_path_factory, export_copy):
-    """conftest's SavedModel (top 3 of 10 classes), served as cifar version 1."""
-    return export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
-
-
 def start(exported, batching):
     """(server, (REST port, gRPC port, batching)) of a make_server serving in a thread."""
     from keras_preact_serving.server import make_server
