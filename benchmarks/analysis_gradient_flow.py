@@ -72,7 +72,8 @@ def main(argv=None):
     images, labels = load_batch(args.data_dir, args.batch)
 
     results = {}
-    print("| network | units | ‖x_L‖/‖x_1‖ | ‖dE/dx_1‖/‖dE/dx_L‖ | ‖dE/dW_1‖/‖dE/dW_L‖ | seconds |")
+    print("| network | units | ‖x_L‖/‖x_1‖ | ‖dE/dx_1‖/‖dE/dx_L‖ | "
+          "‖dE/dW_1‖/‖dE/dW_L‖ | seconds |")
     print("|---|---|---|---|---|---|")
     for d, depth in enumerate(depths):
         for label, options in NETWORK_VARIANTS.items():

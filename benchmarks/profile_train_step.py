@@ -126,8 +126,13 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--rows", type=int, default=14, help="operators listed (PyTorch)")
-    p.add_argument("--normalization", choices=NORMALIZATIONS, default="fused",
-                   help="normalization='batch' as the library's BatchNormalization or Keras' own (the library before the fused layers)")
+    p.add_argument(
+        "--normalization",
+        choices=NORMALIZATIONS,
+        default="fused",
+        help="normalization='batch' as the library's BatchNormalization or Keras' own "
+        "(the library before the fused layers)",
+    )
     p.add_argument("--convolution", choices=("fast", "keras"), default="fast",
                    help="Conv2D as the library's (no layout copies on PyTorch) or Keras' own (before it)")
     args = p.parse_args(argv)

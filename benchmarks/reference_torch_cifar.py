@@ -32,7 +32,8 @@ stopped.
 
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --epochs 15 --out /tmp/ref
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --total-steps 64000 \
-        --schedule piecewise --out runs/ref-paper-seed0     # the paper's length, as preset cifar10-folder-resnet20-paper
+        --schedule piecewise --out runs/ref-paper-seed0     # the paper's length, as preset
+        cifar10-folder-resnet20-paper
     python benchmarks/reference_torch_cifar.py --data-dir /tmp/cifar10-jpeg --device cuda ...  # on a GPU
 """
 

@@ -126,18 +126,26 @@ def render(rows):
         ...      "machine": {"cpu": "AMD EPYC", "flags": ["avx2"], "cores": 2, "load": 0.5},
         ...      "date": "2026-11-27T23:00Z"}
         >>> print(render([r]).splitlines()[2])  # doctest: +NORMALIZE_WHITESPACE
-        | step | torch | keras-preact | 401 (390-420) ms/step | 364 | 0.91x (0.85-0.95) | AMD EPYC (avx2), 2 cores, load 0.5 | 2026-11-27 |
+        | step | torch | keras-preact | 401 (390-420) ms/step | 364 | 0.91x (0.85-0.95) |
+        AMD EPYC (avx2), 2 cores, load 0.5 | 2026-11-27 |
     """
     lines = ["| benchmark | backend | case | figure, median (min-max) | reference | vs reference | machine | date |",
              "|---|---|---|---|---|---|---|---|"]
     commands = []
     for r in rows:
         lo, hi = r["spread"]
-        ratio = "—" if r["ratio"] is None else f"{r['ratio']:.3g}x ({r['ratio_spread'][0]:.3g}-{r['ratio_spread'][1]:.3g})"
+        ratio = (
+            "—"
+            if r["ratio"] is None
+            else f"{r['ratio']:.3g}x ({r['ratio_spread'][0]:.3g}-{r['ratio_spread'][1]:.3g})"
+        )
         m = r["machine"]
         where = f"{m['cpu']} ({', '.join(m['flags']) or 'no AVX2'}), {m['cores']} cores, load {m['load']}"
-        lines.append(f"| {r['benchmark']} | {r['backend']} | {r['case']} | {number(r['figure'])} ({number(lo)}-{number(hi)}) {r['unit']} | "
-                     f"{number(r['reference_figure'])} | {ratio} | {where} | {r['date'][:10]} |")
+        lines.append(
+            f"| {r['benchmark']} | {r['backend']} | {r['case']} | "
+            f"{number(r['figure'])} ({number(lo)}-{number(hi)}) {r['unit']} | "
+            f"{number(r['reference_figure'])} | {ratio} | {where} | {r['date'][:10]} |"
+        )
         if r["command"] not in commands:
             commands.append(r["command"])
     return "\n".join(lines + [""] + [f"Command: `{c}`" for c in commands]) + "\n"

@@ -128,7 +128,9 @@ def script_rows(spec, text):
         elif line.startswith("{"):
             record = json.loads(line)
             if isinstance(record.get(spec.column), (int, float)):
-                case = ", ".join(f"{k} {v}" for k, v in record.items() if k != spec.column and isinstance(v, (str, int)))
+                case = ", ".join(
+                    f"{k} {v}" for k, v in record.items() if k != spec.column and isinstance(v, (str, int))
+                )
                 found.append((case, float(record[spec.column])))
     return found
 
@@ -149,7 +151,11 @@ def run_script(name, args, extra):
 
 
 def run_training(name, args):
-    pythons = {"tensorflow": args.python, "jax": args.notf_python or args.python, "torch": args.notf_python or args.python}
+    pythons = {
+        "tensorflow": args.python,
+        "jax": args.notf_python or args.python,
+        "torch": args.notf_python or args.python,
+    }
     made = []
     if name == "epoch":
         if args.data_dir is None:
@@ -160,8 +166,12 @@ def run_training(name, args):
         unit = "ms/step" if name != "eval" else "ms/batch"
         spes = args.steps_per_execution if name == "host_cost" else (1,)
         steps = args.host_steps if name == "host_cost" else args.steps
-        found = [(case, backend, ours, ref, unit, "lower", versions, label) for case, backend, ours, ref, versions, label in
-                 training_table.in_process(name, args.backends, pythons, args.rounds, steps, spes)]
+        found = [
+            (case, backend, ours, ref, unit, "lower", versions, label)
+            for case, backend, ours, ref, versions, label in training_table.in_process(
+                name, args.backends, pythons, args.rounds, steps, spes
+            )
+        ]
     for case, backend, ours, reference, unit, better, versions, label in found:
         reference = reference if args.vs == "torch" else None
         figures = rows_lib.compare(ours, reference, better=better)
@@ -222,7 +232,10 @@ def main(argv=None):
             print(f"{name:20s} training table: {name} beside plain PyTorch")
         for name, spec in SCRIPTS.items():
             print(f"{name:20s} {spec.question} (benchmarks/{spec.module}.py)")
-        print(f"{'(GPU session)':20s} bash benchmarks/gpu/run.sh: the prepared run for a lent GPU (benchmarks/gpu/README.md)")
+        print(
+            f"{'(GPU session)':20s} bash benchmarks/gpu/run.sh: "
+            "the prepared run for a lent GPU (benchmarks/gpu/README.md)"
+        )
         return 0
     if args.action == "render":
         print(rows_lib.render(rows_lib.read(args.rows)), end="")

@@ -18,8 +18,8 @@ MODEL is what ``keras-preact-evaluate`` takes (a registry name with ``--weights`
 4. Every test image sent through TF Serving's REST API (``POST /v1/models/<name>:predict``, row format
    ``{"signature_name", "instances"}``) twice: the original file bytes to ``serving_bytes``
    (``{"b64": ...}`` per image), and decoded uint8 pixels to ``serving_default``, decoded exactly as
-   the evaluation decodes them (``keras_preact_training.data.sources``: ``keras_preact.preprocessing.decode_image``, Pillow without
-   TensorFlow; images not at the model's input size get the client-side evaluation view
+   the evaluation decodes them (``keras_preact_training.data.sources``: ``keras_preact.preprocessing.decode_image``,
+   Pillow without TensorFlow; images not at the model's input size get the client-side evaluation view
    ``keras_preact.preprocessing.eval_view``, rounded to uint8). Top-1 is each reply's ``classes[0]``.
    ``serving_bytes`` is a SavedModel signature: an ONNX, LiteRT or OpenVINO export holds
    ``serving_default`` alone, so its bytes row says it is not served.
@@ -159,9 +159,26 @@ class Server:
         package_root = str(pathlib.Path(importlib.util.find_spec("keras_preact").origin).parents[1])
         env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-        self.command = [sys.executable, "-c", SERVE, str(model_base), "--host", "127.0.0.1", "--port", "0",
-                        "--model-name", MODEL_NAME, "--runtime", fmt, "--max-batch-size", str(max_batch),
-                        "--max-body-bytes", str(max_body), "--max-bodies-in-flight-bytes", str(max(max_body, 256 * 1024 * 1024))]
+        self.command = [
+            sys.executable,
+            "-c",
+            SERVE,
+            str(model_base),
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--model-name",
+            MODEL_NAME,
+            "--runtime",
+            fmt,
+            "--max-batch-size",
+            str(max_batch),
+            "--max-body-bytes",
+            str(max_body),
+            "--max-bodies-in-flight-bytes",
+            str(max(max_body, 256 * 1024 * 1024)),
+        ]
         self.lines = []
         self._queue = queue.Queue()
         self.process = subprocess.Popen(self.command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
@@ -249,7 +266,9 @@ class Client:
 
 def instances(kind, split, start, stop, pixels):
     if kind == "jpeg_bytes":
-        return [{"b64": base64.b64encode(pathlib.Path(f).read_bytes()).decode("ascii")} for f in split.files[start:stop]]
+        return [
+            {"b64": base64.b64encode(pathlib.Path(f).read_bytes()).decode("ascii")} for f in split.files[start:stop]
+        ]
     return pixels[start:stop].tolist()
 
 
@@ -343,11 +362,17 @@ def measure(args, target, split):
             try:
                 results += serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process,
                                         in_process_probabilities)
-            except (RuntimeError, OSError, http.client.HTTPException, ValueError) as error:  # the next format still runs
+            except (
+                RuntimeError,
+                OSError,
+                http.client.HTTPException,
+                ValueError,
+            ) as error:  # the next format still runs
                 message = f"{type(error).__name__}: {str(error).splitlines()[0] if str(error) else ''}"
                 print(f"[served] {fmt}: FAILED: {message}", flush=True)
-                results.append({"format": fmt, "input": "any", "served": False, "error": message,
-                                "reason": f"FAILED: {message}"})
+                results.append(
+                    {"format": fmt, "input": "any", "served": False, "error": message, "reason": f"FAILED: {message}"}
+                )
     return metrics, in_process, results
 
 
@@ -357,9 +382,12 @@ def table(evaluated, results):
              "|---|---|---|---:|---:|---:|---:|---:|---:|---|"]
     for r in results:
         if r["served"]:
-            lines.append(f"| {r['format']} | {r['input']} | {r['signature']} on {r['runtime']} | {r['images']:,} | "
-                         f"{r['top1_accuracy']:.2%} | {evaluated:.2%} | {r['diff_points']:+.2f} | {r['differing_predictions']} | "
-                         f"{r['max_probability_diff']:.1e} | {'yes' if r['within_tolerance'] else 'NO'} |")
+            lines.append(
+                f"| {r['format']} | {r['input']} | {r['signature']} on {r['runtime']} | {r['images']:,} | "
+                f"{r['top1_accuracy']:.2%} | {evaluated:.2%} | {r['diff_points']:+.2f} | "
+                f"{r['differing_predictions']} | "
+                f"{r['max_probability_diff']:.1e} | {'yes' if r['within_tolerance'] else 'NO'} |"
+            )
         else:
             lines.append(f"| {r['format']} | {r['input']} | not served: {r['reason']} | | | {evaluated:.2%} | | | | |")
     return "\n".join(lines)

@@ -162,7 +162,9 @@ def main(argv=None):
     parser.add_argument("--models", nargs="+", default=["cifar_resnet20"], choices=sorted(MODELS))
     parser.add_argument("--signatures", nargs="+", default=["default", "bytes"], choices=["default", "bytes"])
     parser.add_argument("--variants", nargs="+", default=["off", "on"], choices=sorted(VARIANTS))
-    parser.add_argument("--clients", type=positive(int), default=16, help="client processes, one request in flight each")
+    parser.add_argument(
+        "--clients", type=positive(int), default=16, help="client processes, one request in flight each"
+    )
     parser.add_argument("--duration", type=positive(float), default=15.0, help="seconds timed per cell")
     parser.add_argument("--warmup", type=positive(float), default=3.0, help="seconds of load before the timed window")
     parser.add_argument("--rounds", type=positive(int), default=2, help="the variants in turn, this many times")
@@ -180,9 +182,15 @@ def main(argv=None):
     print(f"\n{args.clients} client processes, one single-image request in flight each, {args.warmup:g} s warm-up, "
           f"{args.duration:g} s timed per cell; variants: " + "; ".join(f"{v} = {' '.join(VARIANTS[v]) or 'no flags'}"
                                                                          for v in args.variants))
-    print("| model | signature | batching | round | images/s | p50 ms | p99 ms | errors |\n|---|---|---|---|---|---|---|---|")
+    print(
+        "| model | signature | batching | round | images/s | p50 ms | p99 ms | errors |\n"
+        "|---|---|---|---|---|---|---|---|"
+    )
     for name, signature, variant, round_index, ips, p50, p99, errors in rows:
-        print(f"| {name} | serving_{signature} | {variant} | {round_index} | {ips:.1f} | {p50:.1f} | {p99:.1f} | {errors} |")
+        print(
+            f"| {name} | serving_{signature} | {variant} | {round_index} | "
+            f"{ips:.1f} | {p50:.1f} | {p99:.1f} | {errors} |"
+        )
 
 
 if __name__ == "__main__":

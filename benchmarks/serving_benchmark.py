@@ -60,7 +60,9 @@ def main(argv=None):
             threading.Thread(target=server.serve_forever, daemon=True).start()
             conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=600)
             for batch in args.batches:
-                images = np.random.default_rng(0).integers(0, 256, (batch, args.image_size, args.image_size, 3), np.uint8)
+                images = np.random.default_rng(0).integers(
+                    0, 256, (batch, args.image_size, args.image_size, 3), np.uint8
+                )
                 body = json.dumps({"instances": images.tolist()}).encode()
                 normalized = images.astype(np.float32) / 127.5 - 1.0
 
@@ -73,7 +75,9 @@ def main(argv=None):
                 cells = {
                     "SavedModel in-process": lambda serve=serve, images=images: serve(images=tf.constant(images)),
                     "REST server (JSON uint8)": rest,
-                    "model.predict": lambda model=model, x=normalized, b=batch: model.predict(x, batch_size=b, verbose=0),
+                    "model.predict": lambda model=model, x=normalized, b=batch: model.predict(
+                        x, batch_size=b, verbose=0
+                    ),
                 }
                 for mode, fn in cells.items():
                     rows.append((name, mode, batch, *measure(fn, batch, args.requests)))

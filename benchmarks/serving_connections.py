@@ -84,9 +84,21 @@ def main(argv=None):
     with tempfile.TemporaryDirectory() as tmp:
         path = export_saved_model(cifar_resnet(20, 10, input_shape=(32, 32, 3)), tmp, name="m",
                                   mean=[127.5] * 3, std=[127.5] * 3)
-        process = subprocess.Popen([sys.executable, "-m", "keras_preact_serving.server", str(path.parent), "--port", "0",
-                                    "--request-timeout", str(args.request_timeout)],
-                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+        process = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "keras_preact_serving.server",
+                str(path.parent),
+                "--port",
+                "0",
+                "--request-timeout",
+                str(args.request_timeout),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+        )
         stop = threading.Event()
         socks, threads = [], []
         try:

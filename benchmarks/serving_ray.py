@@ -2,8 +2,8 @@
 
 Exports one CIFAR ResNet-20 (32 x 32) SavedModel, then serves it in turn with ``keras-preact-serve``
 (``server.make_server``, one process) and ``keras-preact-serve-ray`` (``--replicas`` Ray Serve replicas,
-requests merged by each replica's ``batching.Batcher``), each in its own process group, and sends ``--clients`` concurrent
-keep-alive clients x ``--requests`` single-image requests to each; every reply is checked. Prints one table
+requests merged by each replica's ``batching.Batcher``), each in its own process group, and sends ``--clients``
+concurrent keep-alive clients x ``--requests`` single-image requests to each; every reply is checked. Prints one table
 (images/s, p50 and p99 latency, and for Ray the mean examples per SavedModel call):
 
     KERAS_BACKEND=tensorflow PYTHONPATH=. python benchmarks/serving_ray.py --clients 16 --requests 50
@@ -120,12 +120,26 @@ def main(argv=None):
         bodies = [json.dumps({"instances": pool[i:i + 1].tolist()}).encode() for i in range(len(pool))]
         servers = {
             "keras-preact-serve (1 process)": (
-                ["-m", "keras_preact_serving.server", str(path.parent)], "Serving model"),
+                ["-m", "keras_preact_serving.server", str(path.parent)],
+                "Serving model",
+            ),
             f"keras-preact-serve-ray ({args.replicas} replicas, batches <= {args.batching_max_size}, "
             f"wait {args.batching_timeout_ms:g} ms)": (
-                ["-m", "keras_preact_serving.ray_serve", str(path.parent), "--replicas", str(args.replicas),
-                 "--batching-max-size", str(args.batching_max_size), "--batching-timeout-ms", str(args.batching_timeout_ms),
-                 "--object-store-memory", str(200 * 2**20)], "Serving model"),
+                [
+                    "-m",
+                    "keras_preact_serving.ray_serve",
+                    str(path.parent),
+                    "--replicas",
+                    str(args.replicas),
+                    "--batching-max-size",
+                    str(args.batching_max_size),
+                    "--batching-timeout-ms",
+                    str(args.batching_timeout_ms),
+                    "--object-store-memory",
+                    str(200 * 2**20),
+                ],
+                "Serving model",
+            ),
         }
         rows = []
         for label, (command, marker) in servers.items():

@@ -77,7 +77,9 @@ def candidates(args):
                 if normalization == "keras" and backend == "auto":
                     continue  # Keras' layer is put in before Keras loads, with the backend named
                 name = f"keras-preact-train/{backend}/{pipeline}" + ("/keras-bn" if normalization == "keras" else "")
-                entry = ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "keras_preact_training.cli"]
+                entry = (
+                    ["-c", keras_bn_entry(backend)] if normalization == "keras" else ["-m", "keras_preact_training.cli"]
+                )
                 argv = [*entry, "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
                         "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
                         "--pipeline", pipeline, "--backend", backend, *args.train_args]

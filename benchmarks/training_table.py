@@ -78,7 +78,9 @@ def host_cost_calls(steps, spes, batch=8):
 
         net = torch.nn.Linear(4, 1)
         optimizer = torch.optim.SGD(net.parameters(), lr=0.01)
-        batches = [(torch.from_numpy(x[i:i + batch]), torch.from_numpy(y[i:i + batch])) for i in range(0, len(x), batch)]
+        batches = [
+            (torch.from_numpy(x[i : i + batch]), torch.from_numpy(y[i : i + batch])) for i in range(0, len(x), batch)
+        ]
 
         def loop():
             for xb, yb in batches:
@@ -169,7 +171,8 @@ def in_process(kind, backends, pythons, rounds, steps, spes=(1,)):
 
 def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20, image_size=(32, 32)):
     """Whole ``keras-preact-train`` runs against ``reference_torch_cifar.py``, alternating: for each backend,
-    (case, backend, ours, reference, unit, better, versions, reference's name) for the epoch's seconds, training and evaluation images/s."""
+    (case, backend, ours, reference, unit, better, versions, reference's name) for the epoch's seconds, training and
+    evaluation images/s."""
     from benchmarks import train_speed_vs_pytorch as speed
 
     notf = pythons.get("torch", sys.executable)

@@ -36,7 +36,9 @@ IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads (
 IMAGE_MAGIC = {"JPEG": b"\xff\xd8\xff", "PNG": b"\x89PNG", "GIF": b"GIF8", "BMP": b"BM"}
 INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian", "mitchellcubic")
 STANDARD_CROP_FRACTION = 0.875  # 224 / 256: the shorter side resized to 256, the centre 224 x 224 kept
-MISSING_TENSORFLOW = "keras_preact.preprocessing.{} runs tf.io/tf.image graph ops and needs TensorFlow: pip install tensorflow"
+MISSING_TENSORFLOW = (
+    "keras_preact.preprocessing.{} runs tf.io/tf.image graph ops and needs TensorFlow: pip install tensorflow"
+)
 
 
 def _tensorflow(function):
@@ -273,7 +275,9 @@ def decode_image_array(encoded):
     try:
         from PIL import Image, UnidentifiedImageError
     except ImportError:
-        raise ImportError("keras_preact.preprocessing.decode_image_array decodes with Pillow: pip install pillow") from None
+        raise ImportError(
+            "keras_preact.preprocessing.decode_image_array decodes with Pillow: pip install pillow"
+        ) from None
     source = io.BytesIO(bytes(encoded)) if isinstance(encoded, (bytes, bytearray, memoryview)) else encoded
     try:
         with Image.open(source, formats=IMAGE_FORMATS) as image:
@@ -351,8 +355,11 @@ def _bmp_header(tf, encoded):
     head = tf.cast(tf.io.decode_raw(head, tf.int32, little_endian=True), tf.int64)
     fields = {"offset": head[0], "header_size": head[1], "width": head[2], "height": head[3], "bits": head[4] // 65536,
               "compression": head[5], "colors": head[9]}
-    fields["indexed"] = (tf.reduce_any(tf.equal(fields["header_size"], BMP_INFO_HEADER_SIZES))
-                         & tf.reduce_any(tf.equal(fields["bits"], BMP_INDEXED_BITS)) & tf.equal(fields["compression"], 0))
+    fields["indexed"] = (
+        tf.reduce_any(tf.equal(fields["header_size"], BMP_INFO_HEADER_SIZES))
+        & tf.reduce_any(tf.equal(fields["bits"], BMP_INDEXED_BITS))
+        & tf.equal(fields["compression"], 0)
+    )
     return fields
 
 
@@ -377,7 +384,9 @@ def _decode_indexed_bmp(tf, encoded, header, channels):
     indices = tf.reshape(indices, tf.stack([height, row_bytes * per_byte]))[:, :width]
     # The palette's BGRX entries, zeros (black) after its colours; 256 entries cover every index of 8 bits or fewer.
     colors = tf.where(header["colors"] > 0, tf.minimum(header["colors"], 256), 256)
-    palette = tf.strings.join([tf.strings.substr(encoded, 14 + header["header_size"], colors * 4), tf.constant(bytes(1024))])
+    palette = tf.strings.join(
+        [tf.strings.substr(encoded, 14 + header["header_size"], colors * 4), tf.constant(bytes(1024))]
+    )
     palette = tf.reshape(tf.io.decode_raw(tf.strings.substr(palette, 0, 1024), tf.uint8), (256, 4))[:, 2::-1]
     rgb = tf.gather(palette, tf.cast(indices, tf.int32))
     if channels == 1:

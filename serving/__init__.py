@@ -31,7 +31,8 @@ def missing_extra(prog):
 
 
 def _run(prog, module, argv):
-    """``keras_preact_serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot import."""
+    """``keras_preact_serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot
+    import."""
     try:
         command = importlib.import_module(f"keras_preact_serving.{module}")
     except ImportError as error:

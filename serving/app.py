@@ -1,5 +1,6 @@
 """TF Serving's REST API and KServe's Open Inference Protocol as one ASGI application (Starlette), served by
-``keras-preact-serve`` and by each Ray Serve replica: routes declared once (``ROUTES``), bounded by ``RequestLimits``."""
+``keras-preact-serve`` and by each Ray Serve replica: routes declared once (``ROUTES``), bounded by
+``RequestLimits``."""
 
 import asyncio
 import contextlib
@@ -77,7 +78,8 @@ class BodyBytes:
 
     @contextlib.contextmanager
     def share(self):
-        """One request's share (``take(n)`` more bytes: a 503 ``RequestError`` past the limit), given back at the end."""
+        """One request's share (``take(n)`` more bytes: a 503 ``RequestError`` past the limit), given back at the
+        end."""
         share = _Share(self)
         try:
             yield share
@@ -167,7 +169,8 @@ def dummy_inputs(specs, image_size=(32, 32)):
 
 
 def warm_up(model):
-    """One predict call per signature on ``dummy_inputs``, so the first client does not pay for tracing or lazy allocation."""
+    """One predict call per signature on ``dummy_inputs``, so the first client does not pay for tracing or lazy
+    allocation."""
     sizes = [spec.shape[1:3] for specs in model.input_specs.values() for spec in specs.values()
              if spec.dtype != "string" and len(spec.shape) == 4 and None not in spec.shape[1:3]]
     for signature_name in sorted(model.input_specs):
@@ -175,14 +178,17 @@ def warm_up(model):
 
 
 class ServingState:
-    """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and metrics."""
+    """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and
+    metrics."""
 
     def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False, wait_for_load=False):
         self._load, self._identify = load, identify
         self.limits = limits or RequestLimits()
         self.batching = batching
         self.load_in_background = load_in_background
-        self.wait_for_load = wait_for_load  # model routes wait up to ``limits.request_timeout`` for it, not a 503 at once
+        self.wait_for_load = (
+            wait_for_load  # model routes wait up to ``limits.request_timeout`` for it, not a 503 at once
+        )
         self.model = self.batcher = self.load_error = self._loader = None
         self.headers = {}
         self.ready = threading.Event()
@@ -222,7 +228,8 @@ class ServingState:
         self._loader.start()
 
     async def loaded(self, timeout=None):
-        """Whether the model is ready, once it is, loading it has failed, or ``timeout`` seconds (None: no limit) passed."""
+        """Whether the model is ready, once it is, loading it has failed, or ``timeout`` seconds (None: no limit)
+        passed."""
         deadline = None if timeout is None else time.monotonic() + timeout
         while not self.ready.is_set() and self.load_error is None and (deadline is None or time.monotonic() < deadline):
             await asyncio.sleep(LOAD_POLL_S)
@@ -232,7 +239,9 @@ class ServingState:
         """A 503 ``RequestError`` unless the model is loaded and warmed up."""
         if not self.ready.is_set():
             if self.load_error is not None:
-                raise RequestError(f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}", 503)
+                raise RequestError(
+                    f"The model failed to load: {type(self.load_error).__name__}: {self.load_error}", 503
+                )
             raise RequestError("The model is loading or warming up; retry later.", 503)
 
     def predict(self, model, signature_name, inputs):
@@ -293,7 +302,8 @@ async def read_body(request, limits, share):
                     share.take(len(chunk))
                 chunks.append(chunk)
             return b"".join(chunks)
-        finally:  # an error's traceback keeps this frame (in a reference cycle, until the garbage collector runs): not its chunks
+        finally:  # an error's traceback keeps this frame (in a reference cycle, until the garbage collector
+            # runs): not its chunks
             chunks.clear()
 
     if length is not None:  # taken whole before any of it is read: admitted whole, or refused at once
@@ -311,7 +321,9 @@ async def run_predict(state, signature_name, inputs, call=None):
     started = time.perf_counter()
     if state.batcher is None:
         infer = Call()
-        outputs = await run_in_threadpool(timed, infer, "compute_infer", state.predict, state.model, signature_name, inputs)
+        outputs = await run_in_threadpool(
+            timed, infer, "compute_infer", state.predict, state.model, signature_name, inputs
+        )
         seconds, headers = infer.phases["compute_infer"], {}
     else:
         result = await state.batcher.submit(signature_name, inputs)
@@ -325,7 +337,9 @@ async def run_predict(state, signature_name, inputs, call=None):
 
 def _decode_infer(model, body, header_length, call, limits):
     """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
-    request, binary = v2.parse_request(body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"]))
+    request, binary = v2.parse_request(
+        body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"])
+    )
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
     specs = model.input_specs[signature_name]
@@ -359,7 +373,8 @@ def _served(request, failed_too=False):
 # Each endpoint's docstring is its OpenAPI operation: the summary, then after "---" the rest in YAML (``openapi``).
 async def v1_status(request):
     """TF Serving model status (the served version, and newer ones that failed to load). ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatus'}}}}}"""
     _, model = _served(request, failed_too=True)
     version = request.path_params.get("version")
     return _json(model.status(version) if version and getattr(model, "failed", ()) else model.status())
@@ -367,21 +382,26 @@ async def v1_status(request):
 
 async def v1_metadata(request):
     """TF Serving model metadata (signature definitions). ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelMetadata'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/ModelMetadata'}}}}}"""
     return _json(_served(request)[1].metadata)
 
 
 async def v1_predict(request):
     """TF Serving predict. ---
     requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/PredictRequest'}}}}
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/PredictResponse'}}}}}"""
     state, model = _served(request)
     call = request.state.call
     signature_name, inputs, mode = await run_in_threadpool(timed, call, "compute_input", decode_predict, model,
                                                            await request.body(), call, **state.limits.model_limits())
     outputs, headers = await run_predict(state, signature_name, inputs, call)
-    return Response(await run_in_threadpool(timed, call, "compute_output", rest.encode_outputs, outputs, mode), headers=headers,
-                    media_type=JSON)
+    return Response(
+        await run_in_threadpool(timed, call, "compute_output", rest.encode_outputs, outputs, mode),
+        headers=headers,
+        media_type=JSON,
+    )
 
 
 async def v1_unsupported(request):
@@ -401,51 +421,66 @@ async def v1_label(request):
 
 async def v2_server_metadata(request):
     """Open Inference Protocol server metadata. ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/ServerMetadata'}}}}}"""
     return _json(v2.server_metadata(keras_preact.__version__))
 
 
 async def live(request):
     """Server live (unless loading the model failed). ---
     responses: {'200': {description: live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}},
-                '503': {description: not live, content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}}}"""
+                '503': {description: not live,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/Live'}}}}}"""
     is_live = request.app.state.serving.load_error is None
     return _json({"live": is_live}, 200 if is_live else 503)
 
 
 async def ready(request):
     """Server ready (the model loaded and warmed up). ---
-    responses: {'200': {description: ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}},
-                '503': {description: not ready, content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}}}"""
+    responses: {'200': {description: ready,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}},
+                '503': {description: not ready,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/Ready'}}}}}"""
     is_ready = request.app.state.serving.ready.is_set()
     return _json({"ready": is_ready}, 200 if is_ready else 503)
 
 
 async def v2_model_metadata(request):
     """Open Inference Protocol model metadata. ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelMetadata'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelMetadata'}}}}}"""
     return _json(v2.model_metadata(_served(request)[1]))
 
 
 async def v2_model_ready(request):
     """Open Inference Protocol model readiness. ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelReady'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/V2ModelReady'}}}}}"""
     return _json({"name": _served(request)[1].name, "ready": True})
 
 
 async def v2_infer(request):
     """Open Inference Protocol infer (JSON tensors, or Triton's binary tensor data). ---
     requestBody: {required: true, content: {application/json: {schema: {$ref: '#/components/schemas/InferRequest'}}}}
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/InferResponse'}},
-                                                   application/octet-stream: {schema: {type: string, format: binary}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/InferResponse'}},
+                                 application/octet-stream: {schema: {type: string, format: binary}}}}}"""
     state, model = _served(request)
     if request.headers.get("content-encoding", "identity").lower() != "identity":
         raise RequestError(f"Content-Encoding {request.headers['content-encoding']!r} is not supported; "
                            "send the body uncompressed.", 415)
     call = request.state.call
     infer, signature_name, inputs = await run_in_threadpool(
-        timed, call, "compute_input", _decode_infer, model, await request.body(), request.headers.get(v2.HEADER_LENGTH), call,
-        state.limits.model_limits())
+        timed,
+        call,
+        "compute_input",
+        _decode_infer,
+        model,
+        await request.body(),
+        request.headers.get(v2.HEADER_LENGTH),
+        call,
+        state.limits.model_limits(),
+    )
     outputs, headers = await run_predict(state, signature_name, inputs, call)
     reply, more = await run_in_threadpool(timed, call, "compute_output", v2.encode_reply, model, infer, outputs)
     return Response(reply, headers={**headers, **more}, media_type="application/octet-stream" if more else JSON)
@@ -453,14 +488,16 @@ async def v2_infer(request):
 
 async def v2_model_config(request):
     """Triton's model configuration. ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}"""
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}"""
     state, model = _served(request)
     return _json(v2.model_config(model, state.limits.max_batch_size, state.batching))
 
 
 async def v2_model_stats(request):
     """Triton's model statistics (inference requests, their time, model calls). ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatistics'}}}},
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/ModelStatistics'}}}},
                 4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}"""
     state, model = _served(request)
     return _json(v2.model_statistics(model, state.metrics))
@@ -468,7 +505,8 @@ async def v2_model_stats(request):
 
 async def v2_repository_index(request):
     """Triton's model repository index (the served version, and newer ones that failed to load). ---
-    responses: {'200': {description: OK, content: {application/json: {schema: {$ref: '#/components/schemas/RepositoryIndex'}}}},
+    responses: {'200': {description: OK,
+                        content: {application/json: {schema: {$ref: '#/components/schemas/RepositoryIndex'}}}},
                 4XX: {$ref: '#/components/responses/Error'}, '503': {$ref: '#/components/responses/Unavailable'}}"""
     return _json(v2.repository_index(_served(request)[1]))
 
@@ -502,25 +540,57 @@ def _model_routes(prefix, operations):
 
 
 ROUTES = [  # in the order tried: the first that matches the path and the method answers
-    *_model_routes("/v1/models", [("", v1_status, "GET", "v1:status"), ("/metadata", v1_metadata, "GET", "v1:metadata"),
-                                  (":predict", v1_predict, "POST", "v1:predict")]),
-    *(Route(f"/v1/models/{{model_name:name}}{versions}:{verb}", v1_unsupported, methods=["POST"], include_in_schema=False)
-      for verb in ("classify", "regress") for versions in ("", "/versions/{version:name}")),
-    *(Route(f"/v1/models/{{model_name:name}}/labels/{{label:name}}{suffix}", v1_label, methods=[method],
-            include_in_schema=False)
-      for suffix, method in (("", "GET"), ("/metadata", "GET"), (":predict", "POST"), (":classify", "POST"),
-                             (":regress", "POST"))),
+    *_model_routes(
+        "/v1/models",
+        [
+            ("", v1_status, "GET", "v1:status"),
+            ("/metadata", v1_metadata, "GET", "v1:metadata"),
+            (":predict", v1_predict, "POST", "v1:predict"),
+        ],
+    ),
+    *(
+        Route(
+            f"/v1/models/{{model_name:name}}{versions}:{verb}",
+            v1_unsupported,
+            methods=["POST"],
+            include_in_schema=False,
+        )
+        for verb in ("classify", "regress")
+        for versions in ("", "/versions/{version:name}")
+    ),
+    *(
+        Route(
+            f"/v1/models/{{model_name:name}}/labels/{{label:name}}{suffix}",
+            v1_label,
+            methods=[method],
+            include_in_schema=False,
+        )
+        for suffix, method in (
+            ("", "GET"),
+            ("/metadata", "GET"),
+            (":predict", "POST"),
+            (":classify", "POST"),
+            (":regress", "POST"),
+        )
+    ),
     Route("/v2", v2_server_metadata, name="v2:server_metadata"),
     Route(LIVE_PATH, live),
     Route(READY_PATH, ready),
     Route("/v2/models/stats", v2_model_stats, name="v2:model_stats"),  # Triton's: every model's
     Route("/v2/repository/index", v2_repository_index, methods=["POST"], name="v2:repository_index"),
-    *_model_routes("/v2/models", [("", v2_model_metadata, "GET", "v2:model_metadata"),
-                                  ("/ready", v2_model_ready, "GET", "v2:model_ready"), ("/infer", v2_infer, "POST", "v2:infer"),
-                                  ("/config", v2_model_config, "GET", "v2:model_config"),
-                                  ("/stats", v2_model_stats, "GET", "v2:model_stats")]),
+    *_model_routes(
+        "/v2/models",
+        [
+            ("", v2_model_metadata, "GET", "v2:model_metadata"),
+            ("/ready", v2_model_ready, "GET", "v2:model_ready"),
+            ("/infer", v2_infer, "POST", "v2:infer"),
+            ("/config", v2_model_config, "GET", "v2:model_config"),
+            ("/stats", v2_model_stats, "GET", "v2:model_stats"),
+        ],
+    ),
     Route(metrics.PATH, prometheus_metrics),
-    Route(openapi.PATH, openapi_document)]
+    Route(openapi.PATH, openapi_document),
+]
 
 
 def _error_reply(error, headers=None):
@@ -544,7 +614,8 @@ async def _no_route(request, error):
 
 
 class _Served:
-    """ASGI middleware: bodies read first, errors as JSON, ``state.headers`` on every reply, requests counted and timed."""
+    """ASGI middleware: bodies read first, errors as JSON, ``state.headers`` on every reply, requests counted and
+    timed."""
 
     def __init__(self, app, state):
         self.app, self.state = app, state
@@ -565,7 +636,9 @@ class _Served:
             try:
                 body = await read_body(request, self.state.limits, share)
                 if self.state.wait_for_load and scope["path"] not in SERVICE_PATHS:
-                    await self.state.loaded(self.state.limits.request_timeout)  # then a 503 if still loading (``_served``)
+                    await self.state.loaded(
+                        self.state.limits.request_timeout
+                    )  # then a 503 if still loading (``_served``)
 
                 async def replay():  # the body read, then what the server sends next (a disconnect)
                     nonlocal body
@@ -585,8 +658,9 @@ class _Served:
             route = scope.get("route")
             if route is not None and scope["method"] in route.methods and route.name in metrics.API_NAMES:
                 call.api = route.name
-            self.state.metrics.observe_request(call.model, call.api, call.signature, status[0], time.perf_counter() - started,
-                                               call.phases)
+            self.state.metrics.observe_request(
+                call.model, call.api, call.signature, status[0], time.perf_counter() - started, call.phases
+            )
 
 
 def create_app(state):

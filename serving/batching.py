@@ -30,7 +30,8 @@ class BatchingStats:
 
 @dataclasses.dataclass(frozen=True)
 class BatchResult:
-    """A request's outputs, the model call that ran it (numbered from 1), the examples that call held and its seconds."""
+    """A request's outputs, the model call that ran it (numbered from 1), the examples that call held and its
+    seconds."""
 
     outputs: dict
     call: int
@@ -89,7 +90,8 @@ class Batcher:
         return self._enqueue(signature_name, inputs).future.result().outputs
 
     async def submit(self, signature_name, inputs):
-        """``predict`` for a coroutine (``keras_preact_serving.app``): a ``BatchResult``, awaited without holding a thread."""
+        """``predict`` for a coroutine (``keras_preact_serving.app``): a ``BatchResult``, awaited without holding a
+        thread."""
         return await asyncio.wrap_future(self._enqueue(signature_name, inputs).future)
 
     def _enqueue(self, signature_name, inputs):

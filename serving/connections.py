@@ -87,5 +87,6 @@ class BoundedH11Protocol(H11Protocol):
 
 
 def ray_proxy_setup_hook():
-    """Ray's ``worker_process_setup_hook``: ``BoundedH11Protocol`` is uvicorn's default in every worker, Serve's proxy too."""
+    """Ray's ``worker_process_setup_hook``: ``BoundedH11Protocol`` is uvicorn's default in every worker, Serve's proxy
+    too."""
     config.HTTP_PROTOCOLS["auto"] = f"{__name__}:BoundedH11Protocol"

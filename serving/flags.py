@@ -19,7 +19,8 @@ MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
 
 
 def check_number(argument, value, *, real=False, at_least=None):
-    """ValueError naming ``argument`` unless ``value`` is a positive integer (``real``: finite number, >= ``at_least``)."""
+    """ValueError naming ``argument`` unless ``value`` is a positive integer (``real``: finite number, >=
+    ``at_least``)."""
     is_number = not isinstance(value, bool) and isinstance(value, (int, float) if real else int)
     if not real:
         valid, expected = is_number and value >= 1, "a positive integer"
@@ -40,7 +41,9 @@ class FlagRecord:
 
     def __post_init__(self):
         for field in dataclasses.fields(self):
-            check_number(field.name, getattr(self, field.name), real=field.type is float, at_least=field.metadata["at_least"])
+            check_number(
+                field.name, getattr(self, field.name), real=field.type is float, at_least=field.metadata["at_least"]
+            )
 
     @classmethod
     def add_arguments(cls, parser, *, server_only=True):
@@ -61,7 +64,9 @@ class FlagRecord:
 class BatchingOptions(FlagRecord):
     """How a ``Batcher`` merges requests (each field's help says how)."""
 
-    batching_max_size: int = flag(32, "examples in one model call; a larger request runs alone (TF Serving's max_batch_size)")
+    batching_max_size: int = flag(
+        32, "examples in one model call; a larger request runs alone (TF Serving's max_batch_size)"
+    )
     batching_timeout_ms: float = flag(0.0, "the longest the oldest request of a batch waits for more (0: batch "
                                            "what is queued when the model is free)", at_least=0)
     batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond)")
@@ -74,24 +79,34 @@ class RequestLimits(FlagRecord):
     """What one request (and, in the local server, one connection: ``server_only``) may use."""
 
     max_body_bytes: int = flag(64 * 1024 * 1024, "request body, Content-Length or chunked (413 above)")
-    max_bodies_in_flight_bytes: int = flag(256 * 1024 * 1024, "bytes of request bodies held at once by all requests in "
-                                                              "flight, REST and gRPC (503 beyond); at least --max-body-bytes")
+    max_bodies_in_flight_bytes: int = flag(
+        256 * 1024 * 1024,
+        "bytes of request bodies held at once by all requests in "
+        "flight, REST and gRPC (503 beyond); at least --max-body-bytes",
+    )
     max_batch_size: int = flag(256, "examples per request (413 above)")
     max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
     max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
     max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
-    request_timeout: float = flag(30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle")
+    request_timeout: float = flag(
+        30.0, "seconds a client may take to send a whole request (headers and body; 408 after), or stay idle"
+    )
     max_connections: int = flag(4096, "open connections at once (503 beyond)", server_only=True)
 
     def __post_init__(self):
         super().__post_init__()
         if self.max_bodies_in_flight_bytes < self.max_body_bytes:
-            raise ValueError(f"Invalid max_bodies_in_flight_bytes={self.max_bodies_in_flight_bytes!r}: expected at least "
-                             f"max_body_bytes={self.max_body_bytes!r} (one whole body).")
+            raise ValueError(
+                f"Invalid max_bodies_in_flight_bytes={self.max_bodies_in_flight_bytes!r}: expected at least "
+                f"max_body_bytes={self.max_body_bytes!r} (one whole body)."
+            )
 
     def model_limits(self):
         """The limits ``rest.check_inputs`` applies (keyword arguments)."""
-        return {name: getattr(self, name) for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")}
+        return {
+            name: getattr(self, name)
+            for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")
+        }
 
 
 
@@ -101,7 +116,9 @@ def serve_parser():
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
                     "Inference Protocol (v2), with Prometheus metrics.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)")
+    parser.add_argument(
+        "--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)"
+    )
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
     parser.add_argument("--grpc-port", type=int, default=None,
@@ -111,8 +128,12 @@ def serve_parser():
     RequestLimits.add_arguments(parser.add_argument_group("request limits"))
     batching_flags = parser.add_argument_group(
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
-    batching_flags.add_argument("--enable-batching", action=argparse.BooleanOptionalAction, default=DEFAULT_ENABLE_BATCHING,
-                                help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})")
+    batching_flags.add_argument(
+        "--enable-batching",
+        action=argparse.BooleanOptionalAction,
+        default=DEFAULT_ENABLE_BATCHING,
+        help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})",
+    )
     BatchingOptions.add_arguments(batching_flags)
     parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
                         help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
@@ -129,22 +150,39 @@ def ray_parser():
         description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
                     "Inference Protocol (v2) from Ray Serve replicas.")
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument("--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model")
-    parser.add_argument("--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})")
+    parser.add_argument(
+        "--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model"
+    )
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})"
+    )
     parser.add_argument("--host", default="127.0.0.1",
                         help="address Ray Serve's proxy binds on every node (default 127.0.0.1, loopback only)")
-    parser.add_argument("--address", default=None,
-                        help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)")
+    parser.add_argument(
+        "--address",
+        default=None,
+        help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)",
+    )
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--batching-max-size", type=int, default=DEFAULT_BATCHING_MAX_SIZE,
-                        help="examples in one model call of a replica; a larger request runs alone (as keras-preact-serve's)")
-    parser.add_argument("--batching-timeout-ms", type=float, default=DEFAULT_BATCHING_TIMEOUT_MS,
-                        help="milliseconds the oldest request of a replica's batch waits for more (as keras-preact-serve's)")
+    parser.add_argument(
+        "--batching-max-size",
+        type=int,
+        default=DEFAULT_BATCHING_MAX_SIZE,
+        help="examples in one model call of a replica; a larger request runs alone (as keras-preact-serve's)",
+    )
+    parser.add_argument(
+        "--batching-timeout-ms",
+        type=float,
+        default=DEFAULT_BATCHING_TIMEOUT_MS,
+        help="milliseconds the oldest request of a replica's batch waits for more (as keras-preact-serve's)",
+    )
     parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
     parser.add_argument("--max-replicas-per-node", type=int, default=None,
                         help=f"most replicas Ray places on one node, 1-{MAX_REPLICAS_PER_NODE} (default: no limit; 1 "
                              "spreads the replicas one per node)")
-    parser.add_argument("--num-cpus", type=int, default=None, help="CPUs of the Ray instance started here (default: all)")
+    parser.add_argument(
+        "--num-cpus", type=int, default=None, help="CPUs of the Ray instance started here (default: all)"
+    )
     parser.add_argument("--object-store-memory", type=int, default=None,
                         help="bytes of the object store of the Ray instance started here (default: Ray's)")
     parser.add_argument("--runtime", choices=RUNTIMES, default="auto",

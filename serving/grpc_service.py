@@ -21,11 +21,23 @@ from keras_preact_serving.app import Call, run_predict, timed
 from keras_preact_serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
-STATUS_CODES = {400: grpc.StatusCode.INVALID_ARGUMENT, 404: grpc.StatusCode.NOT_FOUND, 408: grpc.StatusCode.DEADLINE_EXCEEDED,
-                413: grpc.StatusCode.RESOURCE_EXHAUSTED, 503: grpc.StatusCode.UNAVAILABLE}  # REST's HTTP status -> gRPC's
+STATUS_CODES = {
+    400: grpc.StatusCode.INVALID_ARGUMENT,
+    404: grpc.StatusCode.NOT_FOUND,
+    408: grpc.StatusCode.DEADLINE_EXCEEDED,
+    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
+    503: grpc.StatusCode.UNAVAILABLE,
+}  # REST's HTTP status -> gRPC's
 # TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
-PROTO_FIELDS = {"float32": "float_val", "float64": "double_val", "int64": "int64_val", "uint32": "uint32_val",
-                "uint64": "uint64_val", "bool": "bool_val", **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val")}
+PROTO_FIELDS = {
+    "float32": "float_val",
+    "float64": "double_val",
+    "int64": "int64_val",
+    "uint32": "uint32_val",
+    "uint64": "uint64_val",
+    "bool": "bool_val",
+    **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val"),
+}
 
 
 def _short(value, limit=40):
@@ -46,8 +58,10 @@ def check_model_spec(model, model_spec, call):
     if not model_spec.name:
         raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, "ModelSpec has no name specified.")
     if model_spec.version_label:
-        raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"Unrecognized servable version label: "
-                                                       f"{_short(model_spec.version_label)} (this server defines no labels).")
+        raise _Abort(
+            grpc.StatusCode.INVALID_ARGUMENT,
+            f"Unrecognized servable version label: {_short(model_spec.version_label)} (this server defines no labels).",
+        )
     if model_spec.name != model.name:
         raise _Abort(grpc.StatusCode.NOT_FOUND, f"Servable not found for request: Latest({_short(model_spec.name)}); "
                                                 f"serving model '{model.name}'.")
@@ -58,7 +72,8 @@ def check_model_spec(model, model_spec, call):
 
 
 def _tensor(spec, proto, max_batch_size):
-    """An input's array; dtype, shape, batch and integer range checked from the ``TensorProto`` before reading values."""
+    """An input's array; dtype, shape, batch and integer range checked from the ``TensorProto`` before reading
+    values."""
     expected = tf.dtypes.as_dtype(spec.dtype)
     if proto.dtype != expected.as_datatype_enum:
         try:
@@ -87,8 +102,10 @@ def decode_predict_request(model, request, call, **limits):
     check_model_spec(model, request.model_spec, call)
     signature_name = request.model_spec.signature_name or DEFAULT_SIGNATURE
     if signature_name not in model.signatures:
-        raise _Abort(grpc.StatusCode.FAILED_PRECONDITION, f"Serving signature key \"{_short(signature_name)}\" not found; "
-                                                          f"available: {sorted(model.signatures)}.")
+        raise _Abort(
+            grpc.StatusCode.FAILED_PRECONDITION,
+            f'Serving signature key "{_short(signature_name)}" not found; available: {sorted(model.signatures)}.',
+        )
     call.signature = signature_name
     specs = model.input_specs[signature_name]
     if set(request.inputs) != set(specs):
@@ -144,8 +161,9 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         except Exception as error:  # noqa: BLE001 - the server answers and stays up
             status, details = rest.error_status(error)
             code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
-        self.state.metrics.observe_request(call.model, call.api, call.signature, code.name, time.perf_counter() - started,
-                                           call.phases)
+        self.state.metrics.observe_request(
+            call.model, call.api, call.signature, code.name, time.perf_counter() - started, call.phases
+        )
         if code != grpc.StatusCode.OK:
             await context.abort(code, details)
         return reply
@@ -153,13 +171,22 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
         async def predict(model, call):
             limits = self.state.limits.model_limits()
-            signature_name, inputs = await run_in_threadpool(timed, call, "compute_input", decode_predict_request, model,
-                                                             request, call, **limits)
+            signature_name, inputs = await run_in_threadpool(
+                timed, call, "compute_input", decode_predict_request, model, request, call, **limits
+            )
             outputs, headers = await run_predict(self.state, signature_name, inputs, call)
             if headers:  # the model call that ran a batched request
                 context.set_trailing_metadata(tuple((name.lower(), value) for name, value in headers.items()))
-            return await run_in_threadpool(timed, call, "compute_output", encode_predict_response, model, signature_name,
-                                           outputs, list(request.output_filter))
+            return await run_in_threadpool(
+                timed,
+                call,
+                "compute_output",
+                encode_predict_response,
+                model,
+                signature_name,
+                outputs,
+                list(request.output_filter),
+            )
 
         return await self._answer(context, "grpc:predict", predict)
 
@@ -171,7 +198,9 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
                 sent = [_short(field) for field in fields[:3]] + ["..."] * (len(fields) > 3)
                 raise RequestError(f"Invalid metadata_field ({len(fields)} values: {', '.join(sent)}): the one "
                                    "metadata field served is 'signature_def'.")
-            response = get_model_metadata_pb2.GetModelMetadataResponse(model_spec={"name": model.name, "version": {"value": model.version}})
+            response = get_model_metadata_pb2.GetModelMetadataResponse(
+                model_spec={"name": model.name, "version": {"value": model.version}}
+            )
             response.metadata["signature_def"].Pack(json_format.ParseDict(  # the servable's signature defs
                 model.metadata["metadata"]["signature_def"], get_model_metadata_pb2.SignatureDefMap()))
             return response
@@ -210,7 +239,9 @@ class RequestDeadline(grpc.aio.ServerInterceptor):
                 request = await asyncio.wait_for(anext(requests), self.timeout)
             except asyncio.TimeoutError:
                 self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
-                await context.abort(grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s.")
+                await context.abort(
+                    grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s."
+                )
             except StopAsyncIteration:
                 await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
             with self.state.bodies.share() as share:  # the message's bytes held until the reply (REST's bound too)

@@ -1,4 +1,5 @@
-"""Prometheus metrics of one serving application (docs/export-and-serving.md, "Metrics and health"); labels never come from a request."""
+"""Prometheus metrics of one serving application (docs/export-and-serving.md, "Metrics and health"); labels never come
+from a request."""
 
 import time
 
@@ -20,14 +21,18 @@ BATCH_SIZE_BUCKETS = tuple(2.0**i for i in range(13))  # 1, 2, 4, ..., 4096 exam
 
 
 class ServingMetrics:
-    """The metrics of one application, in their own ``registry``; ``inferences`` tallies them for Triton's statistics."""
+    """The metrics of one application, in their own ``registry``; ``inferences`` tallies them for Triton's
+    statistics."""
 
     def __init__(self):
         self.registry = prometheus_client.CollectorRegistry(auto_describe=True)
         prefix = "keras_preact_serving_"
         self.requests = prometheus_client.Counter(
-            prefix + "requests", "Requests answered, by model, API route, signature and HTTP status code (gRPC: status name).",
-            ["model", "api", "signature", "code"], registry=self.registry)
+            prefix + "requests",
+            "Requests answered, by model, API route, signature and HTTP status code (gRPC: status name).",
+            ["model", "api", "signature", "code"],
+            registry=self.registry,
+        )
         self.latency = prometheus_client.Histogram(
             prefix + "request_latency_seconds", "Seconds from a request's arrival to its reply.",
             ["model", "api", "signature"], buckets=LATENCY_BUCKETS, registry=self.registry)

@@ -65,7 +65,8 @@ _ERRORS = {"4XX": {"$ref": "#/components/responses/Error"}, "503": {"$ref": "#/c
 
 
 def document(routes, model=None):
-    """The OpenAPI document of ``routes``; given the served ``model``, its name, version and example bodies (for fuzzers)."""
+    """The OpenAPI document of ``routes``; given the served ``model``, its name, version and example bodies (for
+    fuzzers)."""
     generator = SchemaGenerator(copy.deepcopy(_BASE))
     doc = generator.get_schema(routes)
     for endpoint in generator.get_endpoints(routes):  # the summary: the docstring before "---"

@@ -18,7 +18,12 @@ from ray import serve
 from keras_preact_serving import flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.batching import BatchingOptions, check_number
-from keras_preact_serving.flags import DEFAULT_BATCHING_MAX_SIZE, DEFAULT_BATCHING_TIMEOUT_MS, DEFAULT_REPLICAS, MAX_REPLICAS_PER_NODE
+from keras_preact_serving.flags import (
+    DEFAULT_BATCHING_MAX_SIZE,
+    DEFAULT_BATCHING_TIMEOUT_MS,
+    DEFAULT_REPLICAS,
+    MAX_REPLICAS_PER_NODE,
+)
 from keras_preact_serving.servable import Servable, check_runtime
 from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
 
@@ -63,17 +68,30 @@ def wait_until_loaded(handle, replicas):
     first load error in one line)."""
     ready = {}
     while len(ready) < replicas:
-        for replica, served, error in [response.result() for response in [handle.loaded.remote() for _ in range(replicas)]]:
+        for replica, served, error in [
+            response.result() for response in [handle.loaded.remote() for _ in range(replicas)]
+        ]:
             if error is not None:
                 return None, error
             ready[replica] = served
     return min(ready.values()), None  # the same on every replica unless a version was copied in meanwhile
 
 
-def build_app(model_base, *, model_name=None, replicas=DEFAULT_REPLICAS, batching_max_size=DEFAULT_BATCHING_MAX_SIZE,
-              batching_timeout_ms=DEFAULT_BATCHING_TIMEOUT_MS, replica_cpus=1.0, max_replicas_per_node=None, limits=None,
-              runtime="auto", **limit_values):
-    """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every node."""
+def build_app(
+    model_base,
+    *,
+    model_name=None,
+    replicas=DEFAULT_REPLICAS,
+    batching_max_size=DEFAULT_BATCHING_MAX_SIZE,
+    batching_timeout_ms=DEFAULT_BATCHING_TIMEOUT_MS,
+    replica_cpus=1.0,
+    max_replicas_per_node=None,
+    limits=None,
+    runtime="auto",
+    **limit_values,
+):
+    """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every
+    node."""
     limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
     check_number("replicas", replicas)
     check_number("replica_cpus", replica_cpus, real=True, at_least=0)
@@ -112,10 +130,16 @@ def main(argv=None):
         parser.error("--num-cpus and --object-store-memory size the Ray instance started here: not with --address")
     try:
         app = build_app(
-            args.model_base_path, model_name=args.model_name, replicas=args.replicas,
-            batching_max_size=args.batching_max_size, batching_timeout_ms=args.batching_timeout_ms,
+            args.model_base_path,
+            model_name=args.model_name,
+            replicas=args.replicas,
+            batching_max_size=args.batching_max_size,
+            batching_timeout_ms=args.batching_timeout_ms,
             replica_cpus=args.replica_cpus,
-            max_replicas_per_node=args.max_replicas_per_node, limits=RequestLimits.from_args(args), runtime=args.runtime)
+            max_replicas_per_node=args.max_replicas_per_node,
+            limits=RequestLimits.from_args(args),
+            runtime=args.runtime,
+        )
     except ValueError as error:
         parser.error(str(error))
     except ImportError as error:
@@ -127,10 +151,15 @@ def main(argv=None):
         parser.error(f"--replicas {args.replicas} with --max-replicas-per-node {args.max_replicas_per_node} needs "
                      f"{needed} nodes: the Ray instance started here is one (deploy onto a cluster with --address)")
     if local and port_in_use(args.host, args.port, socket.AF_INET6 if ":" in args.host else socket.AF_INET):
-        # else Ray's proxy fails to bind a minute later, in a 70-line traceback (a running Serve on a cluster keeps its own)
-        parser.exit(1, f"{parser.prog}: error: {PortInUse(args.host, args.port, '--port', os.strerror(errno.EADDRINUSE))}\n")
+        # else Ray's proxy fails to bind a minute later, in a 70-line traceback (a running Serve on a cluster keeps its
+        # own)
+        parser.exit(
+            1, f"{parser.prog}: error: {PortInUse(args.host, args.port, '--port', os.strerror(errno.EADDRINUSE))}\n"
+        )
     if local:
-        os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")  # no usage statistics unless asked (a cluster keeps its own)
+        os.environ.setdefault(
+            "RAY_USAGE_STATS_ENABLED", "0"
+        )  # no usage statistics unless asked (a cluster keeps its own)
         # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
                  include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
@@ -146,7 +175,9 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):  # either stops serving and the Ray instance started here
         signal.signal(signum, _stop)
     try:
-        serve.start(http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)})
+        serve.start(
+            http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)}
+        )
         served, error = wait_until_loaded(serve.run(app, name=model_name, route_prefix="/"), args.replicas)
         if error is not None:
             print(f"{parser.prog}: error: {error}", file=sys.stderr, flush=True)

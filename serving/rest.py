@@ -1,4 +1,5 @@
-"""TF Serving's REST API codec (https://www.tensorflow.org/tfx/serving/api_rest) and the input checks every API shares."""
+"""TF Serving's REST API codec (https://www.tensorflow.org/tfx/serving/api_rest) and the input checks every API
+shares."""
 
 import base64
 import binascii
@@ -43,7 +44,8 @@ def _reject_constant(name):
 
 
 def max_values(input_specs, max_batch_size):
-    """The most JSON values ``max_batch_size`` examples of a signature's inputs hold, plus 1,000 (None: unbounded dims)."""
+    """The most JSON values ``max_batch_size`` examples of a signature's inputs hold, plus 1,000 (None: unbounded
+    dims)."""
     def example(spec):  # its nested lists and numbers, a row object, a {"b64": ...} object per string
         dims = spec.shape[1:]
         return sum(math.prod(dims[:k]) for k in range(len(dims) + 1)) + 1 + (spec.dtype == "string") * math.prod(dims)
@@ -75,8 +77,10 @@ def parse_body(body, max_values):
         raise RequestError("The request body must be a JSON object with 'instances' or 'inputs'.")
     has_instances, has_inputs = "instances" in request, "inputs" in request
     if has_instances == has_inputs:
-        raise RequestError("The request must contain exactly one of 'instances' (row format) or 'inputs' (columnar format)"
-                           + (", not both." if has_instances else "."))
+        raise RequestError(
+            "The request must contain exactly one of 'instances' (row format) or 'inputs' (columnar format)"
+            + (", not both." if has_instances else ".")
+        )
     signature_name = request.get("signature_name", "serving_default")
     if not isinstance(signature_name, str):
         raise RequestError(f"Invalid signature_name={signature_name!r}: expected a string.")
@@ -109,7 +113,9 @@ def to_array(value, spec):
             if isinstance(item, str):
                 flat[i] = item.encode("utf-8")
             elif not isinstance(item, bytes):
-                raise RequestError(f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}.")
+                raise RequestError(
+                    f"Input '{spec.name}' holds strings (base64 {{'b64': ...}} for binary data); got {item!r:.50}."
+                )
     else:
         try:
             array = np.asarray(value)
@@ -120,7 +126,9 @@ def to_array(value, spec):
         integer = np.dtype(spec.dtype).kind in "iu"
         if array.dtype.kind not in ("iu" if integer else "iuf") or array.dtype == object:
             raise RequestError(
-                f"Input '{spec.name}' must hold {spec.dtype} values; got {array.dtype.name if array.dtype != object else 'mixed'} values.")
+                f"Input '{spec.name}' must hold {spec.dtype} values; "
+                f"got {array.dtype.name if array.dtype != object else 'mixed'} values."
+            )
         if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
             raise RequestError(f"Input '{spec.name}' holds non-finite values (e.g. 1e999); send finite numbers.")
         if integer:
@@ -189,7 +197,8 @@ def decode_inputs(request, mode, specs):
 
 
 def _jsonable(name, array):
-    """The array as JSON: strings as text, or base64 when binary or the output's name ends in ``_bytes`` (TF Serving's rule)."""
+    """The array as JSON: strings as text, or base64 when binary or the output's name ends in ``_bytes`` (TF Serving's
+    rule)."""
     if array.dtype == object or array.dtype.kind == "S":
         def encode(item):
             if name.endswith("_bytes"):
@@ -252,7 +261,9 @@ def check_encoded_images(arrays, *, max_image_pixels, max_aspect_ratio, max_requ
                     width, height = frame
             where = f"Input '{name}'[{index}] ({fmt} {width}x{height})"
             if width < 1 or height < 1 or width * height > max_image_pixels:
-                raise RequestError(f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.", 413)
+                raise RequestError(
+                    f"{where} has {width * height} pixels; the limit is {max_image_pixels} per image.", 413
+                )
             if max(width, height) > max_aspect_ratio * min(width, height):
                 raise RequestError(f"{where}: aspect ratio above the limit of {max_aspect_ratio}:1.", 413)
             total += width * height

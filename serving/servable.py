@@ -56,7 +56,9 @@ def version_dirs(model_base, skipped=None):
             if version_number(p.name) is not None:
                 versions.append((version_number(p.name), p))
             elif skipped is not None:
-                skipped.append((p, f"not a version: a version folder's name is ASCII digits 0-9, at most {MAX_VERSION}"))
+                skipped.append(
+                    (p, f"not a version: a version folder's name is ASCII digits 0-9, at most {MAX_VERSION}")
+                )
     versions.sort(reverse=True)
     if not versions:
         hint = " It is itself a version folder: pass its parent." if formats_in(base) else ""
@@ -87,10 +89,14 @@ def choose_runtimes(present, runtime="auto"):
         usable = [f for f in present if _installed(f)]
         if not usable:
             needs = " or ".join(f"{FORMATS[f].install} ({f})" for f in present)
-            raise ImportError(f"serving this version ({', '.join(present)}) needs a runtime that is not installed: {needs}")
+            raise ImportError(
+                f"serving this version ({', '.join(present)}) needs a runtime that is not installed: {needs}"
+            )
         return {"pixels": usable[0], "saved_model": has_tf}
     if runtime not in present:
-        raise ValueError(f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds {', '.join(present)}).")
+        raise ValueError(
+            f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds {', '.join(present)})."
+        )
     if not _installed(runtime):
         raise ImportError(f"runtime {runtime} is not installed: {FORMATS[runtime].install}")
     return {"pixels": runtime, "saved_model": has_tf}
@@ -219,7 +225,9 @@ def check_version_files(path, formats):
     """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged; None when whole."""
     path = pathlib.Path(path)
     names, preprocessing = f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{ASSETS}/{PREPROCESSING_ASSET}"
-    required = [names, preprocessing] + (["saved_model.pb", "variables/variables.index"] if "saved_model" in formats else [])
+    required = [names, preprocessing] + (
+        ["saved_model.pb", "variables/variables.index"] if "saved_model" in formats else []
+    )
     required += [file for f in formats if f != "saved_model" for file in FORMATS[f].files]  # OpenVINO's .xml and .bin
     for file in required:
         if not (path / file).is_file():
@@ -259,7 +267,8 @@ def _blame_saved_model(error, path):
 
 
 class Servable:
-    """The newest version that loads whole, as TF Serving's policy; newer ones that fail are logged and kept in ``failed``."""
+    """The newest version that loads whole, as TF Serving's policy; newer ones that fail are logged and kept in
+    ``failed``."""
 
     def __init__(self, name, model_base, runtime="auto"):
         self.name = name
@@ -275,7 +284,9 @@ class Servable:
             except VersionError as error:
                 self.failed.append(error)
             except (ValueError, ImportError) as error:  # this older version lacks the runtime asked for
-                self.failed.append(VersionError(version, path, ARTIFACTS.get(runtime, "?"), one_line(error), "NOT_FOUND"))
+                self.failed.append(
+                    VersionError(version, path, ARTIFACTS.get(runtime, "?"), one_line(error), "NOT_FOUND")
+                )
             else:
                 for failure in self.failed:  # logged once an older version serves (else NoVersionLoads says it)
                     logger.warning("keras-preact-serve: skipped %s", failure)
@@ -336,7 +347,9 @@ class Servable:
         """TF Serving's ``GetModelStatus`` reply: the served version AVAILABLE, newer ones that failed END."""
         entries = [{"version": str(f.version), "state": "END",
                     "status": {"error_code": f.code, "error_message": str(f)}} for f in self.failed]
-        entries.append({"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}})
+        entries.append(
+            {"version": str(self.version), "state": "AVAILABLE", "status": {"error_code": "OK", "error_message": ""}}
+        )
         return {"model_version_status": [e for e in entries if version is None or e["version"] == str(version)]}
 
     def predict(self, signature_name, inputs):

@@ -1,5 +1,6 @@
-"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its event loop, for the
-newest version that loads; it binds first and loads in the background (docs/export-and-serving.md)."""
+"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its
+event loop, for the newest version that loads; it binds first and loads in the background
+(docs/export-and-serving.md)."""
 
 import asyncio
 import dataclasses
@@ -30,8 +31,10 @@ class PortInUse(OSError):
     """A port another process holds (``--port`` or ``--grpc-port``): one line."""
 
     def __init__(self, host, port, flag, reason):
-        super().__init__(f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds it or pick another port "
-                         "(0: any free one)")
+        super().__init__(
+            f"port {port} is in use ({flag}, {host}:{port}: {reason}); stop what holds it or pick another port "
+            "(0: any free one)"
+        )
         self.errno = errno.EADDRINUSE
 
 
@@ -47,7 +50,8 @@ def port_in_use(host, port, family=socket.AF_INET):
 
 
 class Server:
-    """A ``ServingState`` bound to its port(s), used as ``socketserver``'s servers; ``grpc_address`` given ``grpc_port``."""
+    """A ``ServingState`` bound to its port(s), used as ``socketserver``'s servers; ``grpc_address`` given
+    ``grpc_port``."""
 
     def __init__(self, state, host, port, verbose=False, grpc_port=None):
         self.state = state
@@ -64,12 +68,19 @@ class Server:
         self.server_address = self.socket.getsockname()
         limits = state.limits
         config = uvicorn.Config(
-            create_app(state), http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections), ws="none",
+            create_app(state),
+            http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections),
+            ws="none",
             lifespan="off",  # ``_serve`` starts and closes the state around REST and gRPC
-            proxy_headers=False, server_header=False, backlog=LISTEN_BACKLOG,
-            timeout_keep_alive=limits.request_timeout, timeout_graceful_shutdown=DRAIN_TIMEOUT,
-            log_config=uvicorn.config.LOGGING_CONFIG if verbose else None, log_level="info" if verbose else "warning",
-            access_log=verbose)
+            proxy_headers=False,
+            server_header=False,
+            backlog=LISTEN_BACKLOG,
+            timeout_keep_alive=limits.request_timeout,
+            timeout_graceful_shutdown=DRAIN_TIMEOUT,
+            log_config=uvicorn.config.LOGGING_CONFIG if verbose else None,
+            log_level="info" if verbose else "warning",
+            access_log=verbose,
+        )
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
         self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
@@ -102,7 +113,9 @@ class Server:
         # uvicorn handles SIGINT and SIGTERM while it serves, then raises the signal again for the handler
         # before it: this one, so the command drains and exits 0 (in the main thread, where signals arrive).
         main = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, self._uvicorn.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM) if main}
+        previous = {
+            sig: signal.signal(sig, self._uvicorn.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM) if main
+        }
         try:
             asyncio_run(self._serve(), loop_factory=lambda: self._loop)
         finally:
@@ -150,11 +163,12 @@ class Server:
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,
                 enable_batching=DEFAULT_ENABLE_BATCHING, runtime="auto", verbose=False, grpc_port=None,
                 load_in_background=False, **values):
-    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless ``load_in_background``); every
-    argument is checked first. Fields of ``RequestLimits`` and ``batching.BatchingOptions`` may be given by name.
+    """A ``Server`` for the newest version under ``model_base``, bound, then loaded (unless ``load_in_background``);
+    every argument is checked first. Fields of ``RequestLimits`` and ``batching.BatchingOptions`` may be given by name.
 
     Examples:
-        >>> server = make_server("saved_models/cifar", port=0, enable_batching=True, batching_max_size=8)  # doctest: +SKIP
+        >>> server = make_server("saved_models/cifar", port=0, enable_batching=True,
+        ...                      batching_max_size=8)  # doctest: +SKIP
         >>> threading.Thread(target=server.serve_forever).start()  # doctest: +SKIP
     """
     limit_names = {field.name for field in dataclasses.fields(RequestLimits)}
@@ -226,8 +240,12 @@ def announce(server, prog):
             return
     host, port = server.server_address[:2]
     model = server.model
-    print(f"Serving model '{model.name}' version {model.version} ({model.path}) at http://{host}:{port}/v1/models/{model.name}"
-          f" [{model.describe()}]", flush=True)
+    print(
+        f"Serving model '{model.name}' version {model.version} ({model.path}) "
+        f"at http://{host}:{port}/v1/models/{model.name}"
+        f" [{model.describe()}]",
+        flush=True,
+    )
     if server.grpc_address is not None:
         grpc_host, grpc_port = server.grpc_address
         print(f"gRPC (TF Serving's PredictionService and ModelService) at {grpc_host}:{grpc_port}", flush=True)

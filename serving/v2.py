@@ -19,7 +19,12 @@ DATATYPES = {"BOOL": "bool", "UINT8": "uint8", "UINT16": "uint16", "UINT32": "ui
 _NUMPY_DATATYPES = {np.dtype(v).name: k for k, v in DATATYPES.items() if v != "object"}
 _TF_DATATYPES = {"DT_BOOL": "BOOL", "DT_UINT8": "UINT8", "DT_INT8": "INT8", "DT_INT16": "INT16", "DT_INT32": "INT32",
                  "DT_INT64": "INT64", "DT_HALF": "FP16", "DT_FLOAT": "FP32", "DT_DOUBLE": "FP64", "DT_STRING": "BYTES"}
-PLATFORMS = {"saved_model": "tensorflow_savedmodel", "onnx": "onnxruntime_onnx", "openvino": "openvino", "litert": "tensorflow_lite"}
+PLATFORMS = {
+    "saved_model": "tensorflow_savedmodel",
+    "onnx": "onnxruntime_onnx",
+    "openvino": "openvino",
+    "litert": "tensorflow_lite",
+}
 MAX_DIMS = 8
 
 
@@ -48,11 +53,19 @@ def model_metadata(model, signature_name="serving_default"):
         "name": model.name,
         "versions": [str(model.version)],
         "platform": PLATFORMS.get(model.signatures[signature_name], "keras_preact"),
-        "inputs": [{"name": name, "datatype": datatype_of(spec.dtype), "shape": [-1 if d is None else d for d in spec.shape]}
-                   for name, spec in specs.items()],
-        "outputs": [{"name": name, "datatype": _TF_DATATYPES.get(info.get("dtype"), "BYTES"),
-                     "shape": [int(d.get("size", -1)) for d in info.get("tensor_shape", {}).get("dim", [])]}
-                    for name, info in sorted(outputs.items())]}
+        "inputs": [
+            {"name": name, "datatype": datatype_of(spec.dtype), "shape": [-1 if d is None else d for d in spec.shape]}
+            for name, spec in specs.items()
+        ],
+        "outputs": [
+            {
+                "name": name,
+                "datatype": _TF_DATATYPES.get(info.get("dtype"), "BYTES"),
+                "shape": [int(d.get("size", -1)) for d in info.get("tensor_shape", {}).get("dim", [])],
+            }
+            for name, info in sorted(outputs.items())
+        ],
+    }
 
 
 def model_config(model, max_batch_size, batching=None):
@@ -63,8 +76,14 @@ def model_config(model, max_batch_size, batching=None):
         return [{"name": t["name"], "data_type": "TYPE_" + ("STRING" if t["datatype"] == "BYTES" else t["datatype"]),
                  "dims": t["shape"][1:]} for t in entries]
 
-    config = {"name": model.name, "platform": metadata["platform"], "version_policy": {"latest": {"num_versions": 1}},
-              "max_batch_size": max_batch_size, "input": tensors(metadata["inputs"]), "output": tensors(metadata["outputs"])}
+    config = {
+        "name": model.name,
+        "platform": metadata["platform"],
+        "version_policy": {"latest": {"num_versions": 1}},
+        "max_batch_size": max_batch_size,
+        "input": tensors(metadata["inputs"]),
+        "output": tensors(metadata["outputs"]),
+    }
     if batching is not None:
         config["dynamic_batching"] = {"preferred_batch_size": [batching.batching_max_size],
                                       "max_queue_delay_microseconds": round(batching.batching_timeout_ms * 1000)}
@@ -96,7 +115,8 @@ def _object(value, what):
 
 
 def parse_request(body, header_length, max_values):
-    """(JSON header, binary data) of an infer body, its fields checked (400) and its values bounded (413) before decoding."""
+    """(JSON header, binary data) of an infer body, its fields checked (400) and its values bounded (413) before
+    decoding."""
     if header_length is None:
         header, binary = body, b""
     else:
@@ -118,19 +138,25 @@ def parse_request(body, header_length, max_values):
             raise RequestError(f"Input '{name}' has datatype {datatype!r}: expected one of {', '.join(DATATYPES)}.")
         if (not isinstance(shape, list) or len(shape) > MAX_DIMS
                 or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape)):
-            raise RequestError(f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} non-negative integers.")
+            raise RequestError(
+                f"Input '{name}' has shape {shape!r}: expected a list of at most {MAX_DIMS} non-negative integers."
+            )
         if max_values is not None and math.prod(shape) > max_values:
             raise RequestError(f"Input '{name}' of shape {shape}: {math.prod(shape)} elements exceeds the limit of "
                                f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
         parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
         if "data" in entry and "binary_data_size" in parameters:
-            raise RequestError(f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values one way.")
+            raise RequestError(
+                f"Input '{name}' has both 'data' and parameters.binary_data_size: send its values one way."
+            )
         names.append(name)
     if len(set(names)) != len(names):
         raise RequestError(f"Input names must be distinct; got {names}.")
     _object(request.get("parameters", {}), "The request's 'parameters'")
     outputs = request.get("outputs", [])
-    if not isinstance(outputs, list) or not all(isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs):
+    if not isinstance(outputs, list) or not all(
+        isinstance(o, dict) and isinstance(o.get("name"), str) for o in outputs
+    ):
         raise RequestError("'outputs' must be a list of objects with a 'name'.")
     for output in outputs:
         _object(output.get("parameters", {}), f"Output '{output['name']}''s 'parameters'")
@@ -146,7 +172,9 @@ def choose_signature(model, request):
     signature_name = request.get("parameters", {}).get("signature_name")
     if signature_name is not None:
         if not isinstance(signature_name, str) or signature_name not in model.signatures:
-            raise RequestError(f"Serving signature name: {signature_name!r} not found; available: {sorted(model.signatures)}.")
+            raise RequestError(
+                f"Serving signature name: {signature_name!r} not found; available: {sorted(model.signatures)}."
+            )
         if given != wanted[signature_name]:
             raise RequestError(f"Signature {signature_name} takes inputs {wanted[signature_name]}; got {given}.")
         return signature_name

@@ -57,7 +57,9 @@ def forward(state, images, bit=False):
     x = np.asarray(images, np.float64).transpose(0, 3, 1, 2)
     x = conv2d(x, s["stem.conv.weight"], 2, standardize=bit)
     x = max_pool(x, 0.0 if bit else -np.inf)
-    depth = next(d for d, u in UNITS.items() if u == _units(s) and (d in BASIC) == ("stages.0.blocks.0.conv3.weight" not in s))
+    depth = next(
+        d for d, u in UNITS.items() if u == _units(s) and (d in BASIC) == ("stages.0.blocks.0.conv3.weight" not in s)
+    )
     features = []
     for stage, n in enumerate(UNITS[depth]):
         for block in range(n):
@@ -130,6 +132,8 @@ def random_state(depth, *, bit=False, num_classes=7, seed=0):
                 conv(p + "conv3.weight", out, mid, 1, gain=0.1)
             channels = out
     norm("norm", channels)
-    state["head.fc.weight"] = (rng.standard_normal((num_classes, channels, 1, 1)) / np.sqrt(channels)).astype(np.float32)
+    state["head.fc.weight"] = (rng.standard_normal((num_classes, channels, 1, 1)) / np.sqrt(channels)).astype(
+        np.float32
+    )
     state["head.fc.bias"] = (rng.standard_normal(num_classes) * 0.1).astype(np.float32)
     return state

@@ -35,8 +35,20 @@ def test_entry_point_runs_the_host_cost_benchmark_and_writes_a_complete_row(tmp_
 
     backend = keras.backend.backend()
     out = tmp_path / "rows.jsonl"
-    argv = ["run", "host_cost", "--backends", backend, "--rounds", "2", "--host-steps", "2", "--steps-per-execution", "1",
-            "--out", str(out)]
+    argv = [
+        "run",
+        "host_cost",
+        "--backends",
+        backend,
+        "--rounds",
+        "2",
+        "--host-steps",
+        "2",
+        "--steps-per-execution",
+        "1",
+        "--out",
+        str(out),
+    ]
     done = suite(*argv, env={"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
     [row] = rows.read(out)
@@ -50,7 +62,10 @@ def test_entry_point_runs_the_host_cost_benchmark_and_writes_a_complete_row(tmp_
     assert datetime.datetime.strptime(row["date"], "%Y-%m-%dT%H:%MZ")
     if importlib.util.find_spec("torch") is not None:  # side by side: plain PyTorch in the same process
         assert row["reference"] == "plain PyTorch" and row["reference_figure"] > 0
-        assert row["ratio"] == pytest.approx(row["ratio"]) and row["ratio_spread"][0] <= row["ratio"] <= row["ratio_spread"][1]
+        assert (
+            row["ratio"] == pytest.approx(row["ratio"])
+            and row["ratio_spread"][0] <= row["ratio"] <= row["ratio_spread"][1]
+        )
     else:
         assert row["reference"] is None and row["ratio"] is None
     assert "| host_cost | " + backend + " | steps_per_execution 1 |" in done.stdout  # the rows, rendered
@@ -133,13 +148,16 @@ def test_benchmarks_md_summary_is_the_rendered_rows():
 def test_script_figures_are_read_from_the_table_they_print():
     from benchmarks import run
 
-    printed = ("backend jax\n\n| model | batch | runtime | img/s (median) | min |\n|---|---|---|---|---|\n"
-               "| cifar_resnet20 | 1 | SavedModel | 1,234 | 1,000 |\n| cifar_resnet20 | 64 | ONNX | 5,678.5 | 5,000 |\n")
+    printed = (
+        "backend jax\n\n| model | batch | runtime | img/s (median) | min |\n|---|---|---|---|---|\n"
+        "| cifar_resnet20 | 1 | SavedModel | 1,234 | 1,000 |\n| cifar_resnet20 | 64 | ONNX | 5,678.5 | 5,000 |\n"
+    )
     assert run.table_rows(printed, "img/s") == [("cifar_resnet20, 1, SavedModel", 1234.0),
                                                 ("cifar_resnet20, 64, ONNX", 5678.5)]
     assert run.table_rows(printed, "p99") == []
     spec = run.SCRIPTS["conv_kernels"]
-    printed = "torch 2.13\n(32, 32) -> 16, same:\n  keras             7.25 ms (min 7.00, max 8.00)\nsum of medians: keras 7.2 ms\n"
+    printed = ("torch 2.13\n(32, 32) -> 16, same:\n  keras             7.25 ms (min 7.00, max 8.00)\n"
+               "sum of medians: keras 7.2 ms\n")
     assert run.script_rows(spec, printed) == [("(32, 32) -> 16, same, keras", 7.25)]
     spec = run.SCRIPTS["batch_norm_kernels"]
     assert run.script_rows(spec, "  (128, 16): fused 1.25 (1.10-1.40), keras 2.50 (2.00-3.00)\n") == [

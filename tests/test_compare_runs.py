@@ -86,8 +86,8 @@ def test_groups_of_seeds_get_their_mean_spread_and_welch_t_against_the_first(tmp
     out = capsys.readouterr().out
     assert "the difference to reference with Welch's t (its degrees of freedom)" in out
     # last epoch: reference 87, 86 (86.50 +- 0.71), ours 85, 85.5 (85.25 +- 0.35): -1.25;
-    # squared standard errors 0.5/2 and 0.125/2: t = -1.25 / sqrt(0.3125) = -2.24, df = 0.3125^2 / (0.25^2 + 0.0625^2) = 1.47.
-    # Window (epochs 2-3): means 86.5, 85.5 (86.00 +- 0.71); 84.5, 85.25 (84.88 +- 0.53): -1.125; squared standard
+    # squared standard errors 0.5/2 and 0.125/2: t = -1.25 / sqrt(0.3125) = -2.24, df = 0.3125^2 / (0.25^2 + 0.0625^2) =
+    # 1.47. Window (epochs 2-3): means 86.5, 85.5 (86.00 +- 0.71); 84.5, 85.25 (84.88 +- 0.53): -1.125; squared standard
     # errors 0.25 and 0.28125/2: t = -1.125 / sqrt(0.390625) = -1.80, df = 0.390625^2 / (0.25^2 + 0.140625^2) = 1.86.
     assert "| ours | 2 | 85.25 +- 0.35 | -1.25 | -2.24 (1.5) | 84.88 +- 0.53 | -1.12 | -1.80 (1.9) |" in out
     assert "| reference | 2 | 86.50 +- 0.71 | - | - | 86.00 +- 0.71 | - | - |" in out

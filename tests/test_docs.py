@@ -223,7 +223,9 @@ def test_bash_blocks_name_real_scripts_modules_files_and_flags():
                 assert (REPO / name).is_file(), f"{block.where}: {name} does not exist"
             else:
                 spec = importlib.util.find_spec(name) if available(name.split(".")[0]) else None
-                assert spec is not None and spec.origin.endswith(".py"), f"{block.where}: python -m {name}: no such module"
+                assert spec is not None and spec.origin.endswith(".py"), (
+                    f"{block.where}: python -m {name}: no such module"
+                )
             options = parser_options(name) if name in PARSERS else None
             for flag in (a.split("=")[0] for a in arguments if re.match(r"--?[A-Za-z]", a)):
                 assert options is None or flag in options, f"{block.where}: {name} has no option {flag}"

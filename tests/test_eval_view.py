@@ -144,9 +144,15 @@ def test_eval_view_layer_for_a_model_uses_its_input_config():
 @pytest.mark.any_backend
 def test_eval_view_layer_refuses_bad_arguments_in_one_line():
     for kwargs, message in [
-        (dict(input_config=(224, 0.875)), "Invalid input_config=(224, 0.875): a keras_preact.preprocessing.InputConfig"),
+        (
+            dict(input_config=(224, 0.875)),
+            "Invalid input_config=(224, 0.875): a keras_preact.preprocessing.InputConfig",
+        ),
         (dict(input_config={"crop": 1}), "unknown key(s) 'crop'"),
-        (dict(input_config=InputConfig(interpolation="area")), "interpolation='area' is not one keras.ops.image.resize"),
+        (
+            dict(input_config=InputConfig(interpolation="area")),
+            "interpolation='area' is not one keras.ops.image.resize",
+        ),
         (dict(input_config=InputConfig(), normalize="yes"), "Invalid normalize='yes'"),
     ]:
         with pytest.raises(ValueError) as error:

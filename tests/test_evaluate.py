@@ -134,18 +134,24 @@ def test_a_saved_model_and_a_run_directory_evaluate_the_same(registered, tmp_pat
 
 
 @pytest.mark.notf
-@pytest.mark.parametrize("argv, message", [
-    (["resnet9000", "--weights", "toy"], "Invalid model='resnet9000': not a run directory"),
-    ([NAME, "--weights", "imagenet"], f"Invalid weights='imagenet' for {NAME}. Allowed values: None, 'toy'"),
-    ([NAME], "Invalid --weights: a registry model is evaluated with its trained weights"),
-    (["cifar_resnet32", "--weights", "cifar10"], "Allowed values: None \\(no trained weights are registered"),
-    (["cifar_resnet20", "--weights", "cifar10"], "its 6 classes are not the model's 10 class_names .*: 6 not the model's: 'c0', "
-     ".*; 10 of the model's missing: 'airplane'"),
-    ([NAME, "--weights", "toy", "--data-dir", "{tmp}/nowhere"], "data_dir='.*nowhere' is not a directory"),
-    (["{tmp}/data", "--weights", "toy"], "Invalid --weights='toy': only a registry model name takes --weights"),
-    (["{tmp}/absent.keras"], "Invalid model='.*absent.keras': no such .keras file"),
-    ([NAME, "--weights", "toy", "--dataset", "not_a_tfds_name", "--data-dir", "{tmp}"], "not_a_tfds_name"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["resnet9000", "--weights", "toy"], "Invalid model='resnet9000': not a run directory"),
+        ([NAME, "--weights", "imagenet"], f"Invalid weights='imagenet' for {NAME}. Allowed values: None, 'toy'"),
+        ([NAME], "Invalid --weights: a registry model is evaluated with its trained weights"),
+        (["cifar_resnet32", "--weights", "cifar10"], "Allowed values: None \\(no trained weights are registered"),
+        (
+            ["cifar_resnet20", "--weights", "cifar10"],
+            "its 6 classes are not the model's 10 class_names .*: 6 not the model's: 'c0', "
+            ".*; 10 of the model's missing: 'airplane'",
+        ),
+        ([NAME, "--weights", "toy", "--data-dir", "{tmp}/nowhere"], "data_dir='.*nowhere' is not a directory"),
+        (["{tmp}/data", "--weights", "toy"], "Invalid --weights='toy': only a registry model name takes --weights"),
+        (["{tmp}/absent.keras"], "Invalid model='.*absent.keras': no such .keras file"),
+        ([NAME, "--weights", "toy", "--dataset", "not_a_tfds_name", "--data-dir", "{tmp}"], "not_a_tfds_name"),
+    ],
+)
 def test_bad_arguments_fail_first_in_one_line(registered, tmp_path, capsys, monkeypatch, argv, message):
     monkeypatch.setattr(evaluate_lib, "evaluate", lambda *a, **k: pytest.fail("evaluated despite a bad argument"))
     with pytest.raises(SystemExit) as exit_info:

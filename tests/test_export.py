@@ -136,7 +136,11 @@ def test_encoded_images_are_resized_on_the_shorter_side_and_centre_cropped(expor
 def test_saved_model_cli_show_and_run(exported, tmp_path):
     _, path, images, reference = exported
     show = subprocess.run(
-        ["saved_model_cli", "show", "--all", "--dir", str(path)], check=True, capture_output=True, text=True, timeout=120
+        ["saved_model_cli", "show", "--all", "--dir", str(path)],
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=120,
     ).stdout
     for text in ("signature_def['serving_default']", "signature_def['serving_float']",
                  "signature_def['serving_bytes']", "inputs['images']", "dtype: DT_UINT8", "shape: (-1, 32, 32, 3)",

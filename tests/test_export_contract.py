@@ -34,7 +34,11 @@ def expected(model, serving, pixels):
     normalized = (pixels.astype(np.float32) - np.asarray(config.mean, np.float32)) / np.asarray(config.std, np.float32)
     probabilities = np.asarray(model.predict(normalized, verbose=0), np.float32)
     classes = np.argsort(-probabilities, axis=1, kind="stable")[:, :serving.top_k].astype(np.int32)
-    return {"probabilities": probabilities, "scores": np.take_along_axis(probabilities, classes, axis=1), "classes": classes}
+    return {
+        "probabilities": probabilities,
+        "scores": np.take_along_axis(probabilities, classes, axis=1),
+        "classes": classes,
+    }
 
 
 def assert_outputs_equal(got, want):
@@ -50,7 +54,11 @@ def test_the_keras_wrapper_serves_the_contract(serving):
     the tuple outputs (ONNX's and OpenVINO's) the contract's."""
     model, pixels = make_export_model(), images()
     out = serving_model(model, serving).predict(pixels, verbose=0)  # a dict: Keras returns it by sorted key
-    assert {k: str(v.dtype) for k, v in out.items()} == {"probabilities": "float32", "scores": "float32", "classes": "int32"}
+    assert {k: str(v.dtype) for k, v in out.items()} == {
+        "probabilities": "float32",
+        "scores": "float32",
+        "classes": "int32",
+    }
     assert_outputs_equal(out, expected(model, serving, pixels))
     as_tuple = serving_model(model, serving, structure="tuple").predict(pixels, verbose=0)
     assert len(as_tuple) == len(serving.output_names)
@@ -82,7 +90,9 @@ def test_saved_model_and_onnx_writers_serve_one_contract(serving, tmp_path):
     assert sorted(saved) == sorted(serving.served_names)
     assert_outputs_equal(onnx, saved)
     assert_outputs_equal(saved, expected(model, serving, pixels))
-    assert saved[serving.class_names_output].tolist() == [[CLASS_NAMES[c].encode() for c in row] for row in saved["classes"]]
+    assert saved[serving.class_names_output].tolist() == [
+        [CLASS_NAMES[c].encode() for c in row] for row in saved["classes"]
+    ]
 
 
 @pytest.mark.notf

@@ -80,7 +80,10 @@ def test_artifact_in_its_runtime_equals_keras(exported, fmt):
         out = runtime.predict(images)
         n = len(images)
         assert {k: (v.dtype, v.shape) for k, v in out.items()} == {
-            "probabilities": (np.float32, (n, 10)), "scores": (np.float32, (n, TOP_K)), "classes": (np.int32, (n, TOP_K))}
+            "probabilities": (np.float32, (n, 10)),
+            "scores": (np.float32, (n, TOP_K)),
+            "classes": (np.int32, (n, TOP_K)),
+        }
         tolerance = TOLERANCE.get(fmt, 1e-5)
         assert np.abs(out["probabilities"] - expected).max() <= tolerance
         np.testing.assert_array_equal(out["classes"], np.argsort(-expected, axis=1, kind="stable")[:, :TOP_K])
@@ -99,7 +102,9 @@ def test_version_dir_holds_every_format_and_the_assets(exported, fmt):
     assert load(path, fmt).input_config == config
 
 
-@pytest.mark.skipif("saved_model" not in WRITABLE or "onnx" not in WRITABLE, reason=f"{BACKEND} writes no SavedModel + ONNX")
+@pytest.mark.skipif(
+    "saved_model" not in WRITABLE or "onnx" not in WRITABLE, reason=f"{BACKEND} writes no SavedModel + ONNX"
+)
 def test_saved_model_and_onnx_side_by_side(tmp_path):
     model = make_export_model()
     path = export_model(model, tmp_path, formats="saved_model,onnx".split(","), mean=MEAN, std=STD, top_k=TOP_K)
@@ -114,7 +119,9 @@ def test_saved_model_and_onnx_side_by_side(tmp_path):
 
 @pytest.mark.parametrize("backend, fmt", REFUSED)
 def test_cells_keras_cannot_write_are_refused(tmp_path, backend, fmt):
-    message = re.escape(f"Invalid formats: {fmt} cannot be written from the {backend} backend: {FORMATS[fmt].refused[backend]}")
+    message = re.escape(
+        f"Invalid formats: {fmt} cannot be written from the {backend} backend: {FORMATS[fmt].refused[backend]}"
+    )
     with pytest.raises(ValueError, match=f"^{message}$"):
         check_formats([fmt], backend=backend)
     if backend == BACKEND:  # through the public function, before any work
@@ -167,14 +174,20 @@ def test_a_missing_runtime_is_one_line_naming_the_extra(exported, monkeypatch, f
     for module in ("onnxruntime", "ai_edge_litert", "ai_edge_litert.interpreter", "tensorflow", "tensorflow.lite",
                    "openvino"):
         monkeypatch.setitem(sys.modules, module, None)
-    with pytest.raises(ImportError, match=r'^running a .* export needs .*: pip install "keras-preact\[' + fmt + r'\]"$'):
+    with pytest.raises(
+        ImportError, match=r'^running a .* export needs .*: pip install "keras-preact\[' + fmt + r'\]"$'
+    ):
         load(exported[2], fmt)
 
 
 @pytest.mark.parametrize("fmt", [cell(f) for f in WRITABLE])
 def test_runtime_rejects_wrong_images(exported, fmt):
     runtime = load(exported[2], fmt)
-    for bad in (np.zeros((2, 32, 32, 3), np.float32), np.zeros((2, 16, 16, 3), np.uint8), np.zeros((0, 32, 32, 3), np.uint8)):
+    for bad in (
+        np.zeros((2, 32, 32, 3), np.float32),
+        np.zeros((2, 16, 16, 3), np.uint8),
+        np.zeros((0, 32, 32, 3), np.uint8),
+    ):
         with pytest.raises(ValueError, match=r"Invalid images: expected uint8 \[N, 32, 32, 3\]"):
             runtime.predict(bad)
     with pytest.raises(ValueError, match="Invalid format='bogus'"):
@@ -198,8 +211,12 @@ def test_cli_exports_a_run_directory(tmp_path, fmt):
     run_dir.mkdir()
     model.save(run_dir / "model.keras")
     config = get_config("synthetic-resnet8", image_size=(32, 32))
-    manifest = RunManifest(name="cifar_run", class_names=tuple(CLASS_NAMES), input_config=input_config_for(config, MEAN, STD),
-                           config={"name": config.name, "normalization": config.normalization})
+    manifest = RunManifest(
+        name="cifar_run",
+        class_names=tuple(CLASS_NAMES),
+        input_config=input_config_for(config, MEAN, STD),
+        config={"name": config.name, "normalization": config.normalization},
+    )
     (run_dir / "config.json").write_text(json.dumps(manifest.to_dict()))
     result = run_cli(run_dir, "--export-dir", tmp_path / "exports", "--format", fmt)
     assert result.returncode == 0, result.stderr[-2000:]

@@ -76,7 +76,9 @@ def test_palette_and_1_bit_bmps_are_served_as_their_pixels(exported):
         bmps.append(bmp.getvalue())
         pngs.append(encode_image(np.asarray(Image.open(io.BytesIO(bmp.getvalue())).convert("RGB")), "PNG"))
     served = signatures["serving_bytes"](image_bytes=tf.constant(bmps))["probabilities"].numpy()
-    np.testing.assert_array_equal(served, signatures["serving_bytes"](image_bytes=tf.constant(pngs))["probabilities"].numpy())
+    np.testing.assert_array_equal(
+        served, signatures["serving_bytes"](image_bytes=tf.constant(pngs))["probabilities"].numpy()
+    )
 
 
 @pytest.mark.core

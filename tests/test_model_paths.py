@@ -78,7 +78,9 @@ def test_class_names_are_carried_on_every_path():
     given = [cifar_resnet(20, class_names=CIFAR10_CLASSES), create_model("cifar_resnet20", class_names=CIFAR10_CLASSES),
              PreActResNetClassifier(cifar_resnet(20, include_top=False), 10, class_names=CIFAR10_CLASSES)]
     assert {model.class_names for model in given} == {tuple(CIFAR10_CLASSES)}
-    assert {_unnamed(m.get_config())["input_config"]["mean"] == list(weights.input_config.mean) for m in given} == {True}
+    assert {_unnamed(m.get_config())["input_config"]["mean"] == list(weights.input_config.mean) for m in given} == {
+        True
+    }
 
 
 def test_an_explicit_input_config_or_none_is_kept_and_old_files_stay_without_one():
@@ -216,7 +218,9 @@ def test_decode_predictions_names_and_orders_the_top_classes():
     for kwargs in (dict(model=model), dict(model="cifar_resnet20"), dict(class_names=CIFAR10_CLASSES)):
         decoded = decode_predictions(preds, top=3, **kwargs)
         assert [[(i, n) for i, n, _ in row] for row in decoded] == [[(i, n) for i, n, _ in row] for row in expected]
-        np.testing.assert_allclose([[s for *_, s in row] for row in decoded], [[s for *_, s in row] for row in expected])
+        np.testing.assert_allclose(
+            [[s for *_, s in row] for row in decoded], [[s for *_, s in row] for row in expected]
+        )
     assert len(decode_predictions(preds, model=model)[0]) == 5  # keras.applications' default top=5
     images = np.random.default_rng(0).uniform(0, 255, (2, 32, 32, 3))
     probabilities = to_numpy(model(preprocess_input(images, model)))

@@ -96,8 +96,8 @@ def registered_classes(name):
 
 # The paper's headline depths: Table 3's ResNet-1001, the original ResNet paper's ResNet-1202 and Table 5's
 # ImageNet ResNet-101/152/200 (the registry's ``slow`` networks, too large for test_model_harness's checks at
-# their test_input_size), checked in CI's TensorFlow pass (HEADLINE_ONCE) at the smallest input that leaves every stage a
-# nonzero size (the total stride, 4 on CIFAR and 32 on ImageNet: 8 x 8 leaves CIFAR's last stage 2 x 2, 32 x 32
+# their test_input_size), checked in CI's TensorFlow pass (HEADLINE_ONCE) at the smallest input that leaves every stage
+# a nonzero size (the total stride, 4 on CIFAR and 32 on ImageNet: 8 x 8 leaves CIFAR's last stage 2 x 2, 32 x 32
 # ImageNet's 1 x 1), batch 2, at their registered classes. Building and running hundreds of units layer by
 # layer is the whole cost, so each network is built once (the unit tests above count that build's weights when
 # it is there), runs one training-mode forward and backward, stateless (nothing changes the model the
@@ -190,7 +190,9 @@ def imagenet_basic_params(stages, preactivation):
         for unit in range(units):
             projects = channels != width
             if preactivation:
-                total += (0 if stage == unit == 0 else 2 * channels) + 9 * channels * width + 2 * width + 9 * width * width
+                total += (
+                    (0 if stage == unit == 0 else 2 * channels) + 9 * channels * width + 2 * width + 9 * width * width
+                )
                 total += channels * width if projects else 0
             else:
                 total += 9 * channels * width + 2 * width + 9 * width * width + 2 * width
@@ -212,7 +214,9 @@ def test_imagenet_basic_parameter_counts(depth, stages, build):
     expected = imagenet_basic_params(stages, preactivation=True)
     assert trainable_params(build(f"imagenet_resnet{depth}")) == expected == dict(
         (name, count) for name, _, count in REFERENCE_PARAMS)[f"imagenet_resnet{depth}"]
-    assert trainable_params(build(f"imagenet_resnet{depth}", ordering="original", input_shape=(64, 64, 3))) == torchvision
+    assert (
+        trainable_params(build(f"imagenet_resnet{depth}", ordering="original", input_shape=(64, 64, 3))) == torchvision
+    )
 
 
 def test_tf_slim_layout_matches_keras_applications_count():

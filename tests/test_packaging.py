@@ -165,12 +165,16 @@ def imported_modules(path):
 
 def test_the_library_imports_no_app():
     """Nothing in ``keras_preact/`` imports the serving or the training app: they import the library."""
-    found = [(str(path.relative_to(REPO)), name)
-             for path in sorted((REPO / "keras_preact").rglob("*.py"))
-             for name in imported_modules(path)
-             if name.split(".")[0] in APPS or name == "keras_preact.serving" or name.startswith("keras_preact.serving.")]
+    found = [
+        (str(path.relative_to(REPO)), name)
+        for path in sorted((REPO / "keras_preact").rglob("*.py"))
+        for name in imported_modules(path)
+        if name.split(".")[0] in APPS or name == "keras_preact.serving" or name.startswith("keras_preact.serving.")
+    ]
     assert found == []
-    assert not list((REPO / "keras_preact").glob("serving/**/*.py"))  # the serving app is serving/ (a stale __pycache__ may stay)
+    assert not list(
+        (REPO / "keras_preact").glob("serving/**/*.py")
+    )  # the serving app is serving/ (a stale __pycache__ may stay)
 
 
 # What of the development environment must not reach the product's code, messages, metadata or comments.
@@ -226,6 +230,22 @@ def test_no_checkpoint_file_is_committed():
     except (OSError, subprocess.CalledProcessError):
         pytest.skip("not a git checkout")
     assert [path for path in tracked if path and not path.startswith("tests/data/")] == []
-    ignored = subprocess.run(["git", "check-ignore", "--no-index", "reproduction/x/checkpoint.pt", "reproduction/x/model.pth",
-                              "benchmarks/last.ckpt"], cwd=REPO, capture_output=True, text=True, timeout=60)
-    assert ignored.stdout.split() == ["reproduction/x/checkpoint.pt", "reproduction/x/model.pth", "benchmarks/last.ckpt"]
+    ignored = subprocess.run(
+        [
+            "git",
+            "check-ignore",
+            "--no-index",
+            "reproduction/x/checkpoint.pt",
+            "reproduction/x/model.pth",
+            "benchmarks/last.ckpt",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert ignored.stdout.split() == [
+        "reproduction/x/checkpoint.pt",
+        "reproduction/x/model.pth",
+        "benchmarks/last.ckpt",
+    ]

@@ -54,7 +54,9 @@ def test_parity_runs_end_to_end_and_resumes(tmp_path, capsys, monkeypatch):
         assert row["mean"] == pytest.approx(sum(row["test_accuracy"]) / 2)
         assert row["within_bound"] == (name == "reference-torch" or abs(row["gap_points"]) <= 0.5)
     reference = table["reference-torch"]["mean"]
-    assert table["keras-preact-torch"]["gap_points"] == pytest.approx(100 * (table["keras-preact-torch"]["mean"] - reference))
+    assert table["keras-preact-torch"]["gap_points"] == pytest.approx(
+        100 * (table["keras-preact-torch"]["mean"] - reference)
+    )
     assert passed == all(row["within_bound"] for row in table.values())
     assert "| keras-preact-torch | 1, 2 |" in printed and (out / "parity_curves.png").stat().st_size > 0
     assert "pre-act ResNet-8," in printed  # both trainers train the network asked for

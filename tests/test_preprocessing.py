@@ -114,8 +114,14 @@ def test_image_functions_without_tensorflow_fail_in_one_line():
             "from keras_preact import preprocessing\n"
             "try:\n    preprocessing.eval_view(b'', preprocessing.InputConfig())\n"
             "except ImportError as e:\n    print(e)\n")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
-                         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": "jax"}, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "KERAS_BACKEND": "jax"},
+        check=True,
+    ).stdout
     assert out == "keras_preact.preprocessing.eval_view runs tf.io/tf.image graph ops and needs TensorFlow: " \
                   "pip install tensorflow\n"
 
@@ -168,7 +174,8 @@ def test_decode_image_gives_pillows_pixels(tf, fmt, options):
 
 
 def test_training_evaluates_with_the_shared_view(tf):
-    """keras_preact_training.data.pipelines' ImageNet evaluation view is the shared ``eval_view`` at the run's config."""
+    """keras_preact_training.data.pipelines' ImageNet evaluation view is the shared ``eval_view`` at the run's
+    config."""
     from keras_preact_training.data import pipelines
 
     encoded = tf.constant(encode_image(photo_like(375, 500)))

@@ -69,7 +69,10 @@ def test_every_imagenet_1k_checkpoint_of_the_registry_carries_the_names():
                if model_spec(e.split(".")[0]).weights[e.split(".")[1]].num_classes == 1000}
     assert origins == {"keras", "timm", "keras_hub"}
     top = decode_predictions(np.eye(1000)[[1, 999]], top=1, model="imagenet_resnet50")
-    assert top == [[(1, "goldfish, Carassius auratus", 1.0)], [(999, "toilet tissue, toilet paper, bathroom tissue", 1.0)]]
+    assert top == [
+        [(1, "goldfish, Carassius auratus", 1.0)],
+        [(999, "toilet tissue, toilet paper, bathroom tissue", 1.0)],
+    ]
 
 
 @pytest.mark.any_backend

@@ -51,7 +51,9 @@ def test_weight_standardized_conv_is_timm_std_conv():
     assert WeightStandardizedConv2D.from_config(conv.get_config()).epsilon == 1e-8
     with pytest.raises(ValueError, match="Invalid epsilon=0"):
         WeightStandardizedConv2D(5, 3, epsilon=0)
-    with pytest.raises(ValueError, match="Invalid convolution='std'. Allowed values: 'standard', 'weight_standardized'"):
+    with pytest.raises(
+        ValueError, match="Invalid convolution='std'. Allowed values: 'standard', 'weight_standardized'"
+    ):
         ResidualUnit(8, convolution="std")
 
 

@@ -12,7 +12,15 @@ import pretrained_reference as ref
 import pytest
 
 from keras_preact.applications import decode_predictions
-from keras_preact.models import create_model, imagenet_class_names, list_models, model_spec, presets, register_model, sources
+from keras_preact.models import (
+    create_model,
+    imagenet_class_names,
+    list_models,
+    model_spec,
+    presets,
+    register_model,
+    sources,
+)
 from keras_preact.models.registry import unregister_model
 from support import to_numpy
 
@@ -32,10 +40,19 @@ def logits(model, x):
 @pytest.mark.any_backend
 def test_list_models_pretrained_lists_every_published_checkpoint():
     pretrained = list_models(pretrained=True)
-    for name in ["imagenet_resnet18.timm_ra4_in1k", "imagenet_resnet34.timm_ra4_in1k", "imagenet_resnet50.imagenet",
-                 "imagenet_resnet50.timm_a1h_in1k", "imagenet_resnet50.timm_bit_in21k",
-                 "imagenet_resnet50.keras_hub_imagenet", "imagenet_resnet101.imagenet", "imagenet_resnet101.timm_bit_in21k",
-                 "imagenet_resnet101.keras_hub_imagenet", "imagenet_resnet152.imagenet", "cifar_resnet20.cifar10"]:
+    for name in [
+        "imagenet_resnet18.timm_ra4_in1k",
+        "imagenet_resnet34.timm_ra4_in1k",
+        "imagenet_resnet50.imagenet",
+        "imagenet_resnet50.timm_a1h_in1k",
+        "imagenet_resnet50.timm_bit_in21k",
+        "imagenet_resnet50.keras_hub_imagenet",
+        "imagenet_resnet101.imagenet",
+        "imagenet_resnet101.timm_bit_in21k",
+        "imagenet_resnet101.keras_hub_imagenet",
+        "imagenet_resnet152.imagenet",
+        "cifar_resnet20.cifar10",
+    ]:
         assert name in pretrained
     assert "imagenet_resnet200" not in {n.split(".")[0] for n in pretrained}
     timm = model_spec("imagenet_resnet34").weights["timm_ra4_in1k"]
@@ -272,8 +289,11 @@ def test_keras_hub_preset_carries_its_image_converter_into_the_input_config(tmp_
 
 def test_bad_local_weights_are_refused_by_name(tmp_path):
     (tmp_path / "notes.txt").write_text("x")
-    with pytest.raises(ValueError, match="Invalid weights=.*notes.txt.*unknown file type.*\\(a keras.applications .h5, a timm "
-                                         ".safetensors/.pth file or folder, a keras-hub preset folder"):
+    with pytest.raises(
+        ValueError,
+        match="Invalid weights=.*notes.txt.*unknown file type.*\\(a keras.applications .h5, a timm "
+        ".safetensors/.pth file or folder, a keras-hub preset folder",
+    ):
         create_model("imagenet_resnet18", weights=str(tmp_path / "notes.txt"))
     with pytest.raises(ValueError, match="no such file or directory"):
         create_model("imagenet_resnet18", weights=str(tmp_path / "missing.safetensors"))

@@ -1,4 +1,5 @@
-"""``python -m keras_preact_training.publish``: a run's weights become a registry network's weights, loaded by sha256."""
+"""``python -m keras_preact_training.publish``: a run's weights become a registry network's weights, loaded by
+sha256."""
 
 import json
 

@@ -367,8 +367,15 @@ def test_jax_memory_plan_keeps_less_with_remat():
                           env={k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"KERAS_BACKEND": "jax"})
     assert done.returncode == 0, done.stderr[-2000:]
     none, units = json.loads(done.stdout.strip().splitlines()[-1])
-    assert (none["policy"], units["policy"], none["backend"], none["input_shape"]) == ("none", "units", "cpu", [16, 16, 3])
-    assert none["argument"] == units["argument"] and none["output"] == units["output"] and none["alias"] == units["alias"]
+    assert (none["policy"], units["policy"], none["backend"], none["input_shape"]) == (
+        "none",
+        "units",
+        "cpu",
+        [16, 16, 3],
+    )
+    assert (
+        none["argument"] == units["argument"] and none["output"] == units["output"] and none["alias"] == units["alias"]
+    )
     assert units["temp"] < 0.9 * none["temp"], (none, units)
     # The device memory the step needs: arguments + outputs - what the donated arguments alias + temporaries.
     peak = {row["policy"]: row["argument"] + row["output"] - row["alias"] + row["temp"] for row in (none, units)}

@@ -100,7 +100,10 @@ def test_bad_arguments_exit_2_naming_the_argument(capsys, argv, message):
     with pytest.raises(SystemExit) as exit_info:
         reproduce.main(argv)
     assert exit_info.value.code == 2
-    assert capsys.readouterr().err.strip().splitlines()[-1] == f"python -m keras_preact_training.reproduce: error: {message}"
+    assert (
+        capsys.readouterr().err.strip().splitlines()[-1]
+        == f"python -m keras_preact_training.reproduce: error: {message}"
+    )
 
 
 def test_bad_arguments():
@@ -113,7 +116,9 @@ def test_bad_arguments():
 def test_a_metrics_json_written_before_errors_were_fractions_is_read_as_fractions(tmp_path):
     """A finished run whose metrics.json holds test_error in percent (the committed ResNet-20 run) is reused
     with its error as a fraction, as a new run's."""
-    committed = pathlib.Path(__file__).resolve().parents[1] / "reproduction" / "cifar10-preact-resnet20" / "metrics.json"
+    committed = (
+        pathlib.Path(__file__).resolve().parents[1] / "reproduction" / "cifar10-preact-resnet20" / "metrics.json"
+    )
     old = json.loads(committed.read_text())
     assert old["test_error"] == pytest.approx(13.62, abs=1e-4)  # percent, as written then
     run_dir = tmp_path / "run"

@@ -360,7 +360,9 @@ def test_he_normal_fan_out_initialization():
     keras.utils.set_random_seed(0)
     unit = ResidualUnit(256, strides=2, block="bottleneck")
     unit.build((None, 8, 8, 128))
-    for layer, fan_in, fan_out in zip((*unit.convs(), unit.projection()), (128, 9 * 64, 64, 128), (64, 9 * 64, 256, 256)):
+    for layer, fan_in, fan_out in zip(
+        (*unit.convs(), unit.projection()), (128, 9 * 64, 64, 128), (64, 9 * 64, 256, 256)
+    ):
         kernel = to_numpy(layer.kernel)
         assert kernel.size >= 8192 and (fan_in == fan_out or max(fan_in / fan_out, fan_out / fan_in) >= 2)
         np.testing.assert_allclose(kernel.std(), np.sqrt(2 / fan_out), rtol=0.04, err_msg=layer.name)
@@ -431,8 +433,14 @@ def test_bad_arguments_raise_naming_the_argument(kwargs, message):
 
 
 NON_FINITE_OR_OUT_OF_RANGE = [
-    (dict(shortcut="exclusive_gating", gate_bias_init=float("nan")), "Invalid gate_bias_init=nan: a finite number is required."),
-    (dict(shortcut="shortcut_only_gating", gate_bias_init=float("-inf")), "Invalid gate_bias_init=-inf: a finite number"),
+    (
+        dict(shortcut="exclusive_gating", gate_bias_init=float("nan")),
+        "Invalid gate_bias_init=nan: a finite number is required.",
+    ),
+    (
+        dict(shortcut="shortcut_only_gating", gate_bias_init=float("-inf")),
+        "Invalid gate_bias_init=-inf: a finite number",
+    ),
     (dict(shortcut="constant_scaling", shortcut_scale=float("inf")), "Invalid shortcut_scale=inf: a finite number"),
     (dict(shortcut="constant_scaling", residual_scale=float("nan")), "Invalid residual_scale=nan: a finite number"),
     (dict(norm_epsilon=-1), "Invalid norm_epsilon=-1: a finite number > 0.0 is required."),
@@ -445,7 +453,9 @@ NON_FINITE_OR_OUT_OF_RANGE = [
 
 
 @pytest.mark.notf
-@pytest.mark.parametrize("kwargs, message", NON_FINITE_OR_OUT_OF_RANGE, ids=[m.split(":")[0] for _, m in NON_FINITE_OR_OUT_OF_RANGE])
+@pytest.mark.parametrize(
+    "kwargs, message", NON_FINITE_OR_OUT_OF_RANGE, ids=[m.split(":")[0] for _, m in NON_FINITE_OR_OUT_OF_RANGE]
+)
 def test_non_finite_or_out_of_range_floats_are_refused_when_constructed(kwargs, message):
     """A NaN gate bias or a non-positive epsilon would build a network that outputs NaN: the unit, its options and
     create_model refuse them when made, in one line naming the argument."""

@@ -60,7 +60,10 @@ def test_served_predictions_are_the_evaluated_ones(tmp_path, rng):
     for kind, row in rows.items():
         assert row["served"] and row["format"] == "saved_model" and row["runtime"] == "saved_model", kind
         assert row["images"] == 20 and row["predictions"] == in_process, kind
-        assert row["top1_accuracy"] == pytest.approx(report["evaluation"]["top1_accuracy"], abs=1e-6) and row["diff_points"] == 0.0
+        assert (
+            row["top1_accuracy"] == pytest.approx(report["evaluation"]["top1_accuracy"], abs=1e-6)
+            and row["diff_points"] == 0.0
+        )
         # A random network may give most images one class: the probabilities are the stricter check.
         assert row["max_probability_diff"] < 1e-4, kind
 

@@ -152,9 +152,27 @@ def test_the_whole_test_split_reproduces_the_registered_top1(name, weights, tmp_
             path.parent.mkdir(parents=True, exist_ok=True)
             path.write_bytes(data)
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    done = subprocess.run([sys.executable, "-m", "keras_preact_training.evaluate", name, "--weights", weights, "--data-dir",
-                           str(root), "--cache-dir", str(tmp_path / "cache"), "--json", str(tmp_path / "m.json")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=1800)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "keras_preact_training.evaluate",
+            name,
+            "--weights",
+            weights,
+            "--data-dir",
+            str(root),
+            "--cache-dir",
+            str(tmp_path / "cache"),
+            "--json",
+            str(tmp_path / "m.json"),
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     measured = json.loads((tmp_path / "m.json").read_text())
     assert measured["images"] == 10000

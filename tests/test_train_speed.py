@@ -255,10 +255,39 @@ def test_cli_in_a_fresh_process_runs_on_the_backend_it_prints(tmp_path):
            **ONE_THREAD}
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [sys.executable, "-m", "keras_preact_training.cli", "--backend", backend, "--depth", "8", "--image-size", "16", "16",
-         "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "2", "--synthetic-train-size", "64",
-         "--synthetic-test-size", "32", "--verbose", "0", "--run-dir", str(run_dir), "--no-export"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)  # nothing into the checkout
+        [
+            sys.executable,
+            "-m",
+            "keras_preact_training.cli",
+            "--backend",
+            backend,
+            "--depth",
+            "8",
+            "--image-size",
+            "16",
+            "16",
+            "--batch-size",
+            "16",
+            "--epochs",
+            "2",
+            "--steps-per-epoch",
+            "2",
+            "--synthetic-train-size",
+            "64",
+            "--synthetic-test-size",
+            "32",
+            "--verbose",
+            "0",
+            "--run-dir",
+            str(run_dir),
+            "--no-export",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )  # nothing into the checkout
     assert done.returncode == 0, done.stderr[-2000:]
     assert f"[backend] {backend} (--backend;" in done.stdout
     assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == backend

@@ -432,7 +432,9 @@ def test_measure_backends_times_every_installed_backend_and_trains_nothing(tmp_p
     assert not (tmp_path / "run").exists()
     with pytest.raises(SystemExit) as stop:
         cli.main(["--measure-backends", "--measure-steps", "0", *TINY_RUN])
-    assert stop.value.code == 2 and "argument --measure-steps: 0 given, at least 1 is required" in capsys.readouterr().err
+    assert (
+        stop.value.code == 2 and "argument --measure-steps: 0 given, at least 1 is required" in capsys.readouterr().err
+    )
 
 
 NO_BACKEND = """
@@ -466,7 +468,9 @@ def test_without_tensorflow_or_keras_backend_the_commands_run_on_the_runs_backen
         "[backend] torch (installed;")
     assert environ["KERAS_BACKEND"] == backends.QUICKEST_IMPORT_FIRST[0]
     environ = {"KERAS_HOME": str(tmp_path), "KERAS_BACKEND": "jax"}
-    assert backends.for_command("keras-preact-export", [str(run)], environ) is None and environ["KERAS_BACKEND"] == "jax"
+    assert (
+        backends.for_command("keras-preact-export", [str(run)], environ) is None and environ["KERAS_BACKEND"] == "jax"
+    )
     monkeypatch.setattr(backends, "installed", lambda name: False)
     with pytest.raises(ValueError, match=r'^keras-preact-evaluate needs a Keras backend and none is installed: '
                                          r'pip install torch, pip install "jax\[cpu\]" or pip install tensorflow$'):
@@ -494,9 +498,14 @@ def test_an_export_dir_under_a_file_or_not_writable_is_refused_in_one_line_befor
 
     (tmp_path / "file").write_text("not a folder")
     monkeypatch.setattr(export_lib, "export_run", lambda *a, **k: pytest.fail("exported despite a bad --export-dir"))
-    cases = [(tmp_path / "file" / "saved_models", f"{tmp_path / 'file'} is a file, not a directory.", None),
-             (tmp_path / "ro" / "saved_models", f"{tmp_path} is not writable (a read-only file system or no permission); "
-              "export somewhere writable.", lambda path, mode: False)]
+    cases = [
+        (tmp_path / "file" / "saved_models", f"{tmp_path / 'file'} is a file, not a directory.", None),
+        (
+            tmp_path / "ro" / "saved_models",
+            f"{tmp_path} is not writable (a read-only file system or no permission); export somewhere writable.",
+            lambda path, mode: False,
+        ),
+    ]
     for export_dir, message, access in cases:
         if access is not None:  # as os.access answers on a read-only mount (root passes every permission check)
             monkeypatch.setattr(export_lib.os, "access", access)

@@ -40,7 +40,12 @@ def test_presets_cover_every_table_of_the_paper():
     t4 = configs.PRESETS["t4-cifar10-resnet1001-preact-batch64"]
     assert (t4.batch_size, t4.depth, t4.dataset) == (64, 1001, "cifar10")
     t5 = configs.PRESETS["t5-resnet200-preact"]
-    assert (t5.architecture, t5.batch_size, t5.image_size, t5.eval_image_size) == ("imagenet", 256, (224, 224), (320, 320))
+    assert (t5.architecture, t5.batch_size, t5.image_size, t5.eval_image_size) == (
+        "imagenet",
+        256,
+        (224, 224),
+        (320, 320),
+    )
 
 
 def test_every_preset_is_named_literally_in_configs_py():

@@ -58,7 +58,11 @@ def test_no_file_descriptor_surgery_no_blocks_above_imports_and_serving_imports_
                      and isinstance(node.func, ast.Attribute)}
             assert not calls & {"dup2", "dup"}, path
             imports = [i for i, node in enumerate(tree.body) if isinstance(node, (ast.Import, ast.ImportFrom))]
-            mains = [i for i, node in enumerate(tree.body) if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)]
+            mains = [
+                i
+                for i, node in enumerate(tree.body)
+                if isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+            ]
             assert not mains or not imports or min(mains) > max(imports), path
             if folder == "serving":
                 names = {alias.name for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
@@ -116,7 +120,14 @@ def run(args, level=None, **extra_env):
 
 def test_dry_run_needs_no_data_and_prints_no_tensorflow_lines_unless_asked(tmp_path):
     """The real entry point, in a fresh process: no --data-dir, no folder; C++ lines only with level 0."""
-    argv = ["-m", "keras_preact_training.cli", "cifar10-folder-resnet20-short", "--dry-run", "--run-dir", str(tmp_path / "r")]
+    argv = [
+        "-m",
+        "keras_preact_training.cli",
+        "cifar10-folder-resnet20-short",
+        "--dry-run",
+        "--run-dir",
+        str(tmp_path / "r"),
+    ]
     quiet = run(argv)
     assert quiet.returncode == 0, quiet.stderr
     assert "50000 training images (assumed: the size of cifar10" in quiet.stdout and not (tmp_path / "r").exists()
@@ -189,8 +200,8 @@ def test_python_dash_m_export_starts_as_quietly_as_its_script():
 
 @pytest.mark.skipif(HAS_TENSORFLOW, reason="with TensorFlow, each command starts in its own process (above)")
 def test_every_command_prints_its_usage_without_tensorflow():
-    """Without TensorFlow: every console script and ``python -m keras_preact_training.<module>`` answers ``--help``, all in
-    one interpreter (a process of its own per command matters only where TensorFlow writes C++ lines)."""
+    """Without TensorFlow: every console script and ``python -m keras_preact_training.<module>`` answers ``--help``, all
+    in one interpreter (a process of its own per command matters only where TensorFlow writes C++ lines)."""
     modules = ["evaluate", "export", "reproduce", "publish"]
     commands = [(name, *target.split(":")) for name, target in sorted(console_scripts().items())]
     code = textwrap.dedent(f"""

@@ -257,7 +257,9 @@ def _indexed_bmp(indices, palette, bits, top_down=False, colors=None):
     offset = 14 + 40 + entries.size
     info = struct.pack("<IiiHHIIiiII", 40, width, -height if top_down else height, 1, bits, 0, packed.size, 2835, 2835,
                        len(palette) if colors is None else colors, 0)
-    return b"BM" + struct.pack("<IHHI", offset + packed.size, 0, 0, offset) + info + entries.tobytes() + packed.tobytes()
+    return (
+        b"BM" + struct.pack("<IHHI", offset + packed.size, 0, 0, offset) + info + entries.tobytes() + packed.tobytes()
+    )
 
 
 def _bmp_cases():
@@ -300,7 +302,11 @@ def test_palette_and_1_bit_bmps_decode_through_their_palette_on_the_tensorflow_p
 
     data = _bmp_cases()[case]
     with Image.open(io.BytesIO(data)) as image:
-        ours, gray, rgba = sources.pillow_pixels(image), np.asarray(image.convert("L")), np.asarray(image.convert("RGBA"))
+        ours, gray, rgba = (
+            sources.pillow_pixels(image),
+            np.asarray(image.convert("L")),
+            np.asarray(image.convert("RGBA")),
+        )
     np.testing.assert_array_equal(decode_image(data).numpy(), ours)
     np.testing.assert_array_equal(decode_image(data, channels=1).numpy()[..., 0], gray)
     np.testing.assert_array_equal(decode_image(data, channels=4).numpy(), rgba)

@@ -138,7 +138,9 @@ def start_workers(argv, tmp_path, python_code=None):
     """Two TensorFlow workers on loopback (TF_CONFIG), running ``keras_preact_training.train`` (or ``python_code``)."""
     ports = [free_port(), free_port()]
     cluster = {"worker": [f"127.0.0.1:{p}" for p in ports]}
-    command = [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "keras_preact_training.cli"]
+    command = (
+        [sys.executable, "-c", python_code] if python_code else [sys.executable, "-m", "keras_preact_training.cli"]
+    )
     return [
         subprocess.Popen(
             command + argv, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

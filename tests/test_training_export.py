@@ -26,8 +26,12 @@ def write_run(run_dir, model, manifest):
 
 
 def manifest_for(config):
-    return RunManifest(name="cifar_run", class_names=tuple(CLASS_NAMES), input_config=input_config_for(config, MEAN, STD),
-                       config={"name": config.name, "normalization": config.normalization}).to_dict()
+    return RunManifest(
+        name="cifar_run",
+        class_names=tuple(CLASS_NAMES),
+        input_config=input_config_for(config, MEAN, STD),
+        config={"name": config.name, "normalization": config.normalization},
+    ).to_dict()
 
 
 LEGACY = {"name": "cifar_run", "class_names": CLASS_NAMES, "image_size": [32, 32],
@@ -80,11 +84,17 @@ def test_manifest_round_trip_and_errors(tmp_path):
         (["{run}", "--version", "0"], "--version: invalid value '0'"),
         (["{run}", "--top-k", "zero"], "--top-k: invalid value 'zero'"),
         (["{bad_config}"], "it needs the keys"),
-        (["{model_file}"], "Invalid run_dir='{model_file}': a file; keras-preact-export takes a run directory written by "
-                           "keras-preact-train (config.json and model.keras): keras-preact-export {run}\n"),
-        (["{other_file}"], "Invalid run_dir='{other_file}': a file; keras-preact-export takes a run directory written "
-                           "by keras-preact-train (config.json and model.keras); a .keras file of your own exports with "
-                           "keras_preact.export.export_model(keras.saving.load_model(path))\n"),
+        (
+            ["{model_file}"],
+            "Invalid run_dir='{model_file}': a file; keras-preact-export takes a run directory written by "
+            "keras-preact-train (config.json and model.keras): keras-preact-export {run}\n",
+        ),
+        (
+            ["{other_file}"],
+            "Invalid run_dir='{other_file}': a file; keras-preact-export takes a run directory written "
+            "by keras-preact-train (config.json and model.keras); a .keras file of your own exports with "
+            "keras_preact.export.export_model(keras.saving.load_model(path))\n",
+        ),
     ],
 )
 def test_cli_rejects_bad_input_with_a_message(tmp_path, capsys, argv, message):
@@ -141,11 +151,25 @@ def test_training_a_two_class_folder_with_export_serves_the_folders_class_names(
         for c in ("cat", "dog"):
             (tmp_path / "data" / split / c).mkdir(parents=True)
             for i in range(8):
-                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(tmp_path / "data" / split / c / f"{i}.png")
-    config = get_config("synthetic-resnet8", dataset="folder", data_dir=str(tmp_path / "data"), normalization="centered",
-                        image_size=(16, 16), batch_size=8, epochs=1, steps_per_epoch=2, name="pets",
-                        run_dir=str(tmp_path / "run"), export=True, export_dir=str(tmp_path / "exports"),
-                        verbose=0, jit_compile=TRAIN_JIT_COMPILE)
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(
+                    tmp_path / "data" / split / c / f"{i}.png"
+                )
+    config = get_config(
+        "synthetic-resnet8",
+        dataset="folder",
+        data_dir=str(tmp_path / "data"),
+        normalization="centered",
+        image_size=(16, 16),
+        batch_size=8,
+        epochs=1,
+        steps_per_epoch=2,
+        name="pets",
+        run_dir=str(tmp_path / "run"),
+        export=True,
+        export_dir=str(tmp_path / "exports"),
+        verbose=0,
+        jit_compile=TRAIN_JIT_COMPILE,
+    )
     metrics = train(config)
     path = tmp_path / "exports" / "pets" / "1"
     assert metrics["export_dir"] == str(path)

@@ -27,7 +27,9 @@ def flowers(tmp_path):
         for i in range(8):
             pixels = rng.uniform(0, 80, (40, 50, 3))
             pixels[..., label] += 160
-            Image.fromarray(pixels.astype("uint8")).save(tmp_path / "flowers" / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+            Image.fromarray(pixels.astype("uint8")).save(
+                tmp_path / "flowers" / name / f"{i}.{'png' if i % 2 else 'jpg'}"
+            )
     return tmp_path / "flowers"
 
 

@@ -165,11 +165,18 @@ def test_a_resume_with_another_design_is_refused_and_allowed_changes_are_recorde
                str(tmp_path / "exports")]
     assert cli.main(command(run) + allowed) == 0
     out = capsys.readouterr().out
-    assert ("[train] changed on resume, as allowed: remat: None in the run, 'units' now; checkpoint_every: 2 in the run, "
-            "5 now; health_every: 0 in the run, 3 now; ") in out
+    assert (
+        "[train] changed on resume, as allowed: remat: None in the run, 'units' now; checkpoint_every: 2 in the run, "
+        "5 now; health_every: 0 in the run, 3 now; "
+    ) in out
     assert "resuming at step 6" in out
     recorded = json.loads((run / "config.json").read_text())["config"]
-    assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"], recorded["remat"]) == ("2", 5, 3, "units")
+    assert (recorded["verbose"], recorded["checkpoint_every"], recorded["health_every"], recorded["remat"]) == (
+        "2",
+        5,
+        3,
+        "units",
+    )
     assert recorded["export_dir"] == str(tmp_path / "exports")
     assert json.loads((run / "metrics.json").read_text())["steps"] == 6
 
@@ -334,8 +341,14 @@ def test_a_second_export_of_a_run_waits_for_the_first(finished_run, tmp_path, ca
     run = finished_run
     exp = tmp_path / "exp"
     with run_lock.owned(run / run_lock.EXPORT_LOCK, "an export"):  # an export of this run is under way
-        proc = subprocess.Popen([sys.executable, "-m", "keras_preact_training.export", str(run), "--export-dir", str(exp)],
-                                cwd=REPO, env=env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "keras_preact_training.export", str(run), "--export-dir", str(exp)],
+            cwd=REPO,
+            env=env(),
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
         waiting = ""
         while "waiting" not in waiting and proc.poll() is None:
             waiting = proc.stderr.readline()

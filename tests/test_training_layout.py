@@ -93,10 +93,14 @@ def test_the_finder_sees_a_cycle():
 
 def test_every_import_of_a_relative_or_function_level_kind_is_seen():
     edges = graph("keras_preact_training")
-    assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.cli"]  # from .machine import ..., start_up
+    assert (
+        "keras_preact_training.machine.start_up" in edges["keras_preact_training.cli"]
+    )  # from .machine import ..., start_up
     assert "keras_preact_training.machine.start_up" in edges["keras_preact_training.export"]  # in the __main__ block
     assert "keras_preact_training.export" in edges["keras_preact_training.console"]  # inside a function
-    assert "keras_preact_training.recipe.configs" in edges["keras_preact_training.data.pipelines"]  # from ..recipe.configs import ...
+    assert (
+        "keras_preact_training.recipe.configs" in edges["keras_preact_training.data.pipelines"]
+    )  # from ..recipe.configs import ...
 
 
 def test_no_module_of_training_imports_one_that_imports_it_back():

@@ -1,7 +1,7 @@
 """The host-memory guard (issue 26): a run that outgrows memory ends with one line, not by the OOM killer.
 
-``keras_preact_training.machine.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys trees),
-trips at ``ceil(fraction * limit)`` bytes in use, and ``keras-preact-train --memory-limit`` drives it around
+``keras_preact_training.machine.memory_guard`` reads the cgroup's or the machine's memory (here from fake /proc and /sys
+trees), trips at ``ceil(fraction * limit)`` bytes in use, and ``keras-preact-train --memory-limit`` drives it around
 ``model.fit`` and ``model.evaluate``.
 """
 
@@ -202,17 +202,44 @@ def test_the_guard_thread_runs_during_fit_and_stops_after(tmp_path, monkeypatch)
 
 def run_cli(*args):
     env = {**os.environ, "PYTHONPATH": str(REPO), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    return subprocess.run([sys.executable, "-m", "keras_preact_training.cli", *args], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "keras_preact_training.cli", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.skipif(memory_guard.read_memory() is None, reason="no memory readable here (not Linux)")
 def test_keras_preact_train_stops_with_one_line_in_model_fit(tmp_path):
     """The real entry point, with a limit this machine is already over: one line, exit 1, nothing half-written."""
     run_dir = tmp_path / "run"
-    result = run_cli("--depth", "8", "--image-size", "16", "16", "--synthetic-train-size", "32",
-                     "--synthetic-test-size", "16", "--batch-size", "16", "--epochs", "1", "--verbose", "0",
-                     "--jit-compile", TRAIN_JIT_COMPILE, "--no-export", "--run-dir", str(run_dir), "--memory-limit", "0.01")
+    result = run_cli(
+        "--depth",
+        "8",
+        "--image-size",
+        "16",
+        "16",
+        "--synthetic-train-size",
+        "32",
+        "--synthetic-test-size",
+        "16",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--verbose",
+        "0",
+        "--jit-compile",
+        TRAIN_JIT_COMPILE,
+        "--no-export",
+        "--run-dir",
+        str(run_dir),
+        "--memory-limit",
+        "0.01",
+    )
     assert result.returncode == 1, result.stderr
     lines = [line for line in result.stderr.splitlines() if "out of host memory" in line]
     assert len(lines) == 1, result.stderr

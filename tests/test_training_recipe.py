@@ -214,8 +214,8 @@ def test_export_carries_the_mean_image(tmp_path):
 
 
 def test_compat_variable_index():
-    """``keras_preact_training.machine.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index`` (checked
-    against Keras ``compat.CHECKED_AGAINST``): every variable, Keras or backend, maps to its position."""
+    """``keras_preact_training.machine.compat.variable_index`` uses Keras' private ``Optimizer._get_variable_index``
+    (checked against Keras ``compat.CHECKED_AGAINST``): every variable, Keras or backend, maps to its position."""
     from keras_preact_training.machine import compat
 
     model = tiny_model()

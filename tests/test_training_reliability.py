@@ -127,7 +127,11 @@ def _run_killed_during_export(run_dir, export_dir):
 def _serve(version_dir, images):
     import tensorflow as tf
 
-    return tf.saved_model.load(str(version_dir)).signatures["serving_default"](tf.constant(images))["probabilities"].numpy()
+    return (
+        tf.saved_model.load(str(version_dir))
+        .signatures["serving_default"](tf.constant(images))["probabilities"]
+        .numpy()
+    )
 
 
 def test_kill_at_every_phase_then_rerun_equals_an_uninterrupted_run(tmp_path):
@@ -208,9 +212,31 @@ def train_on_a_tmpfs(tmp_path, options, kill_when_exists=None):
     under the run dir) the run is SIGKILLed once it matches, by a watcher in the tmpfs' mount namespace."""
     mount = tmp_path / f"tmpfs-{options}"
     mount.mkdir()
-    command = [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16", "--batch-size", "16",
-               "--epochs", "1", "--steps-per-epoch", "4", "--checkpoint-every", "2", "--no-export", "--verbose", "0",
-               "--jit-compile", TRAIN_JIT_COMPILE, "--run-dir", str(mount / "run")]
+    command = [
+        sys.executable,
+        "-m",
+        "keras_preact_training.cli",
+        "--depth",
+        "8",
+        "--image-size",
+        "16",
+        "16",
+        "--batch-size",
+        "16",
+        "--epochs",
+        "1",
+        "--steps-per-epoch",
+        "4",
+        "--checkpoint-every",
+        "2",
+        "--no-export",
+        "--verbose",
+        "0",
+        "--jit-compile",
+        TRAIN_JIT_COMPILE,
+        "--run-dir",
+        str(mount / "run"),
+    ]
     if kill_when_exists:
         command = [sys.executable, killing.__file__, str(mount / "run" / kill_when_exists), "--", *command]
     environment = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -30,7 +30,9 @@ def write_folder(root, per_class=40, classes=("cat", "dog", "emu")):
         for c in classes:
             (root / split / c).mkdir(parents=True)
             for i in range(count):
-                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(root / split / c / f"{i:04d}.png")
+                Image.fromarray(rng.integers(0, 255, (16, 16, 3), dtype=np.uint8)).save(
+                    root / split / c / f"{i:04d}.png"
+                )
     return root
 
 
@@ -38,8 +40,23 @@ def command(run_dir, data_dir, config=None):
     recipe = ["--config", str(config)] if config else [
         "--dataset", "folder", "--normalization", "centered", "--depth", "8", "--image-size", "16", "16",
         "--batch-size", "8", "--epochs", str(EPOCHS), "--steps-per-epoch", str(STEPS_PER_EPOCH), "--seed", "5"]
-    return [sys.executable, "-m", "keras_preact_training.cli", *recipe, "--data-dir", str(data_dir), "--run-dir", str(run_dir),
-            "--checkpoint-every", "3", "--verbose", "0", "--no-export", "--jit-compile", TRAIN_JIT_COMPILE]
+    return [
+        sys.executable,
+        "-m",
+        "keras_preact_training.cli",
+        *recipe,
+        "--data-dir",
+        str(data_dir),
+        "--run-dir",
+        str(run_dir),
+        "--checkpoint-every",
+        "3",
+        "--verbose",
+        "0",
+        "--no-export",
+        "--jit-compile",
+        TRAIN_JIT_COMPILE,
+    ]
 
 
 def env():
@@ -84,7 +101,9 @@ def test_a_run_killed_mid_epoch_resumes_in_place_and_on_another_machine_from_the
     assert not (first / "run" / "model.keras").exists()
 
     # The backup in parts of at most 0.1 MiB (--part-mb; by default the weights file is copied whole).
-    weights_bytes = (first / "run" / "checkpoints" / "backup" / f"state-{killed_at:010d}" / "model.weights.h5").stat().st_size
+    weights_bytes = (
+        (first / "run" / "checkpoints" / "backup" / f"state-{killed_at:010d}" / "model.weights.h5").stat().st_size
+    )
     assert carry.main([str(first / "run"), str(tmp_path / "committed"), "--part-mb", "0.1"]) == 0
     done = capsys.readouterr()
     assert f"step {killed_at}" in done.out and "keras-preact-train --config RUN/config.json" in done.out
@@ -160,7 +179,9 @@ def test_carry_copies_the_weights_whole_unless_a_part_size_is_asked(tmp_path, ca
     state.mkdir(parents=True)
     data = bytes(range(256)) * (2_400_000 // 256)
     (state / "model.weights.h5").write_bytes(data)
-    (run / "checkpoints" / "backup" / "latest.json").write_text(json.dumps({"state": state.name, "step": 6, "epoch": 0}))
+    (run / "checkpoints" / "backup" / "latest.json").write_text(
+        json.dumps({"state": state.name, "step": 6, "epoch": 0})
+    )
     (run / "config.json").write_text("{}")
     assert carry.main([str(run), str(tmp_path / "whole")]) == 0
     assert sorted(p.name for p in (tmp_path / "whole" / "checkpoints" / "backup" / state.name).iterdir()) == [

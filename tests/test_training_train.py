@@ -200,7 +200,9 @@ def test_nan_loss_stops_with_message_and_keeps_last_good_checkpoint(tmp_path):
     # Finite for the first steps at lr 0.01 (warm-up), then lr 1e30 blows it up.
     config = tiny(tmp_path, warmup_steps=300, total_steps=600, boundaries=(), warmup_lr=0.01, base_lr=1e30,
                   epochs=3, steps_per_epoch=4, checkpoint_every=1)
-    with pytest.raises(train_lib.TrainingDiverged, match=r"NaN/inf.*Last good checkpoint: .*model\.weights\.h5 \(step \d+\)"):
+    with pytest.raises(
+        train_lib.TrainingDiverged, match=r"NaN/inf.*Last good checkpoint: .*model\.weights\.h5 \(step \d+\)"
+    ):
         train_lib.train(config)
     backup = run_files.read_backup(tmp_path / "run" / "checkpoints" / "backup")
     assert backup is not None and 1 <= backup["step"] < 12

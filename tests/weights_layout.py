@@ -91,7 +91,9 @@ def file_keys(model):
         model.save_weights(path)
         found = {}
         with h5py.File(path, "r") as f:
-            f.visititems(lambda key, obj: found.__setitem__(key, np.asarray(obj)) if isinstance(obj, h5py.Dataset) else None)
+            f.visititems(
+                lambda key, obj: found.__setitem__(key, np.asarray(obj)) if isinstance(obj, h5py.Dataset) else None
+            )
     keys, others = [None] * len(model.weights), []
     for key, value in sorted(found.items()):
         index = int(value.flat[0]) - 1 if value.size and np.all(value == value.flat[0]) else -1

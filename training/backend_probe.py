@@ -77,7 +77,15 @@ def run_child(backend, config, steps, warmup, timeout=MEASURE_TIMEOUT_S):
     """(ms/step, None) of ``backend`` on ``config`` timed in a child process, or (None, why) when it gave none."""
     env = {**os.environ, "KERAS_BACKEND": backend}
     env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    command = [sys.executable, "-m", "keras_preact_training.backend_probe", "--steps", str(steps), "--warmup", str(warmup)]
+    command = [
+        sys.executable,
+        "-m",
+        "keras_preact_training.backend_probe",
+        "--steps",
+        str(steps),
+        "--warmup",
+        str(warmup),
+    ]
     payload = json.dumps(dataclasses.asdict(config))
     try:
         done = subprocess.run(command, input=payload, env=env, capture_output=True, text=True, timeout=timeout)
@@ -130,8 +138,10 @@ def main(argv=None):
     """The child: the ``Config`` (JSON) on stdin, timed on this process's backend; one JSON line out."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.backend_probe",
-                                     description="Time training steps of the run config on stdin (JSON) on KERAS_BACKEND.")
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_preact_training.backend_probe",
+        description="Time training steps of the run config on stdin (JSON) on KERAS_BACKEND.",
+    )
     parser.add_argument("--steps", type=int, default=MEASURE_STEPS, help="timed steps")
     parser.add_argument("--warmup", type=int, default=MEASURE_WARMUP_STEPS, help="untimed steps first (compilation)")
     args = parser.parse_args(argv)
@@ -144,8 +154,10 @@ def main(argv=None):
     config = configs.from_dict(json.loads(sys.stdin.read()), "the run config on stdin")
     backends.xla_flags_for_remat(keras.backend.backend(), config.remat)
     ms, pipeline = median_step_ms(config, args.steps, args.warmup)
-    print(json.dumps({"backend": keras.backend.backend(), "ms_per_step": ms, "pipeline": pipeline, "steps": args.steps}),
-          flush=True)
+    print(
+        json.dumps({"backend": keras.backend.backend(), "ms_per_step": ms, "pipeline": pipeline, "steps": args.steps}),
+        flush=True,
+    )
     return 0
 
 

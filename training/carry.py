@@ -79,7 +79,9 @@ def carry(run_dir, dest, part_bytes=None):
     """Copy ``resumable_files(run_dir)`` into ``dest`` (replacing an earlier carry there); with ``part_bytes``, a
     weights file over that size as parts of at most that size. The backup's pointer."""
     if part_bytes is not None and (not isinstance(part_bytes, int) or isinstance(part_bytes, bool) or part_bytes < 1):
-        raise ValueError(f"Invalid part_bytes={part_bytes!r}: None (no split) or a whole number of bytes >= 1 is required.")
+        raise ValueError(
+            f"Invalid part_bytes={part_bytes!r}: None (no split) or a whole number of bytes >= 1 is required."
+        )
     run_dir, dest = pathlib.Path(run_dir), pathlib.Path(dest)
     files, pointer = resumable_files(run_dir)
     if dest.resolve() == run_dir.resolve():

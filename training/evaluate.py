@@ -18,9 +18,9 @@ needed), both with the model's own mean/std, measured by ``model.evaluate`` with
 argument is checked before anything is loaded. It prints, and ``--json`` writes,
 ``top1_accuracy``/``top5_accuracy`` as fractions in [0, 1], as every accuracy keras-preact reports.
 
-While ``model.evaluate`` runs, ``keras_preact_training.machine.memory_guard`` ends the process with one line (``[evaluate] error:
-out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit`` of the
-limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, before anything is loaded, or
+While ``model.evaluate`` runs, ``keras_preact_training.machine.memory_guard`` ends the process with one line
+(``[evaluate] error: out of host memory during model.evaluate: ...``) when host memory in use reaches ``--memory-limit``
+of the limit (default 0.95, 0: off). Exit codes: 0 done, 2 a bad argument (one line, before anything is loaded, or
 data that does not fit the model once it is), 1 a run that failed (the memory guard; an uncaught error).
 """
 
@@ -50,7 +50,9 @@ class Target:
     load: object  # () -> keras.Model
     input_config: InputConfig  # noqa: F821 - keras_preact.preprocessing's, imported where a model is resolved
     class_names: tuple = None
-    registered: dict = dataclasses.field(default_factory=dict)  # the registry's top1/top5 as top1_accuracy/top5_accuracy
+    registered: dict = dataclasses.field(
+        default_factory=dict
+    )  # the registry's top1/top5 as top1_accuracy/top5_accuracy
 
 
 @dataclasses.dataclass
@@ -107,7 +109,9 @@ def _registry_target(name, weights):
     trained = weights_lib.choose(name, spec.weights, weights)
     from keras_preact.models import sources
 
-    _, trained = sources.resolve(name, trained)  # the sha256 (a published checkpoint: fetched, converted), before anything is built
+    _, trained = sources.resolve(
+        name, trained
+    )  # the sha256 (a published checkpoint: fetched, converted), before anything is built
     return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=weights),
                   trained.input_config or spec.input_config, trained.class_names,  # a checkpoint's own preprocessing
                   {"top1_accuracy": trained.top1, "top5_accuracy": trained.top5})
@@ -218,7 +222,9 @@ def as_arrays(target, data):
 
 
 def _some(names, shown=5):
-    return ", ".join(repr(n) for n in names[:shown]) + (f" (and {len(names) - shown} more)" if len(names) > shown else "")
+    return ", ".join(repr(n) for n in names[:shown]) + (
+        f" (and {len(names) - shown} more)" if len(names) > shown else ""
+    )
 
 
 def class_mismatch(model_names, data_names):
@@ -227,7 +233,8 @@ def class_mismatch(model_names, data_names):
 
     Examples:
         >>> class_mismatch(["cat", "dog"], ["cat", "dog", "emu"])
-        "Invalid --data-dir: its 3 classes are not the model's 2 class_names (same names, same order): 1 not the model's: 'emu'."
+        "Invalid --data-dir: its 3 classes are not the model's 2 class_names (same names, same order):
+        1 not the model's: 'emu'."
     """
     model, data = list(model_names), list(data_names)
     extra, missing = [c for c in data if c not in model], [c for c in model if c not in data]

@@ -103,8 +103,12 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
         raise ValueError(
             f"Invalid run_dir={str(run_dir)!r}: a file; keras-preact-export takes a run directory written by "
             "keras-preact-train (config.json and model.keras)"
-            + (f": keras-preact-export {parent}" if parent else
-               "; a .keras file of your own exports with keras_preact.export.export_model(keras.saving.load_model(path))")
+            + (
+                f": keras-preact-export {parent}"
+                if parent
+                else "; a .keras file of your own exports with "
+                "keras_preact.export.export_model(keras.saving.load_model(path))"
+            )
         )
     manifest = RunManifest.read(run_dir)
     name = manifest.name if name is None else name
@@ -160,9 +164,14 @@ def build_parser():
                         help="parent of the model directory (default: saved_models)")
     parser.add_argument("--name", default=None, help="model name (default: the run's config name)")
     parser.add_argument("--version", type=_positive_int, default=None, help="version number (default: next free)")
-    parser.add_argument("--format", type=_format_list, default=["saved_model"], dest="formats",
-                        help="comma-separated formats: saved_model (default), onnx (model.onnx), litert (model.tflite), "
-                             "openvino (openvino/model.xml)")
+    parser.add_argument(
+        "--format",
+        type=_format_list,
+        default=["saved_model"],
+        dest="formats",
+        help="comma-separated formats: saved_model (default), onnx (model.onnx), litert (model.tflite), "
+        "openvino (openvino/model.xml)",
+    )
     parser.add_argument("--top-k", type=_positive_int, default=None, dest="top_k",
                         help="how many classes the scores/classes/class_names outputs hold, 1 to the number of "
                              "classes (default: 5, or the number of classes when fewer)")

@@ -96,7 +96,9 @@ def registry_entry(path, manifest, metrics, dataset, source):
 
 
 def build_parser():
-    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.publish", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m keras_preact_training.publish", description=__doc__.splitlines()[0]
+    )
     parser.add_argument("run_dir", help="a finished keras-preact-train run directory")
     parser.add_argument("--model", required=True, help="the registry name of the trained network, e.g. cifar_resnet20")
     parser.add_argument("--weights", required=True, help="the weights' name, e.g. cifar10 (a Python identifier)")

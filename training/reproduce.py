@@ -5,8 +5,8 @@
     python -m keras_preact_training.reproduce --table 3 --budget paper --seeds 5 --dataset cifar10 --data-dir DIR
 
 For every row of the table and every seed it calls the training Python API
-(``keras_preact_training.train.train(keras_preact_training.recipe.configs.get_config(preset, **overrides))``), one run directory per
-run under ``OUT/runs/`` (a finished run, i.e. one with ``metrics.json``, is reused, so an interrupted
+(``keras_preact_training.train.train(keras_preact_training.recipe.configs.get_config(preset, **overrides))``), one run
+directory per run under ``OUT/runs/`` (a finished run, i.e. one with ``metrics.json``, is reused, so an interrupted
 reproduction resumes). It then writes ``OUT/table{N}.md`` (our median, mean +- std and the paper's
 number side by side), ``OUT/table{N}.json`` (every run's metrics) and ``OUT/table{N}_curves.png``
 (test error solid and training error dashed against iterations, as the paper's Fig. 1 / 4 / 6).
@@ -162,7 +162,9 @@ def markdown_table(table, results, header_note=""):
     for entry in results:
         row, errors = entry["row"], [m["test_error"] for m in entry["runs"]]
         stats = summarize(errors)
-        ours = ("—", "—") if stats is None else (_percent(stats[0]), f"{_percent(stats[1])} ± {_percent(stats[2])}")
+        ours = (
+            ("—", "—") if stats is None else (_percent(stats[0]), f"{_percent(stats[1])} ± {_percent(stats[2])}")
+        )
         lines.append(
             f"| {row['label']} | `{row['preset']}` | {_format_paper(row['paper_error'])} | {ours[0]} | "
             f"{ours[1]} | {len(errors)} |"

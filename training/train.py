@@ -22,8 +22,9 @@ The backup is restored before anything else, so a run killed after training (eva
 export) finishes those phases from the trained weights, and a finished run re-run does nothing
 (``training/run/run_state.py``).
 A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
-checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run, ``keras_preact_training.machine.memory_guard`` ends the
-process with one line (exit 1) when host memory in use reaches ``config.memory_limit`` of the limit.
+checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run,
+``keras_preact_training.machine.memory_guard`` ends the process with one line (exit 1) when host memory in use reaches
+``config.memory_limit`` of the limit.
 """
 
 import contextlib
@@ -484,5 +485,7 @@ def export(run_dir, export_dir):
 
 
 if __name__ == "__main__":
-    sys.exit("keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
-             "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8")
+    sys.exit(
+        "keras_preact_training.train is the training library (train(config)); the command line is keras-preact-train "
+        "(python -m keras_preact_training.cli), e.g.: keras-preact-train --preset synthetic-resnet8"
+    )

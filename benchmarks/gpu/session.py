@@ -362,7 +362,9 @@ def paper_run(args, log, deadline):
         time.sleep(0.5)
         if time.time() >= deadline:
             stop_reason = "the time limit"
-        elif args.epochs_this_call and _backup_step(run_dir) >= (epochs_before + args.epochs_this_call) * _steps_per_epoch(run_dir):
+        elif args.epochs_this_call and _backup_step(run_dir) >= (
+            epochs_before + args.epochs_this_call
+        ) * _steps_per_epoch(run_dir):
             stop_reason = f"--epochs-this-call {args.epochs_this_call}"
         if stop_reason:
             log.line(f"paper run {name}: stopping at {stop_reason}")
@@ -458,7 +460,9 @@ def check_out(out):
     """The lent machine hands back at most 8 plain files, none deeper than two folders: say so loudly here."""
     files = [p for p in out.rglob("*") if p.is_file()]
     problems = [f"{len(files)} files under --out, the machine returns {MAX_OUT_FILES}"] * (len(files) > MAX_OUT_FILES)
-    problems += [f"{p.name}: {p.stat().st_size / 2**20:.1f} MiB, over 16 MiB" for p in files if p.stat().st_size > 16 * 2**20]
+    problems += [
+        f"{p.name}: {p.stat().st_size / 2**20:.1f} MiB, over 16 MiB" for p in files if p.stat().st_size > 16 * 2**20
+    ]
     return problems
 
 

@@ -96,7 +96,8 @@ class TrainingHealthCallback(keras.callbacks.Callback):
         >>> health = TrainingHealthCallback((images, labels), every_n_steps=1)
         >>> history = model.fit(images, labels, batch_size=2, epochs=1, verbose=0, callbacks=[health])
         >>> health.measured_steps, sorted(key for key in history.history if key.startswith("health/stage1/"))
-        ([0, 1], ['health/stage1/act_mean', 'health/stage1/act_std', 'health/stage1/grad_norm', 'health/stage1/update_ratio'])
+        ([0, 1], ['health/stage1/act_mean', 'health/stage1/act_std', 'health/stage1/grad_norm',
+                  'health/stage1/update_ratio'])
     """
 
     def __init__(self, data, every_n_steps=100, *, log_dir=None, loss=None, prefix="health", model=None):

@@ -161,7 +161,8 @@ def preact_resnet(
         >>> preact_resnet(18, weights="imagenet")
         Traceback (most recent call last):
         ...
-        ValueError: weights='imagenet' is available for depth 50, 101, 152 (Keras' ResNetV2 weights), not PreActResNet18. ...
+        ValueError: weights='imagenet' is available for depth 50, 101, 152 (Keras' ResNetV2 weights),
+        not PreActResNet18. ...
     """
     opt.check_choice("layout", layout, (None, *LAYOUTS))
     _check_weights(weights, depth, layout, include_top, classes, unit_options)

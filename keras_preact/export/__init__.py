@@ -21,5 +21,16 @@ from keras_preact.export.formats import FORMATS, check_formats, export_model, ex
 from keras_preact.export.runtimes import RUNTIMES, load
 from keras_preact.export.version_dir import next_version
 
-__all__ = ["FORMATS", "INPUT_NAME", "OUTPUT_NAMES", "RUNTIMES", "ServingContract", "check_formats", "export_model", "load",
-           "next_version", "serving_model", "export_saved_model"]
+__all__ = [
+    "FORMATS",
+    "INPUT_NAME",
+    "OUTPUT_NAMES",
+    "RUNTIMES",
+    "ServingContract",
+    "check_formats",
+    "export_model",
+    "load",
+    "next_version",
+    "serving_model",
+    "export_saved_model",
+]

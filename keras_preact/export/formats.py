@@ -196,7 +196,8 @@ def check_formats(formats, backend=None):
         >>> check_formats(["saved_model", "webp"])
         Traceback (most recent call last):
         ...
-        ValueError: Invalid formats=['saved_model', 'webp']: unknown 'webp'; the formats are saved_model, onnx, litert, openvino.
+        ValueError: Invalid formats=['saved_model', 'webp']: unknown 'webp';
+        the formats are saved_model, onnx, litert, openvino.
         >>> check_formats(["onnx"], backend="jax")
         Traceback (most recent call last):
         ...
@@ -273,7 +274,8 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
         >>> model = cifar_resnet(8, input_shape=(16, 16, 3))
         >>> with tempfile.TemporaryDirectory() as export_dir:
         ...     version_dir = export_model(model, export_dir, formats=("saved_model",), name="cifar", top_k=3)
-        ...     version_dir.relative_to(export_dir).as_posix(), sorted(p.name for p in (version_dir / "assets").iterdir())
+        ...     (version_dir.relative_to(export_dir).as_posix(),
+        ...      sorted(p.name for p in (version_dir / "assets").iterdir()))
         ...     outputs = load(version_dir, "saved_model").predict(np.zeros((2, 16, 16, 3), np.uint8))
         ('cifar/1', ['class_names.txt', 'preprocessing.json'])
         >>> {name: value.shape for name, value in outputs.items()}  # uint8 pixels in, normalised inside
@@ -289,7 +291,11 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
     class_names = version_dir.check_class_names(class_names, num_classes)
     input_config = version_dir.resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
     serving = ServingContract(input_config, top_k)
-    with version_dir.staged_version(export_dir, name, version, model, copies=len(formats)) as (staging, scratch, target):
+    with version_dir.staged_version(export_dir, name, version, model, copies=len(formats)) as (
+        staging,
+        scratch,
+        target,
+    ):
         for fmt in formats:  # the SavedModel first: it creates the (new) staging directory
             FORMATS[fmt].write(staging, model, serving, class_names, scratch, FORMATS[fmt])
         version_dir.write_assets(staging, class_names, input_config)

@@ -130,7 +130,9 @@ class LiteRTRuntime(Runtime):
             try:
                 from tensorflow.lite import Interpreter
             except ImportError:
-                raise ImportError(f"running a litert export needs ai_edge_litert: {FORMATS['litert'].install}") from None
+                raise ImportError(
+                    f"running a litert export needs ai_edge_litert: {FORMATS['litert'].install}"
+                ) from None
         content = pathlib.Path(path).read_bytes()
         self._runners = RunnerPool(lambda: Interpreter(model_content=content).get_signature_runner(), LITERT_RUNNERS)
 
@@ -165,7 +167,9 @@ class SavedModelRuntime(Runtime):
         return {k: v.numpy() for k, v in self._serve(**{INPUT_NAME: self._tf.constant(images)}).items()}
 
 
-RUNTIMES = {runtime.format_name: runtime for runtime in (SavedModelRuntime, OnnxRuntime, LiteRTRuntime, OpenVINORuntime)}
+RUNTIMES = {
+    runtime.format_name: runtime for runtime in (SavedModelRuntime, OnnxRuntime, LiteRTRuntime, OpenVINORuntime)
+}
 
 
 def load(version_dir, format):  # noqa: A002 (the format's name, as in model.export)

@@ -24,7 +24,12 @@ import keras
 import tensorflow as tf
 
 from keras_preact.export.contract import CLASS_NAMES_OUTPUT, INPUT_NAME, OUTPUT_NAMES
-from keras_preact.export.version_dir import CLASS_NAMES_ASSET, PREPROCESSING_ASSET, write_class_names, write_input_config
+from keras_preact.export.version_dir import (
+    CLASS_NAMES_ASSET,
+    PREPROCESSING_ASSET,
+    write_class_names,
+    write_input_config,
+)
 from keras_preact.preprocessing import IMAGE_FORMATS, eval_view
 
 OUTPUTS = (*OUTPUT_NAMES, CLASS_NAMES_OUTPUT)  # what every signature returns

@@ -198,7 +198,9 @@ def next_version(model_dir):
         8
     """
     model_dir = pathlib.Path(model_dir)
-    versions = [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
+    versions = (
+        [int(p.name) for p in model_dir.iterdir() if p.is_dir() and p.name.isdigit()] if model_dir.is_dir() else []
+    )
     return max(versions, default=0) + 1
 
 

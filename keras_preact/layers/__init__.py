@@ -20,6 +20,18 @@ from keras_preact.layers.residual_unit import ResidualUnit, Step, UnitPlan
 from keras_preact.layers.unit_config import UnitConfig
 
 __all__ = [
-    "BatchNormalization", "Conv2D", "EdgePadding2D", "EvalView", "WeightStandardizedConv2D", "ResidualUnit", "Step", "UnitPlan",
-    "UnitConfig", "ORDERINGS", "SHORTCUTS", "SHORTCUT_TYPES", "BLOCKS", "CONVOLUTIONS",
+    "BatchNormalization",
+    "Conv2D",
+    "EdgePadding2D",
+    "EvalView",
+    "WeightStandardizedConv2D",
+    "ResidualUnit",
+    "Step",
+    "UnitPlan",
+    "UnitConfig",
+    "ORDERINGS",
+    "SHORTCUTS",
+    "SHORTCUT_TYPES",
+    "BLOCKS",
+    "CONVOLUTIONS",
 ]

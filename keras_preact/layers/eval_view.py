@@ -71,7 +71,8 @@ def resize_weights(in_size, out_size, interpolation, start=0, count=None):
     Examples:
         >>> resize_weights(2, 4, "bilinear").tolist()  # doubling: samples at 0.25, 0.75, 1.25, 1.75 of 2 pixels
         [[1.0, 0.0], [0.75, 0.25], [0.25, 0.75], [0.0, 1.0]]
-        >>> [round(float(w), 4) for w in resize_weights(4, 2, "bilinear")[0]]  # halving: the triangle stretched over 3 taps
+        >>> [round(float(w), 4)
+        ...  for w in resize_weights(4, 2, "bilinear")[0]]  # halving: the triangle stretched over 3 taps
         [0.4286, 0.4286, 0.1429, 0.0]
     """
     count = out_size - start if count is None else count

@@ -166,7 +166,11 @@ def check_choice(argument, value, allowed):
 def check_finite(argument, value, low=None, high=None, low_open=False):
     """``value`` a finite real number (not a bool) within ``[low, high]`` (``(low, high]`` with ``low_open``)."""
     finite = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if not finite or (low is not None and (value <= low if low_open else value < low)) or (high is not None and value > high):
+    if (
+        not finite
+        or (low is not None and (value <= low if low_open else value < low))
+        or (high is not None and value > high)
+    ):
         bounds = "" if low is None and high is None else (
             f" > {low}" if high is None and low_open else f" in {'(' if low_open else '['}{low}, {high}]")
         raise ValueError(f"Invalid {argument}={value!r}: a finite number{bounds} is required.")

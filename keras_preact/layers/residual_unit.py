@@ -123,9 +123,9 @@ class ResidualUnit(keras.layers.Layer):
         strides: spatial stride of the unit.
         options: block, ordering, shortcut, shortcut_type, shortcut_scale, residual_scale, gate_bias_init,
             shortcut_dropout_rate, preactivate_shortcut, skip_preactivation, stride_position, output_bias,
-            normalization, norm_epsilon, norm_momentum, norm_groups, convolution, activation, dropout_rate, drop_path_rate,
-            zero_init_residual, kernel_initializer, kernel_regularizer: the unit's design, keyword-only; their
-            meaning and validation are ``UnitConfig``'s (same names, same defaults). They are kept, validated,
+            normalization, norm_epsilon, norm_momentum, norm_groups, convolution, activation, dropout_rate,
+            drop_path_rate, zero_init_residual, kernel_initializer, kernel_regularizer: the unit's design, keyword-only;
+            their meaning and validation are ``UnitConfig``'s (same names, same defaults). They are kept, validated,
             as ``unit.options`` (a frozen ``UnitConfig``): ``unit.options.ordering``.
         data_format: ``"channels_last"`` or ``"channels_first"``; default Keras' setting.
         **kwargs: Keras' layer arguments (``name``, ``dtype``, ...).
@@ -297,7 +297,9 @@ class ResidualUnit(keras.layers.Layer):
         """(shape changes, projects), refusing what option A cannot do."""
         o = self.options
         shape_changes = self.strides != 1 or in_channels != self.filters
-        projects = o.shortcut_spec.always_project or o.shortcut_type == "C" or (o.shortcut_type == "B" and shape_changes)
+        projects = (
+            o.shortcut_spec.always_project or o.shortcut_type == "C" or (o.shortcut_type == "B" and shape_changes)
+        )
         if o.shortcut_type == "A" and shape_changes and not projects and self.filters < in_channels:
             raise ValueError(f"shortcut_type='A' cannot map {in_channels} input channels to filters={self.filters}: "
                              "zero-padding only adds channels. Use shortcut_type='B'.")
@@ -327,7 +329,9 @@ class ResidualUnit(keras.layers.Layer):
         gate = self._gate_layer()
         shortcut_options = o.shortcut_options
         if "shortcut_dropout_rate" in shortcut_options:
-            layer = self._track(keras.layers.Dropout(shortcut_options["shortcut_dropout_rate"], dtype=self.dtype_policy))
+            layer = self._track(
+                keras.layers.Dropout(shortcut_options["shortcut_dropout_rate"], dtype=self.dtype_policy)
+            )
             shortcut.append(Step("shortcut_dropout", "shortcut", None, layer))
 
         branch = []

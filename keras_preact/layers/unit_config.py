@@ -102,7 +102,9 @@ class UnitConfig:
             value = getattr(self, name)
             if value is not None and name not in allowed:
                 users = " or ".join(repr(s) for s, spec in opt.SHORTCUTS.items() if name in dict(spec.options))
-                raise ValueError(f"{name}={value!r} is only used with shortcut={users}, not shortcut={self.shortcut!r}.")
+                raise ValueError(
+                    f"{name}={value!r} is only used with shortcut={users}, not shortcut={self.shortcut!r}."
+                )
         for name in ("shortcut_scale", "residual_scale", "gate_bias_init"):
             if getattr(self, name) is not None:
                 opt.check_finite(name, getattr(self, name))
@@ -188,7 +190,14 @@ class UnitConfig:
         (zeros where ``zero``), ``regularizer`` (``kernel_regularizer`` resolved once per unit)."""
         initializer = keras.initializers.Zeros() if zero else opt.get_kernel_initializer(self.kernel_initializer)
         return opt.CONVOLUTIONS[self.convolution](
-            filters=filters, kernel_size=kernel_size, strides=strides, padding="same" if strides == 1 else "valid", use_bias=use_bias,
-            kernel_initializer=initializer, kernel_regularizer=regularizer, data_format=data_format, name=name,
+            filters=filters,
+            kernel_size=kernel_size,
+            strides=strides,
+            padding="same" if strides == 1 else "valid",
+            use_bias=use_bias,
+            kernel_initializer=initializer,
+            kernel_regularizer=regularizer,
+            data_format=data_format,
+            name=name,
             dtype=dtype,
         )

@@ -100,11 +100,24 @@ def cifar_resnet(depth, num_classes=10, *, block=None, input_shape=(32, 32, 3), 
     backbone = dict(stackwise_units=[n] * 3, stackwise_filters=list(spec["widths"]), stackwise_strides=[1, 2, 2],
                     stem="cifar", stem_filters=STEM_FILTERS, unit_options=unit_options,
                     unit_overrides={unit_name(s, 0): {"preactivate_shortcut": True} for s in range(3)})
-    return build_network(backbone, default_name=f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar",
-                         num_classes=num_classes, input_shape=input_shape, input_tensor=input_tensor,
-                         include_top=include_top, pooling=pooling, classifier_activation=classifier_activation,
-                         dropout=dropout, drop_path_rate=drop_path_rate, data_format=data_format, dtype=dtype,
-                         remat=remat, input_config=input_config, class_names=class_names, name=name)
+    return build_network(
+        backbone,
+        default_name=f"preact_resnet{depth}{'_1layer' if block == 'one_layer' else ''}_cifar",
+        num_classes=num_classes,
+        input_shape=input_shape,
+        input_tensor=input_tensor,
+        include_top=include_top,
+        pooling=pooling,
+        classifier_activation=classifier_activation,
+        dropout=dropout,
+        drop_path_rate=drop_path_rate,
+        data_format=data_format,
+        dtype=dtype,
+        remat=remat,
+        input_config=input_config,
+        class_names=class_names,
+        name=name,
+    )
 
 
 CIFAR_DEPTHS = tuple(sorted(PAPER_DEPTHS))

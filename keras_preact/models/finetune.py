@@ -193,7 +193,9 @@ def set_trainable(model, trainable_from="stem", *, freeze_norm=False):
     """
     backbone = getattr(model, "backbone", model)
     if not hasattr(backbone, "_chain_names"):
-        raise ValueError(f"Invalid model={model!r:.100}: a keras-preact classifier or PreActResNetBackbone is required.")
+        raise ValueError(
+            f"Invalid model={model!r:.100}: a keras-preact classifier or PreActResNetBackbone is required."
+        )
     points = trainable_points(backbone)
     if trainable_from not in points:
         allowed = ", ".join(repr(p) for p in points if "_unit" not in p)

@@ -171,7 +171,8 @@ def list_models(pattern="*", pretrained=False):
     Examples:
         >>> from keras_preact.models import list_models
         >>> list_models("imagenet_*")
-        ['imagenet_resnet101', 'imagenet_resnet152', 'imagenet_resnet18', 'imagenet_resnet200', 'imagenet_resnet34', 'imagenet_resnet50']
+        ['imagenet_resnet101', 'imagenet_resnet152', 'imagenet_resnet18', 'imagenet_resnet200', 'imagenet_resnet34',
+         'imagenet_resnet50']
         >>> list_models("imagenet_resnet50", pretrained=True)  # doctest: +NORMALIZE_WHITESPACE
         ['imagenet_resnet50.imagenet', 'imagenet_resnet50.keras_hub_imagenet', 'imagenet_resnet50.timm_a1h_in1k',
          'imagenet_resnet50.timm_bit_in21k', 'imagenet_resnet50.timm_bit_in21k_ft_in1k']
@@ -227,7 +228,8 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
         >>> tuned = create_model("cifar_resnet20", weights="cifar10", class_names=["cat", "dog"], trainable_from="head")
         >>> tuned.output_shape, tuned.class_names, len(tuned.trainable_weights)  # a new head; only it trains
         ((None, 2), ('cat', 'dog'), 2)
-        >>> bit = create_model("imagenet_resnet50.timm_bit_in21k")  # timm's BiT-M, via huggingface_hub  # doctest: +SKIP
+        >>> bit = create_model(  # timm's BiT-M, via huggingface_hub
+        ...     "imagenet_resnet50.timm_bit_in21k")  # doctest: +SKIP
     """
     if isinstance(name, str) and "." in name and weights is None:  # list_models(pretrained=True)'s "name.weights"
         name, weights = name.split(".", 1)

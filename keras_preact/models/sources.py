@@ -42,7 +42,9 @@ def parse_entry(where, name, entry, spec_class):
     """A registry entry of a published checkpoint, checked: origin, checkpoint id, num_classes, arguments."""
     unknown = sorted(set(entry) - set(_FIELDS))
     if unknown:
-        raise ValueError(f"Invalid {where}: unknown {unknown!r}; a published checkpoint's fields are {', '.join(_FIELDS)}.")
+        raise ValueError(
+            f"Invalid {where}: unknown {unknown!r}; a published checkpoint's fields are {', '.join(_FIELDS)}."
+        )
     if entry["origin"] not in ORIGINS:
         raise ValueError(f"Invalid {where}: origin={entry['origin']!r}. Allowed values: 'package', "
                          f"{', '.join(map(repr, ORIGINS))}.")
@@ -177,7 +179,9 @@ def read_state_dict(path):
     try:
         import torch
     except ImportError:
-        raise ImportError(f"reading {path.name} (a PyTorch checkpoint) needs torch; or convert it to .safetensors") from None
+        raise ImportError(
+            f"reading {path.name} (a PyTorch checkpoint) needs torch; or convert it to .safetensors"
+        ) from None
     state = torch.load(str(path), map_location="cpu", weights_only=True)
     state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
@@ -211,7 +215,9 @@ def convert(origin, source_path, depth, num_classes=None):
         from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
 
         if depth not in KERAS_IMAGENET_WEIGHTS:
-            raise ValueError(f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}.")
+            raise ValueError(
+                f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
+            )
         classes = num_classes or _keras_h5_classes(source_path)
         source = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])(weights=str(source_path), classes=classes)
         return from_keras_applications(source, classifier_activation=None)
@@ -282,7 +288,10 @@ def _timm_input_config(pretrained_cfg):
                        interpolation="bicubic" if interpolation == "bicubic" else "bilinear")
 
 
-KERAS_HUB_CONVERTER_FILES = ("image_converter.json", "preprocessor.json")  # where a keras-hub preset keeps its converter
+KERAS_HUB_CONVERTER_FILES = (
+    "image_converter.json",
+    "preprocessor.json",
+)  # where a keras-hub preset keeps its converter
 
 
 def keras_hub_input_config(preset, default):
@@ -376,8 +385,10 @@ def local_spec(model_name, weights):
     elif path.suffix in (".safetensors", ".pth", ".pt", ".bin"):
         kind, extra["input_config"] = "timm", _timm_input_config({})
     else:
-        raise ValueError(f"Invalid weights={str(weights)!r} for {model_name}: a .weights.h5, .h5, .safetensors, .pth "
-                         "file, a timm folder (config.json + model.safetensors) or a keras-hub preset folder is expected.")
+        raise ValueError(
+            f"Invalid weights={str(weights)!r} for {model_name}: a .weights.h5, .h5, .safetensors, .pth "
+            "file, a timm folder (config.json + model.safetensors) or a keras-hub preset folder is expected."
+        )
     return WeightsSpec(name="local", file=str(path), origin="file", source=kind, **extra)
 
 

@@ -24,7 +24,8 @@ small evidence files (run directories stay under ``OUT/runs/``, which git ignore
 of every trainer, for a small check of the tool itself (tests: ResNet-8 on 16x16 images); the folder's images
 must have that size.
 
-    python reproduction/cifar10-parity-resnet20/parity_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python .venv-notf/bin/python \\
+    python reproduction/cifar10-parity-resnet20/parity_vs_pytorch.py --data-dir /tmp/cifar10-jpeg --notf-python
+    .venv-notf/bin/python \\
         --epochs 10 --seeds 1 2 --out reproduction/cifar10-parity-resnet20
 """
 
@@ -59,11 +60,32 @@ def commands(args, seed, run_dir):
     found = {}
     for backend in args.backends:
         python = args.python if backend == "tensorflow" else (args.notf_python or args.python)
-        found[f"keras-preact-{backend}"] = (python, [
-            "-m", "keras_preact_training.cli", "--preset", speed.PRESET, "--data-dir", args.data_dir, "--backend", backend,
-            "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
-            "--epochs", str(args.epochs), "--seed", str(seed), "--verbose", "0", "--no-export",
-            "--run-dir", str(run_dir / f"keras-preact-{backend}-seed{seed}")])
+        found[f"keras-preact-{backend}"] = (
+            python,
+            [
+                "-m",
+                "keras_preact_training.cli",
+                "--preset",
+                speed.PRESET,
+                "--data-dir",
+                args.data_dir,
+                "--backend",
+                backend,
+                "--depth",
+                str(args.depth),
+                "--image-size",
+                *map(str, args.image_size),
+                "--epochs",
+                str(args.epochs),
+                "--seed",
+                str(seed),
+                "--verbose",
+                "0",
+                "--no-export",
+                "--run-dir",
+                str(run_dir / f"keras-preact-{backend}-seed{seed}"),
+            ],
+        )
     found[REFERENCE] = (args.notf_python or args.python, [
         str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir,
         "--depth", str(args.depth), "--epochs", str(args.epochs), "--seed", str(seed),

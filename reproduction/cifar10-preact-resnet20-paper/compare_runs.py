@@ -221,10 +221,12 @@ def markdown(table, window, times, command, groups=()):
 
         lines += [
             "",
-            f"Groups: mean +- sample standard deviation of their runs' test top-1, and the difference to {groups[0]['name']} "
+            "Groups: mean +- sample standard deviation of their runs' test top-1, "
+            f"and the difference to {groups[0]['name']} "
             "with Welch's t (its degrees of freedom):",
             "",
-            f"| group | runs | last epoch | difference | t (df) | mean, epochs {window[0]}-{window[1]} | difference | t (df) |",
+            f"| group | runs | last epoch | difference | t (df) | mean, epochs {window[0]}-{window[1]} | "
+            "difference | t (df) |",
             "|---|---|---|---|---|---|---|---|",
         ]
         for row in groups:

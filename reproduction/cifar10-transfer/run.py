@@ -41,9 +41,13 @@ HERE = Path(__file__).resolve().parent
 
 
 def parse_args(argv=None):
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     p.add_argument("--data-dir", required=True, help="CIFAR-10 JPEG folder (train/<class>/, test/<class>/)")
-    p.add_argument("--work-dir", required=True, help="where the symlink folders, the pretraining run and the .npy cache go")
+    p.add_argument(
+        "--work-dir", required=True, help="where the symlink folders, the pretraining run and the .npy cache go"
+    )
     p.add_argument("--out", default=str(HERE), help="where the per-run JSON, results.md/json and curves.png go")
     p.add_argument("--pretrain-run", default=None, help="an existing half-A run dir (default: WORK_DIR/pretrain-halfA)")
     p.add_argument("--pretrain-epochs", type=int, default=2)
@@ -53,7 +57,9 @@ def parse_args(argv=None):
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
     p.add_argument("--steps", type=int, default=150, help="training steps of every run (both methods)")
-    p.add_argument("--head-steps", type=int, default=30, help="fine-tuning: steps with the backbone frozen (of --steps)")
+    p.add_argument(
+        "--head-steps", type=int, default=30, help="fine-tuning: steps with the backbone frozen (of --steps)"
+    )
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--lr", type=float, default=0.1, help="peak rate: scratch and the head phase")
     p.add_argument("--finetune-lr", type=float, default=0.01, help="peak rate of the fine-tuning all-layers phase")
@@ -80,7 +86,9 @@ def link_half(data_dir, root, classes):
         for c in classes:
             src, dst = (data_dir / split / c).resolve(), root / split / c
             if not src.is_dir():
-                raise SystemExit(f"--data-dir {data_dir}: {split}/{c}/ is missing (a CIFAR-10 image folder is required)")
+                raise SystemExit(
+                    f"--data-dir {data_dir}: {split}/{c}/ is missing (a CIFAR-10 image folder is required)"
+                )
             if not dst.is_symlink():
                 dst.symlink_to(src, target_is_directory=True)
     return root
@@ -189,7 +197,9 @@ def one_run(args, name, method, size, seed, folder, run_dir, unit_options):
 
     data = sources.folder(folder, cache_dir=Path(args.work_dir) / "cache")
     if tuple(data.class_names) != HALF_B or len(data.train_labels) != size:
-        raise SystemExit(f"{folder}: {len(data.train_labels)} images of {data.class_names}, expected {size} of {HALF_B}")
+        raise SystemExit(
+            f"{folder}: {len(data.train_labels)} images of {data.class_names}, expected {size} of {HALF_B}"
+        )
     curve_idx = np.random.default_rng(12345).permutation(len(data.test_labels))[: args.curve_test_images]
     curve_x, curve_y = data.test_images[curve_idx], data.test_labels[curve_idx]
 
@@ -265,14 +275,31 @@ def summarise(out, pretrain_metrics, command):
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     tmp.rename(out / "results.json")
     tmp = out / "results.md.tmp"
-    pre = "" if not pretrain_metrics else (
-        f"\nPretraining on half A: {100 * pretrain_metrics['test_accuracy']:.2f}% test top-1 on half A's test images "
-        f"({pretrain_metrics['epochs']} epochs, {pretrain_metrics['steps']} steps, {pretrain_metrics['wall_time_s']:.0f} s).\n")
-    walls = ["| run | test top-1 | wall s (training, curve points, final evaluation) | finished (UTC) |", "|---|---|---|---|"]
+    pre = (
+        ""
+        if not pretrain_metrics
+        else (
+            f"\nPretraining on half A: {100 * pretrain_metrics['test_accuracy']:.2f}% test top-1 "
+            "on half A's test images "
+            f"({pretrain_metrics['epochs']} epochs, {pretrain_metrics['steps']} steps, "
+            f"{pretrain_metrics['wall_time_s']:.0f} s).\n"
+        )
+    )
+    walls = [
+        "| run | test top-1 | wall s (training, curve points, final evaluation) | finished (UTC) |",
+        "|---|---|---|---|",
+    ]
     walls += [f"| {r['name']} | {100 * r['test_top1']:.2f}% | {r['wall_seconds']:.0f} | {r['finished_utc']} |"
               for r in sorted(runs, key=lambda r: r["finished_utc"])]
-    tmp.write_text("Test top-1 on half B's 5,000 test images (dog, frog, horse, ship, truck).\n\n" + "\n".join(lines) + "\n"
-                   + pre + "\n" + "\n".join(walls) + "\n")
+    tmp.write_text(
+        "Test top-1 on half B's 5,000 test images (dog, frog, horse, ship, truck).\n\n"
+        + "\n".join(lines)
+        + "\n"
+        + pre
+        + "\n"
+        + "\n".join(walls)
+        + "\n"
+    )
     tmp.rename(out / "results.md")
     plot(out, runs)
     return "\n".join(lines)
@@ -322,8 +349,9 @@ def main(argv=None):
     work.mkdir(parents=True, exist_ok=True)
     env = "".join(f"{k}={os.environ[k]} " for k in ("OMP_NUM_THREADS", "KERAS_PREACT_REQUIRE_NO_TF") if k in os.environ)
     env += f"KERAS_BACKEND={os.environ.get('KERAS_BACKEND', 'torch')} "
-    command = (env +
-               shlex.join([sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]))
+    command = env + shlex.join(
+        [sys.executable, str(Path(__file__).resolve()), *(argv if argv is not None else sys.argv[1:])]
+    )
     if args.summarise_only and (out / "results.json").exists():  # keep the command that ran the experiment
         command = json.loads((out / "results.json").read_text())["command"]
     half_a = link_half(data_dir, work / "cifar10-halfA", HALF_A)

@@ -58,7 +58,9 @@ def clean(log, work):
     """The log without TensorFlow's start-up lines (CUDA probing, CPU features), paths shortened."""
     lines = Path(log).read_text().splitlines(keepends=True)
     text = "".join(line for line in lines if not line.startswith(NOISE))
-    Path(log).write_text(text.replace(str(work), "$WORK").replace(sysconfig.get_paths()["purelib"] + "/", "<site-packages>/"))
+    Path(log).write_text(
+        text.replace(str(work), "$WORK").replace(sysconfig.get_paths()["purelib"] + "/", "<site-packages>/")
+    )
 
 
 def timed(command, log, work):
@@ -93,7 +95,9 @@ def serve_and_query(model_dir, images, log, work):
         ready = time.monotonic() - start
         body = {"signature_name": "serving_bytes",
                 "instances": [{"b64": base64.b64encode(path.read_bytes()).decode()} for path in images]}
-        request = urllib.request.Request(url + ":predict", json.dumps(body).encode(), {"Content-Type": "application/json"})
+        request = urllib.request.Request(
+            url + ":predict", json.dumps(body).encode(), {"Content-Type": "application/json"}
+        )
         with urllib.request.urlopen(request, timeout=120) as reply:
             predictions = json.loads(reply.read())["predictions"]
     finally:
@@ -146,12 +150,16 @@ def main():
     metrics = json.loads((run_dir / "metrics.json").read_text())
     result = {
         "machine": f"{platform.processor() or platform.machine()}, {os.cpu_count()} CPUs (2-core AMD EPYC, AVX2 only; "
-                   "loaded by the project's CI and other sessions)",
+        "loaded by the project's CI and other sessions)",
         "load_average_at_start": [round(x, 2) for x in load],
         "started": started,
         "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "backend": args.backend,
-        "versions_used": {"python": platform.python_version(), "keras": keras.__version__, "tensorflow": tf.__version__},
+        "versions_used": {
+            "python": platform.python_version(),
+            "keras": keras.__version__,
+            "tensorflow": tf.__version__,
+        },
         "checkpoint": "random timm resnetv2_18 (1000 classes), timm hub folder: config.json + model.safetensors",
         "data": f"{len(CLASSES)} CIFAR-10 classes x {TRAIN_PER_CLASS} train / {TEST_PER_CLASS} test JPEGs (32 x 32)",
         "train_command": " ".join(train).replace(str(work), "$WORK"),

@@ -33,14 +33,20 @@ def export_copy(tmp_path_factory):
                                        top_k=3))
         [export] = source
         left_out = {entry for fmt in EXPORT_ENTRIES if fmt not in formats for entry in EXPORT_ENTRIES[fmt]}
-        return pathlib.Path(shutil.copytree(export, pathlib.Path(base) / name / str(version), ignore=lambda folder, names: [
-            n for n in names if folder == str(export) and n in left_out]))
+        return pathlib.Path(
+            shutil.copytree(
+                export,
+                pathlib.Path(base) / name / str(version),
+                ignore=lambda folder, names: [n for n in names if folder == str(export) and n in left_out],
+            )
+        )
 
     return copy
 
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, export_copy):
-    """export_copy's SavedModel alone (top 3 of 10 classes), served as cifar version 1 (test_serving_grpc, test_serving_v2)."""
+    """export_copy's SavedModel alone (top 3 of 10 classes), served as cifar version 1 (test_serving_grpc,
+    test_serving_v2)."""
     pytest.importorskip("tensorflow", reason="needs TensorFlow")
     return export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")

@@ -143,15 +143,38 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_default"}, 400, "exactly one of"),
     ("POST", "/v1/models/cifar:predict", {"instances": []}, 400, "empty batch"),
     ("POST", "/v1/models/cifar:predict", {"inputs": np.zeros((0, 32, 32, 3)).tolist()}, 400, "empty batch"),
-    ("POST", "/v1/models/cifar:predict", {"instances": np.zeros((1, 32, 32), int).tolist()}, 400, "expects [N, 32, 32, 3]"),
-    ("POST", "/v1/models/cifar:predict", {"instances": np.zeros((1, 16, 16, 3), int).tolist()}, 400, "has shape [1, 16, 16, 3]"),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        {"instances": np.zeros((1, 32, 32), int).tolist()},
+        400,
+        "expects [N, 32, 32, 3]",
+    ),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        {"instances": np.zeros((1, 16, 16, 3), int).tolist()},
+        400,
+        "has shape [1, 16, 16, 3]",
+    ),
     ("POST", "/v1/models/cifar:predict", {"instances": [[[[1, 2, 3]]], [[1, 2]]]}, 400, "not a rectangular array"),
     ("POST", "/v1/models/cifar:predict", {"instances": np.full((1, 32, 32, 3), 0.5).tolist()}, 400, "uint8 values"),
     ("POST", "/v1/models/cifar:predict", {"instances": np.full((1, 32, 32, 3), 256).tolist()}, 400, "[0, 255]"),
     ("POST", "/v1/models/cifar:predict", {"instances": [["a"] * 3] * 1}, 400, "uint8 values"),
-    ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes", "instances": [{"b64": "%%%"}]}, 400, "not valid base64"),
-    ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes",
-     "instances": [{"b64": base64.b64encode(b"corrupt image").decode()}]}, 400, "is not a JPEG/PNG/GIF/BMP image"),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        {"signature_name": "serving_bytes", "instances": [{"b64": "%%%"}]},
+        400,
+        "not valid base64",
+    ),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(b"corrupt image").decode()}]},
+        400,
+        "is not a JPEG/PNG/GIF/BMP image",
+    ),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "serving_bytes", "instances": [[1, 2]]}, 400, "strings"),
     ("POST", "/v1/models/cifar:predict", {"instances": images(MAX_BATCH + 1).tolist()}, 413, "exceeds the limit"),
     # A nesting bomb (within the values 16 examples may hold), and numbers that are not finite (strict JSON
@@ -159,12 +182,24 @@ BAD_REQUESTS = [
     ("POST", "/v1/models/cifar:predict", b"[" * 20_000 + b"]" * 20_000, 400, "nested too deeply"),
     ("POST", "/v1/models/cifar:predict", {"instances": [[[[0.0] * 3] * 32] * 32]}, 400, "uint8 values"),
     ("POST", "/v1/models/cifar:predict", b'{"instances": [' + b"1" * 5000 + b"]}", 400, "a number too long"),
-    ("POST", "/v1/models/cifar:predict",
-     b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
-         "0.0", "NaN", 1).encode() + b"]}", 400, "NaN is not a finite number"),
-    ("POST", "/v1/models/cifar:predict",
-     b'{"signature_name": "serving_float", "instances": [' + json.dumps(np.zeros((32, 32, 3)).tolist()).replace(
-         "0.0", "1e999", 1).encode() + b"]}", 400, "non-finite values"),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        b'{"signature_name": "serving_float", "instances": ['
+        + json.dumps(np.zeros((32, 32, 3)).tolist()).replace("0.0", "NaN", 1).encode()
+        + b"]}",
+        400,
+        "NaN is not a finite number",
+    ),
+    (
+        "POST",
+        "/v1/models/cifar:predict",
+        b'{"signature_name": "serving_float", "instances": ['
+        + json.dumps(np.zeros((32, 32, 3)).tolist()).replace("0.0", "1e999", 1).encode()
+        + b"]}",
+        400,
+        "non-finite values",
+    ),
     ("POST", "/v1/models/cifar:predict", {"signature_name": "nope", "instances": GOOD}, 400, "'nope' not found"),
     ("POST", "/v1/models/cifar:predict", {"instances": [{"wrong": GOOD[0]}]}, 400, "exactly the inputs"),
     ("POST", "/v1/models/cifar:classify", {"instances": GOOD}, 400, "not supported"),
@@ -173,8 +208,13 @@ BAD_REQUESTS = [
     ("GET", "/v1/models/other", None, 404, "Servable not found"),
     ("GET", "/v2/anything", None, 404, "Unknown path"),
     ("GET", "/v1/models/cifar:predict", None, 404, "not a TF Serving REST route"),
-    ("POST", "/v1/models/cifar/labels/stable:predict", {"instances": GOOD}, 400,
-     "Unrecognized servable version label: stable"),  # TF Serving's 400 for a label it does not know
+    (
+        "POST",
+        "/v1/models/cifar/labels/stable:predict",
+        {"instances": GOOD},
+        400,
+        "Unrecognized servable version label: stable",
+    ),  # TF Serving's 400 for a label it does not know
     ("GET", "/v1/models/cifar/labels/stable", None, 400, "Unrecognized servable version label: stable"),
     ("GET", "/v1/models/cifar/labels/stable/metadata", None, 400, "Unrecognized servable version label: stable"),
     ("POST", "/v1/models/other/labels/stable:predict", {"instances": GOOD}, 404, "Servable not found"),
@@ -220,8 +260,11 @@ def test_concurrent_load_loses_nothing(served_both_ways):
             try:
                 code, reply = request(port, "POST", "/v1/models/cifar:predict",
                                       {"instances": pool[i : i + 1].tolist()}, connection=conn)
-                ok = (code == 200 and reply["predictions"][0]["classes"] == reference["classes"][i].tolist()
-                      and np.allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6))
+                ok = (
+                    code == 200
+                    and reply["predictions"][0]["classes"] == reference["classes"][i].tolist()
+                    and np.allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
+                )
             except Exception as error:  # noqa: BLE001 - counted as a failure
                 ok, reply = False, repr(error)
             mine.append(time.perf_counter() - start)
@@ -254,8 +297,22 @@ def test_console_entry_point_serves_and_rejects_a_bad_directory(exported, tmp_pa
         server_main([str(tmp_path), "--port", "0"])
     assert bad.value.code == 2 and "no numeric version folder" in capsys.readouterr().err
     process = subprocess.Popen(
-        [sys.executable, "-m", "keras_preact_serving.server", str(exported.parent), "--port", "0",
-         "--model-name", "resnet", "--no-enable-batching"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
+        [
+            sys.executable,
+            "-m",
+            "keras_preact_serving.server",
+            str(exported.parent),
+            "--port",
+            "0",
+            "--model-name",
+            "resnet",
+            "--no-enable-batching",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
     try:
         line = process.stdout.readline()
         assert "Serving model 'resnet' version 2" in line, line
@@ -439,10 +496,19 @@ def test_idle_and_surplus_connections_are_bounded(exported):
 
 
 def test_server_limits_are_validated(exported, capsys):
-    for argument, value in (("request_timeout", 0), ("max_connections", 0), ("max_image_pixels", -1),
-                            ("max_aspect_ratio", 0.5), ("request_timeout", float("nan")), ("batching_max_size", 0),
-                            ("batching_timeout_ms", -1), ("batching_timeout_ms", float("inf")), ("batching_max_queue", 1.5),
-                            ("batching_threads", 0), ("enable_batching", "yes")):
+    for argument, value in (
+        ("request_timeout", 0),
+        ("max_connections", 0),
+        ("max_image_pixels", -1),
+        ("max_aspect_ratio", 0.5),
+        ("request_timeout", float("nan")),
+        ("batching_max_size", 0),
+        ("batching_timeout_ms", -1),
+        ("batching_timeout_ms", float("inf")),
+        ("batching_max_queue", 1.5),
+        ("batching_threads", 0),
+        ("enable_batching", "yes"),
+    ):
         with pytest.raises(ValueError, match=f"Invalid {argument}="):
             make_server(exported.parent, port=0, **{"enable_batching": True, argument: value})
     # The flags go through the same checks, before the model is loaded.
@@ -501,11 +567,19 @@ def test_batched_replies_equal_direct_calls_under_16_concurrent_clients(batched_
     signatures = tf.saved_model.load(str(exported)).signatures
     pool = images(16, seed=11)
     bursts = [
-        ([{"instances": pool[i:i + 1].tolist()} for i in range(16)], {"serving_default": 2}),
-        ([{"signature_name": "serving_default", "instances": pool[i:i + 1].tolist()} for i in range(8)]
-         + [{"signature_name": "serving_float", "instances": pool[i:i + 1].astype(float).tolist()} for i in range(8, 16)],
-         {"serving_default": 1, "serving_float": 1}),
-        ([{"signature_name": "serving_bytes", "instances": [png_b64(pool[i])]} for i in range(8)], {"serving_bytes": 1}),
+        ([{"instances": pool[i : i + 1].tolist()} for i in range(16)], {"serving_default": 2}),
+        (
+            [{"signature_name": "serving_default", "instances": pool[i : i + 1].tolist()} for i in range(8)]
+            + [
+                {"signature_name": "serving_float", "instances": pool[i : i + 1].astype(float).tolist()}
+                for i in range(8, 16)
+            ],
+            {"serving_default": 1, "serving_float": 1},
+        ),
+        (
+            [{"signature_name": "serving_bytes", "instances": [png_b64(pool[i])]} for i in range(8)],
+            {"serving_bytes": 1},
+        ),
     ]
     worst = 0.0
     for bodies, calls in bursts:
@@ -541,7 +615,10 @@ def test_an_undecodable_image_in_a_batch_fails_alone(batched_server):
     pool = images(MERGE, seed=12)
     truncated = tf.io.encode_png(pool[3]).numpy()
     bodies = [{"signature_name": "serving_bytes", "instances": [png_b64(image)]} for image in pool]
-    bodies[3] = {"signature_name": "serving_bytes", "instances": [{"b64": base64.b64encode(truncated[:len(truncated) // 2]).decode()}]}
+    bodies[3] = {
+        "signature_name": "serving_bytes",
+        "instances": [{"b64": base64.b64encode(truncated[: len(truncated) // 2]).decode()}],
+    }
     before = batched_server.batcher.stats()
     replies = burst(port, bodies)
     after = batched_server.batcher.stats()
@@ -563,8 +640,10 @@ def test_a_full_batching_queue_is_answered_503(exported):
     port = server.server_address[1]
     try:
         body = {"instances": images(1).tolist()}
-        waiting = [threading.Thread(target=lambda: replies.append(request(port, "POST", "/v1/models/cifar:predict", body)))
-                   for _ in range(2)]
+        waiting = [
+            threading.Thread(target=lambda: replies.append(request(port, "POST", "/v1/models/cifar:predict", body)))
+            for _ in range(2)
+        ]
         replies = []
         for t in waiting:
             t.start()

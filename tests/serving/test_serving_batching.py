@@ -103,9 +103,11 @@ def test_a_full_batch_runs_at_once_and_the_first_request_waits_at_most_the_timeo
 
 def test_signatures_and_shapes_are_never_merged():
     model = Model()
-    requests = ([("pixels", {"x": pixels(1, i)}) for i in range(4)]
-                + [("pixels", {"x": np.random.default_rng(i).random((1, 4, 1, 3))}) for i in range(4)]  # same size, other shape
-                + [("bytes", {"data": np.array([b"ab" * (i + 1)], dtype=object)}) for i in range(4)])
+    requests = (
+        [("pixels", {"x": pixels(1, i)}) for i in range(4)]
+        + [("pixels", {"x": np.random.default_rng(i).random((1, 4, 1, 3))}) for i in range(4)]  # same size, other shape
+        + [("bytes", {"data": np.array([b"ab" * (i + 1)], dtype=object)}) for i in range(4)]
+    )
     with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=30000)) as batcher:
         results = concurrently(batcher.predict, requests)
     assert sorted(model.calls) == [("bytes", 4), ("pixels", 4), ("pixels", 4)]
@@ -176,7 +178,9 @@ def test_a_full_queue_is_refused_with_503_naming_the_limit():
 
 def test_close_answers_what_is_queued_and_leaves_no_thread():
     model = Model()
-    batcher = Batcher(model.predict, BatchingOptions(batching_max_size=64, batching_timeout_ms=60000, batching_threads=3))
+    batcher = Batcher(
+        model.predict, BatchingOptions(batching_max_size=64, batching_timeout_ms=60000, batching_threads=3)
+    )
     assert sum(t.name.startswith("keras-preact-batcher") for t in threading.enumerate()) == 3
     results = []
     waiting = [threading.Thread(target=lambda i=i: results.append(batcher.predict("pixels", {"x": pixels(1, i)})))

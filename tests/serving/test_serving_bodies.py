@@ -81,8 +81,10 @@ def running():
         served = Served(process.pid, ours.recv())
         # one-time costs (threads, imports, the 413 path) paid before: a normal request on each route, then a
         # 20 kB body of each kind
-        for path, body in [(PREDICT, b'{"instances": [[1.0, 2.0]]}'),
-                           (INFER, b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}')]:
+        for path, body in [
+            (PREDICT, b'{"instances": [[1.0, 2.0]]}'),
+            (INFER, b'{"inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 2], "data": [1, 2]}]}'),
+        ]:
             assert served.request("POST", path, body)[0] == 200
         for kind in KINDS:
             assert served.request("POST", *bodies(kind, 20_000))[0] == 413
@@ -142,7 +144,9 @@ def test_a_60_mb_body_of_millions_of_values_is_refused_at_once_and_its_memory_re
     else:
         assert counted and int(counted[1]) > MAX_VALUES, error
     assert took < 5, f"{kind}: refused after {took:.1f} s"
-    assert peak < 200 and after < 30, f"{kind}: the server's memory grew by {peak:.0f} MiB at the peak, {after:.0f} MiB after"
+    assert peak < 200 and after < 30, (
+        f"{kind}: the server's memory grew by {peak:.0f} MiB at the peak, {after:.0f} MiB after"
+    )
     status, reply = running.request("POST", PREDICT, json.dumps({"instances": [[1.0, 2.0]]}).encode())
     assert (status, json.loads(reply)) == (200, {"predictions": [3.0]})
 

@@ -97,10 +97,14 @@ def test_concurrent_clients_each_get_their_own_images_answer(exported, images, r
         channel.close()
         server.shutdown()
         server.server_close()
-    failed = [(index, status, str(reply)[:200]) for index, got in replies.items() for status, reply in got if status != 200]
+    failed = [
+        (index, status, str(reply)[:200]) for index, got in replies.items() for status, reply in got if status != 200
+    ]
     wrong = [index for index, got in replies.items() for status, reply in got
              if status == 200 and not np.allclose(reply, expected[index], rtol=0, atol=1e-5)]
-    assert (failed, wrong) == ([], []), f"{len(failed)} failed, {len(wrong)} wrong of {2 * CLIENTS * ROUNDS}: {failed[:3]}"
+    assert (failed, wrong) == ([], []), (
+        f"{len(failed)} failed, {len(wrong)} wrong of {2 * CLIENTS * ROUNDS}: {failed[:3]}"
+    )
     assert sum(map(len, replies.values())) == 2 * CLIENTS * ROUNDS
 
 

@@ -39,7 +39,9 @@ def raise_open_file_limit(needed=2 * (IDLE + SLOW) + 200):
     """Raise this process's soft limit on open files (the servers started next inherit it): the idle
     connections' client and server ends."""
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    assert hard == resource.RLIM_INFINITY or hard >= needed, f"the test needs {needed} open files; the hard limit is {hard}"
+    assert hard == resource.RLIM_INFINITY or hard >= needed, (
+        f"the test needs {needed} open files; the hard limit is {hard}"
+    )
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, needed) if soft != resource.RLIM_INFINITY else soft, hard))
 
 
@@ -190,7 +192,8 @@ def chunked(body, size):
 
 def test_chunked_bodies_are_read_and_bounded_by_max_body_bytes(served):
     """A chunked predict within --max-body-bytes is answered; one beyond it gets a 413 once the limit is
-    crossed (sent at once or chunk by chunk), and its connection is closed; Content-Length and chunked together are refused (400)."""
+    crossed (sent at once or chunk by chunk), and its connection is closed; Content-Length and chunked together are
+    refused (400)."""
     port = served
     head = b"POST /v1/models/m:predict HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n"
     small = json.dumps({"instances": [[1.0, 0.0], [2.5, 0.0]]}).encode()
@@ -218,7 +221,9 @@ def test_chunked_bodies_are_read_and_bounded_by_max_body_bytes(served):
         stream = sock.makefile("rb")
         reply = read_reply(stream)
         assert reply[0] == 413 and stream.read(1) == b"" and time.perf_counter() - start < TIMEOUT, reply
-        assert reply[2] == {"error": f"Request body of more than {MAX_BODY} bytes exceeds the limit of {MAX_BODY} bytes."}
+        assert reply[2] == {
+            "error": f"Request body of more than {MAX_BODY} bytes exceeds the limit of {MAX_BODY} bytes."
+        }
     reply, closed = exchange(port, head + b"Content-Length: %d\r\n\r\n" % len(small) + chunked(small, 7))
     assert reply[0] == 400 and closed
     assert reply[2] == {"error": "A request may not have both Content-Length and Transfer-Encoding: chunked."}

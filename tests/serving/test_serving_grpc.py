@@ -90,7 +90,9 @@ def predict(port, inputs, signature_name="serving_default", model="cifar", versi
 
 def rest_predict(port, body):
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
-    conn.request("POST", "/v1/models/cifar:predict", body=json.dumps(body), headers={"Content-Type": "application/json"})
+    conn.request(
+        "POST", "/v1/models/cifar:predict", body=json.dumps(body), headers={"Content-Type": "application/json"}
+    )
     response = conn.getresponse()
     reply = json.loads(response.read())
     conn.close()
@@ -172,7 +174,9 @@ def test_predict_equals_rest_for_pixels_floats_and_jpeg_bytes(served_both_ways):
     request.inputs["images"].CopyFrom(tf.make_tensor_proto(batch))
     _, call = prediction_service_pb2_grpc.PredictionServiceStub(channel).Predict.with_call(request, 30)
     channel.close()
-    assert {k: v for k, v in call.trailing_metadata() if k == "x-batch-size"} == ({"x-batch-size": "3"} if batching else {})
+    assert {k: v for k, v in call.trailing_metadata() if k == "x-batch-size"} == (
+        {"x-batch-size": "3"} if batching else {}
+    )
     # Every model call is in the batch-size histogram, gRPC's too, with batching or without.
     before = batch_size_metric(rest_port, "serving_float")
     predict(grpc_port, {"images": images(2).astype(np.float32)}, "serving_float")
@@ -617,7 +621,9 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while queue_depth(rest_port, "resnet") < 8:  # all 8 wait in the batcher's queue (a fixed sleep raced a loaded CPU)
+        while (
+            queue_depth(rest_port, "resnet") < 8
+        ):  # all 8 wait in the batcher's queue (a fixed sleep raced a loaded CPU)
             assert time.monotonic() < deadline, queue_depth(rest_port, "resnet")
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)

@@ -72,9 +72,9 @@ def stalled_upload(port, statuses, sent):
 
 def test_stalled_uploads_hold_no_more_than_the_bound_and_their_memory_is_given_back():
     """6 uploads each stalling after 12 MiB of a 16 MiB body, against a bound of 32 MiB: two are held (408 once
-    timed out), the others get a 503 at once; the server's RSS grows by less than the 32 MiB bound plus 16 MiB while they
-    stall (it held 72 MiB before the bound), and gives it back once they end: it keeps less than 4 MiB (a normal request
-    still 200)."""
+    timed out), the others get a 503 at once; the server's RSS grows by less than the 32 MiB bound plus 16 MiB while
+    they stall (it held 72 MiB before the bound), and gives it back once they end: it keeps less than 4 MiB (a normal
+    request still 200)."""
     process, port = start_numpy_server("off", TIMEOUT, MAX_BODY, max_bodies_in_flight=BOUND)
     try:
         assert predict(port) == 200

@@ -98,7 +98,9 @@ def labels(**values):
 
 
 def started(model, batching=None, **kwargs):
-    state = app.ServingState(lambda: model, app.RequestLimits(max_batch_size=16, max_body_bytes=1_000_000), batching, **kwargs)
+    state = app.ServingState(
+        lambda: model, app.RequestLimits(max_batch_size=16, max_body_bytes=1_000_000), batching, **kwargs
+    )
     if not kwargs.get("load_in_background"):
         state.start()
     return Running(state)
@@ -224,7 +226,10 @@ def test_a_model_that_fails_to_load_is_neither_live_nor_ready():
         assert running.request("GET", "/v2/health/live")[:2] == (503, b'{"live": false}')
         assert running.request("GET", "/v2/health/ready")[:2] == (503, b'{"ready": false}')
         status, reply, _ = running.request("GET", "/v1/models/m")
-        assert (status, json.loads(reply)) == (503, {"error": "The model failed to load: OSError: model.onnx is truncated"})
+        assert (status, json.loads(reply)) == (
+            503,
+            {"error": "The model failed to load: OSError: model.onnx is truncated"},
+        )
     finally:
         running.close()
 
@@ -234,8 +239,10 @@ def test_each_app_has_its_own_registry():
     first.observe_request("m", "v1:predict", "serving_default", 200, 0.01)
     text = second.exposition().decode()
     assert "keras_preact_serving_requests_total{" not in text
-    assert 'keras_preact_serving_requests_total{api="v1:predict",code="200",model="m",signature="serving_default"} 1.0' \
+    assert (
+        'keras_preact_serving_requests_total{api="v1:predict",code="200",model="m",signature="serving_default"} 1.0'
         in first.exposition().decode()
+    )
     assert "keras_preact_serving" not in prometheus_client.generate_latest().decode()  # not the global registry
     with pytest.raises(ValueError, match="Invalid api='v1:classify'"):
         first.observe_request("m", "v1:classify", "", 400, 0.01)

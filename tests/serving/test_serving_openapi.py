@@ -78,7 +78,11 @@ def test_schemathesis_finds_no_server_error_and_no_reply_off_the_schema(export_s
     from hypothesis.errors import Unsatisfiable
     from schemathesis.checks import not_a_server_error
     from schemathesis.generation import GenerationMode
-    from schemathesis.specs.openapi.checks import content_type_conformance, response_schema_conformance, status_code_conformance
+    from schemathesis.specs.openapi.checks import (
+        content_type_conformance,
+        response_schema_conformance,
+        status_code_conformance,
+    )
 
     port = export_served
     base_url = f"http://127.0.0.1:{port}"

@@ -217,9 +217,26 @@ def served(cluster, exported, signatures, tmp_path_factory):
     port = free_port()
     log = tmp_path_factory.mktemp("ray") / "serve.log"
     command, options = run_entry_point(
-        str(exported.parent), "--replicas", "2", "--port", str(port), "--num-cpus", "2",
-        "--object-store-memory", str(200 * 2**20), "--batching-max-size", "8", "--batching-timeout-ms", "50",
-        "--max-batch-size", str(MAX_BATCH), "--max-body-bytes", str(MAX_BODY), "--request-timeout", str(REQUEST_TIMEOUT))
+        str(exported.parent),
+        "--replicas",
+        "2",
+        "--port",
+        str(port),
+        "--num-cpus",
+        "2",
+        "--object-store-memory",
+        str(200 * 2**20),
+        "--batching-max-size",
+        "8",
+        "--batching-timeout-ms",
+        "50",
+        "--max-batch-size",
+        str(MAX_BATCH),
+        "--max-body-bytes",
+        str(MAX_BODY),
+        "--request-timeout",
+        str(REQUEST_TIMEOUT),
+    )
     for name in CLUSTER_ENV:  # a user's environment, not the cluster's
         options["env"].pop(name, None)
     with open(log, "w") as stderr:
@@ -228,8 +245,9 @@ def served(cluster, exported, signatures, tmp_path_factory):
     try:
         ready, _, _ = select.select([process.stdout], [], [], 300)
         line = process.stdout.readline() if ready else ""
-        assert f"Serving model 'cifar' version 2 ({exported}) on 2 Ray Serve replica(s) at http://127.0.0.1:{port}" in line, \
-            log.read_text()[-4000:]
+        assert (
+            f"Serving model 'cifar' version 2 ({exported}) on 2 Ray Serve replica(s) at http://127.0.0.1:{port}" in line
+        ), log.read_text()[-4000:]
         yield port, signatures
     finally:
         returncode, leftover = stop_entry_point(process)
@@ -285,8 +303,12 @@ def send(port, image, client=0):
     start = time.monotonic()
     connection = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
     try:
-        connection.request("POST", "/v1/models/cifar:predict", body=json.dumps({"instances": POOL[image:image + 1].tolist()}),
-                           headers={"Content-Type": "application/json"})
+        connection.request(
+            "POST",
+            "/v1/models/cifar:predict",
+            body=json.dumps({"instances": POOL[image : image + 1].tolist()}),
+            headers={"Content-Type": "application/json"},
+        )
         response = connection.getresponse()
         data = response.read()
         try:
@@ -372,13 +394,17 @@ def test_the_replicas_batcher_splits_one_call_and_reruns_alone_on_a_bad_input(ex
 def test_entry_point_refuses_bad_input_before_starting_ray(tmp_path, capsys):
     import ray
 
-    for args, message in (([str(tmp_path)], "no numeric version folder"),
-                          ([str(tmp_path), "--replicas", "0"], "Invalid replicas=0: expected a positive integer"),
-                          ([str(tmp_path), "--batching-timeout-ms", "-1"], "Invalid batching_timeout_ms=-1.0: expected a number >= 0"),
-                          ([str(tmp_path), "--port", "0"], "invalid port 0: expected 1-65535"),
-                          ([str(tmp_path), "--max-replicas-per-node", "0"],
-                           "Invalid max_replicas_per_node=0: expected None (no limit) or an integer from 1 to 100"),
-                          ([str(tmp_path), "--address", "auto", "--num-cpus", "2"], "not with --address")):
+    for args, message in (
+        ([str(tmp_path)], "no numeric version folder"),
+        ([str(tmp_path), "--replicas", "0"], "Invalid replicas=0: expected a positive integer"),
+        ([str(tmp_path), "--batching-timeout-ms", "-1"], "Invalid batching_timeout_ms=-1.0: expected a number >= 0"),
+        ([str(tmp_path), "--port", "0"], "invalid port 0: expected 1-65535"),
+        (
+            [str(tmp_path), "--max-replicas-per-node", "0"],
+            "Invalid max_replicas_per_node=0: expected None (no limit) or an integer from 1 to 100",
+        ),
+        ([str(tmp_path), "--address", "auto", "--num-cpus", "2"], "not with --address"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main_ray(args)
         assert exit_info.value.code == 2
@@ -522,7 +548,9 @@ def test_body_over_the_limit_is_refused_from_its_header(served):
     conn.endheaders()  # no body sent: the reply must come from the header alone
     response = conn.getresponse()
     assert response.status == 413
-    assert json.loads(response.read()) == {"error": f"Request body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} bytes."}
+    assert json.loads(response.read()) == {
+        "error": f"Request body of {MAX_BODY + 1} bytes exceeds the limit of {MAX_BODY} bytes."
+    }
     conn.close()
 
 
@@ -737,7 +765,9 @@ def test_a_killed_replica_fails_at_most_the_requests_in_flight_and_ray_places_a_
     # Ray Serve keeps max_replicas_per_node: the replacement runs on the node that lost its replica.
     assert replacement[new_id].node_id == victim.node_id
     assert sorted(actor.node_id for actor in replacement.values()) == sorted(node.node_id for node in nodes)
-    assert parent_pid(replacement[new_id].pid) == nodes[1].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    assert (
+        parent_pid(replacement[new_id].pid) == nodes[1].all_processes[ray_constants.PROCESS_TYPE_RAYLET][0].process.pid
+    )
     replies_from_every_replica(port, replacement, reference)
 
 

@@ -65,7 +65,9 @@ def test_formats_and_the_fastest_installed_runtime_are_found(exported):
     assert servable.choose_runtimes(("onnx", "saved_model", "litert")) == {"pixels": "onnx", "saved_model": True}
     assert servable.choose_runtimes(("saved_model", "litert")) == {"pixels": "saved_model", "saved_model": True}
     assert servable.choose_runtimes(("onnx",), "onnx") == {"pixels": "onnx", "saved_model": False}
-    with pytest.raises(ValueError, match=r"Invalid runtime='litert': the version holds no litert export \(it holds onnx\)"):
+    with pytest.raises(
+        ValueError, match=r"Invalid runtime='litert': the version holds no litert export \(it holds onnx\)"
+    ):
         servable.choose_runtimes(("onnx",), "litert")
     with pytest.raises(ValueError, match="Invalid runtime='tensorrt': expected one of auto, openvino, onnx"):
         servable.choose_runtimes(("onnx",), "tensorrt")
@@ -104,7 +106,10 @@ def test_every_runtime_answers_as_the_saved_model_does(exported, runtime):
         conn.request("GET", "/v2/models/every/stats")
         (stats,) = json.loads(conn.getresponse().read())["model_stats"]
         conn.close()
-        phases = {name: stats["inference_stats"][name] for name in ("queue", "compute_input", "compute_infer", "compute_output")}
+        phases = {
+            name: stats["inference_stats"][name]
+            for name in ("queue", "compute_input", "compute_infer", "compute_output")
+        }
         assert all(phase["count"] == 2 and phase["ns"] > 0 for phase in phases.values()), phases
         assert sum(phase["ns"] for phase in phases.values()) <= stats["inference_stats"]["success"]["ns"], stats
     finally:
@@ -122,8 +127,9 @@ def test_an_onnx_only_version_serves_serving_default_alone(exported):
         metadata = json.loads(conn.getresponse().read())
         conn.close()
         signature = metadata["metadata"]["signature_def"]["signature_def"]["serving_default"]
-        assert metadata["model_spec"]["version"] == "2" and list(metadata["metadata"]["signature_def"]["signature_def"]) == [
-            "serving_default"]
+        assert metadata["model_spec"]["version"] == "2" and list(
+            metadata["metadata"]["signature_def"]["signature_def"]
+        ) == ["serving_default"]
         assert [d["size"] for d in signature["inputs"]["images"]["tensor_shape"]["dim"]] == ["-1", "32", "32", "3"]
         assert [d["size"] for d in signature["outputs"]["classes"]["tensor_shape"]["dim"]] == ["-1", "3"]
         batch = images(3, seed=1)
@@ -146,7 +152,9 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
                                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=env)
     try:
         line = process.stdout.readline()
-        assert line.rstrip().endswith("[serving_default on openvino; serving_bytes, serving_float on saved_model]"), line
+        assert line.rstrip().endswith("[serving_default on openvino; serving_bytes, serving_float on saved_model]"), (
+            line
+        )
     finally:
         process.terminate()
         process.wait(timeout=30)
@@ -158,7 +166,11 @@ def test_the_console_says_which_runtime_runs_what_and_refuses_a_missing_one(expo
 
 
 # keras-preact-serve's own function (pyproject.toml's script).
-SERVE = [sys.executable, "-c", "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+SERVE = [
+    sys.executable,
+    "-c",
+    "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))",
+]
 
 
 def overwrite(path):

@@ -266,13 +266,18 @@ def test_triton_model_config_statistics_and_repository_index(numpy_served):
     success, fail = after["inference_stats"]["success"], after["inference_stats"]["fail"]
     assert success["count"] - before["inference_stats"]["success"]["count"] == 3
     assert fail["count"] - before["inference_stats"]["fail"]["count"] == 1
-    assert success["ns"] > before["inference_stats"]["success"]["ns"] and fail["ns"] > before["inference_stats"]["fail"]["ns"]
+    assert (
+        success["ns"] > before["inference_stats"]["success"]["ns"]
+        and fail["ns"] > before["inference_stats"]["fail"]["ns"]
+    )
     # The same counts as the metrics', every request since the server started.
     model, metrics = running.state.model, running.metrics()
     requests = [(dict(labels), value) for (name, labels), value in metrics.items()
                 if name == "keras_preact_serving_requests_total" and dict(labels)["api"] in ("v1:predict", "v2:infer")]
     assert success["count"] == sum(value for labels, value in requests if labels["code"] == "200")
-    assert fail["count"] == sum(value for labels, value in requests if labels["code"] != "200" and labels["model"] == "m")
+    assert fail["count"] == sum(
+        value for labels, value in requests if labels["code"] != "200" and labels["model"] == "m"
+    )
     assert (after["execution_count"], after["inference_count"]) == (len(model.calls) - 1, sum(model.calls[1:]))
     assert client.get_inference_statistics() == client.get_inference_statistics("m", "1") == {"model_stats": [after]}
 
@@ -319,12 +324,15 @@ def test_statistics_time_every_phase_of_each_inference_request(slow_served):
     elapsed_ns = (time.perf_counter() - started_at) * 1e9
     assert error_of(lambda: client.infer("m", [x_input(np.ones((17, 2), np.float32))]))[0] == 413  # a fail: no phases
     after = stats()
-    delta = {name: {key: after[name][key] - before.get(name, {}).get(key, 0) for key in ("count", "ns")} for name in after}
+    delta = {
+        name: {key: after[name][key] - before.get(name, {}).get(key, 0) for key in ("count", "ns")} for name in after
+    }
     assert set(after) == {"success", "fail", *PHASES}
     assert delta["success"]["count"] == requests and delta["fail"]["count"] == 1
     for phase in PHASES:
         assert delta[phase]["count"] == requests and delta[phase]["ns"] > 0, (phase, delta)
-    # The phases lie within their requests, the requests within the client's time; the model's own sleep is in compute_infer.
+    # The phases lie within their requests, the requests within the client's time; the model's own sleep is in
+    # compute_infer.
     assert sum(delta[phase]["ns"] for phase in PHASES) <= delta["success"]["ns"] <= elapsed_ns, delta
     assert delta["compute_infer"]["ns"] >= requests * MODEL_SECONDS * 1e9, delta
     if running.state.batching is not None:  # each request alone waits the batching timeout (10 ms) for others
@@ -333,17 +341,39 @@ def test_statistics_time_every_phase_of_each_inference_request(slow_served):
 
 # Each extension of Triton's a client may find in the server metadata: the requests that must answer 200.
 EXTENSION_REQUESTS = {
-    "binary_tensor_data": [lambda client, running: client.infer(
-        "m", [x_input(np.ones((1, 2), np.float32), binary=True)],
-        outputs=[httpclient.InferRequestedOutput("y", binary_data=True)]).as_numpy("y").tolist() == [2.0]],
-    "classification": [lambda client, running: client.infer(
-        "m", [x_input(np.array([[1, 3]], np.float32))],
-        outputs=[httpclient.InferRequestedOutput("scores", class_count=1)]).as_numpy("scores").tolist() == [[b"3.000000:1"]]],
+    "binary_tensor_data": [
+        lambda client, running: (
+            client.infer(
+                "m",
+                [x_input(np.ones((1, 2), np.float32), binary=True)],
+                outputs=[httpclient.InferRequestedOutput("y", binary_data=True)],
+            )
+            .as_numpy("y")
+            .tolist()
+            == [2.0]
+        )
+    ],
+    "classification": [
+        lambda client, running: (
+            client.infer(
+                "m",
+                [x_input(np.array([[1, 3]], np.float32))],
+                outputs=[httpclient.InferRequestedOutput("scores", class_count=1)],
+            )
+            .as_numpy("scores")
+            .tolist()
+            == [[b"3.000000:1"]]
+        )
+    ],
     "model_configuration": [lambda client, running: running.request("GET", "/v2/models/m/config")[0] == 200],
-    "statistics": [lambda client, running, path=path: running.request("GET", path)[0] == 200
-                   for path in ("/v2/models/stats", "/v2/models/m/stats", "/v2/models/m/versions/1/stats")],
-    "model_repository": [lambda client, running, path=path: running.request("POST", path)[0] == 200
-                         for path in ("/v2/repository/index", "/v2/repository/models/m/load", "/v2/repository/models/m/unload")],
+    "statistics": [
+        lambda client, running, path=path: running.request("GET", path)[0] == 200
+        for path in ("/v2/models/stats", "/v2/models/m/stats", "/v2/models/m/versions/1/stats")
+    ],
+    "model_repository": [
+        lambda client, running, path=path: running.request("POST", path)[0] == 200
+        for path in ("/v2/repository/index", "/v2/repository/models/m/load", "/v2/repository/models/m/unload")
+    ],
 }
 
 
@@ -402,7 +432,10 @@ def test_bytes_elements_round_trip_and_v2_requests_are_counted():
         code, _, reply = raw(running.port, "POST", "/v2/models/m/infer",
                              header + struct.pack("<I", 1) + b"a" + struct.pack("<I", 9) + b"",
                              {"Inference-Header-Content-Length": str(len(header))})
-        assert (code, json.loads(reply)) == (400, {"error": "Input 's': an element of 9 bytes runs past its binary data."})
+        assert (code, json.loads(reply)) == (
+            400,
+            {"error": "Input 's': an element of 9 bytes runs past its binary data."},
+        )
         header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [1000],
                                          "parameters": {"binary_data_size": 8}}]}).encode()
         code, _, reply = raw(running.port, "POST", "/v2/models/m/infer", header + b"\0" * 8,
@@ -525,8 +558,14 @@ def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(t
         assert [[n.decode() for n in row] for row in result.as_numpy("class_names")] == reference["class_names"]
         assert result.as_numpy("probabilities").dtype == np.float32
     # Outputs asked for in JSON: BYTES as strings, numbers as numbers.
-    result = client.infer("cifar", [cases[0][1]], outputs=[httpclient.InferRequestedOutput("class_names", binary_data=False),
-                                                          httpclient.InferRequestedOutput("classes", binary_data=False)])
+    result = client.infer(
+        "cifar",
+        [cases[0][1]],
+        outputs=[
+            httpclient.InferRequestedOutput("class_names", binary_data=False),
+            httpclient.InferRequestedOutput("classes", binary_data=False),
+        ],
+    )
     outputs = {o["name"]: o for o in result.get_response()["outputs"]}
     reference = rest_predict(running, cases[0][2])
     assert outputs["class_names"]["shape"] == [3, 3] and outputs["class_names"]["datatype"] == "BYTES"

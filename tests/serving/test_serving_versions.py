@@ -21,7 +21,11 @@ httpclient = pytest.importorskip("tritonclient.http")
 
 ENV = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
 # keras-preact-serve's own function (pyproject.toml's script; its quiet start keeps TensorFlow's C++ lines out).
-SERVE = [sys.executable, "-c", "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))"]
+SERVE = [
+    sys.executable,
+    "-c",
+    "import sys; from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))",
+]
 
 
 @pytest.fixture(scope="module")
@@ -161,10 +165,18 @@ def test_damaged_names_index_or_formats_and_folders_not_versions_are_skipped_eac
     shutil.copytree(whole, base / "1")
     names = whole / "assets" / "class_names.txt"
     damages = {
-        "2": (lambda v: (v / "assets" / "class_names.txt").write_text("\n".join(names.read_text().splitlines()[:5]) + "\n"),
-              "assets/class_names.txt"),
-        "3": (lambda v: (v / "assets" / "class_names.txt").write_text("\n".join(names.read_text().splitlines()[1:]) + "\n"),
-              "assets/class_names.txt"),
+        "2": (
+            lambda v: (v / "assets" / "class_names.txt").write_text(
+                "\n".join(names.read_text().splitlines()[:5]) + "\n"
+            ),
+            "assets/class_names.txt",
+        ),
+        "3": (
+            lambda v: (v / "assets" / "class_names.txt").write_text(
+                "\n".join(names.read_text().splitlines()[1:]) + "\n"
+            ),
+            "assets/class_names.txt",
+        ),
         "4": (lambda v: truncate(v / "variables" / "variables.index"), "variables/variables.index"),
         "5": (lambda v: (v / "saved_model.pb").unlink(), "saved_model.pb"),
     }

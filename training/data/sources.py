@@ -210,9 +210,11 @@ def _image_array(count, shape, example):
         return np.empty((count,) + tuple(shape), np.uint8)
     except MemoryError:
         need = count * int(np.prod(shape)) / 2**30
-        raise DataError(f"{count} images of {shape[0]}x{shape[1]} (as {example}) need {need:.1f} GiB decoded, more than "
-                        "this machine can allocate: resize the images, or use an ImageNet-style recipe "
-                        "(augmentation='imagenet'), which streams and resizes.") from None
+        raise DataError(
+            f"{count} images of {shape[0]}x{shape[1]} (as {example}) need {need:.1f} GiB decoded, more than "
+            "this machine can allocate: resize the images, or use an ImageNet-style recipe "
+            "(augmentation='imagenet'), which streams and resizes."
+        ) from None
 
 
 def _decode_files(files, skip_bad=False, view=None):

@@ -30,8 +30,8 @@ ACCELERATOR_DEVICES = ("/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd", "/dev/accel
 # common-subexpression elimination merges the recomputation back into the forward pass, and its default
 # (concurrency-optimized) schedule keeps the activations alive anyway. With CSE off and the memory-minimizing
 # schedule, the compiled step keeps the recomputation and about half the memory (docs/training.md, "Training the
-# deepest networks on one device"; BENCHMARKS.md, "Rematerialisation"). Both are flags of XLA's CPU compile only: not set where an
-# accelerator is present, where remat works as compiled (CSE off would slow its step).
+# deepest networks on one device"; BENCHMARKS.md, "Rematerialisation"). Both are flags of XLA's CPU compile only: not
+# set where an accelerator is present, where remat works as compiled (CSE off would slow its step).
 XLA_CPU_REMAT_FLAGS = {"--xla_cpu_enable_concurrency_optimized_scheduler": "false", "--xla_disable_hlo_passes": "cse"}
 INSTALL_HINT = {"tensorflow": "pip install tensorflow", "jax": 'pip install "jax[cpu]"  (or jax[cuda12])',
                 "torch": "pip install torch  (CPU build: pip install torch --index-url "

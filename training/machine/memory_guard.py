@@ -3,9 +3,9 @@ without a word.
 
 On a CPU host the backends rarely raise an out-of-memory error: memory grows until the kernel's OOM killer
 sends SIGKILL and nothing is printed. ``watch(what, fraction)`` (around ``model.fit`` and ``model.evaluate``
-in ``keras_preact_training.train``, around ``model.evaluate`` in ``keras_preact_training.evaluate``) runs a daemon thread that reads
-the memory in use every ``INTERVAL_S`` seconds and, once it reaches ``fraction`` of the limit, prints one
-line on stderr and ends the process at once with ``os._exit(1)``, the exit code of a failed run of
+in ``keras_preact_training.train``, around ``model.evaluate`` in ``keras_preact_training.evaluate``) runs a daemon
+thread that reads the memory in use every ``INTERVAL_S`` seconds and, once it reaches ``fraction`` of the limit, prints
+one line on stderr and ends the process at once with ``os._exit(1)``, the exit code of a failed run of
 ``keras-preact-train`` and of ``keras-preact-evaluate`` (a bad argument exits 2). Ray's memory monitor does
 the same (``RAY_memory_usage_threshold``, default 0.95). The line starts with the command's ``prefix``
 ("[train]" by default, "[evaluate]") and carries its ``remedies`` (by default training's,
@@ -38,16 +38,21 @@ import threading
 
 DEFAULT_FRACTION = 0.95  # Ray's RAY_memory_usage_threshold
 INTERVAL_S = 0.1
-EXIT_CODE = 1  # the exit code of a failed run: keras-preact-train's (keras_preact_training.cli) and keras-preact-evaluate's
+EXIT_CODE = (
+    1  # the exit code of a failed run: keras-preact-train's (keras_preact_training.cli) and keras-preact-evaluate's
+)
 PREFIX = "[train]"  # the line's first word: the command's (keras_preact_training.evaluate passes "[evaluate]")
 FRACTION_RULE = (f"0 (the memory guard off) or a fraction 0 < f <= 1 of the memory limit is required "
                  f"(default {DEFAULT_FRACTION:g})")
 NO_LIMIT = 2**60  # cgroup v1 writes 2**63 - 4096 for "no limit"; anything this large is none
 THREAD_NAME = "keras-preact-memory-guard"
 GIB = 2**30
-# Training's remedies: the default of the guard's line, and what keras_preact_training.train's out-of-memory error ends with.
-OUT_OF_MEMORY_HINT = (" -- out of memory: train with --remat segments:<k> or --remat units (docs/training.md, \"Training the "
-                      "deepest networks on one device\") or a smaller --batch-size")
+# Training's remedies: the default of the guard's line, and what keras_preact_training.train's out-of-memory error ends
+# with.
+OUT_OF_MEMORY_HINT = (
+    ' -- out of memory: train with --remat segments:<k> or --remat units (docs/training.md, "Training the '
+    'deepest networks on one device") or a smaller --batch-size'
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -158,7 +163,8 @@ def limited_cgroups(root="/", machine_total=None):
 
 def memory_reader(root="/"):
     """A function returning the memory to watch now: the fullest of the limited cgroups where one is set,
-    else (or when their files cannot be read) the machine's. Which cgroups have a limit is found once, here, so a poll reads only their
+    else (or when their files cannot be read) the machine's. Which cgroups have a limit is found once, here, so a poll
+    reads only their
     files (or /proc/meminfo). None instead of a function where neither is readable (not Linux)."""
     machine = read_meminfo(root)
     cgroups = limited_cgroups(root, machine.limit if machine else None)

@@ -131,7 +131,7 @@ def _torch_foreach_step(optimizer, grads, variables, learning_rate):
 
 
 def from_config(config, learning_rate):
-    """The optimizer of a ``keras_preact_training.recipe.configs.Config``: ``TorchSGD`` with its momentum, Nesterov flag,
-    weight decay and scope."""
+    """The optimizer of a ``keras_preact_training.recipe.configs.Config``: ``TorchSGD`` with its momentum, Nesterov
+    flag, weight decay and scope."""
     return TorchSGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=config.nesterov,
                     coupled_weight_decay=config.weight_decay, weight_decay_scope=config.weight_decay_scope)

@@ -101,8 +101,8 @@ class RunManifest:
         return tuple(self.input_config.input_size[:2])
 
     def training_config(self, source=None):
-        """The run's ``keras_preact_training.recipe.configs.Config`` (checked and validated), to re-run it; ``source`` names
-        the file in messages."""
+        """The run's ``keras_preact_training.recipe.configs.Config`` (checked and validated), to re-run it; ``source``
+        names the file in messages."""
         missing = [k for k in ("name", "normalization") if k not in self.config]
         if missing:
             raise ValueError(f"Invalid run manifest of {self.name!r}: its config lacks {', '.join(missing)}; "
@@ -139,7 +139,9 @@ class RunManifest:
         if missing:
             raise _invalid(source, f"missing key(s) {', '.join(missing)}.")
         if not isinstance(values["config"], dict):
-            raise _invalid(source, f"config={json.dumps(values['config'])}: a JSON object of Config fields is required.")
+            raise _invalid(
+                source, f"config={json.dumps(values['config'])}: a JSON object of Config fields is required."
+            )
         try:
             input_config = InputConfig.from_dict(values["input_config"])
         except (TypeError, ValueError) as error:
@@ -194,7 +196,9 @@ class RunManifest:
         try:
             values = json.loads(text)
         except json.JSONDecodeError as error:
-            raise _invalid(source, f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno}).") from None
+            raise _invalid(
+                source, f"not valid JSON ({error.msg} at line {error.lineno}, column {error.colno})."
+            ) from None
         return cls.from_dict(values, source)
 
     @classmethod

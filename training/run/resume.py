@@ -17,9 +17,23 @@ import pathlib
 from .manifest import FILENAME, RunManifest
 from .run_dir import read_backup
 
-MAY_CHANGE = ("paper", "verbose", "checkpoint_every", "health_every", "jit_compile", "steps_per_execution",
-              "remat", "export", "export_dir", "run_dir", "runs_root", "cache_dir", "memory_limit",
-              "data_dir", "manual_dir")  # where the data lives: another machine (keras_preact_training.carry); its classes are checked
+MAY_CHANGE = (
+    "paper",
+    "verbose",
+    "checkpoint_every",
+    "health_every",
+    "jit_compile",
+    "steps_per_execution",
+    "remat",
+    "export",
+    "export_dir",
+    "run_dir",
+    "runs_root",
+    "cache_dir",
+    "memory_limit",
+    "data_dir",
+    "manual_dir",
+)  # where the data lives: another machine (keras_preact_training.carry); its classes are checked
 
 
 def _plain(config):
