@@ -4,6 +4,10 @@ import os
 import pathlib
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# TensorFlow's oneDNN kernels as the apps' launchers set them (on unless the user says): a test comparing a console
+# command's run with one in this process compares the same kernels on every CPU (TensorFlow turns them on by
+# default only with AVX-512).
+os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "1")
 
 import keras  # noqa: E402
 import numpy as np  # noqa: E402

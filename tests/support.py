@@ -395,3 +395,16 @@ def stop_numpy_server(process):
 
     process.send_signal(signal.SIGTERM)
     assert process.wait(timeout=60) == 0
+
+
+# TensorFlow's C++ lines that no documented setting hides (logged while its libraries load, before
+# absl::InitializeLog()): a command's "one line" is its own, these aside.
+TF_START_UP_LINE = re.compile(
+    r"^(?:WARNING: All log messages before absl::InitializeLog\(\) is called are written to STDERR"
+    r"|[IWE]\d{4} [\d:.]+\s+\d+ (?:cudart_stub|port|cuda_platform|cuda_executor|cuda_diagnostics)\.cc:\d+\] .*)$"
+)
+
+
+def our_lines(text):
+    """The non-empty lines of a command's stderr, TensorFlow's own start-up lines (``TF_START_UP_LINE``) left out."""
+    return [line for line in text.splitlines() if line.strip() and not TF_START_UP_LINE.match(line)]

@@ -22,7 +22,7 @@ from keras_preact.export import load  # noqa: E402
 from keras_preact_serving import servable  # noqa: E402
 from keras_preact_serving.server import main as server_main  # noqa: E402
 from keras_preact_serving.server import make_server  # noqa: E402
-from support import CLASS_NAMES  # noqa: E402
+from support import CLASS_NAMES, our_lines  # noqa: E402
 
 ARTIFACTS = ("onnx", "litert", "openvino")
 
@@ -286,5 +286,5 @@ def test_a_port_in_use_is_refused_before_the_model_loads(exported, tmp_path):
         finally:
             process.kill()
     assert process.returncode == 1 and stdout == "", (stdout, stderr)
-    (line,) = [line for line in stderr.splitlines() if line.strip()]
+    (line,) = our_lines(stderr)
     assert line.startswith(f"keras-preact-serve: error: port {port} is in use (--port, 127.0.0.1:{port}"), stderr

@@ -13,6 +13,8 @@ import sys
 
 import pytest
 
+from support import our_lines
+
 pytest.importorskip("tensorflow", reason="the SavedModel side of these tests needs TensorFlow")
 pytest.importorskip("onnxruntime", reason="needs ONNX Runtime")
 pytest.importorskip("openvino", reason="needs OpenVINO")
@@ -74,7 +76,7 @@ def get(port, path):
 
 
 def lines_of(text):
-    return [line for line in text.splitlines() if line.strip()]
+    return our_lines(text)  # TensorFlow's own start-up lines aside
 
 
 def test_half_copied_newer_versions_are_skipped_each_in_one_line_and_the_whole_one_served(whole, tmp_path):
