@@ -40,7 +40,7 @@ from keras_preact import scratch
 
 from . import export as export_lib
 from .data import pipelines, sources
-from .machine import distribute, memory_guard
+from .machine import distribute, execution, memory_guard
 from .machine.memory_guard import OUT_OF_MEMORY_HINT
 from .recipe import configs, schedules
 from .recipe.model import build_model, compile_model, head_steps, set_phase
@@ -145,6 +145,8 @@ class Run:
     test_stream: object = None  # the evaluation input, every epoch and at the end
     backup_callback: AtomicBackup = None
     wall_s: float = 0.0
+    steps_per_execution: int = 1  # training steps per compiled call: the config's, else the app's choice
+    steps_per_execution_why: str = ""
     last_validation: dict = None  # the test figures fit measured at the last step, when this session ran it
 
     @property
@@ -209,12 +211,17 @@ def build(run):
     set_determinism(config)
     run.pipeline = pipelines.resolve_pipeline(config)
     distribute.check_pipeline(run.pipeline, run.dist)
+    backend = keras.backend.backend()
+    run.steps_per_execution, run.steps_per_execution_why = execution.choose_steps_per_execution(
+        config.steps_per_execution, backend, execution.device_kind(backend), run.resolved.steps_per_epoch,
+        checkpoint_every=config.checkpoint_every, health_every=config.health_every)
     with run.dist.scope():
         on_device = run.pipeline == "device"
         run.classifier, run.model = build_model(config, run.data.num_classes, run.resolved, pipeline=run.pipeline,
                                                 mean=run.mean if on_device else None,
                                                 std=run.std if on_device else None,
-                                                class_names=tuple(run.data.class_names), start_step=run.start_step)
+                                                class_names=tuple(run.data.class_names), start_step=run.start_step,
+                                                steps_per_execution=run.steps_per_execution)
         if run.backup:  # before anything is decided: with nothing left to fit, fit never restores
             run_state.restore(run.model, run.backup)
     # The model carries what it was trained for, through model.keras: export and evaluation need no argument.
@@ -301,7 +308,8 @@ def describe(run):
         f"params; data {config.dataset} ({data.train_size} train images, {data.num_classes} classes); "
         f"batch {config.batch_size} on {run.dist.num_replicas} replica(s) ({run.dist.name}), input {run.pipeline}; "
         f"{resolved.epochs} epochs x {resolved.steps_per_epoch} steps = {resolved.total_steps} "
-        f"iterations; lr {config.schedule} {resolved.warmup_lr}->{resolved.base_lr}, "
+        f"iterations, {run.steps_per_execution} per compiled call ({run.steps_per_execution_why}); "
+        f"lr {config.schedule} {resolved.warmup_lr}->{resolved.base_lr}, "
         f"warm-up {resolved.warmup_steps}, boundaries {list(resolved.boundaries)}; run dir {run.run_dir}"
         + (f"; resuming at step {run.start_step}" if run.start_step else "")
     )
@@ -356,7 +364,7 @@ def unfreeze(run):
     config, resolved = run.config, run.resolved
     set_phase(run.classifier, config, resolved, head_steps(config, resolved))
     with run.dist.scope():
-        compile_model(run.model, config, resolved, run.data.num_classes)
+        compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
     run.model.optimizer.iterations.assign(head_steps(config, resolved))
     print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here", flush=True)
 

@@ -112,7 +112,9 @@ class Config:
     deterministic: bool = True
     precision: str = "float32"
     jit_compile: str = "auto"  # "auto", "true", "false"
-    steps_per_execution: int = 1  # training steps per compiled call (Keras compile argument)
+    # training steps per compiled call (Keras compile argument); None: the app's choice
+    # (keras_preact_training.machine.execution.choose_steps_per_execution: 1 on CPU, more on GPU/TPU)
+    steps_per_execution: int | None = None
     distribute: str = "none"
     checkpoint_every: int = 50  # steps between BackupAndRestore backups
     health_every: int = 0  # steps between TrainingHealthCallback measurements; 0: off
@@ -474,10 +476,9 @@ def validate(config, *, needs_data=True):
     check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN, MODEL_NORMALIZATION))
     check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
-                  "steps_per_execution",
                   "synthetic_train_size", "synthetic_test_size"):
         _check_positive(field, getattr(config, field), allow_none=False)
-    for field in ("steps", "epochs", "steps_per_epoch", "subset"):
+    for field in ("steps", "epochs", "steps_per_epoch", "subset", "steps_per_execution"):
         _check_positive(field, getattr(config, field))
     if not isinstance(config.seed, int) or isinstance(config.seed, bool):
         raise ValueError(f"Invalid seed={config.seed!r}: an integer is required.")
@@ -501,7 +502,7 @@ def validate(config, *, needs_data=True):
     memory_guard.check_fraction(config.memory_limit)
     if config.batch_size > INT32_MAX:
         raise ValueError(f"Invalid batch_size={config.batch_size}: at most {INT32_MAX} (int32 indexing).")
-    if config.steps_per_execution > 1:
+    if (config.steps_per_execution or 1) > 1:
         import keras
 
         if keras.backend.backend() == "torch":

@@ -55,6 +55,7 @@ def set_phase(classifier, config, resolved, step):
 
 
 def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None, class_names=None,
+                steps_per_execution=None,
                 start_step=0):
     """(classifier, fit_model). ``fit_model`` holds the classifier and is the one compiled: with
     ``pipeline="device"`` behind on-device augmentation and normalization (``augment``, uint8 pixels
@@ -69,12 +70,14 @@ def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None,
     else:
         images = keras.Input(classifier.input_shape[1:], name="images")
         model = keras.Model(images, classifier(images), name=f"{classifier.name}_training")
-    compile_model(model, config, resolved, num_classes)
+    compile_model(model, config, resolved, num_classes, steps_per_execution=steps_per_execution)
     return classifier, model
 
 
-def compile_model(model, config, resolved, num_classes):
-    """Compile for training as the recipe says: ``TorchSGD`` on the schedule, cross-entropy, accuracy."""
+def compile_model(model, config, resolved, num_classes, *, steps_per_execution=None):
+    """Compile for training as the recipe says: ``TorchSGD`` on the schedule, cross-entropy, accuracy;
+    ``steps_per_execution``: the app's choice (``keras_preact_training.machine.execution``), else the config's,
+    else 1."""
     optimizer = optimizers.from_config(config, schedules.make(config, resolved))
     metrics = ["accuracy"]
     if num_classes > 5:
@@ -84,7 +87,7 @@ def compile_model(model, config, resolved, num_classes):
     if config.label_smoothing:
         loss = smoothed_cross_entropy(num_classes, config.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
-                  jit_compile=jit, steps_per_execution=config.steps_per_execution)
+                  jit_compile=jit, steps_per_execution=steps_per_execution or config.steps_per_execution or 1)
     return model
 
 
