@@ -5,7 +5,9 @@ side by side with plain PyTorch (``benchmarks/reference_torch_cifar.py``: the sa
 - ``host_cost``: ``model.fit`` on a network whose arithmetic is negligible (one ``Dense(1)`` on 4 features, batch
   8), ms per step per backend and ``steps_per_execution``: what Keras' loop costs the host on every step, the
   part that bounds a GPU on small networks (Keras on PyTorch runs one step per call: ``steps_per_execution``
-  1 only); the reference is a plain PyTorch loop over the same batches.
+  1 only); the reference is a plain PyTorch loop over the same batches. The ``app callbacks`` cases fit the same
+  model with ``keras-preact-train``'s callbacks (``make_callbacks``: NaN stop, backups every 50 steps, history,
+  epoch timer, TensorBoard where installed) and its ``verbose=2``: what the app adds to the host's share.
 - ``step``: one ``train_on_batch`` of ``keras-preact-train``'s short CIFAR preset (pre-act ResNet-20, batch 128,
   random images) against the reference's step, in one process per backend.
 - ``eval``: one inference batch (``predict_on_batch``) of the same model against the reference's ``no_grad``
@@ -55,8 +57,25 @@ def has_torch():
     return importlib.util.find_spec("torch") is not None
 
 
+def app_callbacks(directory):
+    """``keras-preact-train``'s callbacks (``keras_preact_training.train.make_callbacks``) of a run in ``directory``,
+    with the presets' backup frequency."""
+    import types
+
+    from keras_preact_training import train as train_lib
+    from keras_preact_training.recipe import configs
+
+    directory = pathlib.Path(directory)
+    config = configs.get_config("synthetic-resnet8", needs_data=False)
+    run = types.SimpleNamespace(config=config, data=None, files_dir=directory, run_dir=directory, start_step=0,
+                                backup=None, is_chief=True,
+                                tensorboard_dir=directory / "tensorboard" if train_lib.has_tensorboard() else None)
+    return train_lib.make_callbacks(run)
+
+
 def host_cost_calls(steps, spes, batch=8):
-    """``model.fit`` of one epoch of ``steps`` batches per ``steps_per_execution``, and the plain PyTorch loop."""
+    """``model.fit`` of one epoch of ``steps`` batches per ``steps_per_execution``, plain and with the app's
+    callbacks, and the plain PyTorch loop."""
     import keras
 
     rng = np.random.default_rng(0)
@@ -73,6 +92,16 @@ def host_cost_calls(steps, spes, batch=8):
 
         fit()  # compilation and tracing, untimed
         calls[f"steps_per_execution {spe}"] = fit
+        app = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+        app.compile(optimizer=keras.optimizers.SGD(0.01), loss="mse", steps_per_execution=spe)
+        run_dir = tempfile.TemporaryDirectory(prefix="host-cost-")  # removed when the process ends
+        callbacks = app_callbacks(run_dir.name)
+
+        def fit_app(model=app, callbacks=callbacks, run_dir=run_dir):
+            model.fit(x, y, batch_size=batch, epochs=1, shuffle=False, verbose=2, callbacks=callbacks)
+
+        fit_app()
+        calls[f"steps_per_execution {spe}, app callbacks"] = fit_app
     if has_torch():
         import torch
 

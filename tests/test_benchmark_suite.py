@@ -51,7 +51,9 @@ def test_entry_point_runs_the_host_cost_benchmark_and_writes_a_complete_row(tmp_
     ]
     done = suite(*argv, env={"OMP_NUM_THREADS": "1", "TF_NUM_INTRAOP_THREADS": "1"})
     assert done.returncode == 0, done.stderr[-3000:]
-    [row] = rows.read(out)
+    row, app = rows.read(out)  # plain fit, then fit with keras-preact-train's callbacks
+    assert (app["case"], app["unit"], app["backend"]) == ("steps_per_execution 1, app callbacks", "ms/step", backend)
+    assert app["figure"] > 0
     assert set(rows.FIELDS) <= set(row)
     assert (row["benchmark"], row["case"], row["unit"], row["backend"]) == (
         "host_cost", "steps_per_execution 1", "ms/step", backend)
