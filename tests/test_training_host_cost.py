@@ -20,7 +20,7 @@ TINY = dict(depth=8, image_size=(16, 16), synthetic_train_size=96, synthetic_tes
     ("jax", "gpu", 390, {}, 30),  # CIFAR's 50,000 / 128: 390 = 2 * 3 * 5 * 13; the largest divisor <= 32
     ("tensorflow", "tpu", 390, {}, 30),
     ("jax", "gpu", 390, {"checkpoint_every": 20}, 15),  # backups no further apart than asked
-    ("jax", "gpu", 390, {"health_every": 10}, 10),
+    ("jax", "gpu", 390, {"health_every": 10}, 1),  # the health signals measure single steps
     ("jax", "gpu", 97, {}, 1),  # a prime: only 1 splits every epoch into whole calls
     ("jax", "gpu", 6, {}, 6),
     ("jax", "cpu", 390, {}, 1),
@@ -44,10 +44,11 @@ def test_the_config_leaves_steps_per_execution_to_the_app_and_checks_a_given_one
         configs.get_config("synthetic-resnet8", steps_per_execution=0)
 
 
-@pytest.mark.parametrize("requested", [None, 1])
+@pytest.mark.parametrize("requested", [None, 4])
 def test_a_run_compiles_and_announces_the_chosen_steps_per_execution(tmp_path, monkeypatch, capsys, requested):
-    """On a (faked) GPU the run takes 3 steps per call (6 steps per epoch, backups every 4), says so in its
-    start-up line, and backs up at the epoch's end; ``--steps-per-execution 1`` wins."""
+    """On a (faked) GPU the run takes 3 steps per call (6 steps per epoch, backups every 3), says so in its
+    start-up line, and backs up at the epoch's end; ``--steps-per-execution 4`` wins (calls of 4 and 2 steps: the
+    epoch still ends at step 6; PyTorch runs one step per call, so 1 there)."""
     monkeypatch.setattr(execution, "device_kind", lambda backend=None: "gpu")
     compiled = []
     original = keras.Model.compile
@@ -57,15 +58,47 @@ def test_a_run_compiles_and_announces_the_chosen_steps_per_execution(tmp_path, m
         return original(self, *args, **kwargs)
 
     monkeypatch.setattr(keras.Model, "compile", compile)
+    torch = keras.backend.backend() == "torch"
+    requested = 1 if requested and torch else requested
     config = configs.get_config("synthetic-resnet8", run_dir=str(tmp_path / "run"), steps_per_execution=requested,
                                 **{**TINY, "checkpoint_every": 3})
     result = train_lib.train(config)
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("[train] synthetic"))
-    torch = keras.backend.backend() == "torch"
-    expected = 1 if requested or torch else 3
+    expected = requested or (1 if torch else 3)
     assert compiled == [expected]
     why = ("--steps-per-execution" if requested else "Keras' PyTorch trainer runs one step per call" if torch
            else "GPU: the largest divisor of 6 steps per epoch up to 3")
     assert f"6 iterations, {expected} per compiled call ({why}" in line
     assert result["steps"] == 6
     assert run_files.read_backup(tmp_path / "run" / "checkpoints" / "backup")["step"] == 6
+
+
+def test_the_apps_callbacks_leave_the_batch_end_to_keras_async_dispatch(tmp_path):
+    """Keras runs the batch-end callbacks off the training loop (no host synchronisation per step on JAX and
+    PyTorch) only when every callback either has no ``on_batch_end``/``on_train_batch_end`` or sets
+    ``async_safe`` (``keras.callbacks.CallbackList``): the app's callbacks do, health signals off."""
+    import types
+
+    config = configs.get_config("synthetic-resnet8", needs_data=False)
+    run = types.SimpleNamespace(config=config, data=None, files_dir=tmp_path, run_dir=tmp_path, start_step=0,
+                                backup=None, is_chief=True,
+                                tensorboard_dir=tmp_path / "tensorboard" if train_lib.has_tensorboard() else None)
+    callbacks = train_lib.make_callbacks(run)
+    base = keras.callbacks.Callback
+    per_step = [type(c).__name__ for c in callbacks if not getattr(c, "async_safe", False) and (
+        type(c).on_train_batch_end is not base.on_train_batch_end or type(c).on_batch_end is not base.on_batch_end)]
+    assert per_step == []
+    assert {type(c).__name__ for c in callbacks} >= {"AtomicBackup", "CSVLogger", "EpochTimer"}
+
+
+def test_a_loss_gone_non_finite_between_backups_stops_the_run_at_the_epoch_end(tmp_path):
+    """Backups every 100 steps, 4 steps per epoch: the divergence is found from the epoch's loss (or the
+    variables at its backup), the run stops after that epoch and keeps the last good backup."""
+    config = configs.get_config(
+        "synthetic-resnet8", run_dir=str(tmp_path / "run"),
+        **{**TINY, "epochs": 3, "steps_per_epoch": 4, "checkpoint_every": 100, "warmup_steps": 300,
+           "total_steps": 600, "boundaries": (), "warmup_lr": 0.01, "base_lr": 1e30})
+    with pytest.raises(train_lib.TrainingDiverged, match=r"near step (4|8) .*Last good checkpoint: "):
+        train_lib.train(config)
+    backup = run_files.read_backup(tmp_path / "run" / "checkpoints" / "backup")
+    assert backup is None or backup["step"] in (4,)

@@ -21,8 +21,9 @@ end) at the exact global step, with the exact data stream, and ends with the sam
 The backup is restored before anything else, so a run killed after training (evaluation, ``model.keras``,
 export) finishes those phases from the trained weights, and a finished run re-run does nothing
 (``training/run/run_state.py``).
-A NaN/inf loss stops the run (TerminateOnNaN), raises ``TrainingDiverged`` naming the last good
-checkpoint, which is kept. While ``model.fit`` and ``model.evaluate`` run,
+A NaN/inf loss stops the run (at the next backup or epoch end: ``AtomicBackup``, which reads no device value on
+other steps), raises ``TrainingDiverged`` naming the last good checkpoint, which is kept.
+While ``model.fit`` and ``model.evaluate`` run,
 ``keras_preact_training.machine.memory_guard`` ends the process with one line (exit 1) when host memory in use reaches
 ``config.memory_limit`` of the limit.
 """
@@ -271,14 +272,16 @@ def input_streams(run):
 
 
 def make_callbacks(run):
-    """NaN stop, epoch timer, CSV history, backups, health signals; TensorBoard on the chief."""
+    """Epoch timer, CSV history, backups and the NaN stop, health signals; TensorBoard on the chief.
+
+    None of them reads a device value on every step (no ``on_train_batch_end`` but the health signals' every
+    ``health_every`` steps), so Keras on JAX and PyTorch runs the batch-end callbacks off the training loop."""
     config, data = run.config, run.data
     # Multi-worker: every worker restored the chief's backup (the weights are in sync), so all resume at
     # one step; each still writes its own (saving may run collectives).
     run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
                                        run.start_step, run.backup)
     callbacks = [
-        keras.callbacks.TerminateOnNaN(),
         timing.EpochTimer(),  # before CSVLogger: train_seconds / eval_seconds land in history.csv
         keras.callbacks.CSVLogger(str(run.files_dir / "history.csv"), append=True),
         run.backup_callback,
@@ -293,7 +296,11 @@ def make_callbacks(run):
                                                    model=run.classifier))
     (run.run_dir / "tensorboard").mkdir(exist_ok=True)
     if run.tensorboard_dir:
-        callbacks.append(keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch"))
+        tensorboard = keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch")
+        # Per epoch, with no profile, its batch hooks write nothing (no step's writer is set): they may run off
+        # the loop, as Keras' CallbackList allows for callbacks that set ``async_safe``.
+        tensorboard.async_safe = True
+        callbacks.append(tensorboard)
     elif run.is_chief:
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
               "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
@@ -346,8 +353,8 @@ def fit(run):
     if not backup.finite:
         last = backup.last_good
         raise TrainingDiverged(
-            f"The training diverged (a NaN/inf loss or weight) near step {backup.step} of {config.name}; stopped "
-            f"(TerminateOnNaN). Last good checkpoint: "
+            f"The training diverged (a NaN/inf loss or weight) near step {backup.step} of {config.name}; "
+            f"stopped. Last good checkpoint: "
             + (f"{last['weights']} (step {last['step']})" if last else "none (diverged before the first backup)")
             + ". Lower the learning rate (--lr) or use float32 (--precision float32)."
         )

@@ -8,8 +8,9 @@ there, so the half millisecond to few milliseconds saved is under 1% of it), and
 and the progress at every step: 1 there. Keras' PyTorch trainer runs one step per call: 1.
 
 The choice is the largest divisor of the steps per epoch up to ``MAX_STEPS_PER_EXECUTION`` (every epoch splits into
-whole calls: no second compiled function for a shorter last call), ``checkpoint_every`` (backups are taken
-between calls, so no further apart than asked) and ``health_every`` (measured between calls).
+whole calls: no second compiled function for a shorter last call) and ``checkpoint_every`` (backups are taken
+between calls, so no further apart than asked). With health signals on (``health_every``) it is 1: they
+measure one step's update, and count calls as steps.
 
 Examples::
 
@@ -54,7 +55,9 @@ def choose_steps_per_execution(requested, backend, kind, steps_per_epoch, *, che
         return 1, "Keras' PyTorch trainer runs one step per call"
     if kind not in ("gpu", "tpu"):
         return 1, "CPU: the host's share of a step is under 1%"
-    cap = min(c for c in (MAX_STEPS_PER_EXECUTION, checkpoint_every, health_every or None, steps_per_epoch) if c)
+    if health_every:
+        return 1, "health signals measure single steps"
+    cap = min(c for c in (MAX_STEPS_PER_EXECUTION, checkpoint_every, steps_per_epoch) if c)
     chosen = max(n for n in range(1, cap + 1) if steps_per_epoch % n == 0)
     return chosen, (f"{kind.upper()}: the largest divisor of {steps_per_epoch} steps per epoch up to {cap}, "
                     "to take fit's host cost off the device's way")

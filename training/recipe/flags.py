@@ -56,7 +56,7 @@ HELP = {
     "pipeline": "input pipeline: tf_data (TensorFlow default), device (uint8 from numpy, augmentation and "
     "normalization in the compiled step; default without TensorFlow), numpy (all on the host)",
     "steps_per_execution": "training steps per compiled call (default: 1 on CPU and on PyTorch; on a GPU/TPU "
-    "the largest divisor of the steps per epoch up to 32 and --checkpoint-every)",
+    "the largest divisor of the steps per epoch up to 32 and --checkpoint-every; 1 with --health-every)",
     "checkpoint_every": "steps between backups (default 50)",
     "health_every": "log per-stage gradient norms, update ratios, activation stats every N steps",
     "export": "export a SavedModel at the end (default: on for the default preset)",

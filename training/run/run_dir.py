@@ -59,7 +59,7 @@ def prepare_run_dir(config):
 
 
 class AtomicBackup(keras.callbacks.Callback):
-    """Backups that survive SIGKILL at any moment, for a resume at the exact step.
+    """Backups that survive SIGKILL at any moment, for a resume at the exact step; the stop of a diverged run.
 
     Each backup (model + optimizer weights, epoch, global step) goes to a fresh ``state-<step>/``
     directory, then ``latest.json`` is replaced atomically to point at it; older states are removed
@@ -67,6 +67,13 @@ class AtomicBackup(keras.callbacks.Callback):
     non-finite loss or variable (so the last good state survives a divergence). ``train`` restores the backup
     (``read_backup``, ``run_state.restore``) before anything else and resumes the data stream and the
     epoch where they stopped; ``last_good`` is that backup, the one a divergence falls back to.
+
+    No host synchronisation on other steps: the steps are counted in ``on_train_batch_begin``, which reads no
+    value of the device, and this callback has no ``on_train_batch_end``, so Keras dispatches the batch-end
+    callbacks off the training loop where its backend allows (JAX, PyTorch). A divergence is found where the
+    device's values are read anyway: every variable at each backup, the epoch's loss at its end; the run
+    stops there (``finite`` False, ``stop_training``), at most ``save_freq`` steps after the loss became
+    non-finite (Keras' ``TerminateOnNaN`` stops at the step, reading the loss on every one).
     """
 
     def __init__(self, backup_dir, save_freq, start_step, last_good=None):
@@ -76,22 +83,31 @@ class AtomicBackup(keras.callbacks.Callback):
         self.last_saved_step = start_step
         self.last_good = last_good
         self.finite = True
+        self._last_begin = None
 
     def on_epoch_begin(self, epoch, logs=None):
         self._current_epoch = epoch
         self._epoch_start_step = self.step
+        self._last_begin = None
 
-    def on_train_batch_end(self, batch, logs=None):
-        # ``batch`` is the epoch's last step of the call (several with steps_per_execution > 1).
-        self.step = self._epoch_start_step + batch + 1
-        loss = (logs or {}).get("loss")
-        if loss is not None and not math.isfinite(float(loss)):
-            self.finite = False
+    def on_train_batch_begin(self, batch, logs=None):
+        # ``batch``: the epoch's steps done before this call; the previous calls' updates are in the variables.
+        self._last_begin = batch
+        self.step = self._epoch_start_step + batch
         if self.finite and self.step - self.last_saved_step >= self.save_freq:
             self._save_model()
 
     def on_epoch_end(self, epoch, logs=None):
         self._current_epoch = epoch + 1
+        if self._last_begin is not None:  # the last call ran min(steps per call, the steps left) steps
+            per_call = getattr(self.model, "steps_per_execution", 1) or 1
+            steps = (self.params or {}).get("steps")
+            done = self._last_begin + per_call
+            self.step = self._epoch_start_step + (min(done, steps) if steps else done)
+        loss = (logs or {}).get("loss")
+        if loss is not None and not math.isfinite(float(loss)):
+            self.finite = False
+            self.model.stop_training = True
         if self.finite and self.step != self.last_saved_step:
             self._save_model()
 
