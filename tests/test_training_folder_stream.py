@@ -101,14 +101,14 @@ def test_streamed_batches_are_the_in_memory_ones_from_any_step(flowers, tmp_path
 @pytest.mark.notf
 def test_finetune_folder_streamed_through_the_command_line(flowers, tmp_path, capsys):
     """``keras-preact-train finetune-folder --decoded-budget-mib 0``: the folder streams, one epoch trains, the run
-    is written."""
+    is written (``--pipeline device``: the default on JAX and PyTorch; TensorFlow's tf.data would refuse it)."""
     keras.utils.set_random_seed(3)
     weights = tmp_path / "source.weights.h5"
     create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(*SIZE, 3)).save_weights(weights)
     run = tmp_path / "run"
     argv = ["finetune-folder", "--init-weights", str(weights), "--depth", "8", "--image-size", "16", "16",
             "--data-dir", str(flowers), "--epochs", "1", "--batch-size", "8", "--head-fraction", "0",
-            "--decoded-budget-mib", "0", "--run-dir", str(run), "--no-export", "--verbose", "0",
+            "--decoded-budget-mib", "0", "--pipeline", "device", "--run-dir", str(run), "--no-export", "--verbose", "0",
             "--jit-compile", TRAIN_JIT_COMPILE]
     assert cli.main(argv) == 0
     out = capsys.readouterr().out
