@@ -61,6 +61,7 @@ MODULES = [
     "keras_preact.analysis.jacobian",
     "keras_preact.analysis.plots",
     "keras_preact.analysis.signals",
+    "keras_preact_training.data.pipelines",
     "keras_preact_training.evaluate",
     "keras_preact_training.recipe.augment",
     "keras_preact_training.run.parts",
@@ -117,6 +118,7 @@ NEEDS = {
     "keras_preact.analysis.plots.plot_gradient_norms": _module("matplotlib"),
     "keras_preact.analysis.plots.plot_spectra": _module("matplotlib"),
     "keras_preact_training.evaluate.evaluate": _module("PIL"),
+    "keras_preact_training.data.pipelines.FolderBatches": _module("PIL"),
 }
 
 

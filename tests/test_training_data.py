@@ -8,6 +8,7 @@ import time
 import numpy as np
 import pytest
 
+from keras_preact import preprocessing
 from keras_preact_training.data import pipelines, sources
 from keras_preact_training.recipe import configs
 
@@ -220,7 +221,7 @@ MODES = sorted(_encoded_in_every_mode())
 
 @pytest.mark.parametrize("mode, fmt", MODES, ids=[f"{m}-{f}" for m, f in MODES])
 def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode, fmt):
-    """Pillow's path (``sources.pillow_pixels``) gives TensorFlow's pixels (``keras_preact.preprocessing.decode_image``,
+    """Pillow's path (``pillow_pixels``) gives TensorFlow's pixels (``keras_preact.preprocessing.decode_image``,
     channels 3) for every Pillow mode in every format both decode."""
     import io
 
@@ -231,7 +232,7 @@ def test_every_image_mode_decodes_to_tensorflows_pixels_without_tensorflow(mode,
 
     data = _encoded_in_every_mode()[(mode, fmt)]
     with Image.open(io.BytesIO(data)) as image:
-        ours = sources.pillow_pixels(image)
+        ours = preprocessing.pillow_pixels(image)
     theirs = decode_image(data).numpy()
     assert ours.dtype == np.uint8 and ours.shape == theirs.shape == (6, 7, 3)
     np.testing.assert_array_equal(ours, theirs)
@@ -303,7 +304,7 @@ def test_palette_and_1_bit_bmps_decode_through_their_palette_on_the_tensorflow_p
     data = _bmp_cases()[case]
     with Image.open(io.BytesIO(data)) as image:
         ours, gray, rgba = (
-            sources.pillow_pixels(image),
+            preprocessing.pillow_pixels(image),
             np.asarray(image.convert("L")),
             np.asarray(image.convert("RGBA")),
         )

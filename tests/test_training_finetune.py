@@ -98,6 +98,7 @@ def test_a_run_of_only_the_head_phase_keeps_the_backbone(tmp_path, flowers, sour
     ("--init-weights", "/nowhere/x.keras", "Invalid init_weights='/nowhere/x.keras': no such file"),
     ("--label-smoothing", "1.5", "Invalid label_smoothing=1.5: a fraction in \\[0, 1\\)"),
     ("--validation-split", "1", "Invalid validation_split=1.0"),
+    ("--decoded-budget-mib", "-1", "Invalid decoded_budget_mib=-1.0: a finite number of MiB >= 0 is required"),
     ("--architecture", "imagenet_edge_pool", "argument --architecture: invalid choice: 'imagenet_edge_pool'"),
 ])
 def test_bad_finetune_flags_exit_2_naming_them(tmp_path, flowers, flag, value, message, capsys):

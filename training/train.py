@@ -188,6 +188,9 @@ def prepare(run, data):
     run.data = data.validate() if data is not None else sources.load(config)
     pipelines.check_image_size(run.data, config)
     pipelines.check_batch_size(run.data, config)
+    if run.sharded and isinstance(run.data, sources.FolderFiles):
+        raise sources.DataError("A folder streamed from its files trains in one process: pass a larger "
+                                "--decoded-budget-mib to hold it in memory, or --augmentation imagenet (tf.data).")
     run.resolved = schedules.resolve(config, run.data.train_size)
     for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)

@@ -3,14 +3,17 @@
 ``tf_data`` (shuffle, parallel vectorised augmentation on whole batches, prefetch; the TensorFlow
 default), ``device`` (numpy sends uint8 batches, augmentation and normalization run in the compiled
 step: ``augment``; the default without TensorFlow or on the JAX / PyTorch backends), or ``numpy``
-(augmentation and normalization on the host, no TensorFlow). Every stream is a deterministic function
-of (seed, global step): a resumed run continues the exact stream.
+(augmentation and normalization on the host, no TensorFlow). An image folder too large to decode into
+memory streams from its files on the last two (``FolderBatches``, a ``keras.utils.PyDataset``). Every stream is a
+deterministic function of (seed, global step): a resumed run continues the exact stream.
 Augmentation: CIFAR pad 4 + random crop + horizontal flip (paper "Training recipe"); ImageNet scale
 augmentation (shorter side in [256, 480]) + 224 crop + flip. Evaluation: the single original view
 (CIFAR) or ``keras_preact.preprocessing.eval_view`` (ImageNet), the view every export serves.
 """
 
+import concurrent.futures
 import math
+import os
 
 import keras
 import numpy as np
@@ -18,7 +21,7 @@ import numpy as np
 from keras_preact.preprocessing import InputConfig, decode_image, eval_view, resize_shorter_side
 
 from ..recipe.configs import MODEL_NORMALIZATION, NORMALIZATIONS, PIXEL_MEAN
-from .sources import ArrayData, DataError, StreamData, has_tensorflow, require_tensorflow
+from .sources import ArrayData, DataError, FolderFiles, StreamData, has_tensorflow, require_tensorflow
 
 # Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
 # with zeros, i.e. with the mean: every pipeline here pads after normalization too.
@@ -188,24 +191,40 @@ def numpy_array_train(data, batch_size, *, augmentation, mean, std, seed, start_
     ``raw=True`` (``pipeline="device"``): uint8 batches, neither augmented nor normalised here (the
     training model does both on the device, ``keras_preact_training.recipe.augment``).
     """
-    n = data.train_size
     step = start_step
     while True:
-        positions = np.arange(step * batch_size, (step + 1) * batch_size)
-        epochs, offsets = np.divmod(positions, n)
-        index = np.empty(batch_size, np.int64)
-        for epoch in np.unique(epochs):
-            order = np.random.default_rng([seed, int(epoch)]).permutation(n)
-            index[epochs == epoch] = order[offsets[epochs == epoch]]
+        index = batch_indices(data.train_size, batch_size, seed, step)
         x = data.train_images[index]
-        if raw:
-            yield x, data.train_labels[index]
-        else:
-            x = (x.astype(np.float32) - mean) / std
-            if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
-                x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
-            yield x, data.train_labels[index]
+        yield (x if raw else host_augment(x, step, augmentation=augmentation, mean=mean, std=std, seed=seed),
+               data.train_labels[index])
         step += 1
+
+
+def batch_indices(n, batch_size, seed, step):
+    """The training-set indices of global batch ``step``: the batches run through the epochs' orders back to
+    back, epoch ``e``'s order ``np.random.default_rng([seed, e]).permutation(n)``; a function of (seed, step)
+    only, so a resumed run recomputes the batches of an uninterrupted one.
+
+    Examples:
+
+    >>> batch_indices(4, 3, seed=0, step=1).tolist() == [*batch_indices(4, 4, 0, 0)[3:], *batch_indices(4, 4, 0, 1)[:2]]
+    True
+    """
+    positions = np.arange(step * batch_size, (step + 1) * batch_size)
+    epochs, offsets = np.divmod(positions, n)
+    index = np.empty(batch_size, np.int64)
+    for epoch in np.unique(epochs):
+        order = np.random.default_rng([seed, int(epoch)]).permutation(n)
+        index[epochs == epoch] = order[offsets[epochs == epoch]]
+    return index
+
+
+def host_augment(images, step, *, augmentation, mean, std, seed):
+    """``pipeline="numpy"``: training batch ``step`` normalised, then CIFAR-augmented on the host."""
+    x = (images.astype(np.float32) - mean) / std
+    if augmentation == "cifar":  # after normalization: the padding is the mean (CIFAR_PAD)
+        x = numpy_cifar_augment(x, np.random.default_rng([seed, 1, step]))
+    return x
 
 
 class ArrayBatches(keras.utils.PyDataset):
@@ -226,6 +245,83 @@ class ArrayBatches(keras.utils.PyDataset):
         if self.mean is not None:
             x = (x.astype(np.float32) - self.mean) / self.std
         return x, self.labels[window]
+
+
+class FolderBatches(keras.utils.PyDataset):
+    """Batches of an image folder decoded from its files, for data sets whose decoded images would not fit in
+    memory (``sources.FolderFiles``, ``sources.choose_folder_decoding``): each batch's files decoded with Pillow
+    and fitted to the model's size as the in-memory path holds them (``FolderFiles.decode``).
+
+    Training (``seed`` given): infinite, batch ``k`` is global step ``start_step + k`` with the in-memory
+    path's indices (``batch_indices``: each epoch shuffled by ``seed`` and the epoch), so the images and labels
+    are those of ``numpy_array_train`` and a resumed run sees the batches of an uninterrupted one. uint8 when
+    ``raw`` (``pipeline="device"``: augmentation and normalization run in the step,
+    ``keras_preact_training.recipe.augment``), else normalised and augmented on the host (``host_augment``).
+    Evaluation (``seed=None``): the files in order, the last batch short; normalised unless ``raw``.
+    Each batch's files are decoded on ``workers`` threads (Pillow releases the GIL while it decodes and resizes).
+    Keras' own ``workers`` (its enqueuer) are not used: an infinite dataset's enqueuer goes on counting across the
+    iterator reset after the first ``fit`` peeks a batch to build the metrics, so that batch would be skipped and
+    the stream would no longer be a function of (seed, step).
+
+    Examples:
+
+    >>> import os, tempfile
+    >>> from PIL import Image
+    >>> from keras_preact_training.data.sources import FolderFiles
+    >>> with tempfile.TemporaryDirectory() as root:
+    ...     files = [os.path.join(root, f"{i}.png") for i in range(3)]
+    ...     for i, f in enumerate(files):
+    ...         Image.fromarray(np.full((20, 30, 3), 10 * i, np.uint8)).save(f)
+    ...     data = FolderFiles(files, np.arange(3), files, np.arange(3), ["a", "b", "c"], image_size=(8, 8))
+    ...     x, y = FolderBatches(data, "test", 2)[1]  # the second batch: the third image, fitted to 8 x 8
+    ...     train = FolderBatches(data, "train", 2, seed=0)[0]
+    >>> x.shape, x.dtype.name, y.tolist(), int(x[0, 0, 0, 0])
+    ((1, 8, 8, 3), 'uint8', [2], 20)
+    >>> train[1].tolist() == batch_indices(3, 2, seed=0, step=0).tolist()
+    True
+    """
+
+    def __init__(self, data, split, batch_size, *, seed=None, start_step=0, augmentation="none", mean=None,
+                 std=None, raw=True, workers=None):
+        super().__init__(workers=1, use_multiprocessing=False)
+        self.threads = self.default_workers() if workers is None else workers
+        self.data, self.batch_size, self.seed, self.start_step = data, batch_size, seed, start_step
+        self.files, self.labels = getattr(data, f"{split}_files"), getattr(data, f"{split}_labels")
+        self.augmentation, self.mean, self.std, self.raw = augmentation, mean, std, raw
+        self._pool = None
+
+    @staticmethod
+    def default_workers():
+        """Decoding threads: one per core (at most 8)."""
+        return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
+
+    @property
+    def num_batches(self):
+        return None if self.seed is not None else math.ceil(len(self.labels) / self.batch_size)
+
+    def __len__(self):
+        return self.num_batches
+
+    def __getitem__(self, index):
+        if self.seed is None:
+            index = np.arange(index * self.batch_size, min((index + 1) * self.batch_size, len(self.labels)))
+            step = None
+        else:
+            step = self.start_step + index
+            index = batch_indices(len(self.labels), self.batch_size, self.seed, step)
+        files = [self.files[i] for i in index]
+        if self.threads > 1:
+            if self._pool is None:
+                self._pool = concurrent.futures.ThreadPoolExecutor(self.threads, thread_name_prefix="decode")
+            x = np.stack(list(self._pool.map(self.data.decode, files)))
+        else:
+            x = np.stack([self.data.decode(f) for f in files])
+        y = self.labels[index]
+        if self.raw:
+            return x, y
+        if step is None:
+            return (x.astype(np.float32) - self.mean) / self.std, y
+        return host_augment(x, step, augmentation=self.augmentation, mean=self.mean, std=self.std, seed=self.seed), y
 
 
 def numpy_array_eval(images, labels, batch_size, *, mean, std, raw=False):
@@ -263,6 +359,14 @@ def pipelines(data, config, batch_size, *, start_step=0):
         test = tf_stream_eval(data, batch_size, image_size=eval_size, train_image_size=train_size,
                               mean=mean, std=std)
         return train, test
+    if isinstance(data, FolderFiles):
+        if kind == "tf_data":
+            raise DataError("A folder streamed from its files without tf.data needs pipeline='device' or 'numpy' "
+                            "(--pipeline device).")
+        stats = {"mean": mean, "std": std, "raw": kind == "device"}
+        train = FolderBatches(data, "train", batch_size, seed=config.seed, start_step=start_step,
+                              augmentation=config.augmentation, **stats)
+        return train, FolderBatches(data, "test", batch_size, **stats)
     if kind == "tf_data":
         make_train, make_eval, raw = tf_array_train, tf_array_eval, {}
     else:

@@ -1,13 +1,15 @@
 """Data sources for training, all offline-safe: a built-in synthetic set, image folders, TFDS by name.
 
-``load(config)`` returns ``ArrayData`` (uint8 arrays in memory) or ``StreamData`` (encoded files):
+``load(config)`` returns ``ArrayData`` (uint8 arrays in memory), ``StreamData`` (encoded files read through
+tf.data) or ``FolderFiles`` (image files decoded batch by batch without TensorFlow, ``pipelines.FolderBatches``):
 
 - ``synthetic``: class-dependent procedural images (oriented, coloured gratings plus noise),
   deterministic by seed; learnable by a small ResNet in a few hundred steps. The embedded default.
 - ``folder``: ``data_dir/train/<class>/*.jpg`` and ``data_dir/test/<class>/...`` (or ``val/``,
   ``validation/``), e.g. the CIFAR-10 JPEG tree; class names are the sorted folder names. Small sets
   (the CIFAR recipe) are decoded once into uint8 arrays cached as ``.npy`` under ``cache_dir``; the
-  ImageNet recipe streams the files through tf.data instead (``pipelines``).
+  ImageNet recipe streams the files through tf.data instead (``pipelines``); a ``resize_images`` folder whose
+  decoded set is over the memory budget streams batch by batch (``choose_folder_decoding``).
 - any TFDS name (``cifar10``, ``cifar100``, ``imagenet2012``, ...), read from ``data_dir`` with
   ``try_gcs=False``; when it is not prepared this fails at once with a message saying what to put
   where (nothing is ever downloaded; ``manual_dir`` prepares manually downloaded archives offline).
@@ -22,7 +24,7 @@ import pathlib
 
 import numpy as np
 
-from keras_preact.preprocessing import decode_image, is_encoded_image, pillow_pixels
+from keras_preact.preprocessing import decode_image, decode_image_array, image_format, is_encoded_image
 from keras_preact.scratch import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,37 @@ class StreamData:
     @property
     def num_classes(self):
         return len(self.class_names)
+
+
+@dataclasses.dataclass
+class FolderFiles:
+    """An image folder streamed without TensorFlow: its files and labels, each batch decoded from the files
+    (``decode_file``, the in-memory path's decode) to ``image_size`` (``fitted``) by ``pipelines.FolderBatches``."""
+
+    train_files: list
+    train_labels: np.ndarray
+    test_files: list
+    test_labels: np.ndarray
+    class_names: list
+    image_size: tuple
+    crop_fraction: float = 1.0
+
+    @property
+    def num_classes(self):
+        return len(self.class_names)
+
+    @property
+    def train_size(self):
+        return len(self.train_labels)
+
+    def decode(self, path):
+        """The uint8 ``[H, W, 3]`` view of one file, as the in-memory path holds it (``folder(image_size=...)``)."""
+        try:
+            image = decode_file(path)
+        except (OSError, ValueError) as error:
+            raise DataError(f"Cannot decode image file {path} (corrupt, empty or not an image): {error}. Remove or "
+                            "replace it, or pass --skip-bad-images.") from None
+        return fitted(image, self.image_size, self.crop_fraction)
 
 
 # ------------------------------------------------------------------------------------ synthetic
@@ -186,14 +219,17 @@ def _decoded_images(files):
         for i, x in ds:
             yield int(i), x.numpy()
         return
-    from PIL import Image
-
     for i, f in enumerate(files):
         try:
-            with Image.open(f) as image:
-                yield i, pillow_pixels(image)
-        except (OSError, ValueError, SyntaxError):  # PIL's "cannot identify", truncated, bad header
+            yield i, decode_file(f)
+        except (OSError, ValueError):  # not an image, truncated, bad header
             continue
+
+
+def decode_file(path):
+    """One image file's uint8 ``[H, W, 3]`` pixels without TensorFlow: ``decode_image_array`` (Pillow), the pixels
+    of TensorFlow's ``decode_image``; ValueError or OSError when it is not a readable image."""
+    return decode_image_array(path)
 
 
 def _bad_files_error(bad, total):
@@ -476,12 +512,16 @@ def load(config):
         if streaming:
             require_tensorflow(f"augmentation={config.augmentation!r} (a streamed ImageNet-style folder)",
                                "; CIFAR-style folders of one image size train without it")
-        if config.resize_images:
-            streaming = choose_folder_decoding(config, streaming)
-        data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed) \
-            if streaming else folder(config.data_dir, config.cache_dir, config.skip_bad_images,
-                                     config.image_size if config.resize_images else None,
-                                     validation_split=config.validation_split, seed=config.seed)
+        decoding = choose_folder_decoding(config, streaming) if config.resize_images else None
+        if streaming:
+            data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed)
+        elif decoding == STREAMED:
+            data = folder_files(config.data_dir, config.image_size, config.skip_bad_images,
+                                validation_split=config.validation_split, seed=config.seed)
+        else:
+            data = folder(config.data_dir, config.cache_dir, config.skip_bad_images,
+                          config.image_size if config.resize_images else None,
+                          validation_split=config.validation_split, seed=config.seed)
     else:
         require_tensorflow(f"dataset={config.dataset!r} (a TFDS data set)",
                            "; without TensorFlow use --dataset folder or synthetic")
@@ -492,40 +532,105 @@ def load(config):
             data.train_images = data.train_images[: config.subset]
             data.train_labels = data.train_labels[: config.subset]
         data.validate()
+    elif isinstance(data, FolderFiles) and config.subset:  # the in-memory path's first images
+        data.train_files, data.train_labels = data.train_files[: config.subset], data.train_labels[: config.subset]
     elif config.subset:
         data.train_size = min(data.train_size, config.subset)
     return data
 
 
-# The decoded set is held in memory when it takes at most this fraction of the memory free at the start.
+# The decoded set is held in memory when it takes at most this fraction of the memory free at the start
+# (``decoded_budget_mib`` sets another budget).
 ARRAY_MEMORY_FRACTION = 0.25
+IN_MEMORY, STREAMED = "in memory", "streamed"
+
+
+def decoded_budget(config):
+    """(bytes the decoded set may take in memory, or None when unknown; the budget in words).
+
+    ``config.decoded_budget_mib`` when set; else ``ARRAY_MEMORY_FRACTION`` of the memory free now."""
+    if config.decoded_budget_mib is not None:
+        budget = int(config.decoded_budget_mib * 2**20)
+        return budget, f"the budget {_mib(budget)} (--decoded-budget-mib)"
+    from ..machine import memory_guard
+
+    reading = memory_guard.read_memory()
+    if reading is None:
+        return None, "no budget (free memory unknown; --decoded-budget-mib sets one)"
+    free = max(reading.limit - reading.used, 0)
+    budget = int(ARRAY_MEMORY_FRACTION * free)
+    return budget, (f"the budget {_mib(budget)} ({ARRAY_MEMORY_FRACTION:.0%} of the {free / 2**20:.0f} MiB free; "
+                    "--decoded-budget-mib sets it)")
+
+
+def _mib(size):
+    return f"{size / 2**20:.1f} MiB ({size:,} bytes)"
 
 
 def choose_folder_decoding(config, streaming):
-    """Whether a ``resize_images`` folder streams (decoded batch by batch with tf.data, as the ImageNet
-    recipe) or is decoded once into memory; printed, with the reason, before any work. In memory when the
-    decoded set fits ``ARRAY_MEMORY_FRACTION`` of the free memory; else streamed, which needs TensorFlow and
-    an ImageNet-style augmentation (random resized crop, flip)."""
-    from ..machine import memory_guard
+    """``IN_MEMORY`` or ``STREAMED``: whether a ``resize_images`` folder is decoded once into memory or batch by
+    batch from its files; printed, with the reason, before any work.
+
+    In memory when the decoded set (uint8, train and test at ``image_size``) is at most the budget
+    (``decoded_budget``), or no budget is known; else streamed: with an ImageNet-style augmentation through
+    tf.data (``folder_stream``, TensorFlow), on the ``device`` and ``numpy`` pipelines (the default without
+    TensorFlow or on JAX / PyTorch) by ``keras.utils.PyDataset`` (``pipelines.FolderBatches``: each batch decoded
+    from the files with Pillow, the same pixels and batches as in memory). On ``tf_data`` a set over the budget
+    is refused with the remedies."""
+    from .pipelines import FolderBatches, resolve_pipeline
 
     train, test = folder_lists(config.data_dir, config.validation_split, config.seed)
     count = len(train[0]) + len(test[0])
     needed = decoded_bytes(count, config.image_size)
-    reading = memory_guard.read_memory()
-    free = None if reading is None else max(reading.limit - reading.used, 0)
-    size = f"{count} images at {config.image_size[0]}x{config.image_size[1]}: {needed / 2**20:.1f} MiB decoded"
-    room = "free memory unknown" if free is None else f"{free / 2**20:.0f} MiB free"
+    budget, reason = decoded_budget(config)
+    size = (f"{count} images at {config.image_size[0]}x{config.image_size[1]}: {needed / 2**20:.1f} MiB decoded "
+            f"({needed:,} bytes)")
     if streaming:
         print(f"[data] folder streamed (augmentation={config.augmentation!r} decodes batch by batch with tf.data); "
-              f"{size}, {room}", flush=True)
-        return True
-    if free is None or needed <= ARRAY_MEMORY_FRACTION * free:
-        print(f"[data] folder decoded into memory: {size}, {room} (streaming from "
-              f"{ARRAY_MEMORY_FRACTION:.0%} of it)", flush=True)
-        return False
-    raise DataError(f"The folder's {size} would not fit in memory ({room}; arrays are used up to "
-                    f"{ARRAY_MEMORY_FRACTION:.0%} of it): pass --augmentation imagenet to stream it with tf.data "
-                    "(needs TensorFlow), or --image-size smaller.")
+              f"{size}", flush=True)
+        return STREAMED
+    if budget is None or needed <= budget:
+        print(f"[data] folder decoded into memory: {size}, within {reason}", flush=True)
+        return IN_MEMORY
+    pipeline = resolve_pipeline(config)
+    if pipeline in ("device", "numpy"):
+        print(f"[data] folder streamed: {size}, over {reason}; each batch decoded from the files with Pillow "
+              f"on {FolderBatches.default_workers()} threads (keras.utils.PyDataset, pipeline {pipeline!r})",
+              flush=True)
+        return STREAMED
+    raise DataError(f"The folder's {size} would not fit in memory (over {reason}): pass --pipeline device to "
+                    "stream it batch by batch (augmentation in the step), --augmentation imagenet to stream it with "
+                    "tf.data, a larger --decoded-budget-mib, or --image-size smaller.")
+
+
+def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0, validation_split=0.0, seed=0):
+    """An image folder streamed without TensorFlow (``FolderFiles``): its lists, nothing decoded.
+
+    A file that does not start like an image (``image_format``) fails naming it, or with ``skip_bad_images`` is
+    left out (counted); a file that starts like one but does not decode fails when its batch is read."""
+    (train_files, train_labels, classes), (test_files, test_labels, test_classes) = folder_lists(
+        data_dir, validation_split, seed)
+    if test_classes != classes:
+        raise DataError(
+            f"Class folders differ between the train ({len(classes)}) and test ({len(test_classes)}) splits of "
+            f"{data_dir}: {sorted(set(classes) ^ set(test_classes))[:5]}."
+        )
+    splits = []
+    for files, labels in ((train_files, train_labels), (test_files, test_labels)):
+        keep = np.asarray([_starts_like_an_image(f) for f in files], bool)
+        if not keep.all():
+            bad = [f for f, k in zip(files, keep) if not k]
+            if not skip_bad_images or not keep.any():
+                raise _bad_files_error(bad, len(files))
+            print(f"[data] skipped {len(bad)} of {len(files)} files that are not images (--skip-bad-images), "
+                  f"e.g. {bad[0]}", flush=True)
+        splits += [[f for f, k in zip(files, keep) if k], labels[keep]]
+    return FolderFiles(*splits, classes, tuple(image_size), float(crop_fraction))
+
+
+def _starts_like_an_image(path):
+    with open(path, "rb") as f:
+        return image_format(f.read(8)) is not None
 
 
 def has_tensorflow():

@@ -126,6 +126,9 @@ class Config:
     # folder data: every image decoded to the model's view at image_size (shorter side resized, centre crop)
     resize_images: bool = False
     validation_split: float = 0.0  # folder data without test/ or val/: the fraction of each class held out
+    # resize_images folder data: the MiB its decoded images may take in memory, else they stream batch by batch
+    # (None: a quarter of the memory free at the start; keras_preact_training.data.sources.choose_folder_decoding)
+    decoded_budget_mib: float | None = None
     # --- fine-tuning (keras_preact.models.finetune)
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
@@ -493,6 +496,11 @@ def validate(config, *, needs_data=True):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
             raise ValueError(f"Invalid {field}={value!r}: a fraction in [0, 1) is required.")
+    budget = config.decoded_budget_mib
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, (int, float))
+                               or not math.isfinite(budget) or budget < 0):
+        raise ValueError(f"Invalid decoded_budget_mib={budget!r}: a finite number of MiB >= 0 is required (0: always "
+                         "stream), or None (a quarter of the free memory).")
     _check_init_weights(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)

@@ -4,10 +4,11 @@ with the run's manifest (``config.json``).
 Fields that change the model or the data stream (architecture, depth, unit options, data set,
 normalization, batch, seed, schedule, ...) must match, or ``check`` raises one line listing each
 difference (the manifest is left as it was). The fields in ``MAY_CHANGE`` (verbosity, checkpoint
-frequency, ``--health-every``, compilation, rematerialisation, ``--memory-limit``, export options, where the
-run and its data live) may change; the new values are printed and the manifest records them. Data found
-elsewhere must hold the run's classes (``check_classes``), so a run carried to another machine
-(``keras_preact_training.carry``) resumes on the same data set.
+frequency, ``--health-every``, compilation, rematerialisation, ``--memory-limit``, ``--decoded-budget-mib``
+(in memory or streamed, the batches are the same), export options, where the run and its data live) may
+change; the new values are printed and the manifest records them. Data found elsewhere must hold the run's
+classes (``check_classes``), so a run carried to another machine (``keras_preact_training.carry``) resumes on the
+same data set.
 """
 
 import dataclasses
@@ -31,6 +32,7 @@ MAY_CHANGE = (
     "runs_root",
     "cache_dir",
     "memory_limit",
+    "decoded_budget_mib",
     "data_dir",
     "manual_dir",
 )  # where the data lives: another machine (keras_preact_training.carry); its classes are checked
