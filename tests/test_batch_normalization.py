@@ -1,11 +1,12 @@
-"""keras_preact.layers.BatchNormalization (the backend's fused training kernel) equals Keras' layer.
+"""keras_preact.layers.BatchNormalization (the backend's fused training and inference kernels) equals Keras' layer.
 
 Outputs in training and inference mode, the gradients of the input, gamma and beta, and the moving
 statistics after several updates equal ``keras.layers.BatchNormalization``'s within float32 rounding
 (the fused kernel sums in another order and takes the variance in two passes where Keras' PyTorch and
-JAX paths use E[x^2] - E[x]^2), channels_last and channels_first; files move between the two layers
-unchanged; the recipe tests hold with it. On backends without a fused kernel the layer is Keras' path
-and the comparisons are exact.
+JAX paths use E[x^2] - E[x]^2; in inference it folds the statistics into one scale and shift: within
+``INFERENCE_RTOL`` of the output's largest magnitude), channels_last and channels_first; files move between
+the two layers unchanged; the recipe tests hold with it. On backends without a fused kernel the layer is
+Keras' path and the comparisons are exact.
 """
 
 import os
@@ -61,12 +62,33 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-def expected_calls(n):
-    return n if keras.backend.backend() in fused_lib.FUSED_TRAINING else 0
+def expected_calls(n, kernels=fused_lib.FUSED_TRAINING):
+    return n if keras.backend.backend() in kernels else 0
+
+
+@pytest.fixture
+def inference_calls(monkeypatch):
+    """How often the backend's fused inference kernel ran (stays 0 on backends without one)."""
+    calls = []
+    backend = keras.backend.backend()
+    if backend in fused_lib.FUSED_INFERENCE:
+        kernel = fused_lib.FUSED_INFERENCE[backend]
+        monkeypatch.setitem(fused_lib.FUSED_INFERENCE, backend, lambda *a: calls.append(1) or kernel(*a))
+    return calls
+
+
+def assert_inference_close(got, want):
+    """``got`` within ``INFERENCE_RTOL`` of ``want``'s largest magnitude (exact where no kernel is fused)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if keras.backend.backend() not in fused_lib.FUSED_INFERENCE:
+        np.testing.assert_array_equal(got, want)
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= fused_lib.INFERENCE_RTOL * np.abs(want).max()
 
 
 def test_fused_kernel_is_used_where_measured_faster():
     assert set(fused_lib.FUSED_TRAINING) == {"torch"}
+    assert set(fused_lib.FUSED_INFERENCE) == {"torch"}
     assert issubclass(BatchNormalization, keras.layers.BatchNormalization)
     assert BatchNormalization.__name__ == "BatchNormalization"  # Keras names saved weights after the class
 
@@ -95,11 +117,13 @@ def test_moving_variance_is_the_biased_batch_variance_with_keras_momentum(rng):
     np.testing.assert_allclose(to_numpy(ours.moving_variance), 0.8 + 0.2 * batch.var(0), rtol=1e-5)
 
 
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
 @pytest.mark.parametrize("axis", [-1, 1])
-def test_gradients_of_input_gamma_and_beta_equal_keras(axis, rng):
+def test_gradients_of_input_gamma_and_beta_equal_keras(axis, training, rng):
+    """Through either kernel (in inference mode: the moving statistics, as a frozen layer fine-tuned)."""
     from keras_preact.analysis.autodiff import get_autodiff
 
-    layers = built(pair(axis), SHAPES[axis], rng)
+    layers = with_statistics(built(pair(axis), SHAPES[axis], rng), rng)
     x = features(rng, SHAPES[axis])
     upstream = rng.normal(size=SHAPES[axis]).astype("float32")
     grads = []
@@ -107,7 +131,7 @@ def test_gradients_of_input_gamma_and_beta_equal_keras(axis, rng):
         state = [v.value for v in layer.non_trainable_variables]
 
         def objective(values, layer=layer, state=state):  # stateless: JAX traces it
-            y, _ = layer.stateless_call(values[1:], state, values[0], training=True)
+            y, _ = layer.stateless_call(values[1:], state, values[0], training=training)
             return keras.ops.sum(y * keras.ops.convert_to_tensor(upstream)), None
 
         inputs = [keras.ops.convert_to_tensor(x), *(v.value for v in layer.trainable_variables)]
@@ -136,13 +160,43 @@ def test_other_axes_masks_and_dtypes_take_keras_path(rng, kernel_calls):
     assert len(kernel_calls) == expected_calls(1)  # mixed_float16: float32 statistics, as Keras
 
 
-def test_a_frozen_layer_runs_in_inference_mode(rng):
-    theirs, ours = built(pair(), (8, 4, 4, 6), rng)
+def with_statistics(layers, rng, mean=1.0):
+    """The layers' moving statistics set to the same trained-looking values (means of order ``mean``)."""
+    channels = layers[0].moving_mean.shape[0]
+    mean_value = rng.normal(0.0, mean, channels).astype("float32")
+    variance_value = rng.uniform(0.1, 9.0, channels).astype("float32")
+    for layer in layers:
+        layer.moving_mean.assign(mean_value)
+        layer.moving_variance.assign(variance_value)
+    return layers
+
+
+@pytest.mark.parametrize("axis", [-1, 1])
+@pytest.mark.parametrize("center, scale", [(True, True), (False, False), (True, False), (False, True)])
+def test_inference_outputs_equal_keras_within_rtol(axis, center, scale, rng, kernel_calls, inference_calls):
+    layers = built(pair(axis, center=center, scale=scale), SHAPES[axis], rng)
+    channels = [1] * 4
+    channels[axis] = SHAPES[axis][axis]
+    for mean in (0.5, 3.0, 10.0):  # moving means far from the spread: the folded shift's worst case
+        theirs, ours = with_statistics(layers, rng, mean)
+        centre = to_numpy(ours.moving_mean).reshape(channels)
+        x = (centre + np.sqrt(to_numpy(ours.moving_variance)).reshape(channels) * rng.normal(size=SHAPES[axis]))
+        x = x.astype("float32")
+        assert_inference_close(to_numpy(ours(x, training=False)), to_numpy(theirs(x, training=False)))
+        assert_inference_close(to_numpy(ours(x)), to_numpy(theirs(x)))
+    assert len(inference_calls) == expected_calls(6, fused_lib.FUSED_INFERENCE)
+    assert not kernel_calls
+
+
+def test_a_frozen_layer_runs_in_inference_mode(rng, kernel_calls, inference_calls):
+    theirs, ours = with_statistics(built(pair(), (8, 4, 4, 6), rng), rng)
     for layer in (theirs, ours):
         layer.trainable = False
+    statistics = to_numpy(ours.moving_mean)
     x = features(rng, (8, 4, 4, 6))
-    np.testing.assert_allclose(to_numpy(ours(x, training=True)), to_numpy(theirs(x, training=True)), **TOL)
-    np.testing.assert_array_equal(to_numpy(ours.moving_mean), np.zeros(6, "float32"))
+    assert_inference_close(to_numpy(ours(x, training=True)), to_numpy(theirs(x, training=True)))
+    np.testing.assert_array_equal(to_numpy(ours.moving_mean), statistics)
+    assert (len(kernel_calls), len(inference_calls)) == (0, expected_calls(1, fused_lib.FUSED_INFERENCE))
 
 
 def test_config_and_regularizers_are_keras(rng):
@@ -183,18 +237,28 @@ def test_files_move_between_keras_layer_and_ours(rng):
         for path in (keras_file, weights_file):
             ours = small_model(BatchNormalization, seed=1)
             ours.load_weights(path)
-            np.testing.assert_array_equal(to_numpy(ours(x, training=False)), expected)
+            assert_same_weights(ours, keras_model)
+            assert_inference_close(to_numpy(ours(x, training=False)), expected)
         # Ours saved (whole and weights only): read back as ours, and into Keras' layer.
         ours_file, ours_weights = os.path.join(d, "ours.keras"), os.path.join(d, "ours.weights.h5")
         ours.save(ours_file)
         ours.save_weights(ours_weights)
         again = keras.saving.load_model(ours_file)
         assert type(again.get_layer("bn")) is BatchNormalization
-        np.testing.assert_array_equal(to_numpy(again(x, training=False)), expected)
+        assert_same_weights(again, keras_model)
+        assert_inference_close(to_numpy(again(x, training=False)), expected)
         for path in (ours_file, ours_weights):
             back = small_model(keras.layers.BatchNormalization, seed=2)
             back.load_weights(path)
-            np.testing.assert_array_equal(to_numpy(back(x, training=False)), expected)
+            assert_same_weights(back, keras_model)
+            np.testing.assert_array_equal(to_numpy(back(x, training=False)), expected)  # Keras' layer: exact
+
+
+def assert_same_weights(model, other):
+    """The same variables in the same order, bit for bit."""
+    assert [w.name for w in model.weights] == [w.name for w in other.weights]
+    for a, b in zip(model.weights, other.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b), err_msg=a.path)
 
 
 def test_one_training_step_equals_keras(rng):

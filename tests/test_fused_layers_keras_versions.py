@@ -58,7 +58,7 @@ def test_which_versions_are_checked(version, checked):
 def test_on_an_unchecked_keras_the_layers_are_keras_own(version, monkeypatch, rng):
     calls = []
     backend = keras.backend.backend()
-    for table in (conv_lib.FAST_CONV, bn_lib.FUSED_TRAINING):
+    for table in (conv_lib.FAST_CONV, bn_lib.FUSED_TRAINING, bn_lib.FUSED_INFERENCE):
         if backend in table:
             kernel = table[backend]
             monkeypatch.setitem(table, backend, lambda *a, _k=kernel: calls.append(1) or _k(*a))
@@ -69,7 +69,9 @@ def test_on_an_unchecked_keras_the_layers_are_keras_own(version, monkeypatch, rn
         for layer in (ours, theirs):
             layer.build(x.shape)
         theirs.set_weights(ours.get_weights())
-        np.testing.assert_array_equal(to_numpy(ours(x, training=True)), to_numpy(theirs(x, training=True)))
+        for training in (True, False):
+            np.testing.assert_array_equal(to_numpy(ours(x, training=training)),
+                                          to_numpy(theirs(x, training=training)))
     assert calls == []
 
 

@@ -1,4 +1,4 @@
-"""A fused ``BatchNormalization``: Keras' layer, trained with the backend's fused kernel where that is faster.
+"""A fused ``BatchNormalization``: Keras' layer, run with the backend's fused kernels where they are faster.
 
 Keras' training-mode batch normalization is backend-neutral arithmetic: ``ops.moments`` (a mean and a
 mean of squares), then ``ops.batch_normalization`` (subtract, rsqrt, multiply, add), about ten separate
@@ -9,10 +9,11 @@ pass over the activation, against one fused kernel for ``torch.nn.BatchNorm2d``.
 ``BatchNormalization`` here is a subclass of Keras' layer with the same constructor, variables, config
 and saved paths (Keras names a layer's weights in a file after the snake-cased class name, so the class
 keeps Keras' name: ``.keras`` and ``.weights.h5`` files move between the two layers unchanged). In
-training mode it calls the backend's fused kernel when the backend has an entry in ``FUSED_TRAINING``,
-and Keras' own path everywhere else (inference, masks, an axis other than the channel axis, a dtype the
-kernel refuses, batch renormalization, ``synchronized=True``, fewer than two values per channel), and on a
-Keras release outside ``fused.CHECKED_KERAS`` (the releases the equality tests ran on).
+training mode it calls the backend's fused kernel when the backend has an entry in ``FUSED_TRAINING``, in
+inference mode the one in ``FUSED_INFERENCE`` (below), and Keras' own path everywhere else (masks, an axis
+other than the channel axis, a dtype the kernel refuses, batch renormalization, ``synchronized=True``, fewer
+than two values per channel in training), and on a Keras release outside ``fused.CHECKED_KERAS`` (the
+releases the equality tests ran on).
 
 Per backend, as measured with ``benchmarks/batch_norm_kernels.py`` (the normalization alone, forward +
 backward, batch 128, ResNet-20's three shapes, on a 2-core AMD EPYC):
@@ -25,10 +26,14 @@ backward, batch 128, ResNet-20's three shapes, on a 2-core AMD EPYC):
 - JAX: Keras' path. JAX has no batch-norm primitive to call, and XLA already fuses Keras' moments and
   arithmetic into a few loops.
 
-Inference stays on Keras' path on every backend. PyTorch's inference kernel is faster (``--mode inference``:
-about 2.5x per layer) but computes x * (gamma / sigma) + (beta - mean * gamma / sigma), which rounds differently
-from Keras' (x - mean) * (gamma / sigma) + beta; on Keras' path a model gives the outputs of the same weights in
-Keras' layer bit for bit.
+In inference mode (and for a frozen layer, which Keras runs in inference mode) the layer calls the backend's
+kernel in ``FUSED_INFERENCE``: on PyTorch, ``torch.nn.functional.batch_norm(training=False)`` on the same
+channels-last view, one pass over the activation where Keras' ``(x - mean) * (gamma / sigma) + beta`` makes three
+(``--mode inference``: about 2.5x per layer; an evaluation batch of ResNet-20 spends most of its
+non-convolution time there). The kernel computes ``x * (gamma / sigma) + (beta - mean * gamma / sigma)``,
+which rounds differently: its outputs differ from Keras' layer by at most about 2e-7 of the output's largest
+magnitude (``INFERENCE_RTOL``, 1e-6, is what the equality tests hold it to). The variables, and so the weights
+files, are Keras' either way. TensorFlow and JAX keep Keras' path (a graph, XLA: fused already).
 
 The kernel's semantics are Keras': the output and gradients are those of the normalization with the
 **biased** batch variance, and the moving statistics follow Keras' convention
@@ -68,17 +73,36 @@ def _torch_training(x, gamma, beta, channel_axis, epsilon):
     return y, mean, unbiased * ((count - 1) / count)
 
 
+def _torch_inference(x, mean, variance, gamma, beta, channel_axis, epsilon):
+    """The normalization by the moving statistics from one fused kernel; None where it does not apply."""
+    import torch
+    import torch.nn.functional as F
+
+    if x.dtype not in (torch.float32, torch.float64):
+        return None
+    channels_last = channel_axis != 1
+    if channels_last:
+        x = torch.movedim(x, -1, 1)  # a view: NHWC memory seen as channels-last NCHW
+    y = F.batch_norm(x, mean, variance, gamma, beta, training=False, momentum=0.0, eps=epsilon)
+    return torch.movedim(y, 1, -1) if channels_last else y
+
+
 # backend name -> fused training kernel (x, gamma or None, beta or None, channel axis, epsilon).
 FUSED_TRAINING = {"torch": _torch_training}
+# backend name -> fused inference kernel (x, moving mean, moving variance, gamma or None, beta or None,
+# channel axis, epsilon).
+FUSED_INFERENCE = {"torch": _torch_inference}
+# The largest difference from Keras' layer the inference kernels may make, relative to the output's largest magnitude.
+INFERENCE_RTOL = 1e-6
 
 
 @keras.saving.register_keras_serializable(package="keras_preact")
 class BatchNormalization(keras.layers.BatchNormalization):
-    """A fused layer: ``keras.layers.BatchNormalization`` trained with the backend's fused kernel (module docstring).
+    """A fused layer: ``keras.layers.BatchNormalization`` run with the backend's fused kernels (module docstring).
 
-    Same arguments, variables, config and weights files as Keras' layer; only the training-mode
-    computation differs, and only in float32 rounding, on PyTorch and the Keras releases in
-    ``fused.CHECKED_KERAS`` (elsewhere it is Keras' layer). The networks' builders use it by default.
+    Same arguments, variables, config and weights files as Keras' layer; only the computation differs, and
+    only in float32 rounding, on PyTorch and the Keras releases in ``fused.CHECKED_KERAS`` (elsewhere it is
+    Keras' layer). The networks' builders use it by default.
 
     Examples:
         >>> import keras
@@ -100,8 +124,10 @@ class BatchNormalization(keras.layers.BatchNormalization):
         return axis if axis in (1, rank - 1) else None
 
     def call(self, inputs, training=None, mask=None):
-        kernel = FUSED_TRAINING.get(keras.backend.backend()) if fused.enabled() else None
-        axis = None if kernel is None or not (training and self.trainable) else self._fused_axis(inputs, mask)
+        training = bool(training and self.trainable)  # as Keras: a frozen layer normalizes by its moving statistics
+        kernels = FUSED_TRAINING if training else FUSED_INFERENCE
+        kernel = kernels.get(keras.backend.backend()) if fused.enabled() else None
+        axis = None if kernel is None else self._fused_axis(inputs, mask)
         if axis is None:
             return super().call(inputs, training=training, mask=mask)
         compute_dtype = keras.backend.result_type(inputs.dtype, "float32")
@@ -110,12 +136,17 @@ class BatchNormalization(keras.layers.BatchNormalization):
             return super().call(inputs, training=training, mask=mask)
         gamma = ops.cast(self.gamma, x.dtype) if self.scale else None
         beta = ops.cast(self.beta, x.dtype) if self.center else None
+        moving_mean = ops.cast(self.moving_mean, x.dtype)
+        moving_variance = ops.cast(self.moving_variance, x.dtype)
+        if not training:
+            outputs = kernel(x, moving_mean, moving_variance, gamma, beta, axis, self.epsilon)
+            if outputs is None:
+                return super().call(inputs, training=training, mask=mask)
+            return ops.cast(outputs, self.compute_dtype)
         result = kernel(x, gamma, beta, axis, self.epsilon)
         if result is None:
             return super().call(inputs, training=training, mask=mask)
         outputs, mean, variance = result
-        moving_mean = ops.cast(self.moving_mean, x.dtype)
-        moving_variance = ops.cast(self.moving_variance, x.dtype)
         self.moving_mean.assign(moving_mean * self.momentum + mean * (1.0 - self.momentum))
         self.moving_variance.assign(moving_variance * self.momentum + variance * (1.0 - self.momentum))
         return ops.cast(outputs, self.compute_dtype)
