@@ -80,11 +80,12 @@ def _torch_inference(x, mean, variance, gamma, beta, channel_axis, epsilon):
 
     if x.dtype not in (torch.float32, torch.float64):
         return None
+    rank = x.dim()
     channels_last = channel_axis != 1
-    if channels_last:
-        x = torch.movedim(x, -1, 1)  # a view: NHWC memory seen as channels-last NCHW
+    if channels_last:  # a view: NHWC memory seen as channels-last NCHW (explicit permutations: ONNX export
+        x = x.permute(0, rank - 1, *range(1, rank - 1))  # writes torch.movedim's negative axis as a bad perm)
     y = F.batch_norm(x, mean, variance, gamma, beta, training=False, momentum=0.0, eps=epsilon)
-    return torch.movedim(y, 1, -1) if channels_last else y
+    return y.permute(0, *range(2, rank), 1) if channels_last else y
 
 
 # backend name -> fused training kernel (x, gamma or None, beta or None, channel axis, epsilon).
