@@ -21,7 +21,7 @@ from keras_preact.models import create_model
 from keras_preact_training import cli
 from keras_preact_training.machine import backends
 from keras_preact_training.recipe.optimizers import TorchSGD
-from support import ONE_THREAD
+from support import ONE_THREAD, tiny_training_command
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
@@ -262,33 +262,8 @@ def test_cli_in_a_fresh_process_runs_on_the_backend_it_prints(tmp_path):
            **ONE_THREAD}
     run_dir = tmp_path / "run"
     done = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "keras_preact_training.cli",
-            "--backend",
-            backend,
-            "--depth",
-            "8",
-            "--image-size",
-            "16",
-            "16",
-            "--batch-size",
-            "16",
-            "--epochs",
-            "2",
-            "--steps-per-epoch",
-            "2",
-            "--synthetic-train-size",
-            "64",
-            "--synthetic-test-size",
-            "32",
-            "--verbose",
-            "0",
-            "--run-dir",
-            str(run_dir),
-            "--no-export",
-        ],
+        tiny_training_command(run_dir, "--backend", backend, "--synthetic-train-size", "64", "--synthetic-test-size",
+                              "32", "--verbose", "0", "--no-export", epochs=2, steps_per_epoch=2),
         cwd=tmp_path,
         env=env,
         capture_output=True,
