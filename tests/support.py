@@ -9,6 +9,7 @@ processes. Tests import it as ``support`` (pytest puts tests/ on the path), benc
 import inspect
 import os
 import re
+import sys
 import tempfile
 
 import keras
@@ -25,6 +26,14 @@ TRAIN_JIT_COMPILE = "true" if keras.backend.backend() == "jax" else "false"
 # ran at 1.4 images/s with PyTorch's 2 threads, 33 with one. The numbers tests check do not depend on it.
 ONE_THREAD = {"OMP_NUM_THREADS": "1"}
 
+
+
+def tiny_training_command(run_dir, *options, epochs, steps_per_epoch):
+    """``python -m keras_preact_training.cli`` training the tests' tiny network (ResNet-8 on 16x16 images, batch
+    16) for ``epochs`` x ``steps_per_epoch`` steps into ``run_dir``, then ``options``."""
+    return [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16",
+            "--batch-size", "16", "--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch),
+            "--run-dir", str(run_dir), *options]
 
 def trainable_params(model):
     return sum(int(np.prod(w.shape)) for w in model.trainable_weights)

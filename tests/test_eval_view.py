@@ -1,8 +1,12 @@
 """keras_preact.layers.EvalView: the evaluation view as a Keras layer, TensorFlow's numbers on every backend.
 
-``tests/data/eval_view_tf.npz`` holds ``keras_preact.preprocessing.eval_view``'s output (TensorFlow) for each
-case of ``CASES``; ``test_the_stored_views_are_tensorflows`` recomputes them on TensorFlow, the notf tests
-compare the layer on JAX and PyTorch with them. Tolerance ``ATOL`` (0-255 pixel units) off TensorFlow: the layer's
+``tests/data/eval_view_tf.json`` holds ``keras_preact.preprocessing.eval_view``'s output (TensorFlow) for each
+case of ``CASES``, every float32 as its shortest decimal that reads back to the same float32 (text: exact, and
+reviewable in a diff); ``test_the_stored_views_are_tensorflows`` recomputes them on TensorFlow and asserts them
+bit for bit, the notf tests compare the layer on JAX and PyTorch with them. After a change of the TensorFlow
+path, ``python tests/test_eval_view.py`` (with TensorFlow) writes the file again.
+
+Tolerance ``ATOL`` (0-255 pixel units) off TensorFlow: the layer's
 JAX weights (``resize_weights``) and PyTorch's antialiased resize use TensorFlow's kernels (the triangle and Keys
 cubic kernels of ``scale_and_translate``, stretched when downscaling, normalized at the borders), computed and
 summed in another order; the float32 rounding stays under 0.006 (measured on uniform noise, 300 x 400 to the
@@ -10,6 +14,8 @@ centre 224 of 256, bilinear and bicubic: JAX 0.0055, PyTorch 0.0002; on the stor
 from the 0.5 that moves a pixel's rounded value. Exact on TensorFlow.
 """
 
+import json
+import os
 import pathlib
 
 import keras
@@ -20,7 +26,7 @@ from keras_preact.layers import EvalView
 from keras_preact.preprocessing import InputConfig, decode_image_array
 from support import encode_image, photo_like, to_numpy
 
-GOLDEN = pathlib.Path(__file__).parent / "data" / "eval_view_tf.npz"
+GOLDEN = pathlib.Path(__file__).parent / "data" / "eval_view_tf.json"
 ATOL = 0.01
 # name -> (image (height, width, seed), InputConfig): down- and upscaling, each interpolation, a non-square crop.
 CASES = {
@@ -51,12 +57,47 @@ def tensorflow_views():
     return {name: eval_view(tf.constant(_png(name)), config).numpy() for name, (_, config) in CASES.items()}
 
 
+def read_views(path=GOLDEN):
+    """The stored views: name -> float32 array of its shape (each image row one list of its pixels' values)."""
+    cases = json.loads(pathlib.Path(path).read_text())
+    return {name: np.asarray(case["rows"], np.float32).reshape(case["shape"]) for name, case in cases.items()}
+
+
+def write_views(views, path=GOLDEN):
+    """``views`` as ``read_views`` reads them, each value the shortest decimal of its float32; written to a
+    temporary name, then renamed."""
+    cases = []
+    for name, view in views.items():
+        rows = ",\n".join("   [" + ", ".join(np.format_float_positional(v, unique=True, trim="-") for v in row) + "]"
+                          for row in np.asarray(view, np.float32).reshape(view.shape[0], -1))
+        cases.append(f'  "{name}": {{\n   "shape": {json.dumps(list(view.shape))},\n   "rows": [\n{rows}\n   ]\n  }}')
+    path = pathlib.Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text("{\n" + ",\n".join(cases) + "\n}\n")
+    os.replace(tmp, path)
+
+
 def test_the_stored_views_are_tensorflows():
     pytest.importorskip("tensorflow", reason="the stored views are TensorFlow's eval_view")
-    stored = np.load(GOLDEN)
-    assert sorted(stored.files) == sorted(CASES)
+    stored = read_views()
+    assert sorted(stored) == sorted(CASES)
     for name, view in tensorflow_views().items():
+        assert stored[name].dtype == view.dtype == np.float32, name
         np.testing.assert_array_equal(stored[name], view, err_msg=name)
+
+
+@pytest.mark.notf
+@pytest.mark.any_backend
+def test_stored_views_read_back_bit_for_bit(tmp_path, rng):
+    """The text keeps every float32 exactly: values of all magnitudes written and read back are equal."""
+    values = {"a": rng.uniform(0, 255, (3, 4, 3)).astype(np.float32),
+              "b": np.array([[[0.0, 1e-7, 254.99998], [np.float32(1) / 3, 255.0, 12.5]]], np.float32)}
+    write_views(values, tmp_path / "views.json")
+    read = read_views(tmp_path / "views.json")
+    assert list(read) == ["a", "b"]
+    for name, value in values.items():
+        assert read[name].shape == value.shape and read[name].dtype == np.float32
+        np.testing.assert_array_equal(read[name], value)
 
 
 @pytest.mark.core
@@ -64,7 +105,7 @@ def test_the_stored_views_are_tensorflows():
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_eval_view_layer_gives_tensorflows_view_on_every_backend(name):
     """The layer on Pillow-decoded pixels equals TensorFlow's eval_view (stored), then its normalize."""
-    stored = np.load(GOLDEN)[name]
+    stored = read_views()[name]
     config = CASES[name][1]
     image = decode_image_array(_png(name))
     view = to_numpy(EvalView(config, normalize=False)(image))
@@ -180,3 +221,8 @@ def test_decode_image_array_gives_pillows_rgb_pixels(fmt, tmp_path):
         decode_image_array(b"not an image")
     with pytest.raises(ValueError, match="not a readable"):
         decode_image_array(encode_image(photo_like(4, 4), "TIFF"))  # a format the TensorFlow path does not read
+
+
+if __name__ == "__main__":  # with TensorFlow: write the stored views again
+    write_views(tensorflow_views())
+    print(f"wrote {GOLDEN}")

@@ -187,12 +187,25 @@ WORKSHOP_TRACES = {
 }
 
 
+# What a user reads: the library, the apps, the benchmarks, the reproductions, the docs (their code and pages).
+PRODUCT_FOLDERS = ("keras_preact", *APP_FOLDERS.values(), "benchmarks", "reproduction", "docs")
+PRODUCT_PAGES = ("README.md", "BENCHMARKS.md")
+HISTORY = "reproduction/benchmark-history.md"  # the dated record of earlier measurements, kept as it was written
+
+
+def product_files(root=REPO):
+    """The product's Python files and Markdown pages, but the dated history."""
+    files = [path for folder in PRODUCT_FOLDERS for suffix in ("*.py", "*.md")
+             for path in (root / folder).rglob(suffix)]
+    files += [root / page for page in PRODUCT_PAGES if (root / page).is_file()]
+    return sorted(path for path in files if path.relative_to(root).as_posix() != HISTORY)
+
+
 def workshop_traces(root=REPO):
-    """(file, line number, what, line) for each line of the library's and the apps' Python files that names the
-    development environment."""
+    """(file, line number, what, line) for each line of the product's code and pages that names the development
+    environment."""
     return [(str(path.relative_to(root)), number, what, line.strip())
-            for folder in ("keras_preact", *APP_FOLDERS.values())
-            for path in sorted((root / folder).rglob("*.py"))
+            for path in product_files(root)
             for number, line in enumerate(path.read_text().splitlines(), 1)
             for what, pattern in WORKSHOP_TRACES.items() if pattern.search(line)]
 
@@ -209,15 +222,18 @@ def workshop_traces(root=REPO):
     ('UPSTREAM_ISSUE = "keras-team/keras#20585"', None),
     ('    """Remove a registered network (for tests and interactive sessions)."""', None),
 ])
-def test_workshop_traces_are_recognised(line, what, tmp_path):
-    (tmp_path / "keras_preact").mkdir()
-    (tmp_path / "keras_preact" / "x.py").write_text(line + "\n")
+@pytest.mark.parametrize("where", ["keras_preact/x.py", "benchmarks/x.py", "reproduction/run/README.md",
+                                   "docs/x.md", "README.md", "BENCHMARKS.md"])
+def test_workshop_traces_are_recognised(line, what, where, tmp_path):
+    (tmp_path / where).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / where).write_text(line + "\n")
     assert [found[2] for found in workshop_traces(tmp_path)] == ([what] if what else [])
 
 
 def test_the_product_names_no_development_machine_path_or_issue():
     """No ``../shared`` data path, issue number or title, test hook or repository file-size rationale in the
-    library's or the apps' code, messages, comments and registry metadata: a user has none of them."""
+    library's, the apps', the benchmarks' or the reproductions' code, messages, comments and registry metadata, nor
+    in the docs: a user has none of them."""
     assert workshop_traces() == []
 
 

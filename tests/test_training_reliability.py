@@ -21,7 +21,7 @@ from keras_preact_training import train as train_lib
 from keras_preact_training.data import sources
 from keras_preact_training.recipe import configs
 from keras_preact_training.run import run_dir as run_files
-from support import TRAIN_JIT_COMPILE
+from support import TRAIN_JIT_COMPILE, tiny_training_command
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -85,10 +85,9 @@ def test_finished_run_rerun_is_a_noop_and_resumes_a_missing_phase_from_trained_w
 
 
 def _command(run_dir, export_dir):
-    return [sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16",
-            "--batch-size", "16", "--epochs", "2", "--steps-per-epoch", "3", "--checkpoint-every", "2",
-            "--run-dir", str(run_dir), "--export", "--export-dir", str(export_dir), "--verbose", "0",
-            "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5"]
+    return tiny_training_command(run_dir, "--checkpoint-every", "2", "--export", "--export-dir", str(export_dir),
+                                 "--verbose", "0", "--jit-compile", TRAIN_JIT_COMPILE, "--seed", "5", epochs=2,
+                                 steps_per_epoch=3)
 
 
 def _run(run_dir, export_dir):
@@ -212,31 +211,8 @@ def train_on_a_tmpfs(tmp_path, options, kill_when_exists=None):
     under the run dir) the run is SIGKILLed once it matches, by a watcher in the tmpfs' mount namespace."""
     mount = tmp_path / f"tmpfs-{options}"
     mount.mkdir()
-    command = [
-        sys.executable,
-        "-m",
-        "keras_preact_training.cli",
-        "--depth",
-        "8",
-        "--image-size",
-        "16",
-        "16",
-        "--batch-size",
-        "16",
-        "--epochs",
-        "1",
-        "--steps-per-epoch",
-        "4",
-        "--checkpoint-every",
-        "2",
-        "--no-export",
-        "--verbose",
-        "0",
-        "--jit-compile",
-        TRAIN_JIT_COMPILE,
-        "--run-dir",
-        str(mount / "run"),
-    ]
+    command = tiny_training_command(mount / "run", "--checkpoint-every", "2", "--no-export", "--verbose", "0",
+                                    "--jit-compile", TRAIN_JIT_COMPILE, epochs=1, steps_per_epoch=4)
     if kill_when_exists:
         command = [sys.executable, killing.__file__, str(mount / "run" / kill_when_exists), "--", *command]
     environment = {**os.environ, "PYTHONPATH": python_path(), "TF_CPP_MIN_LOG_LEVEL": "3"}

@@ -1,6 +1,6 @@
 """Parity with an independent trainer: keras-preact (TensorFlow, JAX) against plain PyTorch, same budget.
 
-Issue "Trained for real", item 2. Every candidate trains pre-act ResNet-20 (option A) on the CIFAR-10
+Every candidate trains pre-act ResNet-20 (option A) on the CIFAR-10
 JPEG folder with the same recipe (preset ``cifar10-folder-resnet20-short``: batch 128, SGD Nesterov 0.9,
 coupled weight decay 1e-4 on every parameter, warm-up then cosine, pad-4 crop + flip) for ``--epochs``
 full epochs, once per seed:
@@ -51,7 +51,7 @@ from keras_preact_training.run.plots import read_history  # noqa: E402
 from keras_preact_training.run.run_dir import write_json, write_text  # noqa: E402
 
 REFERENCE = "reference-torch"
-BOUND_POINTS = 0.5  # issue "Trained for real": each keras-preact mean within 0.5 points of the reference's
+BOUND_POINTS = 0.5  # the parity bound: each keras-preact mean within 0.5 points of the reference's
 SMALL_FILES = ("history.csv", "metrics.json", "config.json")
 
 

@@ -1,6 +1,6 @@
 """Finished training runs side by side: overlaid curves, accuracy agreement and the time each took.
 
-Issue "Weights at the data's ceiling", item 5: ours against the PyTorch reference at the paper's length. Each run
+Ours against the PyTorch reference at the paper's length. Each run
 is its per-epoch history: keras-preact-train's ``history.csv`` (CSVLogger) or the reference's
 (``benchmarks/reference_torch_cifar.py``); both have ``epoch`` (0-based), ``loss``, ``accuracy``,
 ``val_accuracy``, ``train_seconds`` and ``eval_seconds``. Epochs are printed 1-based, as the READMEs do.
