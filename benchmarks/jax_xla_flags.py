@@ -146,7 +146,12 @@ def main(argv=None):
                 summary.append({"setting": setting, "flags": SETTINGS[setting] or "(none)", "measure": measure,
                                 "model": args.model, "batch_size": args.batch_size, "rounds": args.rounds,
                                 "ms": statistics.median(values), "min_max_ms": [min(values), max(values)],
-                                "ratio_vs_default": statistics.median(ratios), **diffs})
+                                "ratio_vs_default": statistics.median(ratios), **diffs,
+                                # the same figures as text, so that the suite's row (its case) carries them
+                                "vs_default": f"{min(values):.0f}-{max(values):.0f} ms, ratio "
+                                              f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f}), "
+                                              "max abs diff logits/loss/weights " +
+                                              "/".join(f"{v:.1e}" for v in diffs.values())})
     for line in summary:
         print(json.dumps(line))
     return 0
