@@ -82,6 +82,8 @@ SCRIPTS = {
     "serving_ray": Script("serving_ray", "throughput of the Ray Serve deployment", "images/s", column="images/s"),
     "tf_onednn": Script("tf_onednn", "TensorFlow's oneDNN kernels off and on (TF_ENABLE_ONEDNN_OPTS=0/1)", "ms/step",
                         column="train_ms", read="json", better="lower"),
+    "jax_xla_flags": Script("jax_xla_flags", "XLA's CPU options (XLA_FLAGS) for Keras on JAX: step and evaluation",
+                            "ms", column="ms", read="json", better="lower"),
     "served_accuracy": Script("served_accuracy", "the served model's test accuracy per export format", "% top-1",
                               read="lines", pattern=r"^top-1 (?P<figure>[\d.]+)%", head=True),
 }

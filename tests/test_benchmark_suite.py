@@ -170,3 +170,12 @@ def test_script_figures_are_read_from_the_table_they_print():
     spec = run.SCRIPTS["remat_memory"]
     line = json.dumps({"policy": "units", "batch_size": 64, "peak_rss_gib": 0.5})
     assert run.script_rows(spec, line + "\n") == [("policy units, batch_size 64", 0.5)]
+    spec = run.SCRIPTS["jax_xla_flags"]  # one row per setting and measure; the per-round lines are not rows
+    printed = "\n".join(json.dumps(r) for r in (
+        {"load_average": [5.0, 4.0, 3.0], "cores": 2},
+        {"setting": "onednn", "round": 0, "backend": "jax", "train_on_batch": 900.0, "predict_on_batch": 90.0},
+        {"setting": "intra_op_threads_1", "flags": "--intra_op_parallelism_threads=1", "rejected": "exit 1"},
+        {"setting": "onednn", "flags": "--xla_cpu_use_onednn=true", "measure": "train_on_batch", "ms": 900.0,
+         "ratio_vs_default": 1.01, "max_abs_diff_logits": 0.0, "vs_default": "ratio 1.01"}))
+    assert run.script_rows(spec, printed + "\n") == [
+        ("setting onednn, flags --xla_cpu_use_onednn=true, measure train_on_batch, vs_default ratio 1.01", 900.0)]
