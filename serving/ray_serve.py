@@ -16,14 +16,12 @@ import threading
 import ray
 from ray import serve
 
-from keras_preact_serving import batching, flags
+from keras_preact_serving import batching, connections, flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.batching import BatchingOptions, check_number
 from keras_preact_serving.flags import DEFAULT_REPLICAS, MAX_REPLICAS_PER_NODE
 from keras_preact_serving.servable import Servable, check_runtime
 from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
-
-PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "keras_preact_serving.connections.ray_proxy_setup_hook"}
 
 
 def replica_headers():
@@ -210,9 +208,9 @@ def main(argv=None):
         )  # no usage statistics unless asked (a cluster keeps its own)
         # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
-                 include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
+                 include_dashboard=False, runtime_env=connections.ray_runtime_env(args.request_timeout))
     else:
-        ray.init(address=args.address, runtime_env=PROXY_RUNTIME_ENV)
+        ray.init(address=args.address, runtime_env=connections.ray_runtime_env(args.request_timeout))
         nodes = sum(node["Alive"] for node in ray.nodes())
         if needed > nodes:
             waiting = args.replicas - nodes * args.max_replicas_per_node
