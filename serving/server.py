@@ -79,7 +79,7 @@ class Server:
             backlog=LISTEN_BACKLOG,
             timeout_keep_alive=limits.request_timeout,
             timeout_graceful_shutdown=DRAIN_TIMEOUT,
-            log_config=uvicorn.config.LOGGING_CONFIG if verbose else None,
+            **({} if verbose else {"log_config": None}),  # uvicorn's own logging when verbose
             log_level="info" if verbose else "warning",
             access_log=verbose,
         )

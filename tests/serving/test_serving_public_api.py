@@ -14,13 +14,16 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 
 
 def imported_modules(path):
-    """Every module ``path`` imports (``import a.b`` and ``from a.b import c``: "a.b" and "a.b.c")."""
+    """Every module ``path`` imports (``import a.b`` and ``from a.b import c``: "a.b" and "a.b.c"), and every
+    ``a.b`` it reads (an attribute of an imported module: ``uvicorn.config.LOGGING_CONFIG`` is "uvicorn.config")."""
     names = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
             names += [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module:
             names += [node.module, *(f"{node.module}.{alias.name}" for alias in node.names)]
+        elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name):  # uvicorn.config.X used
+            names.append(f"{node.value.id}.{node.attr}")
     return names
 
 

@@ -95,7 +95,7 @@ CLUSTER_ENV = {
 
 def run_entry_point(*args, env=None, **kwargs):
     return [sys.executable, "-c", ENTRY_POINT, *args], {
-        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO, **(env or {})}, **kwargs}
+        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])), **(env or {})}, **kwargs}
 
 
 def stop_entry_point(process):
@@ -463,7 +463,8 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
     assert capsys.readouterr().err == (
         "keras-preact-serve-ray: warning: --replicas 3 with --max-replicas-per-node 1 needs 3 nodes and the cluster "
         "has 2: 1 replica(s) wait for nodes to join, and this command until they run (the others serve meanwhile)\n")
-    assert calls == [("init", {"address": "auto", "runtime_env": ray_serve.PROXY_RUNTIME_ENV}), ("delete", "cifar"),
+    runtime_env = ray_serve.connections.ray_runtime_env(30.0)
+    assert calls == [("init", {"address": "auto", "runtime_env": runtime_env}), ("delete", "cifar"),
                      ("shutdown",)]
     assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "4", "--max-replicas-per-node", "2"]) == 0
     assert capsys.readouterr().err == ""
