@@ -94,8 +94,9 @@ CLUSTER_ENV = {
 
 
 def run_entry_point(*args, env=None, **kwargs):
+    path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     return [sys.executable, "-c", ENTRY_POINT, *args], {
-        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")])), **(env or {})}, **kwargs}
+        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path, **(env or {})}, **kwargs}
 
 
 def stop_entry_point(process):
