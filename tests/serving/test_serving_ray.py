@@ -707,7 +707,7 @@ def test_a_replica_batches_with_serve_batch(cluster):
         calls, results = handle.remote([9]).result(timeout_s=120)
         assert calls == [8, 9] and results == [(2, 9, [0.0] * 9)]
     finally:
-        serve.delete("batcher-probe")
+        serve.shutdown()  # Serve started here with its default HTTP options: the commands below start their own
 
 
 def test_without_address_it_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, served, reference):

@@ -167,7 +167,7 @@ def test_errors_are_v2_json_with_the_rest_status(numpy_served):
 
 
 @pytest.mark.notf
-def test_a_batch_of_exactly_max_batch_size_is_served_on_every_route(numpy_served):
+def test_a_batch_of_exactly_max_request_instances_is_served_on_every_route(numpy_served):
     """--max-request-instances 16: 16 examples are answered (v2 binary and JSON, v1 ``instances`` as rows or row objects
     and ``inputs``, whose JSON value count is at its bound), 17 refused with 413."""
     running, client = numpy_served
