@@ -94,8 +94,9 @@ class ConnectionGuard(asyncio.Protocol):
             self.protocol.resume_writing()
 
     def _watch(self, data):
-        """Follow the requests in ``data``: the deadline is cancelled once one has arrived whole, and armed at the
-        first byte of the next. False if ``data`` is not HTTP/1.1 h11 can parse."""
+        """Follow the requests in ``data``: the deadline is cancelled once one has arrived whole (h11's
+        ``EndOfMessage``: it is being handled, or answered), and armed at the first byte of the next. False if
+        ``data`` is not HTTP/1.1 h11 can parse."""
         if data and self._deadline is None:
             self._arm()
         self._received = self._received or bool(data)
@@ -103,18 +104,19 @@ class ConnectionGuard(asyncio.Protocol):
         try:
             while True:
                 event = self._parser.next_event()
-                if event is h11.NEED_DATA or isinstance(event, h11.ConnectionClosed):
+                if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
                     return True
-                if event is h11.PAUSED and not self._next_request():
+                if isinstance(event, h11.EndOfMessage) and not self._next_request():
                     return True
         except h11.RemoteProtocolError:
             return False
 
     def _next_request(self):
         """A request arrived whole: its deadline is cancelled, and a pipelined request's bytes start the next one's.
-        Whether any arrived."""
+        Whether any arrived. A request switching protocols (``Upgrade``, ``CONNECT``) ends the watch."""
         self._cancel()
-        if self._parser.their_state is h11.ERROR:
+        if self._parser.their_state is not h11.DONE:
+            self._parser = None
             return False
         trailing, closed = self._parser.trailing_data
         self._parser, self._received = self._new_parser(), bool(trailing)
@@ -138,6 +140,9 @@ class ConnectionGuard(asyncio.Protocol):
     def _expire(self):
         self._deadline = None
         if self.transport.is_closing():
+            return
+        if not self.transport.is_reading():  # the server paused reading (a request before this one in hand)
+            self._arm()
             return
         if self._received:
             self.transport.write(raw_reply(408, f"The request did not arrive within {self.timeout:g} s."))
