@@ -141,9 +141,6 @@ class ConnectionGuard(asyncio.Protocol):
         self._deadline = None
         if self.transport.is_closing():
             return
-        if not self.transport.is_reading():  # the server paused reading (a request before this one in hand)
-            self._arm()
-            return
         if self._received:
             self.transport.write(raw_reply(408, f"The request did not arrive within {self.timeout:g} s."))
         self.transport.close()  # the app, if it was reading the body, sees the client gone
