@@ -172,7 +172,7 @@ class Server:
             MODEL_NAME,
             "--runtime",
             fmt,
-            "--max-batch-size",
+            "--max-request-instances",
             str(max_batch),
             "--max-body-bytes",
             str(max_body),

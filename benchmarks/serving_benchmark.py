@@ -56,7 +56,7 @@ def main(argv=None):
             model = MODELS[name](args.image_size)
             path = export_saved_model(model, tmp, name=name, mean=[127.5] * 3, std=[127.5] * 3)
             serve = tf.saved_model.load(str(path)).signatures["serving_default"]
-            server = make_server(path.parent, port=0, max_batch_size=max(args.batches))
+            server = make_server(path.parent, port=0, max_request_instances=max(args.batches))
             threading.Thread(target=server.serve_forever, daemon=True).start()
             conn = http.client.HTTPConnection("127.0.0.1", server.server_address[1], timeout=600)
             for batch in args.batches:

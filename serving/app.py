@@ -141,7 +141,8 @@ def timed(call, phase, function, *args, **kwargs):
 
 def decode_predict(model, body, call, **limits):
     """(signature name, ``{input: array}``, "instances" or "inputs") of a predict body, within ``limits``."""
-    request, signature_name, mode = rest.parse_body(body, rest.max_values(model.input_specs, limits["max_batch_size"]))
+    most = rest.max_values(model.input_specs, limits["max_request_instances"])
+    request, signature_name, mode = rest.parse_body(body, most)
     if signature_name not in model.signatures:
         raise RequestError(f"Serving signature name: '{signature_name}' not found in signature def; "
                            f"available: {sorted(model.signatures)}.")
@@ -178,11 +179,13 @@ def warm_up(model):
 
 
 class ServingState:
-    """What one process serves: the model (``load()``), its limits, batcher, reply headers (``identify()``) and
-    metrics."""
+    """What one process serves: the model (``load()``), its limits, batcher (``batcher(predict, batching)``, with
+    ``batching`` options), reply headers (``identify()``) and metrics."""
 
-    def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False, wait_for_load=False):
+    def __init__(self, load, limits=None, batching=None, identify=None, load_in_background=False, wait_for_load=False,
+                 batcher=None):
         self._load, self._identify = load, identify
+        self._batcher = batcher
         self.limits = limits or RequestLimits()
         self.batching = batching
         self.load_in_background = load_in_background
@@ -198,7 +201,7 @@ class ServingState:
 
     def __reduce__(self):  # a Ray Serve replica unpickles a new state of its own
         return ServingState, (self._load, self.limits, self.batching, self._identify, self.load_in_background,
-                              self.wait_for_load)
+                              self.wait_for_load, self._batcher)
 
     def start(self):
         """Load the model, warm it up (``warm_up``), start the batcher, then set ``ready`` (once)."""
@@ -210,7 +213,8 @@ class ServingState:
                 warm_up(model)
             self.headers = dict(self._identify()) if self._identify else {}
             if self.batching is not None:
-                self.batcher = batching.Batcher(functools.partial(self.predict, model), self.batching)
+                make_batcher = self._batcher or batching.Batcher
+                self.batcher = make_batcher(functools.partial(self.predict, model), self.batching)
             self.model = model
             self.metrics.model_started(model.name, self.batcher.queued if self.batcher is not None else lambda: 0)
             self.ready.set()
@@ -338,7 +342,7 @@ async def run_predict(state, signature_name, inputs, call=None):
 def _decode_infer(model, body, header_length, call, limits):
     """(parsed request, signature name, ``{input: array}``) of an Open Inference Protocol infer body."""
     request, binary = v2.parse_request(
-        body, header_length, rest.max_values(model.input_specs, limits["max_batch_size"])
+        body, header_length, rest.max_values(model.input_specs, limits["max_request_instances"])
     )
     signature_name = v2.choose_signature(model, request)
     call.signature = signature_name
@@ -491,7 +495,7 @@ async def v2_model_config(request):
     responses: {'200': {description: OK,
                         content: {application/json: {schema: {$ref: '#/components/schemas/ModelConfig'}}}}}"""
     state, model = _served(request)
-    return _json(v2.model_config(model, state.limits.max_batch_size, state.batching))
+    return _json(v2.model_config(model, state.limits.max_request_instances, state.batching))
 
 
 async def v2_model_stats(request):

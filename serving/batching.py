@@ -56,61 +56,27 @@ def _batch_size(inputs):
     return sizes.pop()
 
 
-def _merge_key(signature_name, inputs):
+def merge_key(signature_name, inputs):
     """Requests with equal keys can be concatenated along axis 0."""
     return signature_name, tuple(sorted((name, a.dtype.str, a.shape[1:]) for name, a in inputs.items()))
 
 
-class Batcher:
-    """Merges concurrent ``predict`` calls of one signature and per-example shapes into calls of the wrapped
-    ``predict(signature_name, {name: array})``; a merged call that fails is rerun request by request.
-
-    Examples:
-        >>> with Batcher(lambda signature, inputs: {"y": inputs["x"] * 2}) as batcher:
-        ...     batcher.predict("serving_default", {"x": np.ones((2, 3))})["y"].shape
-        (2, 3)
-    """
+class MergedCalls:
+    """Runs lists of requests (``_Pending``) of one merge key as one call of the wrapped ``predict(signature_name,
+    {name: array})``, each request getting its own rows; a merged call that fails is rerun request by request.
+    Counts what it ran (``stats``). The batchers (``Batcher``, and each Ray Serve replica's) decide which requests."""
 
     def __init__(self, predict, options=None):
         self._predict = predict
-        self.options = options = options or BatchingOptions()
-        self._timeout = options.batching_timeout_ms / 1000
-        self._queues = {}  # merge key -> deque of _Pending, oldest first
-        self._queued = 0
-        self._closed = False
+        self.options = options or BatchingOptions()
         self._stats = BatchingStats()
         self._condition = threading.Condition()
-        self._threads = [threading.Thread(target=self._work, name=f"keras-preact-batcher-{i}", daemon=True)
-                         for i in range(options.batching_threads)]
-        for thread in self._threads:
-            thread.start()
 
-    def predict(self, signature_name, inputs):
-        """The wrapped ``predict``'s outputs for these inputs alone, computed in a batch."""
-        return self._enqueue(signature_name, inputs).future.result().outputs
-
-    async def submit(self, signature_name, inputs):
-        """``predict`` for a coroutine (``keras_preact_serving.app``): a ``BatchResult``, awaited without holding a
-        thread."""
-        return await asyncio.wrap_future(self._enqueue(signature_name, inputs).future)
-
-    def _enqueue(self, signature_name, inputs):
+    def pending(self, signature_name, inputs):
+        """A request as the batchers hold it (``_Pending``): its arrays, its examples, and the future of its result."""
         inputs = {name: np.asarray(a) for name, a in inputs.items()}
         pending = _Pending(signature_name, inputs, _batch_size(inputs))
         pending.future.set_running_or_notify_cancel()  # never cancelled: a batch holding it runs it anyway
-        key = _merge_key(signature_name, inputs)
-        with self._condition:
-            if self._closed:
-                raise RequestError("The server is shutting down; retry later.", 503)
-            if self._queued >= self.options.batching_max_queue:
-                self._stats.rejected += 1
-                raise RequestError(f"The batching queue is full ({self._queued} requests waiting, the limit is "
-                                   f"{self.options.batching_max_queue}); retry later.", 503)
-            self._queues.setdefault(key, collections.deque()).append(pending)
-            self._queued += 1
-            self._stats.requests += 1
-            self._stats.examples += pending.size
-            self._condition.notify_all()
         return pending
 
     def stats(self):
@@ -119,65 +85,15 @@ class Batcher:
             return dataclasses.replace(self._stats, batch_sizes=collections.Counter(self._stats.batch_sizes),
                                        calls_by_signature=collections.Counter(self._stats.calls_by_signature))
 
-    def queued(self):
-        """Requests waiting for a batch now."""
-        with self._condition:
-            return self._queued
-
-    def close(self):
-        """Run what is queued, then stop and join every batch thread (idempotent); later calls get a 503."""
-        with self._condition:
-            self._closed = True
-            self._condition.notify_all()
-        for thread in self._threads:
-            thread.join()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc_info):
-        self.close()
-
-    def _work(self):
-        while True:
-            with self._condition:
-                batch = self._next_batch()
-            if batch is None:
-                return
-            try:
-                self._run(batch)
-            except Exception as error:  # noqa: BLE001 - e.g. MemoryError concatenating: fail this batch only
-                for pending in batch:
-                    if not pending.future.done():
-                        pending.future.set_exception(error)
-
-    def _next_batch(self):
-        """The next batch to run, waiting until one is full or due; None once closed and drained."""
-        while True:
-            if not self._queues:
-                if self._closed:
-                    return None
-                self._condition.wait()
-                continue
-            now = time.monotonic()
-            ready = [key for key, queue in self._queues.items()
-                     if self._closed or now >= queue[0].arrival + self._timeout
-                     or sum(p.size for p in queue) >= self.options.batching_max_size]
-            if ready:
-                return self._take(min(ready, key=lambda key: self._queues[key][0].arrival))
-            self._condition.wait(min(q[0].arrival for q in self._queues.values()) + self._timeout - now)
-
-    def _take(self, key):
-        queue = self._queues[key]
-        batch = [queue.popleft()]  # the oldest, even when larger than batching_max_size: it runs alone
-        total = batch[0].size
-        while queue and total + queue[0].size <= self.options.batching_max_size:
-            total += queue[0].size
-            batch.append(queue.popleft())
-        if not queue:
-            del self._queues[key]
-        self._queued -= len(batch)
-        return batch
+    def run(self, batch):
+        """Run ``batch`` (requests of one merge key, oldest first): each request's future gets its ``BatchResult``
+        or its error."""
+        try:
+            self._run(batch)
+        except Exception as error:  # noqa: BLE001 - e.g. MemoryError concatenating: fail this batch only
+            for pending in batch:
+                if not pending.future.done():
+                    pending.future.set_exception(error)
 
     def _call(self, signature_name, inputs, size):
         """(outputs, call number, seconds) of one call of the wrapped ``predict``."""
@@ -223,3 +139,106 @@ class Batcher:
             pending.future.set_result(BatchResult(rows, number, total, seconds))
             start += pending.size
 
+
+class Batcher(MergedCalls):
+    """Merges concurrent ``predict`` calls of one signature and per-example shapes into calls of the wrapped
+    ``predict(signature_name, {name: array})``; a merged call that fails is rerun request by request.
+
+    Examples:
+        >>> with Batcher(lambda signature, inputs: {"y": inputs["x"] * 2}) as batcher:
+        ...     batcher.predict("serving_default", {"x": np.ones((2, 3))})["y"].shape
+        (2, 3)
+    """
+
+    def __init__(self, predict, options=None):
+        super().__init__(predict, options)
+        options = self.options
+        self._timeout = options.batching_timeout_ms / 1000
+        self._queues = {}  # merge key -> deque of _Pending, oldest first
+        self._queued = 0
+        self._closed = False
+        self._threads = [threading.Thread(target=self._work, name=f"keras-preact-batcher-{i}", daemon=True)
+                         for i in range(options.batching_threads)]
+        for thread in self._threads:
+            thread.start()
+
+    def predict(self, signature_name, inputs):
+        """The wrapped ``predict``'s outputs for these inputs alone, computed in a batch."""
+        return self._enqueue(signature_name, inputs).future.result().outputs
+
+    async def submit(self, signature_name, inputs):
+        """``predict`` for a coroutine (``keras_preact_serving.app``): a ``BatchResult``, awaited without holding a
+        thread."""
+        return await asyncio.wrap_future(self._enqueue(signature_name, inputs).future)
+
+    def _enqueue(self, signature_name, inputs):
+        pending = self.pending(signature_name, inputs)
+        key = merge_key(signature_name, pending.inputs)
+        with self._condition:
+            if self._closed:
+                raise RequestError("The server is shutting down; retry later.", 503)
+            if self._queued >= self.options.batching_max_queue:
+                self._stats.rejected += 1
+                raise RequestError(f"The batching queue is full ({self._queued} requests waiting, the limit is "
+                                   f"{self.options.batching_max_queue}); retry later.", 503)
+            self._queues.setdefault(key, collections.deque()).append(pending)
+            self._queued += 1
+            self._stats.requests += 1
+            self._stats.examples += pending.size
+            self._condition.notify_all()
+        return pending
+
+    def queued(self):
+        """Requests waiting for a batch now."""
+        with self._condition:
+            return self._queued
+
+    def close(self):
+        """Run what is queued, then stop and join every batch thread (idempotent); later calls get a 503."""
+        with self._condition:
+            self._closed = True
+            self._condition.notify_all()
+        for thread in self._threads:
+            thread.join()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc_info):
+        self.close()
+
+    def _work(self):
+        while True:
+            with self._condition:
+                batch = self._next_batch()
+            if batch is None:
+                return
+            self.run(batch)
+
+    def _next_batch(self):
+        """The next batch to run, waiting until one is full or due; None once closed and drained."""
+        while True:
+            if not self._queues:
+                if self._closed:
+                    return None
+                self._condition.wait()
+                continue
+            now = time.monotonic()
+            ready = [key for key, queue in self._queues.items()
+                     if self._closed or now >= queue[0].arrival + self._timeout
+                     or sum(p.size for p in queue) >= self.options.batching_max_size]
+            if ready:
+                return self._take(min(ready, key=lambda key: self._queues[key][0].arrival))
+            self._condition.wait(min(q[0].arrival for q in self._queues.values()) + self._timeout - now)
+
+    def _take(self, key):
+        queue = self._queues[key]
+        batch = [queue.popleft()]  # the oldest, even when larger than batching_max_size: it runs alone
+        total = batch[0].size
+        while queue and total + queue[0].size <= self.options.batching_max_size:
+            total += queue[0].size
+            batch.append(queue.popleft())
+        if not queue:
+            del self._queues[key]
+        self._queued -= len(batch)
+        return batch

@@ -1,92 +1,188 @@
-"""The one protection uvicorn's settings do not give, for ``keras-preact-serve`` and Ray Serve's proxy
-(``ray_proxy_setup_hook``): uvicorn 0.54 times out a connection idle after a reply (``timeout_keep_alive``),
-not one that never sends a request nor a slowloris sending a byte at a time, and its ``limit_concurrency``
-answers a surplus connection only once it sends a request. ``BoundedH11Protocol`` subclasses uvicorn's
-h11 protocol, hence the ``uvicorn<0.55`` pin."""
+"""What uvicorn's settings do not give, kept on public APIs only (asyncio's event loop and protocols, h11's parser),
+for ``keras-preact-serve`` and Ray Serve's proxy (``ray_proxy_setup_hook``).
 
+uvicorn's ``timeout_keep_alive`` closes a connection idle after a reply, but not one that never sends a request nor a
+slowloris sending its headers a byte at a time; its ``limit_concurrency`` answers a surplus connection only once it
+sends a request; its 400 for a request it cannot parse is plain text. ``GuardedEventLoop`` is asyncio's event loop
+whose servers (``create_server``, which uvicorn's ``Server.serve(sockets=...)`` calls) put a ``ConnectionGuard`` in
+front of each connection's protocol: it reads the incoming bytes with its own h11 parser, and
+
+- answers a connection beyond ``max_connections`` with a JSON 503 at once, and closes it;
+- gives each request ``timeout`` seconds from the connection's start, or from its first byte on a kept-alive
+  connection, to arrive whole, headers and body (then a JSON 408, or a silent close if no byte came);
+- answers bytes h11 cannot parse as a request with a JSON 400, and closes the connection, before uvicorn sees them.
+
+Examples:
+    >>> loop = GuardedEventLoop(max_connections=4096, timeout=30.0)  # doctest: +SKIP
+    >>> loop.run_until_complete(uvicorn.Server(config).serve(sockets=[sock]))  # doctest: +SKIP
+"""
+
+import asyncio
 import http
 import json
+import os
 
-from uvicorn import config
-from uvicorn.protocols.http.h11_impl import H11Protocol
+import h11
+
+TIMEOUT_ENV = "KERAS_PREACT_SERVE_REQUEST_TIMEOUT"  # the deadline in Ray Serve's proxy (``ray_proxy_setup_hook``)
+MAX_INCOMPLETE_EVENT_SIZE = 16 * 1024  # h11's default, as uvicorn's ``h11_max_incomplete_event_size``
+BAD_REQUEST = ("Invalid HTTP request: a malformed request line, header, Content-Length or chunk, or no Host "
+               "header.")
 
 
 def raw_reply(status, message):
-    """A whole HTTP/1.1 JSON error reply that closes the connection (h11 sends none before a request)."""
+    """A whole HTTP/1.1 JSON error reply that closes the connection (for a connection no request of which reached
+    the app)."""
     body = json.dumps({"error": message}).encode()  # as every error of the app (``rest.error_body``)
     return (f"HTTP/1.1 {status} {http.HTTPStatus(status).phrase}\r\nContent-Type: application/json\r\n"
             f"Connection: close\r\nContent-Length: {len(body)}\r\n\r\n").encode("ascii") + body
 
 
-class BoundedH11Protocol(H11Protocol):
-    """uvicorn's h11 connection with ``max_connections`` (503 beyond) and the keep-alive timeout as a deadline from the
-    connection's start or last reply until a request's body has arrived (then 408), not restarted by bytes arriving."""
+class ConnectionGuard(asyncio.Protocol):
+    """One connection: ``protocol`` (the server's, e.g. uvicorn's HTTP protocol) behind the guard (module
+    docstring). ``open`` is the set of the server's admitted connections."""
 
-    def __init__(self, *args, max_connections=None, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.max_connections = max_connections
-        self._deadline = None  # the TimerHandle while a request is awaited
+    def __init__(self, make_protocol, open, max_connections, timeout):  # noqa: A002 - the server's open set
+        self._make_protocol, self._open = make_protocol, open
+        self.max_connections, self.timeout = max_connections, timeout
+        self.protocol = self.transport = self._deadline = None
+        self._parser = self._new_parser()
         self._received = False  # some bytes of the awaited request arrived
-        self._rejected = False
+
+    @staticmethod
+    def _new_parser():
+        return h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_INCOMPLETE_EVENT_SIZE)
 
     def connection_made(self, transport):
-        if self.max_connections is not None and len(self.connections) >= self.max_connections:
-            self._rejected = True
+        self.transport = transport
+        if self.max_connections is not None and len(self._open) >= self.max_connections:
             transport.write(raw_reply(503, f"Too many connections (limit {self.max_connections}); retry later."))
             transport.close()
             return
-        super().connection_made(transport)
-        self._watch()
-
-    def connection_lost(self, exc):
-        if not self._rejected:
-            self._cancel()
-            super().connection_lost(exc)
+        self._open.add(self)
+        self.protocol = self._make_protocol()
+        self.protocol.connection_made(transport)
+        self._arm()
 
     def data_received(self, data):
-        if self._rejected:
+        if self.protocol is None:  # refused
             return
-        self._received = True
-        super().data_received(data)
-        self._watch()
+        if self._parser is not None and not self._watch(data):
+            self._cancel()
+            self._parser = None
+            self.transport.write(raw_reply(400, BAD_REQUEST))
+            self.transport.close()
+            return
+        self.protocol.data_received(data)
 
-    def on_response_complete(self):
-        super().on_response_complete()  # may start a pipelined request already received
-        self._watch()
+    def eof_received(self):
+        return None if self.protocol is None else self.protocol.eof_received()
 
-    def send_400_response(self, msg):
-        """A request h11 cannot parse: a JSON 400 like every other error, then closed."""
-        self.transport.write(raw_reply(400, "Invalid HTTP request: a malformed request line, header, Content-Length "
-                                            "or chunk, or no Host header."))
-        self.transport.close()
+    def connection_lost(self, exc):
+        if self.protocol is None:
+            return
+        self._cancel()
+        self._open.discard(self)
+        self.protocol.connection_lost(exc)
+
+    def pause_writing(self):
+        if self.protocol is not None:
+            self.protocol.pause_writing()
+
+    def resume_writing(self):
+        if self.protocol is not None:
+            self.protocol.resume_writing()
+
+    def _watch(self, data):
+        """Follow the requests in ``data``: the deadline is cancelled once one has arrived whole (h11's
+        ``EndOfMessage``: it is being handled, or answered), and armed at the first byte of the next. False if
+        ``data`` is not HTTP/1.1 h11 can parse."""
+        if data and self._deadline is None:
+            self._arm()
+        self._received = self._received or bool(data)
+        self._parser.receive_data(data)
+        try:
+            while True:
+                event = self._parser.next_event()
+                if event is h11.NEED_DATA or event is h11.PAUSED or isinstance(event, h11.ConnectionClosed):
+                    return True
+                if isinstance(event, h11.EndOfMessage) and not self._next_request():
+                    return True
+        except h11.RemoteProtocolError:
+            return False
+
+    def _next_request(self):
+        """A request arrived whole: its deadline is cancelled, and a pipelined request's bytes start the next one's.
+        Whether any arrived. A request switching protocols (``Upgrade``, ``CONNECT``) ends the watch."""
+        self._cancel()
+        if self._parser.their_state is not h11.DONE:
+            self._parser = None
+            return False
+        trailing, closed = self._parser.trailing_data
+        self._parser, self._received = self._new_parser(), bool(trailing)
+        if trailing:
+            self._arm()
+            self._parser.receive_data(trailing)
+        if closed:
+            self._parser.receive_data(b"")
+        return bool(trailing or closed)
+
+    def _arm(self):
+        if self.timeout is not None:
+            self._cancel()
+            self._deadline = asyncio.get_running_loop().call_later(self.timeout, self._expire)
 
     def _cancel(self):
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None
 
-    def _watch(self):
-        """Arm the deadline when a request is awaited (and it is not armed yet); cancel it otherwise."""
-        cycle = self.cycle
-        awaited = cycle is None or cycle.more_body or cycle.response_complete
-        if self.transport.is_closing() or not awaited:
-            self._cancel()
-        elif self._deadline is None:
-            self._received = bool(self.conn.trailing_data[0])  # a pipelined request's first bytes
-            self._deadline = self.loop.call_later(self.timeout_keep_alive, self._expire)
-
     def _expire(self):
         self._deadline = None
         if self.transport.is_closing():
             return
-        cycle = self.cycle
-        replying = cycle is not None and cycle.response_started and not cycle.response_complete
-        if self._received and not replying:
-            self.transport.write(raw_reply(408, f"The request did not arrive within {self.timeout_keep_alive:g} s."))
+        if self._received:
+            self.transport.write(raw_reply(408, f"The request did not arrive within {self.timeout:g} s."))
         self.transport.close()  # the app, if it was reading the body, sees the client gone
 
 
+class GuardedEventLoop(asyncio.SelectorEventLoop):
+    """asyncio's event loop whose TCP servers guard each connection (``ConnectionGuard``): ``max_connections`` open
+    at once (None: no limit) and ``timeout`` seconds for a request to arrive (None: no deadline)."""
+
+    def __init__(self, max_connections=None, timeout=None):
+        super().__init__()
+        self.max_connections, self.timeout = max_connections, timeout
+
+    async def create_server(self, protocol_factory, *args, **kwargs):
+        open_connections = set()
+
+        def guarded():
+            return ConnectionGuard(protocol_factory, open_connections, self.max_connections, self.timeout)
+
+        return await super().create_server(guarded, *args, **kwargs)
+
+
+class GuardedEventLoopPolicy(asyncio.DefaultEventLoopPolicy):
+    """asyncio's default policy, its new loops ``GuardedEventLoop``s with a deadline of ``timeout`` seconds."""
+
+    def __init__(self, timeout):
+        super().__init__()
+        self.timeout = timeout
+
+    def new_event_loop(self):
+        return GuardedEventLoop(timeout=self.timeout)
+
+
+def ray_runtime_env(request_timeout):
+    """The Ray job's ``runtime_env`` for ``ray_proxy_setup_hook``: Ray's asyncio loop (not uvloop), guarded."""
+    return {"worker_process_setup_hook": f"{__name__}.ray_proxy_setup_hook",
+            "env_vars": {"RAY_USE_UVLOOP": "0", TIMEOUT_ENV: repr(float(request_timeout))}}
+
+
 def ray_proxy_setup_hook():
-    """Ray's ``worker_process_setup_hook``: ``BoundedH11Protocol`` is uvicorn's default in every worker, Serve's proxy
-    too."""
-    config.HTTP_PROTOCOLS["auto"] = f"{__name__}:BoundedH11Protocol"
+    """Ray's ``worker_process_setup_hook``: every worker's new event loops (Serve's proxy's too) are
+    ``GuardedEventLoop``s (asyncio's ``set_event_loop_policy``) with the request timeout of ``ray_runtime_env``."""
+    timeout = os.environ.get(TIMEOUT_ENV)
+    if timeout:
+        asyncio.set_event_loop_policy(GuardedEventLoopPolicy(float(timeout)))

@@ -10,11 +10,8 @@ import math
 RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
 RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
-# keras-preact-serve-ray
-DEFAULT_PORT = 8000  # Ray Serve's HTTP port
-DEFAULT_REPLICAS = 1
-DEFAULT_BATCHING_MAX_SIZE = 32  # each replica's batcher (``BatchingOptions``): at most this many examples a call
-DEFAULT_BATCHING_TIMEOUT_MS = 5.0  # and the oldest request waits this long for more
+DEFAULT_PORT = 8501  # TF Serving's REST port, for both commands (so a TF Serving client needs no change)
+DEFAULT_REPLICAS = 1  # keras-preact-serve-ray
 MAX_REPLICAS_PER_NODE = 100  # Ray Serve's limit on max_replicas_per_node
 
 
@@ -62,15 +59,18 @@ class FlagRecord:
 
 @dataclasses.dataclass(frozen=True)
 class BatchingOptions(FlagRecord):
-    """How a ``Batcher`` merges requests (each field's help says how)."""
+    """How requests are merged into model calls (each field's help says how): by
+    ``keras_preact_serving.batching.Batcher`` in ``keras-preact-serve``, by Ray Serve's ``@serve.batch`` in each
+    ``keras-preact-serve-ray`` replica; both commands take the same flags with the same defaults."""
 
     batching_max_size: int = flag(
         32, "examples in one model call; a larger request runs alone (TF Serving's max_batch_size)"
     )
     batching_timeout_ms: float = flag(0.0, "the longest the oldest request of a batch waits for more (0: batch "
                                            "what is queued when the model is free)", at_least=0)
-    batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond)")
-    batching_threads: int = flag(1, "batches run at once")
+    batching_max_queue: int = flag(64, "requests waiting for a batch (503 beyond; in a Ray replica: requests it "
+                                       "holds, Ray Serve's max_ongoing_requests)")
+    batching_threads: int = flag(1, "batches run at once (Ray Serve's max_concurrent_batches)")
 
 
 
@@ -84,7 +84,7 @@ class RequestLimits(FlagRecord):
         "bytes of request bodies held at once by all requests in "
         "flight, REST and gRPC (503 beyond); at least --max-body-bytes",
     )
-    max_batch_size: int = flag(256, "examples per request (413 above)")
+    max_request_instances: int = flag(256, "examples (instances) in one request (413 above)")
     max_image_pixels: int = flag(4096 * 4096, "pixels an encoded image may decode to, read from its header (413 above)")
     max_aspect_ratio: float = flag(8.0, "longer/shorter side of an encoded image (413 above)", at_least=1)
     max_request_pixels: int = flag(64 * 1024 * 1024, "pixels of all encoded images of one request (413 above)")
@@ -105,29 +105,34 @@ class RequestLimits(FlagRecord):
         """The limits ``rest.check_inputs`` applies (keyword arguments)."""
         return {
             name: getattr(self, name)
-            for name in ("max_batch_size", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")
+            for name in ("max_request_instances", "max_image_pixels", "max_aspect_ratio", "max_request_pixels")
         }
 
 
 
-def serve_parser():
-    parser = argparse.ArgumentParser(
-        prog="keras-preact-serve",
-        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2), with Prometheus metrics.")
+def _common_arguments(parser, prog, port, port_help):
+    """The flags both commands share: what is served, where, and on which runtime (one definition for both)."""
     parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
-    parser.add_argument(
-        "--port", type=int, default=8501, help="port (default 8501, TF Serving's REST port; 0: any free port)"
-    )
+    parser.add_argument("--port", type=int, default=port, help=f"{port_help} (default %(default)s)")
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1, loopback only)")
     parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument("--grpc-port", type=int, default=None,
-                        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this port (TF "
-                             "Serving's is 8500; 0: any free port; default: no gRPC). Needs TensorFlow and "
-                             "pip install 'keras-preact[grpc]'")
-    RequestLimits.add_arguments(parser.add_argument_group("request limits"))
-    batching_flags = parser.add_argument_group(
+    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
+                        help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
+                             "the fastest installed for a format the version holds; the SavedModel's other "
+                             "signatures run on TensorFlow")
+    RequestLimits.add_arguments(parser.add_argument_group("request limits"), server_only=prog == SERVE)
+    return parser.add_argument_group(
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")
+
+
+SERVE, SERVE_RAY = "keras-preact-serve", "keras-preact-serve-ray"
+DESCRIPTION = ("Serve the latest version of an exported model with TF Serving's REST API and KServe's Open Inference "
+               "Protocol (v2), with Prometheus metrics")
+
+
+def serve_parser():
+    parser = argparse.ArgumentParser(prog=SERVE, description=DESCRIPTION + ".")
+    batching_flags = _common_arguments(parser, SERVE, DEFAULT_PORT, "port (TF Serving's REST port; 0: any free port)")
     batching_flags.add_argument(
         "--enable-batching",
         action=argparse.BooleanOptionalAction,
@@ -135,46 +140,27 @@ def serve_parser():
         help=f"batch concurrent requests (default {'on' if DEFAULT_ENABLE_BATCHING else 'off'})",
     )
     BatchingOptions.add_arguments(batching_flags)
-    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
-                        help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
-                             "the fastest installed for a format the version holds; the SavedModel's other "
-                             "signatures run on TensorFlow")
+    parser.add_argument("--grpc-port", type=int, default=None,
+                        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this port (TF "
+                             "Serving's is 8500; 0: any free port; default: no gRPC). Needs TensorFlow and "
+                             "pip install 'keras-preact[grpc]'")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 
 
-
 def ray_parser():
     parser = argparse.ArgumentParser(
-        prog="keras-preact-serve-ray",
-        description="Serve the latest version of an exported model with TF Serving's REST API and KServe's Open "
-                    "Inference Protocol (v2) from Ray Serve replicas.")
-    parser.add_argument("model_base_path", help="model directory holding numeric version folders (saved_models/<name>)")
+        prog=SERVE_RAY, description=DESCRIPTION + " from Ray Serve replicas, each batching its requests (@serve.batch)."
+    )
+    BatchingOptions.add_arguments(_common_arguments(
+        parser, SERVE_RAY, DEFAULT_PORT, "HTTP port of Ray Serve's proxy on every node (1-65535)"))
     parser.add_argument(
         "--replicas", type=int, default=DEFAULT_REPLICAS, help="Ray Serve replicas, each a process with the model"
     )
     parser.add_argument(
-        "--port", type=int, default=DEFAULT_PORT, help=f"HTTP port of Ray Serve's proxy (default {DEFAULT_PORT})"
-    )
-    parser.add_argument("--host", default="127.0.0.1",
-                        help="address Ray Serve's proxy binds on every node (default 127.0.0.1, loopback only)")
-    parser.add_argument(
         "--address",
         default=None,
         help="Ray cluster to deploy onto ('auto': the one `ray start` runs here; default: start one here)",
-    )
-    parser.add_argument("--model-name", default=None, help="name in the URL (default: the directory name)")
-    parser.add_argument(
-        "--batching-max-size",
-        type=int,
-        default=DEFAULT_BATCHING_MAX_SIZE,
-        help="examples in one model call of a replica; a larger request runs alone (as keras-preact-serve's)",
-    )
-    parser.add_argument(
-        "--batching-timeout-ms",
-        type=float,
-        default=DEFAULT_BATCHING_TIMEOUT_MS,
-        help="milliseconds the oldest request of a replica's batch waits for more (as keras-preact-serve's)",
     )
     parser.add_argument("--replica-cpus", type=float, default=1.0, help="CPUs Ray reserves for each replica")
     parser.add_argument("--max-replicas-per-node", type=int, default=None,
@@ -185,9 +171,4 @@ def ray_parser():
     )
     parser.add_argument("--object-store-memory", type=int, default=None,
                         help="bytes of the object store of the Ray instance started here (default: Ray's)")
-    parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
-                        help="what runs serving_default, as keras-preact-serve's --runtime (default auto: the fastest "
-                             "installed for a format the version holds)")
-    RequestLimits.add_arguments(parser.add_argument_group("request limits"), server_only=False)
     return parser
-

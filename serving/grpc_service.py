@@ -71,7 +71,7 @@ def check_model_spec(model, model_spec, call):
                                                 f"{model_spec.version.value}); loaded version is {model.version}.")
 
 
-def _tensor(spec, proto, max_batch_size):
+def _tensor(spec, proto, max_request_instances):
     """An input's array; dtype, shape, batch and integer range checked from the ``TensorProto`` before reading
     values."""
     expected = tf.dtypes.as_dtype(spec.dtype)
@@ -85,8 +85,8 @@ def _tensor(spec, proto, max_batch_size):
         raise RequestError(f"Input '{spec.name}' has an unknown rank; send its shape.")
     shape = tuple(dim.size for dim in proto.tensor_shape.dim)
     rest.check_shape(shape, spec)
-    if shape[0] > max_batch_size:
-        raise RequestError(f"Batch size {shape[0]} exceeds the limit of {max_batch_size}.", 413)
+    if shape[0] > max_request_instances:
+        raise RequestError(f"Batch size {shape[0]} exceeds the limit of {max_request_instances}.", 413)
     if expected.is_integer:
         rest.check_range({tf.int64: proto.int64_val, tf.uint32: proto.uint32_val, tf.uint64: proto.uint64_val}.get(
             expected, proto.int_val), spec)
@@ -111,7 +111,8 @@ def decode_predict_request(model, request, call, **limits):
     if set(request.inputs) != set(specs):
         raise RequestError(f"The request must have exactly the inputs {sorted(specs)} of signature "
                            f"'{signature_name}'; got {[_short(name) for name in sorted(request.inputs)[:5]]}.")
-    inputs = {name: _tensor(spec, request.inputs[name], limits["max_batch_size"]) for name, spec in specs.items()}
+    most = limits["max_request_instances"]
+    inputs = {name: _tensor(spec, request.inputs[name], most) for name, spec in specs.items()}
     rest.check_inputs(specs, inputs, **limits)
     return signature_name, inputs
 

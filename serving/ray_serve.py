@@ -1,6 +1,7 @@
-"""``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging
-the predict requests it gets (docs/export-and-serving.md, "Scale-out on Ray Serve")."""
+"""``keras-preact-serve-ray``: ``keras-preact-serve``'s application in Ray Serve replicas, each merging the predict
+requests it gets with Ray Serve's ``@serve.batch`` (docs/export-and-serving.md, "Scale-out on Ray Serve")."""
 
+import asyncio
 import dataclasses
 import errno
 import functools
@@ -15,24 +16,62 @@ import threading
 import ray
 from ray import serve
 
-from keras_preact_serving import flags
+from keras_preact_serving import batching, connections, flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.batching import BatchingOptions, check_number
-from keras_preact_serving.flags import (
-    DEFAULT_BATCHING_MAX_SIZE,
-    DEFAULT_BATCHING_TIMEOUT_MS,
-    DEFAULT_REPLICAS,
-    MAX_REPLICAS_PER_NODE,
-)
+from keras_preact_serving.flags import DEFAULT_REPLICAS, MAX_REPLICAS_PER_NODE
 from keras_preact_serving.servable import Servable, check_runtime
 from keras_preact_serving.server import PortInUse, load_error_line, port_in_use
-
-PROXY_RUNTIME_ENV = {"worker_process_setup_hook": "keras_preact_serving.connections.ray_proxy_setup_hook"}
 
 
 def replica_headers():
     """The reply header naming the Ray Serve replica (called in the replica, by the app's lifespan)."""
     return {"X-Replica-Id": serve.get_replica_context().replica_id.unique_id}
+
+
+class ServeBatcher(batching.MergedCalls):
+    """A replica's batcher: Ray Serve's ``@serve.batch`` gathers the concurrent predict requests of the replica (at most
+    ``batching_max_size`` examples, counted by its ``batch_size_fn``; the first waits at most ``batching_timeout_ms``
+    for more; ``batching_threads`` gathered lists run at once), and each list runs as ``Batcher`` runs a batch: one
+    model call per signature and per-example shapes, rerun request by request if it fails. A request of more than
+    ``batching_max_size`` examples runs alone, as ``Batcher``'s does."""
+
+    def __init__(self, predict, options=None):
+        super().__init__(predict, options)
+        self.options = options = self.options
+        self._waiting = 0
+        self._gathered = serve.batch(
+            max_batch_size=options.batching_max_size, batch_wait_timeout_s=options.batching_timeout_ms / 1000,
+            max_concurrent_batches=options.batching_threads, batch_size_fn=lambda batch: sum(p.size for p in batch),
+        )(self._run_gathered)
+
+    async def submit(self, signature_name, inputs):
+        """``keras_preact_serving.batching.Batcher.submit``: a ``BatchResult`` (raises the request's own error)."""
+        pending = self.pending(signature_name, inputs)
+        self._waiting += 1
+        try:
+            if pending.size > self.options.batching_max_size:
+                await asyncio.to_thread(self.run, [pending])
+            else:
+                await self._gathered(pending)
+        finally:
+            self._waiting -= 1
+        return pending.future.result()
+
+    async def _run_gathered(self, batch):
+        """What ``@serve.batch`` calls with the requests it gathered: each merge key's requests in one model call."""
+        keys = {}
+        for pending in batch:
+            keys.setdefault(batching.merge_key(pending.signature_name, pending.inputs), []).append(pending)
+        await asyncio.to_thread(lambda: [self.run(same) for same in keys.values()])
+        return [None] * len(batch)  # each request's result is its future's
+
+    def queued(self):
+        """Requests this replica holds that have not been answered yet."""
+        return self._waiting
+
+    def close(self):
+        """Nothing to stop: Ray Serve's batch queue belongs to the replica."""
 
 
 class TFServingReplica:
@@ -82,17 +121,27 @@ def build_app(
     *,
     model_name=None,
     replicas=DEFAULT_REPLICAS,
-    batching_max_size=DEFAULT_BATCHING_MAX_SIZE,
-    batching_timeout_ms=DEFAULT_BATCHING_TIMEOUT_MS,
     replica_cpus=1.0,
     max_replicas_per_node=None,
     limits=None,
+    batching=None,
     runtime="auto",
-    **limit_values,
+    **values,
 ):
     """The Ray Serve application (for ``serve.run``), every argument checked first; ``model_base`` read by every
-    node."""
-    limits = dataclasses.replace(limits or RequestLimits(), **limit_values)
+    node. Fields of ``RequestLimits`` and ``BatchingOptions`` may be given by name, as to ``server.make_server``.
+
+    Examples:
+        >>> serve.run(build_app("saved_models/cifar", replicas=2, batching_max_size=8))  # doctest: +SKIP
+    """
+    limit_names = {field.name for field in dataclasses.fields(RequestLimits)}
+    batching_names = {field.name for field in dataclasses.fields(BatchingOptions)}
+    unknown = sorted(set(values) - limit_names - batching_names)
+    if unknown:
+        raise TypeError(f"build_app() got unexpected keyword arguments {unknown}")
+    limits = dataclasses.replace(limits or RequestLimits(), **{k: v for k, v in values.items() if k in limit_names})
+    options = dataclasses.replace(batching or BatchingOptions(),
+                                  **{k: v for k, v in values.items() if k in batching_names})
     check_number("replicas", replicas)
     check_number("replica_cpus", replica_cpus, real=True, at_least=0)
     if max_replicas_per_node is not None and (
@@ -100,17 +149,15 @@ def build_app(
             or not 1 <= max_replicas_per_node <= MAX_REPLICAS_PER_NODE):
         raise ValueError(f"Invalid max_replicas_per_node={max_replicas_per_node!r}: expected None (no limit) or an "
                          f"integer from 1 to {MAX_REPLICAS_PER_NODE}.")
-    options = BatchingOptions(batching_max_size, batching_timeout_ms)  # both checked (keras-preact-serve's flags)
-    max_ongoing = 2 * options.batching_max_size  # one merged call running and the next one filling, per replica
     model_base = pathlib.Path(model_base).resolve()
     check_runtime(model_base, runtime)  # valid and installed here for some version (else Value/ImportError)
     model_name = model_name_or_default(model_base, model_name)
-    state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits,
-                         dataclasses.replace(options, batching_max_queue=max_ongoing), identify=replica_headers,
-                         load_in_background=True, wait_for_load=True)  # ``TFServingReplica``
+    state = ServingState(functools.partial(Servable, model_name, str(model_base), runtime=runtime), limits, options,
+                         identify=replica_headers, load_in_background=True, wait_for_load=True,
+                         batcher=ServeBatcher)  # ``TFServingReplica``
     deployment = serve.deployment(
         serve.ingress(create_app(state))(TFServingReplica), name=model_name, num_replicas=replicas,
-        ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=max_ongoing,
+        ray_actor_options={"num_cpus": replica_cpus}, max_ongoing_requests=options.batching_max_queue,
         max_replicas_per_node=max_replicas_per_node)
     return deployment.bind()
 
@@ -133,8 +180,7 @@ def main(argv=None):
             args.model_base_path,
             model_name=args.model_name,
             replicas=args.replicas,
-            batching_max_size=args.batching_max_size,
-            batching_timeout_ms=args.batching_timeout_ms,
+            batching=BatchingOptions.from_args(args),
             replica_cpus=args.replica_cpus,
             max_replicas_per_node=args.max_replicas_per_node,
             limits=RequestLimits.from_args(args),
@@ -162,9 +208,9 @@ def main(argv=None):
         )  # no usage statistics unless asked (a cluster keeps its own)
         # "local": an instance of its own (else Ray joins the latest cluster started here, and refuses --num-cpus)
         ray.init(address="local", num_cpus=args.num_cpus, object_store_memory=args.object_store_memory,
-                 include_dashboard=False, runtime_env=PROXY_RUNTIME_ENV)
+                 include_dashboard=False, runtime_env=connections.ray_runtime_env(args.request_timeout))
     else:
-        ray.init(address=args.address, runtime_env=PROXY_RUNTIME_ENV)
+        ray.init(address=args.address, runtime_env=connections.ray_runtime_env(args.request_timeout))
         nodes = sum(node["Alive"] for node in ray.nodes())
         if needed > nodes:
             waiting = args.replicas - nodes * args.max_replicas_per_node

@@ -43,8 +43,8 @@ def _reject_constant(name):
     raise RequestError(f"Invalid JSON body: {name} is not a finite number (strict JSON has no NaN or Infinity).")
 
 
-def max_values(input_specs, max_batch_size):
-    """The most JSON values ``max_batch_size`` examples of a signature's inputs hold, plus 1,000 (None: unbounded
+def max_values(input_specs, max_request_instances):
+    """The most JSON values ``max_request_instances`` examples of a signature's inputs hold, plus 1,000 (None: unbounded
     dims)."""
     def example(spec):  # its nested lists and numbers, a row object, a {"b64": ...} object per string
         dims = spec.shape[1:]
@@ -52,7 +52,7 @@ def max_values(input_specs, max_batch_size):
 
     if any(None in spec.shape[1:] for specs in input_specs.values() for spec in specs.values()):
         return None
-    return max_batch_size * max(sum(map(example, specs.values())) for specs in input_specs.values()) + 1000
+    return max_request_instances * max(sum(map(example, specs.values())) for specs in input_specs.values()) + 1000
 
 
 def load_json(body, max_values):
@@ -60,7 +60,7 @@ def load_json(body, max_values):
     count = 1 + body.count(b",") + body.count(b"[") + body.count(b"{")
     if max_values is not None and count > max_values:
         raise RequestError(f"The JSON body of up to {count} values (counting ',', '[' and '{{') exceeds the limit of "
-                           f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
+                           f"{max_values} values (--max-request-instances examples of this model's inputs).", 413)
     try:
         return json.loads(body, parse_constant=_reject_constant)
     except (UnicodeDecodeError, json.JSONDecodeError) as error:
@@ -154,13 +154,13 @@ def check_shape(shape, spec):
         raise RequestError(f"Input '{spec.name}' is an empty batch; send at least one example.")
 
 
-def check_inputs(specs, inputs, *, max_batch_size, **image_limits):
+def check_inputs(specs, inputs, *, max_request_instances, **image_limits):
     """A 400 unless ``inputs`` have one batch size; a 413 past the limits (the batch, ``check_encoded_images``)."""
     sizes = {a.shape[0] for a in inputs.values()}
     if len(sizes) != 1:
         raise RequestError(f"All inputs must have the same batch size; got {sorted(sizes)}.")
-    if max(sizes) > max_batch_size:
-        raise RequestError(f"Batch size {max(sizes)} exceeds the limit of {max_batch_size}.", 413)
+    if max(sizes) > max_request_instances:
+        raise RequestError(f"Batch size {max(sizes)} exceeds the limit of {max_request_instances}.", 413)
     encoded = {n: a for n, a in inputs.items() if specs[n].dtype == "string"}
     if encoded:
         check_encoded_images(encoded, **image_limits)

@@ -14,11 +14,10 @@ import sys
 import threading
 
 import uvicorn
-from uvicorn._compat import asyncio_run
 
 from keras_preact_serving import batching, flags
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
-from keras_preact_serving.connections import BoundedH11Protocol
+from keras_preact_serving.connections import MAX_INCOMPLETE_EVENT_SIZE, GuardedEventLoop
 from keras_preact_serving.flags import DEFAULT_ENABLE_BATCHING
 from keras_preact_serving.servable import NoVersionLoads, Servable, check_runtime, one_line
 
@@ -67,9 +66,12 @@ class Server:
                              "interface).") from None
         self.server_address = self.socket.getsockname()
         limits = state.limits
+        # uvicorn's documented settings; what they do not cover (a deadline on a whole request from the connection's
+        # start, the connection cap at once, a JSON 400) is the event loop's (``connections.GuardedEventLoop``).
         config = uvicorn.Config(
             create_app(state),
-            http=functools.partial(BoundedH11Protocol, max_connections=limits.max_connections),
+            http="h11",
+            h11_max_incomplete_event_size=MAX_INCOMPLETE_EVENT_SIZE,
             ws="none",
             lifespan="off",  # ``_serve`` starts and closes the state around REST and gRPC
             proxy_headers=False,
@@ -77,13 +79,13 @@ class Server:
             backlog=LISTEN_BACKLOG,
             timeout_keep_alive=limits.request_timeout,
             timeout_graceful_shutdown=DRAIN_TIMEOUT,
-            log_config=uvicorn.config.LOGGING_CONFIG if verbose else None,
+            **({} if verbose else {"log_config": None}),  # uvicorn's own logging when verbose
             log_level="info" if verbose else "warning",
             access_log=verbose,
         )
         self._uvicorn = uvicorn.Server(config)
         self._stopped = threading.Event()
-        self._loop = config.get_loop_factory()()  # uvicorn's (uvloop when installed)
+        self._loop = GuardedEventLoop(limits.max_connections, limits.request_timeout)
         self.grpc_address = self.grpc_server = None
         if grpc_port is not None:
             from keras_preact_serving import grpc_service
@@ -117,7 +119,7 @@ class Server:
             sig: signal.signal(sig, self._uvicorn.handle_exit) for sig in (signal.SIGINT, signal.SIGTERM) if main
         }
         try:
-            asyncio_run(self._serve(), loop_factory=lambda: self._loop)
+            run_until_closed(self._loop, self._serve())
         finally:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
@@ -158,6 +160,25 @@ class Server:
                 self._loop.run_until_complete(self.grpc_server.stop(None))
             self._loop.close()
         self.state.close()
+
+
+def run_until_closed(loop, main):
+    """``asyncio.run(main)`` on ``loop`` (``asyncio.run``'s ``loop_factory`` needs Python 3.12): then the tasks
+    left cancelled, asynchronous generators and the default executor shut down, and ``loop`` closed."""
+    asyncio.set_event_loop(loop)
+    try:
+        return loop.run_until_complete(main)
+    finally:
+        try:
+            left = asyncio.all_tasks(loop)
+            for task in left:
+                task.cancel()
+            loop.run_until_complete(asyncio.gather(*left, return_exceptions=True))
+            loop.run_until_complete(loop.shutdown_asyncgens())
+            loop.run_until_complete(loop.shutdown_default_executor())
+        finally:
+            asyncio.set_event_loop(None)
+            loop.close()
 
 
 def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, limits=None,

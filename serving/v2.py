@@ -68,7 +68,7 @@ def model_metadata(model, signature_name="serving_default"):
     }
 
 
-def model_config(model, max_batch_size, batching=None):
+def model_config(model, max_request_instances, batching=None):
     """Triton's model configuration of ``model_metadata``'s signature; ``dims`` leave the batch out."""
     metadata = model_metadata(model)
 
@@ -80,7 +80,7 @@ def model_config(model, max_batch_size, batching=None):
         "name": model.name,
         "platform": metadata["platform"],
         "version_policy": {"latest": {"num_versions": 1}},
-        "max_batch_size": max_batch_size,
+        "max_batch_size": max_request_instances,
         "input": tensors(metadata["inputs"]),
         "output": tensors(metadata["outputs"]),
     }
@@ -143,7 +143,7 @@ def parse_request(body, header_length, max_values):
             )
         if max_values is not None and math.prod(shape) > max_values:
             raise RequestError(f"Input '{name}' of shape {shape}: {math.prod(shape)} elements exceeds the limit of "
-                               f"{max_values} values (--max-batch-size examples of this model's inputs).", 413)
+                               f"{max_values} values (--max-request-instances examples of this model's inputs).", 413)
         parameters = _object(entry.get("parameters", {}), f"Input '{name}''s 'parameters'")
         if "data" in entry and "binary_data_size" in parameters:
             raise RequestError(

@@ -35,7 +35,7 @@ def exported(tmp_path_factory, export_copy):
 
 def start(exported, batching):
     """(server, port, signatures) of a make_server on ``exported``, serving in a thread."""
-    server = make_server(exported.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
+    server = make_server(exported.parent, port=0, max_request_instances=MAX_BATCH, max_body_bytes=MAX_BODY,
                          enable_batching=batching)
     assert (server.batcher is not None) == batching
     threading.Thread(target=server.serve_forever, daemon=True).start()

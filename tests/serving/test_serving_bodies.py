@@ -27,7 +27,7 @@ pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 SIZE = 60_000_000
 INFER = "/v2/models/m/infer"
 MAX_VALUES = 16 * 4 + 1000  # 16 examples of x: a row object, a list and 2 numbers each; 1,000 for the rest
-LIMIT = f"exceeds the limit of {MAX_VALUES} values (--max-batch-size examples of this model's inputs)."
+LIMIT = f"exceeds the limit of {MAX_VALUES} values (--max-request-instances examples of this model's inputs)."
 
 
 def echo_model():
@@ -43,7 +43,7 @@ def echo_model():
 
 def serve(connection):
     """The server process: serves ``echo_model`` (at most 16 examples: 64 MB bodies), sends its port."""
-    state = app.ServingState(echo_model, app.RequestLimits(max_batch_size=16))
+    state = app.ServingState(echo_model, app.RequestLimits(max_request_instances=16))
     state.start()
     served = Running(state)
     connection.send(served.port)

@@ -141,6 +141,23 @@ def test_pipelined_requests_are_answered_in_order(served):
         assert read_reply(stream)[2] == {"predictions": [4.0]}
 
 
+def test_a_whole_request_handled_longer_than_the_timeout_is_answered_not_timed_out(served):
+    """Headers and body in separate writes (as http.client sends them), then 1.5 x TIMEOUT in the model: the
+    request arrived whole, so its deadline is over: 200, not 408. The next request on the kept-alive connection gets
+    its own deadline from its first byte, and its 200 too."""
+    request = predict_request([[2.0, 1.5 * TIMEOUT]])
+    head, body = request.split(b"\r\n\r\n", 1)
+    with socket.create_connection(("127.0.0.1", served), timeout=30) as sock:
+        stream = sock.makefile("rb")
+        sock.sendall(head + b"\r\n\r\n")
+        time.sleep(0.2)
+        sock.sendall(body)
+        assert read_reply(stream)[::2] == (200, {"predictions": [2.0 + 1.5 * TIMEOUT]})
+        time.sleep(0.5 * TIMEOUT)  # idle between requests: the next one's deadline has not started
+        sock.sendall(predict_request([[1.0, 0.0]], "close"))
+        assert read_reply(stream)[::2] == (200, {"predictions": [1.0]})
+
+
 def test_a_body_shorter_than_its_content_length_times_out_with_408(served):
     port = served
     start = time.perf_counter()

@@ -43,7 +43,7 @@ def start(exported, batching):
     """(server, (REST port, gRPC port, batching)) of a make_server serving in a thread."""
     from keras_preact_serving.server import make_server
 
-    server = make_server(exported.parent, port=0, grpc_port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY,
+    server = make_server(exported.parent, port=0, grpc_port=0, max_request_instances=MAX_BATCH, max_body_bytes=MAX_BODY,
                          enable_batching=batching)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     return server, (server.server_address[1], server.grpc_address[1], batching)

@@ -99,7 +99,7 @@ def labels(**values):
 
 def started(model, batching=None, **kwargs):
     state = app.ServingState(
-        lambda: model, app.RequestLimits(max_batch_size=16, max_body_bytes=1_000_000), batching, **kwargs
+        lambda: model, app.RequestLimits(max_request_instances=16, max_body_bytes=1_000_000), batching, **kwargs
     )
     if not kwargs.get("load_in_background"):
         state.start()

@@ -65,7 +65,7 @@ def export_served(tmp_path_factory, export_copy):
     from keras_preact_serving.server import make_server
 
     path = export_copy(tmp_path_factory.mktemp("saved_models"), "cifar")
-    server = make_server(path.parent, port=0, max_batch_size=16, max_body_bytes=1_000_000, enable_batching=True)
+    server = make_server(path.parent, port=0, max_request_instances=16, max_body_bytes=1_000_000, enable_batching=True)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()

@@ -94,8 +94,9 @@ CLUSTER_ENV = {
 
 
 def run_entry_point(*args, env=None, **kwargs):
+    path = os.pathsep.join(filter(None, [REPO, os.environ.get("PYTHONPATH")]))
     return [sys.executable, "-c", ENTRY_POINT, *args], {
-        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": REPO, **(env or {})}, **kwargs}
+        "env": {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONPATH": path, **(env or {})}, **kwargs}
 
 
 def stop_entry_point(process):
@@ -176,7 +177,7 @@ def reference(signatures):
 @pytest.fixture(scope="module")
 def local(exported):
     """The single-process server on the same SavedModel, with the same limits: the reference."""
-    server = make_server(exported.parent, port=0, max_batch_size=MAX_BATCH, max_body_bytes=MAX_BODY)
+    server = make_server(exported.parent, port=0, max_request_instances=MAX_BATCH, max_body_bytes=MAX_BODY)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     yield server.server_address[1]
     server.shutdown()
@@ -230,7 +231,7 @@ def served(cluster, exported, signatures, tmp_path_factory):
         "8",
         "--batching-timeout-ms",
         "50",
-        "--max-batch-size",
+        "--max-request-instances",
         str(MAX_BATCH),
         "--max-body-bytes",
         str(MAX_BODY),
@@ -463,7 +464,8 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
     assert capsys.readouterr().err == (
         "keras-preact-serve-ray: warning: --replicas 3 with --max-replicas-per-node 1 needs 3 nodes and the cluster "
         "has 2: 1 replica(s) wait for nodes to join, and this command until they run (the others serve meanwhile)\n")
-    assert calls == [("init", {"address": "auto", "runtime_env": ray_serve.PROXY_RUNTIME_ENV}), ("delete", "cifar"),
+    runtime_env = ray_serve.connections.ray_runtime_env(30.0)
+    assert calls == [("init", {"address": "auto", "runtime_env": runtime_env}), ("delete", "cifar"),
                      ("shutdown",)]
     assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "4", "--max-replicas-per-node", "2"]) == 0
     assert capsys.readouterr().err == ""
@@ -663,6 +665,49 @@ def test_mixed_signatures_merge_and_an_undecodable_image_fails_alone(served):
         code, reply, _ = results[i]
         assert code == 200, reply
         np.testing.assert_allclose(reply["predictions"][0]["probabilities"], reference["probabilities"][i], atol=1e-6)
+
+
+@serve.deployment(max_ongoing_requests=64)
+class _BatcherProbe:
+    """A replica holding the batcher ``build_app`` gives each replica (``ServeBatcher``) around a counting model."""
+
+    def __init__(self, options):
+        from keras_preact_serving.ray_serve import ServeBatcher
+
+        self.calls = []
+        self.batcher = ServeBatcher(self.predict, options)
+
+    def predict(self, signature_name, inputs):
+        self.calls.append(len(inputs["x"]))
+        time.sleep(0.2)
+        return {"y": inputs["x"] * 2}
+
+    async def __call__(self, requests):
+        import asyncio
+
+        results = await asyncio.gather(*(self.batcher.submit("s", {"x": np.full((size, 2), i, np.float32)})
+                                         for i, size in enumerate(requests)))
+        return self.calls, [(r.call, r.call_size, r.outputs["y"][:, 0].tolist()) for r in results]
+
+
+def test_a_replica_batches_with_serve_batch(cluster):
+    """In a Ray Serve replica, the replica's batcher is Ray Serve's ``@serve.batch``, set from the
+    ``BatchingOptions`` flags: 6 concurrent requests of 1-2 examples (8 in all) are one model call of 8
+    (``batch_size_fn`` counts examples, not requests), each request gets its own rows, and a request over
+    ``batching_max_size`` runs alone. (Outside a replica ``@serve.batch`` refuses to run: so this runs in one.)"""
+    from keras_preact_serving.batching import BatchingOptions
+
+    options = BatchingOptions(batching_max_size=8, batching_timeout_ms=2000)
+    handle = serve.run(_BatcherProbe.bind(options), name="batcher-probe", route_prefix=None)
+    try:
+        calls, results = handle.remote([1, 2, 1, 2, 1, 1]).result(timeout_s=120)
+        assert calls == [8]
+        assert [(call, size) for call, size, _ in results] == [(1, 8)] * 6
+        assert [rows for _, _, rows in results] == [[0.0], [2.0, 2.0], [4.0], [6.0, 6.0], [8.0], [10.0]]
+        calls, results = handle.remote([9]).result(timeout_s=120)
+        assert calls == [8, 9] and results == [(2, 9, [0.0] * 9)]
+    finally:
+        serve.shutdown()  # Serve started here with its default HTTP options: the commands below start their own
 
 
 def test_without_address_it_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, served, reference):

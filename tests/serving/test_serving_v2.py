@@ -167,8 +167,8 @@ def test_errors_are_v2_json_with_the_rest_status(numpy_served):
 
 
 @pytest.mark.notf
-def test_a_batch_of_exactly_max_batch_size_is_served_on_every_route(numpy_served):
-    """--max-batch-size 16: 16 examples are answered (v2 binary and JSON, v1 ``instances`` as rows or row objects
+def test_a_batch_of_exactly_max_request_instances_is_served_on_every_route(numpy_served):
+    """--max-request-instances 16: 16 examples are answered (v2 binary and JSON, v1 ``instances`` as rows or row objects
     and ``inputs``, whose JSON value count is at its bound), 17 refused with 413."""
     running, client = numpy_served
     values = np.arange(32, dtype=np.float32).reshape(16, 2)
@@ -474,7 +474,7 @@ def test_not_ready_until_warmed_up():
 # ----------------------------------------------------------------------------- a real export (TensorFlow)
 @pytest.fixture(scope="module", params=[False, True], ids=["unbatched", "batched"])
 def tf_served(exported, request):
-    served = server.make_server(exported.parent, port=0, max_batch_size=16, enable_batching=request.param)
+    served = server.make_server(exported.parent, port=0, max_request_instances=16, enable_batching=request.param)
     running = Running(served.state, served)
     yield running, httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
     running.close()
