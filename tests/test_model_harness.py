@@ -1,9 +1,12 @@
 """Every registered network through the same checks (timm's tests/test_models.py, keras-hub's
 ``run_backbone_test``): forward and backward, ``.keras`` round trip, mixed precision, pyramid
 outputs, channels_first. The paper's headline depths (the registry's ``slow`` networks: ResNet-1001/1202,
-ImageNet 101/152/200) are checked in test_models.py instead, each built once at its smallest input;
-channels_first of a network deeper than another of its design (family and block) runs here under the ``slow``
-marker; the shallowest CIFAR network of a design checks it at two units per stage."""
+ImageNet 101/152/200) are checked in test_models.py instead, each built once at its smallest input. A network
+deeper than another of its design (family and block: CIFAR ResNet-32/44/56/110, ImageNet ResNet-34) runs these
+checks under the ``slow`` marker, as timm's tests leave out the larger variants: its builder, layers and units are
+its design's shallowest network's, checked here at that network's registered depth, and its own depth is checked
+where depth matters, by the exact parameter counts and builds of test_models.py. channels_first is checked on the
+shallowest CIFAR network of a design at two units per stage."""
 
 import numpy as np
 import pytest
@@ -39,9 +42,10 @@ def _block(name):
 
 
 def _deeper_of_a_design():
-    """The networks with a shallower one of the same family and block in the registry. ``data_format`` is a
-    property of the layers: the shallowest network of each design checks it, the deeper ones only add
-    XLA compile time on TensorFlow's CPU (ResNet-164: ~60 s), so they run with the ``slow`` ones."""
+    """The networks with a shallower one of the same family and block in the registry: this file's checks are
+    properties of the layers and the builder, which the shallowest network of each design exercises; the deeper
+    ones only add tracing and XLA compile time on a CI core (ResNet-110's forward, backward and round trip:
+    ~17 s), so they run with the ``slow`` ones."""
     shallowest = {}
     for name in sorted(list_models(), key=lambda n: model_spec(n).arguments["depth"]):
         shallowest.setdefault((model_spec(name).family, _block(name)), name)
@@ -73,7 +77,7 @@ def test_every_model_is_in_the_harness():
     assert HEADLINE == slow
 
 
-@pytest.mark.parametrize("name", _models())
+@pytest.mark.parametrize("name", _models(slow=_deeper_of_a_design()))
 def test_forward_backward_saving_and_pyramid_outputs(name, rng):
     """One build per network (building and tracing hundreds of units is most of the cost): forward and
     backward, the ``.keras`` round trip, and the pyramid outputs of its backbone."""
@@ -85,7 +89,7 @@ def test_forward_backward_saving_and_pyramid_outputs(name, rng):
     support.run_pyramid_outputs_test(model.backbone, images)
 
 
-@pytest.mark.parametrize("name", _models())
+@pytest.mark.parametrize("name", _models(slow=_deeper_of_a_design()))
 def test_mixed_precision(name, rng):
     images, _ = _batch(name, rng)
     support.run_mixed_precision_test(

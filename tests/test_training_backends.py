@@ -226,7 +226,7 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
                    "--export-dir", str(tmp_path / "exported"), "--verbose", "0")
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     assert "[train] summary" in done.stdout and "Traceback" not in done.stderr
-    # Issue 38: the summary's accuracy and error are fractions under their keys (test_error was a percentage
+    # The summary's accuracy and error are fractions under their keys (test_error was a percentage
     # beside the fraction test_accuracy), as in metrics.json.
     summary = done.stdout.split("[train] summary", 1)[1]
     assert_printed_fractions(summary, {"test_accuracy", "test_error"})
@@ -256,7 +256,8 @@ def test_default_command_and_what_needs_tensorflow(tmp_path):
     saved_model_only = tmp_path / "saved_models" / "m" / "1"
     saved_model_only.mkdir(parents=True)
     (saved_model_only / "saved_model.pb").write_bytes(b"")
-    serve = subprocess.run([sys.executable, "-c", "import sys, serving as s; sys.exit(s.main(sys.argv[1:]))",
+    serve = subprocess.run([sys.executable, "-c",
+                            "import sys, keras_preact_serving as s; sys.exit(s.main(sys.argv[1:]))",
                             str(saved_model_only.parent)], cwd=REPO, env=env(), capture_output=True, text=True,
                            timeout=120)
     assert serve.returncode == 2 and serve.stderr.strip().splitlines() == [
