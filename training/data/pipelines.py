@@ -13,7 +13,6 @@ augmentation (shorter side in [256, 480]) + 224 crop + flip. Evaluation: the sin
 
 import concurrent.futures
 import math
-import os
 
 import keras
 import numpy as np
@@ -21,7 +20,15 @@ import numpy as np
 from keras_preact.preprocessing import InputConfig, decode_image, eval_view, resize_shorter_side
 
 from ..recipe.configs import MODEL_NORMALIZATION, NORMALIZATIONS, PIXEL_MEAN
-from .sources import ArrayData, DataError, FolderFiles, StreamData, has_tensorflow, require_tensorflow
+from .sources import (
+    ArrayData,
+    DataError,
+    FolderFiles,
+    StreamData,
+    decode_threads,
+    require_tensorflow,
+    resolve_pipeline,
+)
 
 # Pad 4 and crop back (paper). fb.resnet.torch (datasets/cifar10.lua L43-48) normalises first and pads
 # with zeros, i.e. with the mean: every pipeline here pads after normalization too.
@@ -292,8 +299,8 @@ class FolderBatches(keras.utils.PyDataset):
 
     @staticmethod
     def default_workers():
-        """Decoding threads: one per core (at most 8)."""
-        return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
+        """Decoding threads: one per core (at most 8; ``sources.decode_threads``)."""
+        return decode_threads()
 
     @property
     def num_batches(self):
@@ -327,20 +334,6 @@ class FolderBatches(keras.utils.PyDataset):
 def numpy_array_eval(images, labels, batch_size, *, mean, std, raw=False):
     """Normalised test batches (uint8 ones with ``raw=True``), re-readable every epoch."""
     return ArrayBatches(images, labels, batch_size, mean=None if raw else mean, std=std)
-
-
-def resolve_pipeline(config):
-    """``auto``: tf.data on the TensorFlow backend (the fastest CPU path measured), else ``device``
-    (uint8 batches from numpy, augmentation and normalization in the compiled step)."""
-    import keras
-
-    if config.pipeline != "auto":
-        return config.pipeline
-    if keras.backend.backend() == "tensorflow" and has_tensorflow():
-        return "tf_data"
-    return "device" if config.augmentation in ("cifar", "none") else "tf_data"
-
-
 
 
 def pipelines(data, config, batch_size, *, start_step=0):
