@@ -299,11 +299,10 @@ def make_callbacks(run):
                                                    model=run.classifier))
     (run.run_dir / "tensorboard").mkdir(exist_ok=True)
     if run.tensorboard_dir:
-        tensorboard = keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch")
-        # Per epoch, with no profile, its batch hooks write nothing (no step's writer is set): they may run off
-        # the loop, as Keras' CallbackList allows for callbacks that set ``async_safe``.
-        tensorboard.async_safe = True
-        callbacks.append(tensorboard)
+        # Not async_safe: its first batch end writes the model's graph through ``self.model``, which on JAX syncs
+        # the training state into the variables; from Keras' dispatch thread that raced the loop's next step
+        # ("Array has been deleted"). With TensorBoard the batch end stays on the loop.
+        callbacks.append(keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch"))
     elif run.is_chief:
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
               "(pip install tensorflow tensorboard); history.csv and curves.png hold the curves.")
