@@ -328,13 +328,8 @@ def folder(data_dir, cache_dir=None, skip_bad_images=False, image_size=None, cro
     shorter side to the size over ``crop_fraction``, the centre crop), so images of any size train;
     None: as decoded (one size). ``validation_split``: the fraction of each class held out as the test
     split when the folder has no test/ or val/ part (``split_files``)."""
-    (train_files, train_labels, classes), (test_files, test_labels, test_classes) = folder_lists(
+    (train_files, train_labels, classes), (test_files, test_labels) = matched_folder_lists(
         data_dir, validation_split, seed)
-    if test_classes != classes:
-        raise DataError(
-            f"Class folders differ between the train ({len(classes)}) and test ({len(test_classes)}) splits of "
-            f"{data_dir}: {sorted(set(classes) ^ set(test_classes))[:5]}."
-        )
     view = None if image_size is None else (tuple(image_size), float(crop_fraction))
     return ArrayData(
         *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images, view),
@@ -618,11 +613,9 @@ def choose_folder_decoding(config, streaming):
                     "tf.data, a larger --decoded-budget-mib, or --image-size smaller.")
 
 
-def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0, validation_split=0.0, seed=0):
-    """An image folder streamed without TensorFlow (``FolderFiles``): its lists, nothing decoded.
-
-    A file that does not start like an image (``image_format``) fails naming it, or with ``skip_bad_images`` is
-    left out (counted); a file that starts like one but does not decode fails when its batch is read."""
+def matched_folder_lists(data_dir, validation_split, seed):
+    """``folder_lists`` whose train and test splits have the same class folders (else ``DataError``):
+    ((train files, labels, classes), (test files, labels))."""
     (train_files, train_labels, classes), (test_files, test_labels, test_classes) = folder_lists(
         data_dir, validation_split, seed)
     if test_classes != classes:
@@ -630,6 +623,16 @@ def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0,
             f"Class folders differ between the train ({len(classes)}) and test ({len(test_classes)}) splits of "
             f"{data_dir}: {sorted(set(classes) ^ set(test_classes))[:5]}."
         )
+    return (train_files, train_labels, classes), (test_files, test_labels)
+
+
+def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0, validation_split=0.0, seed=0):
+    """An image folder streamed without TensorFlow (``FolderFiles``): its lists, nothing decoded.
+
+    A file that does not start like an image (``image_format``) fails naming it, or with ``skip_bad_images`` is
+    left out (counted); a file that starts like one but does not decode fails when its batch is read."""
+    (train_files, train_labels, classes), (test_files, test_labels) = matched_folder_lists(
+        data_dir, validation_split, seed)
     splits = []
     for files, labels in ((train_files, train_labels), (test_files, test_labels)):
         keep = np.asarray([_starts_like_an_image(f) for f in files], bool)
