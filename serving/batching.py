@@ -157,6 +157,7 @@ class Batcher(MergedCalls):
         self._queues = {}  # merge key -> deque of _Pending, oldest first
         self._queued = 0
         self._closed = False
+        self._flushing = False  # once the server is told to exit: no batch waits for its timeout
         self._threads = [threading.Thread(target=self._work, name=f"keras-preact-batcher-{i}", daemon=True)
                          for i in range(options.batching_threads)]
         for thread in self._threads:
@@ -193,6 +194,13 @@ class Batcher(MergedCalls):
         with self._condition:
             return self._queued
 
+    def flush(self):
+        """From now on no batch waits for ``batching_timeout_ms``: what is queued runs at once, as do later calls
+        (a server told to exit drains its requests in flight within its grace period, whatever the timeout)."""
+        with self._condition:
+            self._flushing = True
+            self._condition.notify_all()
+
     def close(self):
         """Run what is queued, then stop and join every batch thread (idempotent); later calls get a 503."""
         with self._condition:
@@ -225,7 +233,7 @@ class Batcher(MergedCalls):
                 continue
             now = time.monotonic()
             ready = [key for key, queue in self._queues.items()
-                     if self._closed or now >= queue[0].arrival + self._timeout
+                     if self._closed or self._flushing or now >= queue[0].arrival + self._timeout
                      or sum(p.size for p in queue) >= self.options.batching_max_size]
             if ready:
                 return self._take(min(ready, key=lambda key: self._queues[key][0].arrival))

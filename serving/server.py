@@ -128,25 +128,28 @@ class Server:
     async def _serve(self):
         """REST and gRPC on one loop, both drained once told to exit (a second Ctrl-C aborts), then the state closes."""
         async with self.state.running():
-            grpc_drained = None
             if self.grpc_server is not None:
                 await self.grpc_server.start()
-                grpc_drained = asyncio.ensure_future(self._drain_grpc())
+            drained = asyncio.ensure_future(self._drain())
             try:
                 await self._uvicorn.serve(sockets=[self.socket])  # until should_exit, then REST drained
             finally:
                 self._uvicorn.should_exit = True
-                if grpc_drained is not None:
-                    while not grpc_drained.done() and not self._uvicorn.force_exit:
-                        await asyncio.wait([grpc_drained], timeout=0.1)
-                    if not grpc_drained.done():  # a second Ctrl-C: abort the RPCs left
-                        await self.grpc_server.stop(None)
-                    await grpc_drained
+                while not drained.done() and not self._uvicorn.force_exit:
+                    await asyncio.wait([drained], timeout=0.1)
+                if not drained.done() and self.grpc_server is not None:  # a second Ctrl-C: abort the RPCs left
+                    await self.grpc_server.stop(None)
+                await drained
 
-    async def _drain_grpc(self):
+    async def _drain(self):
+        """Once told to exit: the batcher runs what it holds now (a batching timeout longer than the grace period
+        would otherwise outlast it), and gRPC refuses new RPCs (UNAVAILABLE) while those in flight finish."""
         while not self._uvicorn.should_exit:  # polled as uvicorn polls it
             await asyncio.sleep(0.1)
-        await self.grpc_server.stop(DRAIN_TIMEOUT)  # refuses new RPCs (UNAVAILABLE), lets those in flight finish
+        if self.state.batcher is not None:
+            self.state.batcher.flush()
+        if self.grpc_server is not None:
+            await self.grpc_server.stop(DRAIN_TIMEOUT)
 
     def shutdown(self):
         """Stop serving (as SIGTERM does) and wait until ``serve_forever`` has returned."""

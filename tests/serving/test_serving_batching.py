@@ -101,6 +101,25 @@ def test_a_full_batch_runs_at_once_and_the_first_request_waits_at_most_the_timeo
     assert model.calls == [("pixels", 1)]
 
 
+def test_flush_runs_what_is_queued_at_once_and_later_calls_without_waiting():
+    """A server told to exit flushes its batcher: a request queued for a 60 s timeout (longer than the server's
+    30 s drain) runs at once, and so does a request arriving after the flush."""
+    model = Model()
+    with Batcher(model.predict, BatchingOptions(batching_max_size=4, batching_timeout_ms=60000)) as batcher:
+        result = {}
+        waiting = threading.Thread(target=lambda: result.update(batcher.predict("pixels", {"x": pixels(1, 0)})))
+        waiting.start()
+        while batcher.queued() < 1:
+            time.sleep(0.01)
+        started = time.perf_counter()
+        batcher.flush()
+        waiting.join(30)
+        batcher.predict("pixels", {"x": pixels(1, 1)})
+        waited = time.perf_counter() - started
+    assert waited < 10 and model.calls == [("pixels", 1), ("pixels", 1)], (waited, model.calls)
+    np.testing.assert_array_equal(result["total"], pixels(1, 0).reshape(1, -1).sum(axis=1))
+
+
 def test_signatures_and_shapes_are_never_merged():
     model = Model()
     requests = (

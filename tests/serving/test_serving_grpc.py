@@ -19,6 +19,8 @@ import time
 import numpy as np
 import pytest
 
+from keras_preact_serving.server import DRAIN_TIMEOUT
+
 HAS_GRPC = all(importlib.util.find_spec(m) is not None for m in ("tensorflow", "grpc", "tensorflow_serving"))
 needs_grpc = pytest.mark.skipif(not HAS_GRPC, reason="needs TensorFlow and the grpc extra")
 
@@ -588,12 +590,13 @@ def queue_depth(port, model):
 @needs_grpc
 def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(exported):
     """keras-preact-serve --grpc-port with every batching flag, named resnet, holding 4 REST and 4 gRPC
-    requests (a 30 s batching timeout; SIGTERM once the metrics show all 8 waiting): all 8 get their predictions
-    (the export's top 3), then the process exits 0. (One process for both protocols; test_serving's console test
+    requests (a 120 s batching timeout, longer than the 30 s drain: the batcher runs them once told to exit; SIGTERM
+    once the metrics show all 8 waiting): all 8 get their predictions (the export's top 3), then the process exits 0
+    well within the drain. (One process for both protocols; test_serving's console test
     serves unbatched.)"""
     process = subprocess.Popen(
         [sys.executable, "-m", "keras_preact_serving.server", str(exported.parent), "--port", "0", "--grpc-port", "0",
-         "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "30000", "--batching-max-size", "64",
+         "--model-name", "resnet", "--enable-batching", "--batching-timeout-ms", "120000", "--batching-max-size", "64",
          "--batching-max-queue", "10", "--batching-threads", "2"],
         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, env=ENV)
     try:
@@ -627,9 +630,11 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
             assert time.monotonic() < deadline, queue_depth(rest_port, "resnet")
             time.sleep(0.05)
         process.send_signal(signal.SIGTERM)
+        signalled = time.monotonic()
         for t in threads:
             t.join(60)
         assert process.wait(timeout=60) == 0
+        assert time.monotonic() - signalled < DRAIN_TIMEOUT, time.monotonic() - signalled
     finally:
         process.kill()
     reference = tf.saved_model.load(str(exported)).signatures["serving_default"](images=tf.constant(pool))
