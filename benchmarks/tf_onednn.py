@@ -20,40 +20,23 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1]))
+
+from benchmarks.fresh_process_step import median_ms, same_model_and_batch  # noqa: E402
 
 
 def child(args):
-    import keras
     import numpy as np
 
-    from keras_preact.models import create_model
-
-    keras.utils.set_random_seed(0)
-    model = create_model(args.model)
-    model.compile(optimizer=keras.optimizers.SGD(0.1, momentum=0.9), loss="sparse_categorical_crossentropy")
-    weights = pathlib.Path(args.work) / "initial.weights.h5"
-    if weights.exists():
-        model.load_weights(weights)
-    else:
-        model.save_weights(weights)
-    rng = np.random.default_rng(0)
-    images = rng.normal(size=(args.batch_size, *model.input_shape[1:])).astype("float32")
-    labels = rng.integers(0, model.output_shape[-1], (args.batch_size,)).astype("int32")
+    model, images, labels = same_model_and_batch(args.model, args.batch_size, args.work)
     predictions = model.predict_on_batch(images)
     model.train_on_batch(images, labels)
     updated = np.concatenate([np.ravel(w) for w in model.get_weights()])
     np.savez(pathlib.Path(args.work) / f"{args.child}-{args.round}.npz", predictions=predictions, updated=updated)
 
     def timed(step):
-        for _ in range(args.warmup):
-            step()
-        times = []
-        for _ in range(args.steps):
-            start = time.perf_counter()
-            step()
-            times.append((time.perf_counter() - start) * 1000)
-        return statistics.median(times)
+        return median_ms(step, args.warmup, args.steps)
 
     from tensorflow.python.util import _pywrap_util_port
 

@@ -275,6 +275,24 @@ def encode_image(pixels, fmt="JPEG", **options):
     return buffer.getvalue()
 
 
+FLOWER_CLASSES = ["daisy", "rose", "tulip"]
+
+
+def write_flower_folder(root, size, per_class=8):
+    """``root`` holding 3 classes (``FLOWER_CLASSES``) x ``per_class`` images of ``size`` (height, width), PNG and
+    JPEG alternately, one folder per class and no test split; each class brightest in its own channel."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for label, name in enumerate(FLOWER_CLASSES):
+        (root / name).mkdir(parents=True)
+        for i in range(per_class):
+            pixels = rng.uniform(0, 80, (*size, 3))
+            pixels[..., label] += 160
+            Image.fromarray(pixels.astype("uint8")).save(root / name / f"{i}.{'png' if i % 2 else 'jpg'}")
+    return root
+
+
 def photo_like(height, width, seed=0):
     """A smooth uint8 RGB test image (gradients and blobs, no noise), as a JPEG would hold a photo."""
     rng = np.random.default_rng(seed)

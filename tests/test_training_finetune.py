@@ -11,26 +11,15 @@ import pytest
 from keras_preact.models import create_model
 from keras_preact_training import cli
 from keras_preact_training.data import sources
-from support import TRAIN_JIT_COMPILE, to_numpy
+from support import FLOWER_CLASSES, TRAIN_JIT_COMPILE, to_numpy, write_flower_folder
 
-CLASSES = ["daisy", "rose", "tulip"]
+CLASSES = FLOWER_CLASSES
 
 
 @pytest.fixture
 def flowers(tmp_path):
     """3 classes x 8 images of 40 x 50 pixels (PNG and JPEG), one folder per class and no test split."""
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for label, name in enumerate(CLASSES):
-        (tmp_path / "flowers" / name).mkdir(parents=True)
-        for i in range(8):
-            pixels = rng.uniform(0, 80, (40, 50, 3))
-            pixels[..., label] += 160
-            Image.fromarray(pixels.astype("uint8")).save(
-                tmp_path / "flowers" / name / f"{i}.{'png' if i % 2 else 'jpg'}"
-            )
-    return tmp_path / "flowers"
+    return write_flower_folder(tmp_path / "flowers", (40, 50))
 
 
 @pytest.fixture
