@@ -44,9 +44,6 @@ def test_the_config_leaves_steps_per_execution_to_the_app_and_checks_a_given_one
         configs.get_config("synthetic-resnet8", steps_per_execution=0)
 
 
-@pytest.mark.skipif(keras.backend.backend() == "jax", reason="open defect: after a JAX run with "
-                    "steps_per_execution > 1, the next training in the same process fails in model.fit "
-                    "('Array has been deleted')")
 @pytest.mark.parametrize("requested", [None, 4])
 def test_a_run_compiles_and_announces_the_chosen_steps_per_execution(tmp_path, monkeypatch, capsys, requested):
     """On a (faked) GPU the run takes 3 steps per call (6 steps per epoch, backups every 3), says so in its
