@@ -338,6 +338,37 @@ def test_bad_image_files_are_named_or_skipped_with_a_count(tmp_path, capsys):
     assert list(data.train_labels) == [0] * 12 + [1] * 12  # labels follow the kept files
 
 
+@pytest.mark.core
+@pytest.mark.skipif(keras.backend.backend() != "jax", reason="the JAX trainer's state sync (jax_state_sync)")
+def test_two_runs_in_one_process_on_jax_sync_the_training_state_on_the_loop_only(tmp_path, monkeypatch):
+    """On JAX a callback's ``self.model`` syncs the trainer's state into the variables (``jax_state_sync``). From
+    the thread Keras dispatches batch ends to, that raced the loop's next step, which donates that state: the
+    variables were left holding deleted buffers and the run failed in model.fit ("Array has been deleted"), most
+    often the second run of a process. Two runs of a (faked) GPU's 3 steps per compiled call, the first without
+    TensorBoard (the batch ends off the loop), the second with it where installed: both finish, and every sync
+    happens on the loop's thread."""
+    import threading
+
+    from keras_preact_training.machine import execution
+
+    monkeypatch.setattr(execution, "device_kind", lambda backend=None: "gpu")
+    loop, off_loop = threading.current_thread(), []
+    original = keras.Model.jax_state_sync
+
+    def jax_state_sync(self):
+        if threading.current_thread() is not loop:
+            off_loop.append(threading.current_thread().name)
+        return original(self)
+
+    monkeypatch.setattr(keras.Model, "jax_state_sync", jax_state_sync)
+    config = tiny(tmp_path, epochs=1, steps_per_epoch=6, checkpoint_every=3)
+    with monkeypatch.context() as without_tensorboard:
+        without_tensorboard.setattr(train_lib, "has_tensorboard", lambda: False)
+        assert train_lib.train(config.replace(run_dir=str(tmp_path / "first")))["steps"] == 6
+    assert train_lib.train(config.replace(run_dir=str(tmp_path / "second")))["steps"] == 6
+    assert off_loop == []
+
+
 # -------------------------------------------------------------------------------- validation
 @pytest.mark.parametrize("argv, message", [
     (["--lr", "nan"], "base_lr=nan: a finite non-negative number is required"),

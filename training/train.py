@@ -278,7 +278,8 @@ def make_callbacks(run):
     """Epoch timer, CSV history, backups and the NaN stop, health signals; TensorBoard on the chief.
 
     None of them reads a device value on every step (no ``on_train_batch_end`` but the health signals' every
-    ``health_every`` steps), so Keras on JAX and PyTorch runs the batch-end callbacks off the training loop."""
+    ``health_every`` steps), so Keras on JAX and PyTorch runs the batch-end callbacks off the training loop; not
+    with TensorBoard, whose batch end reads the model (on JAX only the loop's thread may sync its state)."""
     config, data = run.config, run.data
     # Multi-worker: every worker restored the chief's backup (the weights are in sync), so all resume at
     # one step; each still writes its own (saving may run collectives).
@@ -299,9 +300,11 @@ def make_callbacks(run):
                                                    model=run.classifier))
     (run.run_dir / "tensorboard").mkdir(exist_ok=True)
     if run.tensorboard_dir:
-        # Not async_safe: its first batch end writes the model's graph through ``self.model``, which on JAX syncs
-        # the training state into the variables; from Keras' dispatch thread that raced the loop's next step
-        # ("Array has been deleted"). With TensorBoard the batch end stays on the loop.
+        # Not async_safe: its first batch end reads ``self.model`` (for the train graph), and on JAX that property
+        # syncs the trainer's state into the variables (``jax_state_sync``). From the thread Keras' CallbackList
+        # dispatches async-safe batch ends to, the sync raced the loop's next step, which donates that state: the
+        # variables were left holding deleted buffers, marked in sync, and the run's validation or next run
+        # failed in model.fit ("Array has been deleted"). With TensorBoard the batch ends stay on the loop.
         callbacks.append(keras.callbacks.TensorBoard(str(run.tensorboard_dir), update_freq="epoch"))
     elif run.is_chief:
         print("[train] TensorBoard event files skipped: they need TensorFlow and tensorboard "
