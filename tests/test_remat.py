@@ -1,6 +1,6 @@
-"""Rematerialisation (issue 26): ``remat=`` changes memory, not math. Per policy, the loss and every
-gradient of CIFAR ResNet-164 equal the network's without remat (ResNet-29 on JAX, whose jit compile of
-the 164-layer step alone takes minutes on CPU), the recomputation really happens, BN moving statistics
+"""Rematerialisation: ``remat=`` changes memory, not math. Per policy, the loss and every gradient of
+CIFAR ResNet-29 (bottleneck, 3 units per stage: every kind of unit, and every way a policy groups them)
+equal the network's without remat, the recomputation really happens, BN moving statistics
 move once per step, ``keras-preact-train --remat`` trains the same weights, and saved files and exports
 do not depend on it. Runs on every backend, with or without TensorFlow."""
 
@@ -35,8 +35,11 @@ from support import run_config_echo_test, to_numpy
 # in the TensorFlow pass only (building ImageNet networks op by op is slow on JAX).
 checkpointed = remat_lib.run_checkpointed
 BACKEND = keras.backend.backend()
-# CIFAR ResNet-164 (bottleneck, 54 units); on JAX ResNet-29 (9 units): see the module docstring.
-DEPTH = 29 if BACKEND == "jax" else 164
+# CIFAR ResNet-29 (bottleneck, 9 units, 3 per stage): each stage's strided, projecting first unit and units on
+# identity shortcuts; "units" checkpoints each, "stages" three of three, "segments:4" across stage boundaries with a
+# shorter last one. ResNet-164's 54 units add only depth, the same checkpoints 18 times a stage (and took ~70 s of a
+# CI core per backend; the JAX jit compile of its step alone, minutes).
+DEPTH = 29
 POLICIES = ["units", "stages", "segments:4"]  # 4 does not divide the units: a shorter last segment
 TOLERANCE = 1e-5
 REPO = pathlib.Path(__file__).resolve().parents[1]
