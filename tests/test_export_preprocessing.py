@@ -170,13 +170,22 @@ IMAGENET18 = {
 
 
 @pytest.mark.parametrize("build", sorted(IMAGENET18))
-def test_every_way_to_build_an_imagenet_model_serves_its_evaluation_view(build, tmp_path):
+def test_every_way_to_build_an_imagenet_model_carries_its_input_config_to_the_export(build):
+    """Whichever way a 224 ResNet-18 was built, the input config an export takes from the model (the only thing
+    of the model the export's preprocessing reads) is ImageNet's: ``imagenet_resnet`` once built none, and its
+    export served another crop. The test below serves one such export end to end."""
+    from keras_preact.export.version_dir import carried
+
+    model = IMAGENET18[build]()
+    assert model.input_config == IMAGENET
+    assert carried(model, None, None, None)[0] is model.input_config
+
+
+def test_an_imagenet_model_serves_its_evaluation_view(tmp_path):
     """Exported with ``mean``/``std`` only, a 224 ResNet-18 serves ``serving_bytes`` of a 500 x 375 photo
-    through ImageNet's evaluation view (shorter side 256, centre 224), whichever way it was built: the
-    input config comes with the model (``imagenet_resnet`` once built none, and served another crop)."""
-    keras.utils.clear_session(free_memory=False)
+    through ImageNet's evaluation view (shorter side 256, centre 224), the input config its builder gave it."""
     keras.utils.set_random_seed(0)
-    model = randomize_statistics(IMAGENET18[build]())
+    model = randomize_statistics(IMAGENET18["PreActResNet18"]())
     path = export_saved_model(model, tmp_path, name="resnet18", mean=IMAGENET.mean, std=IMAGENET.std, top_k=1)
     served = tf.saved_model.load(str(path)).signatures["serving_bytes"](image_bytes=tf.constant(JPEGS[:1]))
     np.testing.assert_allclose(served["probabilities"].numpy()[0], evaluated(model, JPEGS[0], IMAGENET),
