@@ -29,7 +29,7 @@ from keras_preact.models import registry
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11+
 
-pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
+pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.docs]
 
 REPO = pathlib.Path(__file__).resolve().parent.parent
 PAGES = ["README.md"] + sorted(str(p.relative_to(REPO)) for p in (REPO / "docs").rglob("*.md"))

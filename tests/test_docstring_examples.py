@@ -24,7 +24,7 @@ import io
 import pytest
 
 # The examples build Keras models and run them: they run on every backend, TensorFlow-free included.
-pytestmark = [pytest.mark.core, pytest.mark.notf]
+pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.docs]
 
 MODULES = [
     "keras_preact",
