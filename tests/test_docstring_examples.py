@@ -23,7 +23,7 @@ import io
 
 import pytest
 
-# The examples build Keras models and run them: they run on every backend, TensorFlow-free included.
+# The examples build Keras models and run them, TensorFlow-free included (CI: on TensorFlow and PyTorch, marker docs).
 pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.docs]
 
 MODULES = [
