@@ -392,14 +392,22 @@ def local_spec(model_name, weights):
     return WeightsSpec(name="local", file=str(path), origin="file", source=kind, **extra)
 
 
+def checkpoint_input_config(spec):
+    """The preprocessing ``spec``'s checkpoint was trained with: a registered keras-hub preset's image converter
+    (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache), else the
+    ``input_config`` the spec names (None: the network's own)."""
+    if spec.origin == "keras_hub":
+        from keras_preact.models.presets import IMAGENET_INPUT
+
+        return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or IMAGENET_INPUT)
+    return spec.input_config
+
+
 def resolve(model_name, spec):
     """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes)."""
     path = spec.checked_path(model_name) if spec.origin != "file" else converted_path(model_name, spec)
     if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
-        from keras_preact.models.presets import IMAGENET_INPUT
-
-        spec = dataclasses.replace(spec, input_config=keras_hub_input_config(fetch_keras_hub(spec),
-                                                                             spec.input_config or IMAGENET_INPUT))
+        spec = dataclasses.replace(spec, input_config=checkpoint_input_config(spec))
     if spec.origin == "file" and spec.source != "package":
         import h5py
 

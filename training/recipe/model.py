@@ -35,9 +35,9 @@ def init_input_config(config):
     weights = config.init_weights
     if weights and finetune.is_local(weights) and not sources.is_checkpoint(weights):
         own = finetune.local_source(weights, spec.name).input_config
-    else:  # a registered weights name, or a timm / keras-hub / keras.applications checkpoint (its pretrained config)
+    else:  # a registered weights name (a keras-hub preset's: its image converter), or another library's checkpoint
         chosen = choose(spec.name, spec.weights, weights)
-        own = chosen.input_config if chosen is not None else None
+        own = sources.checkpoint_input_config(chosen) if chosen is not None else None
     return own if own is not None else spec.input_config
 
 
