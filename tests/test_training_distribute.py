@@ -2,6 +2,7 @@
 devices, JAX multi-process via keras.distribution.initialize, TF MultiWorkerMirroredStrategy with two
 workers on loopback (training killed and resumed in sync, and a check that the Keras fix is still needed)."""
 
+import csv
 import json
 import os
 import pathlib
@@ -128,6 +129,44 @@ def test_jax_multi_process_data_parallel(tmp_path):
     # Both processes hold the same (replicated) model: identical test metrics.
     assert results[0]["test_loss"] == pytest.approx(results[1]["test_loss"], rel=1e-6)
     assert (tmp_path / "run" / "model.keras").exists() and (tmp_path / "run" / "worker-1" / "history.csv").exists()
+
+
+@pytest.mark.notf
+def test_jax_multi_process_data_parallel_streams_a_folder(tmp_path):
+    """``keras-preact-train finetune-folder --distribute data-parallel`` in 2 JAX processes on a folder streamed from
+    its files (``--decoded-budget-mib 0``): each process decodes its slice of every global batch (which slice:
+    ``test_training_folder_stream.py``), both finish with the same test metrics, the chief writes the run."""
+    only_in_the_jax_pass()
+    from keras_preact.models import create_model
+    from support import write_flower_folder
+
+    flowers = write_flower_folder(tmp_path / "flowers", (20, 30), per_class=12)  # 33 train, 3 held out
+    weights = tmp_path / "source.weights.h5"
+    create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(16, 16, 3)).save_weights(weights)
+    port = free_port()
+    argv = ["finetune-folder", "--init-weights", str(weights), "--depth", "8", "--image-size", "16", "16",
+            "--data-dir", str(flowers),
+            "--epochs", "1", "--steps-per-epoch", "3", "--batch-size", "2", "--head-fraction", "0",
+            "--decoded-budget-mib", "0", "--pipeline", "device", "--distribute", "data-parallel",
+            "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache"), "--no-export",
+            "--verbose", "0", "--jit-compile", "auto"]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "keras_preact_training.cli", *argv], cwd=REPO, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "KERAS_BACKEND": "jax", "PYTHONPATH": str(REPO),
+                 "KERAS_DISTRIBUTION_JOB_ADDRESSES": f"localhost:{port}",
+                 "KERAS_DISTRIBUTION_NUM_PROCESSES": "2", "KERAS_DISTRIBUTION_PROCESS_ID": str(i)},
+        )
+        for i in range(2)
+    ]
+    outs = finish(procs, timeout=600)
+    assert [p.returncode for p in procs] == [0, 0], outs
+    assert "[data] folder streamed: 36 images at 16x16" in outs[0] and "on 2 replica(s) (data-parallel)" in outs[0]
+    metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    worker = list(csv.DictReader((tmp_path / "run" / "worker-1" / "history.csv").open()))[-1]
+    assert metrics["steps"] == 3
+    assert float(worker["val_loss"]) == pytest.approx(metrics["test_loss"], rel=1e-6)
 
 
 MULTIWORKER_ARGS = ["--depth", "8", "--image-size", "16", "16", "--batch-size", "16", "--verbose", "0",

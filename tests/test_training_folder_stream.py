@@ -111,3 +111,50 @@ def test_finetune_folder_streamed_through_the_command_line(flowers, tmp_path, ca
     model = keras.saving.load_model(run / "model.keras")
     assert model.class_names == tuple(CLASSES) and model.output_shape == (None, 3)
     assert json.loads((run / "config.json").read_text())["config"]["decoded_budget_mib"] == 0
+
+
+@pytest.mark.notf
+@pytest.mark.parametrize("pipeline", ["device", "numpy"])
+def test_each_process_streams_its_slice_of_the_in_memory_global_batches(tmp_path, pipeline):
+    """Multi-process data parallelism (2 processes) on a streamed folder: each process's training batches from any
+    step and its test batches (its slice of every whole global batch) are those of the in-memory path's shards
+    (``train.input_streams``, as a data-parallel run calls it)."""
+    import types
+
+    from keras_preact_training import train
+
+    flowers = write_flower_folder(tmp_path / "flowers", (20, 30), per_class=24)  # 66 train, 6 held-out images
+    config = _config(flowers, tmp_path, pipeline=pipeline, batch_size=4)
+    in_memory = sources.load(config.replace(decoded_budget_mib=1.0))
+    streamed = sources.load(config.replace(decoded_budget_mib=0))
+    assert isinstance(streamed, sources.FolderFiles) and len(streamed.test_labels) == 6
+    for index in (0, 1):
+        streams = {}
+        for name, data in (("in memory", in_memory), ("streamed", streamed)):
+            run = types.SimpleNamespace(config=config, data=data, sharded=True, pipeline=pipeline,
+                                        dist=types.SimpleNamespace(process_index=index, process_count=2))
+            streams[name] = train.input_streams(run)
+        (train_a, test_a), (train_b, test_b) = streams["in memory"], streams["streamed"]
+        for start in (0, 14):
+            expected, got = train_a(start), train_b(start)
+            for k in range(8):  # 66 images: the first epoch ends inside global batch 16
+                x, y = next(expected)
+                assert x.shape[0] == y.shape[0] == 2
+                np.testing.assert_array_equal(got[k][0], x, err_msg=f"process {index}, step {start + k}")
+                np.testing.assert_array_equal(got[k][1], y)
+        assert len(test_a) == len(test_b) == 1  # the one whole global batch of 4: 2 images each
+        np.testing.assert_array_equal(test_b[0][0], test_a[0][0])
+        np.testing.assert_array_equal(test_b[0][1], test_a[0][1])
+        assert len(test_b[0][1]) == 2
+
+
+@pytest.mark.any_backend
+@pytest.mark.notf
+def test_multi_process_evaluation_needs_one_whole_global_batch_of_test_images(tmp_path):
+    """6 held-out images: a global batch of 6 is accepted, 7 refused before any work, naming the argument."""
+    flowers = write_flower_folder(tmp_path / "flowers", (20, 30), per_class=24)  # 66 train, 6 held-out images
+    streamed = sources.load(_config(flowers, tmp_path, decoded_budget_mib=0))
+    pipelines.check_sharded_eval(streamed, _config(flowers, tmp_path, batch_size=6))
+    with pytest.raises(sources.DataError, match=r"^Invalid batch_size=7: multi-process data parallelism evaluates "
+                       r"whole global batches and the test split holds 6 images; at most 6\.$"):
+        pipelines.check_sharded_eval(streamed, _config(flowers, tmp_path, batch_size=7))

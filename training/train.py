@@ -188,9 +188,8 @@ def prepare(run, data):
     run.data = data.validate() if data is not None else sources.load(config)
     pipelines.check_image_size(run.data, config)
     pipelines.check_batch_size(run.data, config)
-    if run.sharded and isinstance(run.data, sources.FolderFiles):
-        raise sources.DataError("A folder streamed from its files trains in one process: pass a larger "
-                                "--decoded-budget-mib to hold it in memory, or --augmentation imagenet (tf.data).")
+    if run.sharded:
+        pipelines.check_sharded_eval(run.data, config)
     run.resolved = schedules.resolve(config, run.data.train_size)
     for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)
@@ -256,20 +255,25 @@ def input_streams(run):
     """(train_stream(step): the training batches from global ``step``, the test stream)."""
     config, data = run.config, run.data
     eval_data = data
-    if run.sharded and isinstance(data, sources.ArrayData):
-        test_images, test_labels = distribute.shard_eval(data.test_images, data.test_labels, config.batch_size,
-                                                         run.dist.process_index, run.dist.process_count)
+    shard = (run.dist.process_index, run.dist.process_count) if run.sharded else None
+    if shard and isinstance(data, sources.ArrayData):
+        test_images, test_labels = distribute.shard_eval(data.test_images, data.test_labels, config.batch_size, *shard)
         eval_data = dataclasses.replace(data, test_images=test_images, test_labels=test_labels)
+    elif shard and isinstance(data, sources.FolderFiles):  # the same positions, decoded from their files
+        pick = distribute.shard_eval_index(len(data.test_labels), config.batch_size, *shard)
+        eval_data = dataclasses.replace(data, test_files=[data.test_files[i] for i in pick],
+                                        test_labels=data.test_labels[pick])
 
     def train_stream(step):
+        if shard and isinstance(data, sources.FolderFiles):  # each process decodes its own slice
+            return pipelines.pipelines(data, config, config.batch_size, start_step=step, shard=shard)[0]
         stream, _ = pipelines.pipelines(data, config, config.batch_size, start_step=step)
-        if run.sharded:
-            shard = distribute.ShardedTrain(run.dist.process_index, run.dist.process_count)
-            stream = (shard.tf_data(stream, config.batch_size) if run.pipeline == "tf_data"
-                      else shard.numpy(stream))
+        if shard:
+            sharded = distribute.ShardedTrain(*shard)
+            stream = sharded.tf_data(stream, config.batch_size) if run.pipeline == "tf_data" else sharded.numpy(stream)
         return stream
 
-    per_process_batch = config.batch_size // run.dist.process_count if run.sharded else config.batch_size
+    per_process_batch = config.batch_size // shard[1] if shard else config.batch_size
     _, test_stream = pipelines.pipelines(eval_data, config, per_process_batch, start_step=0)
     return train_stream, test_stream
 

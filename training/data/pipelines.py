@@ -265,6 +265,9 @@ class FolderBatches(keras.utils.PyDataset):
     ``raw`` (``pipeline="device"``: augmentation and normalization run in the step,
     ``keras_preact_training.recipe.augment``), else normalised and augmented on the host (``host_augment``).
     Evaluation (``seed=None``): the files in order, the last batch short; normalised unless ``raw``.
+    ``shard=(index, count)`` (multi-process data parallelism): each training batch is process ``index``'s slice of
+    the global batch, as ``keras_preact_training.machine.distribute.ShardedTrain`` cuts the in-memory path's; with
+    ``raw`` only that slice is decoded, else the global batch is (the host augmentation draws for all of it).
     Each batch's files are decoded on ``workers`` threads (Pillow releases the GIL while it decodes and resizes).
     Keras' own ``workers`` (its enqueuer) are not used: an infinite dataset's enqueuer goes on counting across the
     iterator reset after the first ``fit`` peeks a batch to build the metrics, so that batch would be skipped and
@@ -289,10 +292,11 @@ class FolderBatches(keras.utils.PyDataset):
     """
 
     def __init__(self, data, split, batch_size, *, seed=None, start_step=0, augmentation="none", mean=None,
-                 std=None, raw=True, workers=None):
+                 std=None, raw=True, workers=None, shard=None):
         super().__init__(workers=1, use_multiprocessing=False)
         self.threads = self.default_workers() if workers is None else workers
         self.data, self.batch_size, self.seed, self.start_step = data, batch_size, seed, start_step
+        self.shard = shard
         self.files, self.labels = getattr(data, f"{split}_files"), getattr(data, f"{split}_labels")
         self.augmentation, self.mean, self.std, self.raw = augmentation, mean, std, raw
         self._pool = None
@@ -316,6 +320,16 @@ class FolderBatches(keras.utils.PyDataset):
         else:
             step = self.start_step + index
             index = batch_indices(len(self.labels), self.batch_size, self.seed, step)
+        own = slice(None)
+        if self.shard is not None and step is not None:
+            per = self.batch_size // self.shard[1]
+            own = slice(self.shard[0] * per, (self.shard[0] + 1) * per)
+            if self.raw:  # decode only this process's slice
+                index, own = index[own], slice(None)
+        x, y = self._decoded(index, step)
+        return x[own], y[own]
+
+    def _decoded(self, index, step):
         files = [self.files[i] for i in index]
         if self.threads > 1:
             if self._pool is None:
@@ -336,8 +350,9 @@ def numpy_array_eval(images, labels, batch_size, *, mean, std, raw=False):
     return ArrayBatches(images, labels, batch_size, mean=None if raw else mean, std=std)
 
 
-def pipelines(data, config, batch_size, *, start_step=0):
-    """(train stream, eval data) for ``model.fit``; the train stream is infinite."""
+def pipelines(data, config, batch_size, *, start_step=0, shard=None):
+    """(train stream, eval data) for ``model.fit``; the train stream is infinite. ``shard=(index, count)``: a
+    folder streamed from its files feeds process ``index``'s slice of each global training batch."""
     mean, std = pixel_stats(config, data)
     kind = resolve_pipeline(config)
     if kind == "tf_data":
@@ -358,7 +373,7 @@ def pipelines(data, config, batch_size, *, start_step=0):
                             "(--pipeline device).")
         stats = {"mean": mean, "std": std, "raw": kind == "device"}
         train = FolderBatches(data, "train", batch_size, seed=config.seed, start_step=start_step,
-                              augmentation=config.augmentation, **stats)
+                              augmentation=config.augmentation, shard=shard, **stats)
         return train, FolderBatches(data, "test", batch_size, **stats)
     if kind == "tf_data":
         make_train, make_eval, raw = tf_array_train, tf_array_eval, {}
@@ -377,6 +392,16 @@ def check_batch_size(data, config):
             f"Invalid batch_size={config.batch_size}: larger than the {data.train_size} training images; "
             f"at most {data.train_size}."
         )
+
+
+def check_sharded_eval(data, config):
+    """Multi-process data parallelism evaluates whole global batches (``distribute.shard_eval_index``): the test
+    split must hold one."""
+    tested = len(getattr(data, "test_labels", ()))
+    if isinstance(data, (ArrayData, FolderFiles)) and tested < config.batch_size:
+        raise DataError(
+            f"Invalid batch_size={config.batch_size}: multi-process data parallelism evaluates whole global batches "
+            f"and the test split holds {tested} images; at most {tested}.")
 
 
 def check_image_size(data, config):

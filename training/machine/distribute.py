@@ -133,11 +133,17 @@ def check_batch(batch_size, distribution):
 
 
 # ------------------------------------------------------------------ multi-process data sharding
+def shard_eval_index(n, batch_size, index, count):
+    """The test-set positions process ``index`` of ``count`` evaluates: its slice of every full global batch of
+    ``batch_size`` (multi-process data-parallel; a short last global batch is left out on every process)."""
+    per = batch_size // count
+    full = (n // batch_size) * batch_size
+    return np.concatenate([np.arange(k + index * per, k + (index + 1) * per) for k in range(0, full, batch_size)])
+
+
 def shard_eval(images, labels, batch_size, index, count):
     """This process's slices of the test set in global batches (multi-process data-parallel)."""
-    per = batch_size // count
-    full = (len(labels) // batch_size) * batch_size
-    pick = np.concatenate([np.arange(k + index * per, k + (index + 1) * per) for k in range(0, full, batch_size)])
+    pick = shard_eval_index(len(labels), batch_size, index, count)
     return images[pick], labels[pick]
 
 
