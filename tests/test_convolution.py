@@ -102,6 +102,63 @@ def test_outputs_and_gradients_equal_keras(kernel_size, strides, padding, use_bi
     assert len(fast_calls) == (2 if fast else 0)  # the call and the gradient's call
 
 
+@pytest.mark.parametrize("padding", [((1, 1), (1, 1)), ((2, 2), (0, 0)), ((0, 1), (0, 1))],
+                         ids=["symmetric", "rows only", "asymmetric"])
+@pytest.mark.parametrize("strides", [1, 2])
+def test_padded_input_equals_zero_padding_then_the_conv(padding, strides, rng, fast_calls):
+    """``padded_input(p)`` around our "valid" conv equals ``ZeroPadding2D(p)`` then Keras' conv, outputs and
+    gradients; a symmetric padding runs inside the fast path's ``conv2d`` (no padded copy), an asymmetric one
+    takes ``keras.ops.pad`` and Keras' path."""
+    theirs_conv, ours = pair((4, 9 + sum(padding[0]), 9 + sum(padding[1]), 6), rng, filters=5, kernel_size=3,
+                             strides=strides)
+    theirs = keras.Sequential([keras.layers.ZeroPadding2D(padding), theirs_conv])
+    x = rng.normal(size=SHAPE).astype("float32")
+    want = to_numpy(theirs(x))
+    with conv_lib.padded_input(padding):
+        got = to_numpy(ours(x))
+        upstream = rng.normal(size=want.shape).astype("float32")
+        grads_ours = gradients(ours, x, upstream)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got, want, **TOL)
+    for g_ours, g_theirs in zip(grads_ours, gradients(theirs, x, upstream)):
+        np.testing.assert_allclose(g_ours, g_theirs, **GRAD_TOL)
+    symmetric = padding[0][0] == padding[0][1] and padding[1][0] == padding[1][1]
+    assert len(fast_calls) == (2 if has_fast_path() and symmetric else 0)
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs_conv(x)), **TOL)  # after it: no padding
+
+
+def test_a_strided_unit_pads_inside_its_conv_on_pytorch(rng, monkeypatch):
+    """On PyTorch a unit's strided 3x3 conv takes its ``ZeroPadding2D`` inside ``conv2d`` (``residual_unit._run``):
+    forward and backward make no padded copy of the activation (``aten::constant_pad_nd``), and the unit's
+    outputs and gradients equal those of Keras' path (the fused layers off: the pad layer, then the conv)."""
+    if not has_fast_path():
+        pytest.skip("no fast path on this backend")
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    from keras_preact.layers import ResidualUnit, fused
+
+    unit = ResidualUnit(16, strides=2)
+    x = rng.normal(size=(4, 10, 10, 8)).astype("float32")
+    unit(x)
+    for variable in unit.weights:  # BN statistics and scales away from their initial 0/1
+        variable.assign(rng.uniform(0.5, 1.5, variable.shape).astype("float32"))
+    upstream = torch.tensor(rng.normal(size=(4, 5, 5, 16)).astype("float32"))
+
+    def run():
+        inputs = torch.tensor(x, requires_grad=True)
+        y = unit(inputs, training=False)
+        grads = torch.autograd.grad(y, [inputs, *[v.value for v in unit.trainable_weights]], upstream)
+        return [to_numpy(t) for t in (y, *grads)]
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        got = run()
+    assert [e.name for e in prof.events() if e.name == "aten::constant_pad_nd"] == []
+    monkeypatch.setattr(fused, "enabled", lambda: False)
+    for g, w in zip(got, run(), strict=True):
+        np.testing.assert_allclose(g, w, **GRAD_TOL)
+
+
 @pytest.mark.parametrize("kwargs, shape", [
     ({"kernel_size": 2, "padding": "same"}, SHAPE),              # even kernel: asymmetric padding
     ({"kernel_size": 3, "strides": 2, "padding": "same"}, SHAPE),

@@ -13,6 +13,7 @@ import keras
 from keras import ops
 
 from keras_preact.layers import options as opt
+from keras_preact.layers import convolution
 from keras_preact.layers.convolution import Conv2D
 from keras_preact.layers.unit_config import UnitConfig
 
@@ -82,8 +83,19 @@ class UnitPlan:
 
 
 def _run(steps, x, training):
-    for step in steps:
-        x = step(x, training)
+    """The steps in order; where the backend's convolution takes zero padding inside its kernel
+    (``convolution.folds_padding``), a strided conv's ``pad`` step is left to the conv (no padded copy)."""
+    fold, padding = convolution.folds_padding(), None
+    for i, step in enumerate(steps):
+        if fold and step.kind == "pad" and i + 1 < len(steps) and isinstance(steps[i + 1].op, Conv2D):
+            padding = step.op.padding
+            continue
+        if padding is None:
+            x = step(x, training)
+            continue
+        with convolution.padded_input(padding):
+            x = step(x, training)
+        padding = None
     return x
 
 
