@@ -12,8 +12,8 @@ import functools
 import keras
 from keras import ops
 
-from keras_preact.layers import options as opt
 from keras_preact.layers import convolution
+from keras_preact.layers import options as opt
 from keras_preact.layers.convolution import Conv2D
 from keras_preact.layers.unit_config import UnitConfig
 
