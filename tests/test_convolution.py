@@ -61,12 +61,12 @@ def pair(shape, rng, **kwargs):
     return layers
 
 
-def gradients(layer, x, upstream):
-    """d sum(layer(x) * upstream) / d (x, kernel[, bias]), with the backend's autodiff."""
+def gradients(layer, x, upstream, **kwargs):
+    """d sum(layer(x, **kwargs) * upstream) / d (x, kernel[, bias]), with the backend's autodiff."""
     from keras_preact.analysis.autodiff import get_autodiff
 
     def objective(values):  # stateless: JAX traces it
-        y, _ = layer.stateless_call(values[1:], [], values[0])
+        y, _ = layer.stateless_call(values[1:], [], values[0], **kwargs)
         return keras.ops.sum(y * keras.ops.convert_to_tensor(upstream)), None
 
     inputs = [keras.ops.convert_to_tensor(x), *(v.value for v in layer.trainable_variables)]
@@ -105,8 +105,8 @@ def test_outputs_and_gradients_equal_keras(kernel_size, strides, padding, use_bi
 @pytest.mark.parametrize("padding", [((1, 1), (1, 1)), ((2, 2), (0, 0)), ((0, 1), (0, 1))],
                          ids=["symmetric", "rows only", "asymmetric"])
 @pytest.mark.parametrize("strides", [1, 2])
-def test_padded_input_equals_zero_padding_then_the_conv(padding, strides, rng, fast_calls):
-    """``padded_input(p)`` around our "valid" conv equals ``ZeroPadding2D(p)`` then Keras' conv, outputs and
+def test_input_padding_equals_zero_padding_then_the_conv(padding, strides, rng, fast_calls):
+    """Our "valid" conv called with ``input_padding=p`` equals ``ZeroPadding2D(p)`` then Keras' conv, outputs and
     gradients; a symmetric padding runs inside the fast path's ``conv2d`` (no padded copy), an asymmetric one
     takes ``keras.ops.pad`` and Keras' path."""
     theirs_conv, ours = pair((4, 9 + sum(padding[0]), 9 + sum(padding[1]), 6), rng, filters=5, kernel_size=3,
@@ -114,21 +114,20 @@ def test_padded_input_equals_zero_padding_then_the_conv(padding, strides, rng, f
     theirs = keras.Sequential([keras.layers.ZeroPadding2D(padding), theirs_conv])
     x = rng.normal(size=SHAPE).astype("float32")
     want = to_numpy(theirs(x))
-    with conv_lib.padded_input(padding):
-        got = to_numpy(ours(x))
-        upstream = rng.normal(size=want.shape).astype("float32")
-        grads_ours = gradients(ours, x, upstream)
+    got = to_numpy(ours(x, input_padding=padding))
+    upstream = rng.normal(size=want.shape).astype("float32")
+    grads_ours = gradients(ours, x, upstream, input_padding=padding)
     assert got.shape == want.shape
     np.testing.assert_allclose(got, want, **TOL)
     for g_ours, g_theirs in zip(grads_ours, gradients(theirs, x, upstream)):
         np.testing.assert_allclose(g_ours, g_theirs, **GRAD_TOL)
     symmetric = padding[0][0] == padding[0][1] and padding[1][0] == padding[1][1]
     assert len(fast_calls) == (2 if has_fast_path() and symmetric else 0)
-    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs_conv(x)), **TOL)  # after it: no padding
+    np.testing.assert_allclose(to_numpy(ours(x)), to_numpy(theirs_conv(x)), **TOL)  # no padding left over
 
 
 def test_a_strided_unit_pads_inside_its_conv_on_pytorch(rng, monkeypatch):
-    """On PyTorch a unit's strided 3x3 conv takes its ``ZeroPadding2D`` inside ``conv2d`` (``residual_unit._run``):
+    """On PyTorch a unit's strided 3x3 conv takes its ``ZeroPadding2D`` inside ``conv2d`` (``input_padding``):
     forward and backward make no padded copy of the activation (``aten::constant_pad_nd``), and the unit's
     outputs and gradients equal those of Keras' path (the fused layers off: the pad layer, then the conv)."""
     if not has_fast_path():

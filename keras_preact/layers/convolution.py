@@ -21,38 +21,25 @@ so is every call on a Keras release outside ``fused.CHECKED_KERAS`` (the release
 Measured with ``benchmarks/conv_kernels.py`` (forward + backward, batch 128, ResNet-20's shapes).
 
 A residual unit's strided convolution is a ``ZeroPadding2D`` (the official code's symmetric padding) then a
-"valid" conv. On the fast path the unit leaves that padding to the conv (``padded_input``): ``conv2d`` pads inside
-its kernel instead of the pad layer writing a padded copy of the activation (on ResNet-20's 32x32x16 batch of 128,
-a 9.5 MB buffer zero-filled and copied each forward, and sliced back in the backward pass).
+"valid" conv. On the fast path the unit leaves that padding to the conv (``Conv2D.call``'s ``input_padding``):
+``conv2d`` pads inside its kernel instead of the pad layer writing a padded copy of the activation (for
+ResNet-20's 32x32x16 batch of 128, a 9.5 MB buffer zero-filled and copied each forward, sliced back in the
+backward pass).
 """
 
-import contextlib
 import contextvars
 
 import keras
 
 from keras_preact.layers import fused
 
-# The zero padding a caller left to the next convolution (``padded_input``): ((top, bottom), (left, right)).
+# The zero padding of the input being convolved (``Conv2D.call``'s ``input_padding``): ((top, bottom), (left, right)).
 _INPUT_PADDING = contextvars.ContextVar("keras_preact_input_padding", default=None)
 
 
 def folds_padding():
-    """Whether this backend's fast path takes a zero padding inside the convolution (``padded_input``)."""
+    """Whether this backend's fast path zero-pads inside the convolution (``Conv2D.call``'s ``input_padding``)."""
     return keras.backend.backend() in FAST_CONV and fused.enabled()
-
-
-@contextlib.contextmanager
-def padded_input(padding):
-    """Within it, ``Conv2D`` zero-pads its input by ``padding`` (``((top, bottom), (left, right))``, as
-    ``keras.layers.ZeroPadding2D`` holds it) before convolving: on PyTorch inside ``conv2d``, with no padded copy of
-    the activation (a symmetric padding with ``padding="valid"``), else with ``keras.ops.pad`` first. A unit's
-    strided convolutions take their ``ZeroPadding2D`` this way where ``folds_padding()``."""
-    token = _INPUT_PADDING.set(tuple(tuple(int(p) for p in pair) for pair in padding))
-    try:
-        yield
-    finally:
-        _INPUT_PADDING.reset(token)
 
 
 def _channels_last_kernel(kernel):
@@ -70,8 +57,7 @@ def _channels_last_kernel(kernel):
 
 
 def _torch_conv2d(inputs, kernel, strides, padding, data_format, dilation_rate, input_padding=None):
-    """NHWC conv2d through channels_last views (after ``input_padding``'s zeros, ``padded_input``); None where it
-    does not apply."""
+    """NHWC conv2d through channels_last views (after ``input_padding``'s zeros); None where it does not apply."""
     import torch
     import torch.nn.functional as F
 
@@ -122,6 +108,18 @@ class Conv2D(keras.layers.Conv2D):
         >>> isinstance(conv, keras.layers.Conv2D)
         True
     """
+
+    def call(self, inputs, input_padding=None):
+        """Keras' call; ``input_padding`` (``((top, bottom), (left, right))``, as ``keras.layers.ZeroPadding2D``
+        holds it) zero-pads the input first: inside ``conv2d`` on the fast path (a symmetric padding with
+        ``padding="valid"``: no padded copy of the activation), else with ``keras.ops.pad``."""
+        if input_padding is None:
+            return super().call(inputs)
+        token = _INPUT_PADDING.set(tuple(tuple(int(p) for p in pair) for pair in input_padding))
+        try:
+            return super().call(inputs)
+        finally:
+            _INPUT_PADDING.reset(token)
 
     def convolution_op(self, inputs, kernel):
         input_padding = _INPUT_PADDING.get()

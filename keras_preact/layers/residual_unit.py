@@ -89,13 +89,10 @@ def _run(steps, x, training):
     for i, step in enumerate(steps):
         if fold and step.kind == "pad" and i + 1 < len(steps) and isinstance(steps[i + 1].op, Conv2D):
             padding = step.op.padding
-            continue
-        if padding is None:
+        elif padding is not None:
+            x, padding = step.op(x, training=training, input_padding=padding), None
+        else:
             x = step(x, training)
-            continue
-        with convolution.padded_input(padding):
-            x = step(x, training)
-        padding = None
     return x
 
 
