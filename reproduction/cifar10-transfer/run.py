@@ -50,7 +50,7 @@ def parse_args(argv=None):
     )
     p.add_argument("--out", default=str(HERE), help="where the per-run JSON, results.md/json and curves.png go")
     p.add_argument("--pretrain-run", default=None, help="an existing half-A run dir (default: WORK_DIR/pretrain-halfA)")
-    p.add_argument("--pretrain-epochs", type=int, default=2)
+    p.add_argument("--pretrain-epochs", type=int, default=15)
     p.add_argument("--pretrain-python", default=None,
                    help="the keras-preact-train console script to pretrain with (default: the one next to this python)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
