@@ -14,6 +14,7 @@ from support import to_numpy
 
 # Collected (not selected) in CI's TensorFlow-free environment; [dev] installs it in the other.
 keras_hub = pytest.importorskip("keras_hub")
+pytestmark = pytest.mark.hub
 
 
 def test_deeplab_v3_segmenter_on_the_preact_backbone_trains_and_round_trips(tmp_path):
@@ -28,11 +29,14 @@ def test_deeplab_v3_segmenter_on_the_preact_backbone_trains_and_round_trips(tmp_
         image_shape=(64, 64, 3),
     )
     segmenter = keras_hub.models.DeepLabV3ImageSegmenter(backbone=hub_backbone, num_classes=3)
-    segmenter.compile(optimizer=keras.optimizers.SGD(0.1), loss="sparse_categorical_crossentropy")
+    # One-hot masks and categorical cross-entropy: Keras 3.15's sparse one on PyTorch moves the class axis of a
+    # 4-D output (a non-contiguous view) into nll_loss, whose CPU backward then fails ("grad_input must be
+    # contiguous", pytorch/pytorch#175084), with or without keras-preact.
+    segmenter.compile(optimizer=keras.optimizers.SGD(0.1), loss="categorical_crossentropy")
 
     rng = np.random.default_rng(0)
     images = rng.uniform(size=(4, 64, 64, 3)).astype("float32")
-    masks = rng.integers(0, 3, size=(4, 64, 64, 1))
+    masks = np.eye(3, dtype="float32")[rng.integers(0, 3, size=(4, 64, 64))]
     first_unit = encoder.get_layer(encoder.stage_unit_names[0][0])
     before = [to_numpy(w) for w in first_unit.trainable_weights]
     history = segmenter.fit(images, masks, batch_size=2, epochs=1, verbose=0)

@@ -23,6 +23,9 @@ sys.path.insert(0, str(REPO))  # benchmarks/ is not installed
 pytestmark = [pytest.mark.notf, pytest.mark.skipif(importlib.util.find_spec("torch") is None,
                                                    reason="the PyTorch reference needs torch")]
 PRESET = "cifar10-folder-resnet20-converged"
+# After three steps from equal weights: TensorFlow's CPU convolution gradients round differently from PyTorch's
+# (AMD EPYC, AVX2: up to 6.4e-5 on the stem's kernel, whose entries are ~0.1); JAX and PyTorch stay within 2e-5.
+WEIGHT_ATOL = {"tensorflow": 1e-4}
 
 
 def write_folder(root, per_class=3, classes=("a", "b")):
@@ -105,7 +108,8 @@ def test_three_steps_of_ours_equal_the_references_from_the_same_weights_and_batc
             np.testing.assert_allclose(value, expected, rtol=5e-3, err_msg=key)
             assert not np.allclose(value, expected, rtol=1e-7, atol=0), key
         else:
-            np.testing.assert_allclose(value, expected, rtol=2e-4, atol=2e-5, err_msg=key)
+            np.testing.assert_allclose(value, expected, rtol=2e-4, atol=WEIGHT_ATOL.get(keras.backend.backend(), 2e-5),
+                                       err_msg=key)
 
 
 def test_pad_value_and_crop_offsets_have_the_same_distribution():
