@@ -76,6 +76,7 @@ def keras_hub_outputs(backbone, classifier, x):
     return to_numpy(classifier(x)), [to_numpy(f) for f in stages(x)]
 
 
+@pytest.mark.hub
 @pytest.mark.parametrize("depth", [18, 50])
 def test_timm_checkpoint_matches_keras_hub_timm_converter(depth, tmp_path):
     """keras-hub's own timm converter reads the same timm-format folder: ours, keras-hub's and the numpy
@@ -120,6 +121,7 @@ def randomize(model, seed):
             layer.set_weights([w * 0.1 for w in layer.get_weights()])
 
 
+@pytest.mark.hub
 def test_keras_hub_resnet_v2_preset_matches(tmp_path):
     """keras-hub's resnet_v2_50_imagenet architecture, built from its config with random weights and saved as a
     preset folder, loads into ours with the same logits and pyramid features."""

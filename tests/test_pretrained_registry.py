@@ -221,6 +221,7 @@ def _has_torch():
     return True
 
 
+@pytest.mark.hub
 def test_keras_hub_preset_folder_by_path(tmp_path, offline):
     """weights=a keras-hub preset folder (a ResNetV2 built from keras-hub's config with random weights)."""
     keras_hub = pytest.importorskip("keras_hub")
@@ -240,6 +241,7 @@ def test_keras_hub_preset_folder_by_path(tmp_path, offline):
     assert np.abs(to_numpy(model(x)) - to_numpy(classifier(x))).max() <= 1e-4
 
 
+@pytest.mark.hub
 def test_keras_hub_preset_carries_its_image_converter_into_the_input_config(tmp_path, offline):
     """A keras-hub preset saved by keras-hub with a preprocessor (ResNetImageConverter: 64 x 48, per-channel
     scale/offset of ImageNet's statistics, bicubic), by path and as a registered kaggle:// preset in kagglehub's
