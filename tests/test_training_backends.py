@@ -410,7 +410,8 @@ def test_measure_backends_report_names_figures_choice_and_how_to_set_it():
         "[measure] torch 41 ms/step, jax 55, tensorflow 60 (cifar ResNet-8, image 16x16, batch 8; median of 5 steps "
         "after 2 untimed)",
         '[measure] fastest: torch; to train on it: KERAS_BACKEND=torch keras-preact-train ..., or "backend": "torch" '
-        "in ~/.keras/keras.json (every Keras program), or --backend torch for one run"]
+        "in ~/.keras/keras.json (every Keras program), or --backend torch for one run (--backend fastest measures, then "
+        "trains on the fastest)"]
     lines = backend_probe.report(config, {"torch": 41.2}, {"jax": "timed out after 600 s"}, 5, 2)
     assert lines[1] == "[measure] jax failed: timed out after 600 s" and "fastest: torch" in lines[2]
 
@@ -436,6 +437,69 @@ def test_measure_backends_times_every_installed_backend_and_trains_nothing(tmp_p
     assert (
         stop.value.code == 2 and "argument --measure-steps: 0 given, at least 1 is required" in capsys.readouterr().err
     )
+
+
+def test_backend_fastest_times_the_quickest_to_start_first_and_stops_at_an_invalid_config(monkeypatch):
+    """``--backend fastest``'s measurement runs before Keras loads: every installed backend in a child process,
+    the quickest to start first; a child that finds the config invalid stops it with its message, the other
+    backends not started."""
+    from keras_preact_training import backend_probe
+
+    monkeypatch.setattr(backends, "installed", lambda name: name in ("tensorflow", "torch"))
+    config = configs.get_config("synthetic-resnet8", needs_data=False)
+    started = []
+
+    def child(backend, config, steps, warmup):
+        started.append(backend)
+        return {"torch": (41.0, None), "tensorflow": (None, "exit 1: no result")}[backend]
+
+    assert backend_probe.measure_in_children(config, 3, 1, child) == ({"torch": 41.0}, {"tensorflow": "exit 1: no result"})
+    assert started == ["torch", "tensorflow"]
+    started.clear()
+
+    def invalid(backend, config, steps, warmup):
+        started.append(backend)
+        return None, f"exit {backend_probe.INVALID_CONFIG}: Invalid depth=7: CIFAR nets have depth 6n+2 ..."
+
+    with pytest.raises(ValueError, match=r"^Invalid depth=7: CIFAR nets"):
+        backend_probe.measure_in_children(config, 3, 1, invalid)
+    assert started == ["torch"]
+
+
+@pytest.mark.any_backend  # every installed backend is measured, whichever the pass's is
+def test_backend_fastest_measures_every_installed_backend_then_trains_on_the_fastest(tmp_path):
+    """``keras-preact-train --backend fastest`` (the README's main command): the figures of every installed
+    backend printed, the fastest of them chosen and said, the run trained and written on it."""
+    run_dir = tmp_path / "run"
+    environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
+    done = subprocess.run([sys.executable, "-m", "keras_preact_training.cli", "--backend", "fastest", "--measure-steps",
+                           "2", *TINY_RUN, "--epochs", "1", "--steps-per-epoch", "2", "--synthetic-train-size", "32",
+                           "--synthetic-test-size", "16", "--no-export", "--verbose", "0", "--run-dir", str(run_dir)],
+                          cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    lines = done.stdout.splitlines()
+    measured = next(line for line in lines if line.startswith("[measure] ") and "ms/step" in line)
+    figures = {name: int(ms) for name, ms in re.findall(r"(tensorflow|jax|torch) (\d+)", measured)}
+    assert sorted(figures) == sorted(b for b in backends.BACKENDS if importlib.util.find_spec(b)), measured
+    fastest = min(figures, key=figures.get)
+    assert next(line for line in lines if line.startswith("[backend] ")).startswith(
+        f"[backend] {fastest} (--backend fastest: the fastest measured;"), done.stdout
+    assert json.loads((run_dir / "config.json").read_text())["keras_backend"] == fastest
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--config", "run/config.json"], "--backend fastest measures a preset's model before Keras loads; with --config"),
+    (["--measure-backends"], "--backend fastest trains; --measure-backends and --dry-run take a backend by name"),
+    (["--measure-steps", "0"], "argument --measure-steps: 0 given, at least 1 is required"),
+    (["--depth", "7"], "Invalid depth=7: CIFAR nets have depth 6n+2"),
+])
+@pytest.mark.any_backend
+def test_backend_fastest_refuses_what_it_cannot_measure_in_one_line(argv, message):
+    environ = {key: value for key, value in env().items() if key != "KERAS_BACKEND"}
+    done = subprocess.run([sys.executable, "-m", "keras_preact_training.cli", "--backend", "fastest", *argv], cwd=REPO,
+                          env=environ, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    assert done.stderr.strip().splitlines()[-1].startswith("keras-preact-train: error: " + message), done.stderr
 
 
 NO_BACKEND = """

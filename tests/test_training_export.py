@@ -1,7 +1,12 @@
 """``keras-preact-export RUN_DIR``: a run directory's manifest drives the SavedModel (class names, pixel
 statistics, the evaluation view), in the current and the first ``config.json`` format."""
 
+import importlib.util
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +16,7 @@ from keras_preact_training.recipe.configs import get_config
 from keras_preact_training.run.manifest import FORMAT, RunManifest, config_from_run, input_config_for
 from support import CLASS_NAMES, MEAN, STD, make_export_model
 
+REPO = pathlib.Path(__file__).resolve().parents[1]
 tf = pytest.importorskip("tensorflow")  # SavedModels; the TensorFlow-free refusal is tested in test_training_backends
 
 
@@ -177,3 +183,49 @@ def test_training_a_two_class_folder_with_export_serves_the_folders_class_names(
     images = rng.integers(0, 256, (2, 16, 16, 3), dtype=np.uint8)
     out = tf.saved_model.load(str(path)).signatures["serving_default"](images=tf.constant(images))
     assert out["classes"].shape == (2, 2) and sorted(out["class_names"].numpy()[0].tolist()) == [b"cat", b"dog"]
+
+
+TORCH_ANSWERS = """
+import sys
+import numpy as np
+from keras_preact.export import ServingContract, serving_model
+from keras_preact_training.export import load_run_model
+from keras_preact_training.run.manifest import RunManifest
+
+run_dir, images_file = sys.argv[1:3]
+model = load_run_model(f"{run_dir}/model.keras")
+contract = ServingContract(RunManifest.read(run_dir).input_config, top_k=1)
+probabilities = serving_model(model, contract)(np.load(images_file))["probabilities"]
+np.save(images_file + ".torch.npy", np.asarray(probabilities.detach().cpu()))
+"""
+
+
+@pytest.mark.any_backend  # the run trains on PyTorch whichever backend the pass's is
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch beside TensorFlow")
+def test_a_run_trained_on_pytorch_writes_its_saved_model_through_tensorflow(tmp_path):
+    """Keras writes no SavedModel from PyTorch: keras-preact-train on PyTorch, with TensorFlow installed, writes it
+    from a child process on TensorFlow (the README's main install has both), and the SavedModel answers as the
+    trained model does on PyTorch."""
+    environ = {**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",
+               "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)}
+    run_dir, exported = tmp_path / "run", tmp_path / "exported"
+    done = subprocess.run([sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16",
+                           "--synthetic-train-size", "64", "--synthetic-test-size", "32", "--batch-size", "16",
+                           "--epochs", "1", "--steps-per-epoch", "2", "--verbose", "0", "--run-dir", str(run_dir),
+                           "--export-dir", str(exported)], cwd=REPO, env=environ, capture_output=True, text=True,
+                          timeout=600)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
+    assert "[backend] torch" in done.stdout
+    assert "on TensorFlow, in a child process (Keras writes no SavedModel from the torch backend)" in done.stdout
+    version_dir = pathlib.Path(done.stdout.split("[train] exported SavedModel to ", 1)[1].splitlines()[0])
+    assert version_dir.parent.parent == exported and (version_dir / "saved_model.pb").is_file()
+
+    images = np.random.default_rng(0).integers(0, 256, (4, 16, 16, 3), dtype=np.uint8)
+    np.save(tmp_path / "images.npy", images)
+    torch_side = subprocess.run([sys.executable, "-c", TORCH_ANSWERS, str(run_dir), str(tmp_path / "images.npy")],
+                                cwd=REPO, env=environ, capture_output=True, text=True, timeout=300)
+    assert torch_side.returncode == 0, torch_side.stderr[-3000:]
+    trained = np.load(tmp_path / "images.npy.torch.npy")
+    served = tf.saved_model.load(str(version_dir)).signatures["serving_default"](images=tf.constant(images))
+    np.testing.assert_allclose(served["probabilities"].numpy(), trained, rtol=0, atol=1e-6)
+    assert not np.allclose(trained, trained[:1])  # the images are told apart: the comparison can fail

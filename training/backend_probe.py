@@ -27,6 +27,7 @@ from .machine import backends
 MEASURE_STEPS = 5  # timed training steps per backend (--measure-steps)
 MEASURE_WARMUP_STEPS = 2  # untimed first steps: compilation, allocator warm-up
 MEASURE_TIMEOUT_S = 600
+INVALID_CONFIG = 2  # the child's exit status where the config on stdin is invalid (its ValueError, one line)
 
 
 def num_classes_of(config):
@@ -118,6 +119,22 @@ def measure(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_
     return figures, failed
 
 
+def measure_in_children(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_child):
+    """``measure`` before Keras loads (``--backend fastest``): every installed backend timed in a child process,
+    the quickest to start first. The children check ``config``: ValueError with the first one's message where it
+    is invalid (exit ``INVALID_CONFIG``), the other backends not started."""
+    figures, failed = {}, {}
+    for backend in (b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)):
+        ms, why = child(backend, config, steps, warmup)
+        if ms is None and why.startswith(f"exit {INVALID_CONFIG}: "):
+            raise ValueError(why.split(": ", 1)[1])
+        if ms is None:
+            failed[backend] = why
+        else:
+            figures[backend] = ms
+    return figures, failed
+
+
 def report(config, figures, failed, steps, warmup):
     """The lines ``--measure-backends`` prints: the figures (fastest first), the failures, the choice and how to
     make it."""
@@ -130,7 +147,7 @@ def report(config, figures, failed, steps, warmup):
         fastest = ranked[0][0]
         lines.append(f"[measure] fastest: {fastest}; to train on it: KERAS_BACKEND={fastest} keras-preact-train ..., "
                      f"or \"backend\": \"{fastest}\" in ~/.keras/keras.json (every Keras program), or --backend "
-                     f"{fastest} for one run")
+                     f"{fastest} for one run (--backend fastest measures, then trains on the fastest)")
     return lines
 
 
@@ -151,9 +168,13 @@ def main(argv=None):
 
     from .recipe import configs
 
-    config = configs.from_dict(json.loads(sys.stdin.read()), "the run config on stdin")
-    backends.xla_flags_for_remat(keras.backend.backend(), config.remat)
-    ms, pipeline = median_step_ms(config, args.steps, args.warmup)
+    try:  # a ValueError names the argument at fault (the config's checks, the model's builder)
+        config = configs.from_dict(json.loads(sys.stdin.read()), "the run config on stdin")
+        backends.xla_flags_for_remat(keras.backend.backend(), config.remat)
+        ms, pipeline = median_step_ms(config, args.steps, args.warmup)
+    except ValueError as error:
+        print(str(error).strip().splitlines()[0] if str(error).strip() else repr(error), file=sys.stderr)
+        return INVALID_CONFIG
     print(
         json.dumps({"backend": keras.backend.backend(), "ms_per_step": ms, "pipeline": pipeline, "steps": args.steps}),
         flush=True,

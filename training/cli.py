@@ -4,7 +4,8 @@ Flags are the ``Config`` fields (``--batch-size``, ``--lr`` for ``base_lr``, ...
 ``--dry-run`` prints the recipe; ``--config RUN_DIR/config.json`` re-runs a run. The Keras backend is Keras'
 own choice (``KERAS_BACKEND``, ``keras.json``) unless ``--backend`` names one (``training/machine/backends.py``),
 so this module imports Keras only once that is set: the modules that load Keras are imported inside the
-functions. ``--measure-backends`` times the installed backends on the run's model (``backend_probe``).
+functions. ``--measure-backends`` times the installed backends on the run's model (``backend_probe``);
+``--backend fastest`` times them too (each in a child process), then trains on the fastest.
 """
 
 import argparse
@@ -12,6 +13,8 @@ import os
 import sys
 
 from .machine import backends, start_up
+
+FASTEST = "fastest"  # --backend fastest: measured on the run's model, then chosen
 
 
 def describe_recipe(config):
@@ -82,9 +85,11 @@ def build_parser():
                    "(sets unit_options['ordering'])")
     p.add_argument("--dry-run", action="store_true",
                    help="print the resolved recipe (schedule as iteration/lr, optimizer) and exit; no training")
-    p.add_argument("--backend", choices=backends.BACKENDS, default=None,
+    p.add_argument("--backend", choices=(*backends.BACKENDS, FASTEST), default=None,
                    help="Keras backend for this run (default: Keras' own choice, KERAS_BACKEND, else \"backend\" in "
-                   "~/.keras/keras.json, else tensorflow; printed at start)")
+                   "~/.keras/keras.json, else tensorflow; printed at start); fastest: time a few training steps "
+                   "of this run's model on every installed backend (a child process each, as --measure-backends) "
+                   "and train on the fastest")
     p.add_argument("--measure-backends", action="store_true",
                    help="time a few training steps of this run's model on every installed backend (one child "
                    "process per backend other than this one's), print the figures and how to choose the fastest, "
@@ -95,9 +100,10 @@ def build_parser():
     return p
 
 
-def config_from_args(args, parser):
+def config_from_args(args, parser, check=True):
+    """The run's ``Config`` from the flags over a preset (or ``--config``), checked (``configs.validate``, which
+    loads Keras); ``check=False``: the preset and flags only, unchecked (standard library only)."""
     from .recipe import configs, flags
-    from .run.manifest import config_from_run
 
     if args.preset and args.preset_name and args.preset != args.preset_name:
         parser.error(f"two presets given: {args.preset_name!r} and --preset {args.preset!r}")
@@ -106,6 +112,8 @@ def config_from_args(args, parser):
     needs_data = not args.dry_run  # --dry-run reads no data
     try:
         if args.config:
+            from .run.manifest import config_from_run  # loads Keras
+
             base = config_from_run(args.config)
             if preset:
                 parser.error("give either a preset or --config, not both")
@@ -114,6 +122,10 @@ def config_from_args(args, parser):
             if preset and preset not in configs.PRESETS:
                 parser.error(f"argument --preset: invalid choice: {preset!r} (choose from "
                              f"{', '.join(sorted(configs.PRESETS))})")
+            if not check:
+                config = configs.PRESETS[preset or configs.DEFAULT_PRESET].replace(**overrides)
+                ordering = {"ordering": args.ordering} if args.ordering else {}
+                return config.replace(unit_options={**config.unit_options, **ordering})
             config = configs.get_config(preset or configs.DEFAULT_PRESET, needs_data=needs_data, **overrides)
         if args.ordering:
             config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}),
@@ -123,15 +135,53 @@ def config_from_args(args, parser):
     return config
 
 
+def choose_fastest(args, parser):
+    """``--backend fastest``: the installed backend whose training step of this run's model is the fastest,
+    each timed in a child process before Keras loads here (``backend_probe.measure_in_children``); the figures
+    are printed. None (said in one line) when no backend gave a figure."""
+    from . import backend_probe
+
+    if "keras" in sys.modules:
+        parser.error("--backend fastest: Keras is already imported in this process, so its backend is fixed; run "
+                     "keras-preact-train in a new process")
+    if args.config:
+        parser.error("--backend fastest measures a preset's model before Keras loads; with --config name the "
+                     "backend (the run's config.json records keras_backend)")
+    if args.measure_backends or args.dry_run:
+        parser.error("--backend fastest trains; --measure-backends and --dry-run take a backend by name or none")
+    steps, warmup = args.measure_steps, backend_probe.MEASURE_WARMUP_STEPS
+    if steps < 1:
+        parser.error(f"argument --measure-steps: {steps} given, at least 1 is required")
+    # Checking a config loads Keras (its options are the library's), which would fix the backend here: the
+    # children check it, and the first to find it invalid stops the measurement with its message.
+    config = config_from_args(args, parser, check=False)
+    try:
+        figures, failed = backend_probe.measure_in_children(config, steps, warmup)
+    except ValueError as e:
+        parser.exit(2, f"keras-preact-train: error: {e}\n")
+    lines = backend_probe.report(config, figures, failed, steps, warmup)
+    print("\n".join(line for line in lines if not line.startswith("[measure] fastest")), flush=True)
+    if not figures:
+        print("keras-preact-train: error: --backend fastest: no installed backend finished its timed steps "
+              "(see the lines above)", file=sys.stderr)
+        return None
+    return min(figures, key=figures.get)
+
+
 def main(argv=None):
     argv = sys.argv[1:] if argv is None else list(argv)
     # The parser is standard library only (recipe.configs, recipe.flags): --help and a bad flag are answered
     # before Keras loads.
     parser = build_parser()
     args = parser.parse_args(argv)
+    reason = "--backend"
+    if args.backend == FASTEST:
+        args.backend, reason = choose_fastest(args, parser), "--backend fastest: the fastest measured"
+        if args.backend is None:
+            return 1
     try:
         # Keras' own choice unless --backend: said in one line and set before Keras is imported.
-        backends.select(args.backend)
+        backends.select(args.backend, reason=reason)
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2

@@ -10,6 +10,8 @@ measured on. The CLI::
                         [--top-k K]
 
 The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
+``export_in_tensorflow(run_dir, export_dir)`` runs this command in a child process on Keras' TensorFlow
+backend: how ``keras-preact-train`` writes the SavedModel of a run trained on PyTorch, whose backend writes none.
 """
 
 import argparse
@@ -17,6 +19,7 @@ import errno
 import importlib.util
 import os
 import pathlib
+import subprocess
 import sys
 import zipfile
 
@@ -133,6 +136,29 @@ def _say(line):
 
 def has_tensorflow():
     return importlib.util.find_spec("tensorflow") is not None
+
+
+def export_in_tensorflow(run_dir, export_dir, formats=("saved_model",)):
+    """Export a run from a child process on Keras' TensorFlow backend (``python -m keras_preact_training.export``);
+    returns the version directory. The child loads the run's ``model.keras`` (the trained weights as saved, in
+    float32), so the SavedModel answers as the model that trained; the export's own check runs there. For a run
+    trained on PyTorch, whose backend writes no SavedModel (``keras_preact.export.FORMATS``). RuntimeError with
+    the child's last line when it fails.
+
+    Examples::
+
+        export_in_tensorflow("runs/synthetic-resnet8", "saved_models")  # PosixPath('saved_models/synthetic-resnet8/1')
+    """
+    command = [sys.executable, "-m", "keras_preact_training.export", str(run_dir), "--export-dir", str(export_dir),
+               "--format", ",".join(formats)]
+    done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    lines = done.stdout.strip().splitlines()
+    if done.returncode != 0 or not lines:
+        last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+        raise RuntimeError(f"the export on TensorFlow (keras-preact-export {run_dir} --export-dir {export_dir}, "
+                           f"KERAS_BACKEND=tensorflow) failed with exit {done.returncode}: {last}")
+    return pathlib.Path(lines[-1])
 
 
 def _positive_int(text):

@@ -502,8 +502,19 @@ def export(run_dir, export_dir):
               f"model.keras is saved. Export later with: keras-preact-export {run_dir} (where TensorFlow is "
               f"installed), or here: keras-preact-export {run_dir} --format onnx,openvino")
         return None
-    print(f"[train] exporting to {export_dir}", flush=True)
-    path = export_lib.export_run(run_dir, export_dir)
+    from keras_preact.export import FORMATS  # loads TensorFlow where installed: only once the run is done
+
+    backend = keras.backend.backend()
+    if backend not in FORMATS["saved_model"].exporters:  # PyTorch: TensorFlow writes it, from the saved model.keras
+        print(f"[train] exporting to {export_dir} on TensorFlow, in a child process (Keras writes no SavedModel "
+              f"from the {backend} backend)", flush=True)
+        try:
+            path = export_lib.export_in_tensorflow(run_dir, export_dir)
+        except RuntimeError as error:
+            raise TrainingFailed(f"{error}; model.keras is saved: export it with keras-preact-export {run_dir}") from None
+    else:
+        print(f"[train] exporting to {export_dir}", flush=True)
+        path = export_lib.export_run(run_dir, export_dir)
     print(f"[train] exported SavedModel to {path}")
     return str(path)
 

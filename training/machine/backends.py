@@ -86,7 +86,7 @@ def keras_choice(environ=None):
     return backend, "installed; TensorFlow, Keras' default, is not"
 
 
-def choose(requested=None, environ=None):
+def choose(requested=None, environ=None, reason="--backend"):
     """(backend, reason): ``requested`` (``--backend``) when given, else Keras' own choice (``keras_choice``).
     Nothing is measured (``keras-preact-train --measure-backends`` does, when asked). Raises ValueError
     naming ``--backend`` for a backend that cannot run here."""
@@ -103,14 +103,15 @@ def choose(requested=None, environ=None):
     if requested is not None:
         if not installed(requested):
             raise ValueError(f"--backend {requested}: {requested} is not installed ({INSTALL_HINT[requested]}).")
-        return requested, "--backend"
+        return requested, reason
     return keras_choice(environ)
 
 
-def select(requested=None, environ=None):
+def select(requested=None, environ=None, reason="--backend"):
     """Choose (``choose``), set ``KERAS_BACKEND`` for Keras to read when it loads, print the choice in one
-    line; the backend. Example: ``select()`` (Keras' choice), ``select("jax")``."""
-    backend, reason = choose(requested, environ)
+    line; the backend. ``reason``: what chose ``requested``. Example: ``select()`` (Keras' choice),
+    ``select("jax")``."""
+    backend, reason = choose(requested, environ, reason)
     (os.environ if environ is None else environ)["KERAS_BACKEND"] = backend
     print(f"[backend] {backend} ({reason}; {HOW_TO_CHOOSE})", flush=True)
     return backend
