@@ -209,8 +209,8 @@ def test_a_run_trained_on_pytorch_writes_its_saved_model_through_tensorflow(tmp_
     environ = {**os.environ, "KERAS_BACKEND": "torch", "TF_CPP_MIN_LOG_LEVEL": "3", "OMP_NUM_THREADS": "1",
                "PYTHONPATH": os.pathsep.join(p for p in (os.environ.get("PYTHONPATH"), str(REPO)) if p)}
     run_dir, exported = tmp_path / "run", tmp_path / "exported"
-    done = subprocess.run([sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16", "16",
-                           "--synthetic-train-size", "64", "--synthetic-test-size", "32", "--batch-size", "16",
+    done = subprocess.run([sys.executable, "-m", "keras_preact_training.cli", "--depth", "8", "--image-size", "16",
+                           "16", "--synthetic-train-size", "64", "--synthetic-test-size", "32", "--batch-size", "16",
                            "--epochs", "1", "--steps-per-epoch", "2", "--verbose", "0", "--run-dir", str(run_dir),
                            "--export-dir", str(exported)], cwd=REPO, env=environ, capture_output=True, text=True,
                           timeout=600)

@@ -151,8 +151,7 @@ def export_in_tensorflow(run_dir, export_dir, formats=("saved_model",)):
     """
     command = [sys.executable, "-m", "keras_preact_training.export", str(run_dir), "--export-dir", str(export_dir),
                "--format", ",".join(formats)]
-    done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, stdout=subprocess.PIPE,
-                          stderr=subprocess.PIPE, text=True)
+    done = subprocess.run(command, env={**os.environ, "KERAS_BACKEND": "tensorflow"}, capture_output=True, text=True)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
         last = (done.stderr.strip().splitlines() or ["no message"])[-1]

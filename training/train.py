@@ -511,7 +511,8 @@ def export(run_dir, export_dir):
         try:
             path = export_lib.export_in_tensorflow(run_dir, export_dir)
         except RuntimeError as error:
-            raise TrainingFailed(f"{error}; model.keras is saved: export it with keras-preact-export {run_dir}") from None
+            raise TrainingFailed(f"{error}; model.keras is saved: export it with keras-preact-export "
+                                 f"{run_dir}") from None
     else:
         print(f"[train] exporting to {export_dir}", flush=True)
         path = export_lib.export_run(run_dir, export_dir)
