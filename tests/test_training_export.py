@@ -229,3 +229,17 @@ def test_a_run_trained_on_pytorch_writes_its_saved_model_through_tensorflow(tmp_
     served = tf.saved_model.load(str(version_dir)).signatures["serving_default"](images=tf.constant(images))
     np.testing.assert_allclose(served["probabilities"].numpy(), trained, rtol=0, atol=1e-6)
     assert not np.allclose(trained, trained[:1])  # the images are told apart: the comparison can fail
+
+
+def test_the_export_on_tensorflow_says_why_it_failed_in_one_line(tmp_path):
+    """A failed child export is a RuntimeError carrying the child's last line (here: no model.keras), and the
+    command that re-runs it; nothing is written."""
+    run_dir = tmp_path / "run"
+    run_dir.mkdir()
+    (run_dir / "config.json").write_text(json.dumps(manifest_for(get_config("synthetic-resnet8"))))
+    with pytest.raises(RuntimeError) as failed:
+        export_lib.export_in_tensorflow(run_dir, tmp_path / "exported")
+    message = str(failed.value)
+    assert message.startswith(f"the export on TensorFlow (keras-preact-export {run_dir} --export-dir "), message
+    assert "failed with exit 2: " in message and "model.keras is missing" in message and "\n" not in message
+    assert not (tmp_path / "exported").exists()
