@@ -158,20 +158,20 @@ def run_training(name, args):
         "jax": args.notf_python or args.python,
         "torch": args.notf_python or args.python,
     }
-    made = []
+    made, found = [], []
     if name == "epoch":
         if args.data_dir is None:
             raise SystemExit("epoch needs --data-dir, the CIFAR-10 image folder (train/, test/)")
         found = training_table.epoch(args.backends, pythons, args.rounds, args.epochs, args.steps_per_epoch,
                                      args.data_dir, depth=args.depth, image_size=(args.image_size,) * 2)
-    else:
+    elif [b for b in args.backends if b != "fastest"]:
         unit = "ms/step" if name != "eval" else "ms/batch"
         spes = args.steps_per_execution if name == "host_cost" else (1,)
         steps = args.host_steps if name == "host_cost" else args.steps
         found = [
             (case, backend, ours, ref, unit, "lower", versions, label)
             for case, backend, ours, ref, versions, label in training_table.in_process(
-                name, args.backends, pythons, args.rounds, steps, spes
+                name, [b for b in args.backends if b != "fastest"], pythons, args.rounds, steps, spes
             )
         ]
     for case, backend, ours, reference, unit, better, versions, label in found:
@@ -195,7 +195,8 @@ def parse_args(argv=None):
     run.add_argument("--rounds", type=int, default=3, help="alternating rounds (the median is reported)")
     run.add_argument("--out", type=pathlib.Path, default=None, help="append the rows to this JSON-lines file")
     run.add_argument("--backends", nargs="+", default=["tensorflow", "jax", "torch"],
-                     choices=("tensorflow", "jax", "torch"))
+                     choices=("tensorflow", "jax", "torch", "fastest"),
+                     help="fastest (epoch only): keras-preact-train --backend fastest, the README's main command")
     run.add_argument("--python", default=sys.executable, help="interpreter for TensorFlow (default: this one)")
     run.add_argument("--notf-python", default=None, help="interpreter for JAX, PyTorch and the reference")
     run.add_argument("--steps", type=int, default=20, help="steps (batches) per round: step, eval")

@@ -6,8 +6,8 @@ folder), the same network (pre-act ResNet-20, option A), the same recipe (preset
 crop + flip) and the same run length (``--epochs`` x ``--steps-per-epoch``, then the full 10,000-image
 test set after every epoch):
 
-- ``keras-preact-train`` with ``--backend`` tensorflow, jax, torch (and ``auto``, the CLI's default), and
-  each of its ``--pipeline``s;
+- ``keras-preact-train`` with ``--backend`` tensorflow, jax, torch (and ``fastest``, the README's main command:
+  measured, then the fastest, with the default pipeline), and each of its ``--pipeline``s;
 - ``benchmarks/reference_torch_cifar.py`` (plain PyTorch, eager; ``--compile`` adds torch.compile).
 
 Rounds run the candidates in rotating order, so drift of a shared machine cancels in the per-round ratios.
@@ -67,14 +67,14 @@ def candidates(args):
     """{name: (interpreter key, argv after the interpreter, extra environment)}."""
     found = {}
     for backend in args.backends:
-        pipelines = args.pipelines if backend != "auto" else ["auto"]
+        pipelines = args.pipelines if backend != "fastest" else ["auto"]
         for pipeline in pipelines:
             if backend == "tensorflow" and pipeline != "auto" and pipeline not in ("tf_data", "device", "numpy"):
                 continue
             if backend in ("jax", "torch") and pipeline == "tf_data":
                 continue  # tf.data needs TensorFlow: not in the TensorFlow-free environment
             for normalization in args.normalizations:
-                if normalization == "keras" and backend == "auto":
+                if normalization == "keras" and backend == "fastest":
                     continue  # Keras' layer is put in before Keras loads, with the backend named
                 name = f"keras-preact-train/{backend}/{pipeline}" + ("/keras-bn" if normalization == "keras" else "")
                 entry = (
@@ -83,7 +83,7 @@ def candidates(args):
                 argv = [*entry, "--preset", PRESET, "--data-dir", args.data_dir, "--verbose", "0",
                         "--depth", str(args.depth), "--image-size", *map(str, args.image_size),
                         "--pipeline", pipeline, "--backend", backend, *args.train_args]
-                found[name] = ("tf" if backend in ("tensorflow", "auto") else "notf", argv, {})
+                found[name] = ("tf" if backend in ("tensorflow", "fastest") else "notf", argv, {})
     reference = [str(REPO / "benchmarks" / "reference_torch_cifar.py"), "--data-dir", args.data_dir,
                  "--depth", str(args.depth)]
     found[REFERENCE] = ("notf", reference, {})
@@ -131,7 +131,7 @@ def step_child(args):
 
 def steps_only(args):
     figures = {}
-    for backend in [b for b in args.backends if b != "auto"]:
+    for backend in [b for b in args.backends if b != "fastest"]:
         python = args.python if backend == "tensorflow" or not args.notf_python else args.notf_python
         module = backend
         if not available(python, module):
@@ -285,8 +285,8 @@ def parse_args(argv=None):
     p.add_argument("--data-dir", default=None, help="the CIFAR-10 image folder (train/, test/)")
     p.add_argument("--python", default=sys.executable, help="interpreter with TensorFlow (default: this one)")
     p.add_argument("--notf-python", default=None, help="interpreter of a TensorFlow-free environment")
-    p.add_argument("--backends", nargs="+", default=["auto", "tensorflow", "jax", "torch"],
-                   choices=["auto", "tensorflow", "jax", "torch"])
+    p.add_argument("--backends", nargs="+", default=["fastest", "tensorflow", "jax", "torch"],
+                   choices=["fastest", "tensorflow", "jax", "torch"])
     p.add_argument("--pipelines", nargs="+", default=["tf_data", "device", "numpy"],
                    choices=["tf_data", "device", "numpy"])
     p.add_argument("--convolutions", nargs="+", default=["fast"], choices=["fast", "keras"],
@@ -342,7 +342,7 @@ def main(argv=None):
     for name in list(names):
         key, _, _ = names[name]
         backend = name.split("/")[1] if name.startswith("keras-preact") else "torch"
-        module = {"auto": "keras", "tensorflow": "tensorflow"}.get(backend, backend)
+        module = {"fastest": "keras", "tensorflow": "tensorflow"}.get(backend, backend)
         if not available(interpreter(args, key), module):
             print(f"[skip] {name}: {module} is not installed in {interpreter(args, key)}")
             del names[name]
@@ -393,7 +393,7 @@ def report(args, figures):
 
 
 def time_to_accuracy(args, names):
-    keep = [n for n in names if n in (REFERENCE, "keras-preact-train/auto/auto")]
+    keep = [n for n in names if n in (REFERENCE, "keras-preact-train/fastest/auto")]
     length = ["--epochs", str(args.epochs)]
     results = {}
     with tempfile.TemporaryDirectory(prefix="train-to-accuracy-") as tmp:

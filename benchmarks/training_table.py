@@ -214,10 +214,12 @@ def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20
     length = ["--epochs", str(epochs), "--steps-per-epoch", str(steps_per_epoch)]
     test_images = speed.count_images(pathlib.Path(data_dir) / "test")
     figures = {name: [] for name in names}
+    chosen = {}  # name -> the backends its runs trained on ("[backend] torch (...)": --backend fastest's choice)
     with tempfile.TemporaryDirectory(prefix="bench-epoch-") as tmp:
         for r in range(rounds):
             for name in rotate(list(names), r):
                 result = speed.run_one(args, name, names[name], pathlib.Path(tmp), length)
+                chosen.setdefault(name, set()).update(result["backend_line"].split()[1:2])
                 rows = result["rows"][1:] or result["rows"]
                 train = sum(float(x["train_seconds"]) for x in rows) / len(rows)
                 evaluation = sum(float(x["eval_seconds"]) for x in rows) / len(rows)
@@ -227,12 +229,14 @@ def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20
     found = []
     for name, ours in figures.items():
         backend = name.split("/")[1]
+        if backend == "fastest":
+            backend = f"fastest: {', '.join(sorted(chosen[name]))}"
         what = f"{steps_per_epoch} steps of 128 + {test_images} test images"
         for key, case, unit, better in (("epoch", f"whole epoch ({what})", "s/epoch", "lower"),
                                         ("train", "training", "images/s", "higher"),
                                         ("eval", "evaluation", "images/s", "higher")):
             found.append((case, backend, [f[key] for f in ours], [f[key] for f in reference], unit, better,
-                          versions_of(args.python if backend in ("tensorflow", "auto") else notf), REFERENCE))
+                          versions_of(args.python if backend.startswith(("tensorflow", "fastest")) else notf), REFERENCE))
     return found
 
 
