@@ -236,7 +236,8 @@ def epoch(backends, pythons, rounds, epochs, steps_per_epoch, data_dir, depth=20
                                         ("train", "training", "images/s", "higher"),
                                         ("eval", "evaluation", "images/s", "higher")):
             found.append((case, backend, [f[key] for f in ours], [f[key] for f in reference], unit, better,
-                          versions_of(args.python if backend.startswith(("tensorflow", "fastest")) else notf), REFERENCE))
+                          versions_of(args.python if backend.startswith(("tensorflow", "fastest")) else notf),
+                          REFERENCE))
     return found
 
 
