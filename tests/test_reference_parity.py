@@ -24,8 +24,10 @@ pytestmark = [pytest.mark.notf, pytest.mark.skipif(importlib.util.find_spec("tor
                                                    reason="the PyTorch reference needs torch")]
 PRESET = "cifar10-folder-resnet20-converged"
 # After three steps from equal weights: TensorFlow's CPU convolution gradients round differently from PyTorch's
-# (AMD EPYC, AVX2: up to 6.4e-5 on the stem's kernel, whose entries are ~0.1); JAX and PyTorch stay within 2e-5.
-WEIGHT_ATOL = {"tensorflow": 1e-4}
+# (AMD EPYC, AVX2: up to 6.4e-5 on the stem's kernel, whose entries are ~0.1), more so with its deterministic
+# kernels, which an earlier test's in-process training (deterministic=True) leaves on in a pytest worker
+# (TensorFlow cannot turn them off): 1.2e-4 and 1.4e-4 on an AMD EPYC with AVX-512. JAX and PyTorch stay within 2e-5.
+WEIGHT_ATOL = {"tensorflow": 2e-4}
 
 
 def write_folder(root, per_class=3, classes=("a", "b")):
