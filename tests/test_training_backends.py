@@ -467,6 +467,7 @@ def test_backend_fastest_times_the_quickest_to_start_first_and_stops_at_an_inval
 
 
 @pytest.mark.any_backend  # every installed backend is measured, whichever the pass's is
+@pytest.mark.skipif(not HAS_TF, reason="run where the README's main command is: TensorFlow and PyTorch installed")
 def test_backend_fastest_measures_every_installed_backend_then_trains_on_the_fastest(tmp_path):
     """``keras-preact-train --backend fastest`` (the README's main command): the figures of every installed
     backend printed, the fastest of them chosen and said, the run trained and written on it."""
