@@ -464,6 +464,25 @@ def test_backend_fastest_times_the_quickest_to_start_first_and_stops_at_an_inval
     with pytest.raises(ValueError, match=r"^Invalid depth=7: CIFAR nets"):
         backend_probe.measure_in_children(config, 3, 1, invalid)
     assert started == ["torch"]
+    started.clear()
+    monkeypatch.setattr(backends, "installed", lambda name: name == "jax")
+    assert backend_probe.measure_in_children(config, 3, 1, child) == ({}, {}) and started == []  # nothing to choose
+
+
+@pytest.mark.any_backend
+def test_backend_fastest_with_one_backend_installed_times_nothing(monkeypatch, capsys):
+    """One backend installed: ``--backend fastest`` takes it without starting a child process."""
+    monkeypatch.setattr(backends, "installed", lambda name: name == "torch")
+    monkeypatch.setattr(subprocess, "run", lambda *a, **k: pytest.fail("a process was started"))
+    parser = cli.build_parser()
+    assert cli.choose_fastest(parser.parse_args(["--backend", "fastest"]), parser) == "torch"
+    assert capsys.readouterr().out == "[measure] torch is the one Keras backend installed: nothing to time\n"
+    monkeypatch.setattr(backends, "installed", lambda name: False)
+    with pytest.raises(SystemExit) as stop:
+        cli.choose_fastest(parser.parse_args(["--backend", "fastest"]), parser)
+    assert stop.value.code == 2 and capsys.readouterr().err == (
+        "keras-preact-train: error: --backend fastest: no Keras backend is installed: install one of tensorflow, "
+        "jax, torch\n")
 
 
 @pytest.mark.any_backend  # every installed backend is measured, whichever the pass's is

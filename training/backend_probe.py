@@ -124,7 +124,8 @@ def measure_in_children(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS
     the quickest to start first. The children check ``config``: ValueError with the first one's message where it
     is invalid (exit ``INVALID_CONFIG``), the other backends not started."""
     figures, failed = {}, {}
-    for backend in (b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)):
+    present = [b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)]
+    for backend in present if len(present) > 1 else ():  # one installed: nothing to choose between, nothing timed
         ms, why = child(backend, config, steps, warmup)
         if ms is None and why.startswith(f"exit {INVALID_CONFIG}: "):
             raise ValueError(why.split(": ", 1)[1])

@@ -141,9 +141,6 @@ def choose_fastest(args, parser):
     are printed. None (said in one line) when no backend gave a figure."""
     from . import backend_probe
 
-    if "keras" in sys.modules:
-        parser.error("--backend fastest: Keras is already imported in this process, so its backend is fixed; run "
-                     "keras-preact-train in a new process")
     if args.config:
         parser.error("--backend fastest measures a preset's model before Keras loads; with --config name the "
                      "backend (the run's config.json records keras_backend)")
@@ -152,6 +149,16 @@ def choose_fastest(args, parser):
     steps, warmup = args.measure_steps, backend_probe.MEASURE_WARMUP_STEPS
     if steps < 1:
         parser.error(f"argument --measure-steps: {steps} given, at least 1 is required")
+    present = [b for b in backends.BACKENDS if backends.installed(b)]
+    if not present:
+        parser.exit(2, "keras-preact-train: error: --backend fastest: no Keras backend is installed: install one "
+                       "of tensorflow, jax, torch\n")
+    if len(present) == 1:
+        print(f"[measure] {present[0]} is the one Keras backend installed: nothing to time", flush=True)
+        return present[0]
+    if "keras" in sys.modules:
+        parser.error("--backend fastest: Keras is already imported in this process, so its backend is fixed; run "
+                     "keras-preact-train in a new process")
     # Checking a config loads Keras (its options are the library's), which would fix the backend here: the
     # children check it, and the first to find it invalid stops the measurement with its message.
     config = config_from_args(args, parser, check=False)
