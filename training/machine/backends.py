@@ -2,8 +2,9 @@
 
 Keras reads ``KERAS_BACKEND``, else ``backend`` in ``~/.keras/keras.json`` (``$KERAS_HOME``), else uses
 TensorFlow; ``keras-preact-train`` follows it, and ``--backend NAME`` overrides it for one run. Nothing is
-measured and no process is started to decide: ``keras-preact-train --measure-backends`` times the installed
-backends on a run's model when asked (``keras_preact_training.backend_probe``) and says how to set the fastest.
+measured and no process is started to decide unless asked: ``keras-preact-train --measure-backends`` times the
+installed backends on a run's model (``keras_preact_training.backend_probe``) and says how to set the fastest;
+``--backend fastest`` times them, then trains on the fastest.
 The commands that load a model (export, evaluate, serve) take, where TensorFlow is missing and nothing is
 configured, the backend the run recorded (``for_command``). The library never changes the backend.
 This module imports nothing but the standard library, so it runs before Keras loads.
