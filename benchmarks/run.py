@@ -159,19 +159,20 @@ def run_training(name, args):
         "torch": args.notf_python or args.python,
     }
     made, found = [], []
+    named = [b for b in args.backends if b != "fastest"]  # fastest is a whole run's choice: epoch only
     if name == "epoch":
         if args.data_dir is None:
             raise SystemExit("epoch needs --data-dir, the CIFAR-10 image folder (train/, test/)")
         found = training_table.epoch(args.backends, pythons, args.rounds, args.epochs, args.steps_per_epoch,
                                      args.data_dir, depth=args.depth, image_size=(args.image_size,) * 2)
-    elif [b for b in args.backends if b != "fastest"]:
+    elif named:
         unit = "ms/step" if name != "eval" else "ms/batch"
         spes = args.steps_per_execution if name == "host_cost" else (1,)
         steps = args.host_steps if name == "host_cost" else args.steps
         found = [
             (case, backend, ours, ref, unit, "lower", versions, label)
             for case, backend, ours, ref, versions, label in training_table.in_process(
-                name, [b for b in args.backends if b != "fastest"], pythons, args.rounds, steps, spes
+                name, named, pythons, args.rounds, steps, spes
             )
         ]
     for case, backend, ours, reference, unit, better, versions, label in found:

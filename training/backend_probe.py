@@ -100,40 +100,46 @@ def run_child(backend, config, steps, warmup, timeout=MEASURE_TIMEOUT_S):
         return None, f"no result line in its output: {done.stdout[-200:]!r}"
 
 
+def _time_each(names, time_one):
+    """({backend: ms/step}, {backend: why it gave none}) of ``time_one(backend) -> (ms or None, why)``."""
+    figures, failed = {}, {}
+    for backend in names:
+        ms, why = time_one(backend)
+        if ms is None:
+            failed[backend] = why
+        else:
+            figures[backend] = ms
+    return figures, failed
+
+
 def measure(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_child):
     """({backend: ms/step}, {backend: why it failed}) for every installed backend: the one Keras loaded here
     in this process, the others through ``child``."""
     import keras
 
     here = keras.backend.backend()
-    figures, failed = {}, {}
-    for backend in [here, *(b for b in backends.BACKENDS if b != here and backends.installed(b))]:
+
+    def time_one(backend):
         if backend == here:
-            figures[backend] = median_step_ms(config, steps, warmup)[0]
-            continue
-        ms, why = child(backend, config, steps, warmup)
-        if ms is None:
-            failed[backend] = why
-        else:
-            figures[backend] = ms
-    return figures, failed
+            return median_step_ms(config, steps, warmup)[0], None
+        return child(backend, config, steps, warmup)
+
+    return _time_each([here, *(b for b in backends.BACKENDS if b != here and backends.installed(b))], time_one)
 
 
 def measure_in_children(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_child):
     """``measure`` before Keras loads (``--backend fastest``): every installed backend timed in a child process,
     the quickest to start first. The children check ``config``: ValueError with the first one's message where it
     is invalid (exit ``INVALID_CONFIG``), the other backends not started."""
-    figures, failed = {}, {}
-    present = [b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)]
-    for backend in present if len(present) > 1 else ():  # one installed: nothing to choose between, nothing timed
+
+    def time_one(backend):
         ms, why = child(backend, config, steps, warmup)
         if ms is None and why.startswith(f"exit {INVALID_CONFIG}: "):
             raise ValueError(why.split(": ", 1)[1])
-        if ms is None:
-            failed[backend] = why
-        else:
-            figures[backend] = ms
-    return figures, failed
+        return ms, why
+
+    present = [b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)]
+    return _time_each(present if len(present) > 1 else (), time_one)  # one installed: nothing to choose between
 
 
 def report(config, figures, failed, steps, warmup):

@@ -502,7 +502,7 @@ def export(run_dir, export_dir):
               f"model.keras is saved. Export later with: keras-preact-export {run_dir} (where TensorFlow is "
               f"installed), or here: keras-preact-export {run_dir} --format onnx,openvino")
         return None
-    from keras_preact.export import FORMATS  # loads TensorFlow where installed: only once the run is done
+    from keras_preact.export import FORMATS
 
     backend = keras.backend.backend()
     if backend not in FORMATS["saved_model"].exporters:  # PyTorch: TensorFlow writes it, from the saved model.keras

@@ -27,10 +27,15 @@ import keras
 from keras_preact.export import version_dir
 from keras_preact.export.contract import ServingContract
 
-if importlib.util.find_spec("tensorflow") is not None:
-    from keras_preact.export.saved_model import write_saved_model
-else:  # check_formats refuses the SavedModel first, naming TensorFlow
-    write_saved_model = None
+
+def write_saved_model(*args, **kwargs):
+    """``keras_preact.export.saved_model.write_saved_model``, imported when a SavedModel is written: that module
+    imports TensorFlow, which importing this package does not (``check_formats`` refuses the format first where
+    TensorFlow is missing)."""
+    from keras_preact.export.saved_model import write_saved_model as write
+
+    return write(*args, **kwargs)
+
 
 TENSORFLOW = "pip install tensorflow"
 _DISPLAY = {"tensorflow": "TensorFlow"}
