@@ -83,6 +83,49 @@ def test_the_launcher_turns_tensorflows_onednn_kernels_on_unless_the_user_says(o
     assert done.returncode == 0 and done.stdout.split() == [expected], done.stderr[-2000:]
 
 
+# Twenty 8 MiB blocks (a CIFAR ResNet-20's activations at batch 128) alive, then freed, ten times over, in a fresh
+# process: the minor page faults a round, after the launcher (argv[1] == "launch") or without it.
+FREED_BLOCKS = """
+import resource, sys
+import numpy as np
+from keras_preact_training.machine import start_up
+kept = start_up.launch() if sys.argv[1] == "launch" else None
+def step():
+    blocks = [np.ones(2 << 20, np.float32) for _ in range(20)]
+    del blocks
+step()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+for _ in range(10):
+    step()
+print((resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) // 10)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's malloc settings")
+@pytest.mark.parametrize("launch, user_setting, reused", [
+    ("launch", None, True),
+    ("none", None, False),
+    ("launch", {"MALLOC_TRIM_THRESHOLD_": "131072"}, False),  # the user's own setting wins
+], ids=["launched", "not-launched", "user-setting"])
+def test_the_launcher_keeps_freed_activations_for_the_next_step(launch, user_setting, reused):
+    """glibc gives freed blocks back to the kernel and faults them in again page by page (20,000 faults an evaluation
+    batch of ResNet-20 on PyTorch); after the launcher a step reuses the last step's memory."""
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k not in ("LD_PRELOAD",
+                                                                                             "GLIBC_TUNABLES")}
+    done = subprocess.run([sys.executable, "-c", FREED_BLOCKS, launch], capture_output=True, text=True, timeout=600,
+                          cwd=REPO, env=environ | (user_setting or {}))
+    assert done.returncode == 0, done.stderr[-2000:]
+    faults = int(done.stdout.split()[-1])
+    pages = 20 * (8 << 20) // 4096  # 40,960 a round when every block is faulted in again
+    assert (faults < pages // 100) if reused else (faults > pages // 10), faults
+
+
+def test_the_allocator_setting_is_left_to_the_users_own():
+    for name in start_up.ALLOCATOR_VARIABLES:
+        assert start_up.keep_freed_memory({name: "x"}) is False
+    assert start_up.keep_freed_memory({}) is (sys.platform.startswith("linux"))
+
+
 # A small network's predictions in a fresh process (oneDNN on or off): the same seeded weights, the same input.
 PREDICT = """
 import sys
