@@ -51,8 +51,9 @@ _RANKS = (2, 3, 4, 5)
 _DTYPES = ("float32", "float64")
 
 
-def _torch_training(x, gamma, beta, channel_axis, epsilon):
-    """``(output, batch mean, biased batch variance)`` from one fused kernel; None where it does not apply."""
+def _torch_training(x, gamma, beta, channel_axis, epsilon, relu=False):
+    """``(output, batch mean, biased batch variance)`` from one fused kernel; None where it does not apply.
+    ``relu``: the output's ReLU in place (the kernel's gradient reads its input, not its output)."""
     import torch
     import torch.nn.functional as F
 
@@ -68,13 +69,16 @@ def _torch_training(x, gamma, beta, channel_axis, epsilon):
     mean = torch.zeros(x.shape[1], dtype=x.dtype, device=x.device)
     unbiased = torch.ones(x.shape[1], dtype=x.dtype, device=x.device)
     y = F.batch_norm(x, mean, unbiased, gamma, beta, training=True, momentum=1.0, eps=epsilon)
+    if relu:
+        y = F.relu(y, inplace=True)
     if channels_last:
         y = torch.movedim(y, 1, -1)
     return y, mean, unbiased * ((count - 1) / count)
 
 
-def _torch_inference(x, mean, variance, gamma, beta, channel_axis, epsilon):
-    """The normalization by the moving statistics from one fused kernel; None where it does not apply."""
+def _torch_inference(x, mean, variance, gamma, beta, channel_axis, epsilon, relu=False):
+    """The normalization by the moving statistics from one fused kernel; None where it does not apply.
+    ``relu``: the output's ReLU in place."""
     import torch
     import torch.nn.functional as F
 
@@ -85,13 +89,15 @@ def _torch_inference(x, mean, variance, gamma, beta, channel_axis, epsilon):
     if channels_last:  # a view: NHWC memory seen as channels-last NCHW (explicit permutations: ONNX export
         x = x.permute(0, rank - 1, *range(1, rank - 1))  # writes torch.movedim's negative axis as a bad perm)
     y = F.batch_norm(x, mean, variance, gamma, beta, training=False, momentum=0.0, eps=epsilon)
+    if relu:
+        y = F.relu(y, inplace=True)
     return y.permute(0, *range(2, rank), 1) if channels_last else y
 
 
-# backend name -> fused training kernel (x, gamma or None, beta or None, channel axis, epsilon).
+# backend name -> fused training kernel (x, gamma or None, beta or None, channel axis, epsilon, relu=False).
 FUSED_TRAINING = {"torch": _torch_training}
 # backend name -> fused inference kernel (x, moving mean, moving variance, gamma or None, beta or None,
-# channel axis, epsilon).
+# channel axis, epsilon, relu=False).
 FUSED_INFERENCE = {"torch": _torch_inference}
 # The largest difference from Keras' layer the inference kernels may make, relative to the output's largest magnitude.
 INFERENCE_RTOL = 1e-6
@@ -148,6 +154,13 @@ class BatchNormalization(keras.layers.BatchNormalization):
         if result is None:
             return super().call(inputs, training=training, mask=mask)
         outputs, mean, variance = result
+        self.update_moving_statistics(mean, variance, moving_mean, moving_variance)
+        return ops.cast(outputs, self.compute_dtype)
+
+    def update_moving_statistics(self, mean, variance, moving_mean=None, moving_variance=None):
+        """Keras' update of the moving statistics by a training batch's ``mean`` and biased ``variance``:
+        ``moving = moving * momentum + batch * (1 - momentum)`` (``moving_*``: their values, if already read)."""
+        moving_mean = self.moving_mean.value if moving_mean is None else moving_mean
+        moving_variance = self.moving_variance.value if moving_variance is None else moving_variance
         self.moving_mean.assign(moving_mean * self.momentum + mean * (1.0 - self.momentum))
         self.moving_variance.assign(moving_variance * self.momentum + variance * (1.0 - self.momentum))
-        return ops.cast(outputs, self.compute_dtype)

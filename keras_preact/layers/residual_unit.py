@@ -12,7 +12,7 @@ import functools
 import keras
 from keras import ops
 
-from keras_preact.layers import convolution
+from keras_preact.layers import convolution, unit_kernels
 from keras_preact.layers import options as opt
 from keras_preact.layers.convolution import Conv2D
 from keras_preact.layers.unit_config import UnitConfig
@@ -140,7 +140,8 @@ class ResidualUnit(keras.layers.Layer):
         **kwargs: Keras' layer arguments (``name``, ``dtype``, ...).
 
     ``build`` turns the options, through the tables of ``options.py``, into a ``UnitPlan`` of ``Step``
-    records (pre-activation, branch, shortcut, addition); ``call`` runs them. Once built, the sublayers are
+    records (pre-activation, branch, shortcut, addition); ``call`` runs them (on PyTorch, where they apply, as
+    direct kernel calls: ``unit_kernels``, the same numbers). Once built, the sublayers are
     reached through the plan: ``convs()``, ``norm(place, conv)``, ``projection()``, ``gate()``,
     ``steps(kind, place)``, ``plan()``.
 
@@ -224,6 +225,7 @@ class ResidualUnit(keras.layers.Layer):
         self._activation_fn = opt.get_activation(self.options.activation)
         self._regularizer = opt.get_regularizer(self.options.kernel_regularizer)
         self._plan = None
+        self._fast = None  # the plan as direct PyTorch calls (unit_kernels), where they apply
 
     # ----------------------------------------------------------------------------------- build
     def _track(self, layer):
@@ -368,16 +370,19 @@ class ResidualUnit(keras.layers.Layer):
         _build_steps(self._plan.shortcut, shape)
         if gate is not None:
             gate.build(shape)
+        self._fast = unit_kernels.fast_plan(self._plan, self.dtype_policy)
 
     # ------------------------------------------------------------------------------------ call
     def call(self, inputs, training=None):
-        plan = self._plan
-        x = _run(plan.preactivation, inputs, training)
-        branch = _run(plan.branch, x, training)
-        shortcut = _run(plan.shortcut, x, training)
+        plan, steps, run = self._plan, self._plan, _run
+        if self._fast is not None and self._fast.accepts(inputs):  # PyTorch: the steps' kernels, called directly
+            steps, run = self._fast, unit_kernels.run
+        x = run(steps.preactivation, inputs, training)
+        branch = run(steps.branch, x, training)
+        shortcut = run(steps.shortcut, x, training)
         if plan.gate is not None:
             shortcut, branch = opt.GATES[plan.gate_kind](plan.gate(x), shortcut, branch)
-        return _run(plan.addition, shortcut + branch, training)
+        return run(steps.addition, shortcut + branch, training)
 
     def compute_output_shape(self, input_shape):
         shape = list(input_shape)

@@ -1,0 +1,125 @@
+"""ResidualUnit's fast path on PyTorch (``keras_preact.layers.unit_kernels``): the steps' kernels called directly.
+
+Every design the unit builds gives, through the fast path, the numbers of its layers bit for bit: outputs in
+training and inference, the input's and every weight's gradient, the moving statistics. The fast path calls no
+sublayer's ``Layer.__call__`` where a kernel applies, and is not taken where ``Layer.__call__`` casts (mixed
+precision). On other backends there is no fast path.
+"""
+
+import keras
+import numpy as np
+import pytest
+
+from keras_preact.layers import ORDERINGS, SHORTCUTS, ResidualUnit, unit_kernels
+from keras_preact.models import create_model
+
+pytestmark = [pytest.mark.core, pytest.mark.notf]
+on_torch = pytest.mark.skipif(keras.backend.backend() != "torch", reason="the fast path is PyTorch's")
+
+# (block, strides, input channels, filters, options): identity, option A, projections, bottlenecks, and steps
+# the fast path leaves to their layers (weight-standardized convs, GELU, group norm, dropout, gates).
+CASES = {
+    "basic-identity": ("basic", 1, 16, 16, {}),
+    "basic-option-a": ("basic", 2, 16, 32, {"shortcut_type": "A"}),
+    "basic-projection": ("basic", 2, 16, 32, {}),
+    "bottleneck-projection": ("bottleneck", 2, 32, 64, {"stride_position": "first"}),
+    "bottleneck-3x3-stride": ("bottleneck", 2, 32, 64, {"output_bias": True}),
+    "weight-standardized-gelu": ("basic", 2, 16, 32, {"convolution": "weight_standardized", "activation": "gelu"}),
+    "group-norm-dropout": ("basic", 1, 32, 32, {"normalization": "group", "norm_groups": 8, "dropout_rate": 0.3}),
+}
+
+
+def both_paths(filters, strides, shape, **options):
+    """The same unit (same seed, same weights) twice: the fast path, then the layers' path."""
+    units = []
+    for fast in (True, False):
+        keras.utils.set_random_seed(7)
+        unit = ResidualUnit(filters, strides, **options)
+        unit.build(shape)
+        if not fast:
+            unit._fast = None
+        units.append(unit)
+    return units
+
+
+def step_results(unit, x, training):
+    """Output, the input's gradient, the weights after the step and every trainable weight's gradient."""
+    import torch
+
+    keras.utils.set_random_seed(3)  # dropout draws the same mask on both paths
+    inputs = torch.tensor(x, requires_grad=True)
+    outputs = unit(inputs, training=training)
+    (outputs * outputs).sum().backward()
+    gradients = [v.value.grad for v in unit.trainable_weights]
+    return ([outputs.detach().numpy(), inputs.grad.numpy()] + [w.numpy() for w in unit.weights]
+            + [g.numpy() for g in gradients if g is not None])
+
+
+@on_torch
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("case", sorted(CASES))
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_the_fast_path_gives_the_layers_numbers_bit_for_bit(ordering, case, training, rng):
+    block, strides, channels, filters, options = CASES[case]
+    x = rng.normal(size=(4, 8, 8, channels)).astype("float32")
+    fast, layers = both_paths(filters, strides, x.shape, block=block, ordering=ordering, **options)
+    assert fast._fast is not None and layers._fast is None
+    for step in range(2):  # the second step reads the moving statistics the first one updated
+        for got, expected in zip(step_results(fast, x, training), step_results(layers, x, training), strict=True):
+            np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")
+
+
+@on_torch
+@pytest.mark.parametrize("shortcut", sorted(SHORTCUTS))
+def test_every_shortcut_of_table_1_gives_the_layers_numbers(shortcut, rng):
+    x = rng.normal(size=(4, 8, 8, 16)).astype("float32")
+    fast, layers = both_paths(16, 1, x.shape, shortcut=shortcut)
+    for training in (True, False):
+        for got, expected in zip(step_results(fast, x, training), step_results(layers, x, training), strict=True):
+            np.testing.assert_array_equal(got, expected)
+
+
+@on_torch
+def test_a_forward_pass_calls_no_norm_or_conv_layer_inside_a_unit(monkeypatch):
+    """The point of the fast path: the units' norms and convs run without ``Layer.__call__``."""
+    model = create_model("cifar_resnet20", num_classes=10)
+    inside = {id(layer) for unit in model._flatten_layers() if isinstance(unit, ResidualUnit)
+              for layer in unit._sublayers}
+    called = []
+    layer_call = keras.layers.Layer.__call__
+
+    def counting(self, *args, **kwargs):
+        if id(self) in inside:
+            called.append(self.name)
+        return layer_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+    x = np.zeros((2, 32, 32, 3), "float32")
+    model(x, training=False)
+    model(x, training=True)
+    assert called == []
+
+
+@on_torch
+def test_mixed_precision_units_run_their_layers(rng):
+    unit = ResidualUnit(16, dtype="mixed_float16")
+    unit.build((2, 8, 8, 16))
+    assert unit._fast is None
+    assert keras.backend.standardize_dtype(unit(rng.normal(size=(2, 8, 8, 16)).astype("float32")).dtype) == "float16"
+
+
+@on_torch
+def test_a_float64_input_runs_the_layers(rng):
+    import torch
+
+    unit = ResidualUnit(16)
+    unit.build((2, 8, 8, 16))
+    assert not unit._fast.accepts(torch.zeros((2, 8, 8, 16), dtype=torch.float64))
+    assert unit._fast.accepts(torch.zeros((2, 8, 8, 16)))
+
+
+@pytest.mark.skipif(keras.backend.backend() == "torch", reason="other backends only")
+def test_other_backends_have_no_fast_path():
+    unit = ResidualUnit(16)
+    unit.build((2, 8, 8, 16))
+    assert unit._fast is None and unit_kernels.fast_plan(unit.plan(), unit.dtype_policy) is None
