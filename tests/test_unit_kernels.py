@@ -123,3 +123,69 @@ def test_other_backends_have_no_fast_path():
     unit = ResidualUnit(16)
     unit.build((2, 8, 8, 16))
     assert unit._fast is None and unit_kernels.fast_plan(unit.plan(), unit.dtype_policy) is None
+
+
+def both_backbones(name, **kwargs):
+    """The same network (same seed) twice: its chain's kernels called directly, then Keras' functional graph."""
+    models = []
+    for fast in (True, False):
+        keras.utils.set_random_seed(11)
+        backbone = create_model(name, **kwargs).backbone
+        if not fast:
+            backbone._fast_chain = None
+        models.append(backbone)
+    return models
+
+
+def forward_results(model, x, training):
+    import torch
+
+    inputs = torch.tensor(x, requires_grad=True)
+    outputs = model(inputs, training=training)
+    (outputs * outputs).sum().backward()
+    return ([outputs.detach().numpy(), inputs.grad.numpy()] + [w.numpy() for w in model.weights]
+            + [v.value.grad.numpy() for v in model.trainable_weights if v.value.grad is not None])
+
+
+@on_torch
+@pytest.mark.parametrize("training", [True, False], ids=["training", "inference"])
+@pytest.mark.parametrize("name, kwargs", [
+    ("cifar_resnet20", {}),
+    ("cifar_resnet20", {"ordering": "original"}),
+    ("cifar_resnet20", {"ordering": "relu_only_preact"}),
+    ("imagenet_resnet18", {"layout": "fb"}),  # a padded 7x7/2 stem conv, BN-ReLU, a zero-padded max-pool
+    ("imagenet_resnet18", {"layout": "timm"}),  # the stem conv alone, an edge-padded max-pool
+], ids=["full-preact", "original", "relu-only-preact", "imagenet-fb", "imagenet-timm"])
+def test_a_backbones_chain_gives_its_graphs_numbers_bit_for_bit(name, kwargs, training, rng):
+    size = 32 if name.startswith("cifar") else 64
+    fast, graph = both_backbones(name, num_classes=10, input_shape=(size, size, 3), **kwargs)
+    assert fast._fast_chain is not None
+    x = rng.normal(size=(2, size, size, 3)).astype("float32")
+    for step in range(2):
+        for got, expected in zip(forward_results(fast, x, training), forward_results(graph, x, training), strict=True):
+            np.testing.assert_array_equal(got, expected, err_msg=f"step {step}")
+
+
+@on_torch
+def test_a_backbone_forward_calls_only_its_own_layer_call(monkeypatch):
+    """No layer inside the backbone (stem, units, their sublayers, the final norm) runs ``Layer.__call__``."""
+    model = create_model("cifar_resnet20", num_classes=10)
+    inside = {id(layer) for layer in model.backbone._flatten_layers(include_self=False)}
+    called = []
+    layer_call = keras.layers.Layer.__call__
+
+    def counting(self, *args, **kwargs):
+        if id(self) in inside:
+            called.append(self.name)
+        return layer_call(self, *args, **kwargs)
+
+    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
+    x = np.zeros((2, 32, 32, 3), "float32")
+    model(x, training=False)
+    model(x, training=True)
+    assert called == []
+
+
+@on_torch
+def test_mixed_precision_backbones_run_their_graph():
+    assert create_model("cifar_resnet20", dtype="mixed_float16").backbone._fast_chain is None

@@ -134,13 +134,19 @@ def _step(step, x, training):
     return step(x, training)
 
 
+def _unit(unit, x, training):
+    """A ``ResidualUnit`` with a fast plan, through its ``call`` (float32: its ``Layer.__call__`` adds nothing)."""
+    return unit.call(x, training=training)
+
+
 def _fast_conv_layer(op):
     return (type(op) is Conv2D and _plain(op) and op.groups == 1 and op.activation is keras.activations.linear
             and getattr(op, "quantization_mode", None) is None)
 
 
-def _functions(steps):
-    """One function per step, a norm and the ReLU after it as one, a pad folded into the conv after it."""
+def _functions(steps, fold_padding=True):
+    """One function per step, a norm and the ReLU after it as one, a pad folded into the conv after it (where
+    ``fold_padding``, as ``ResidualUnit`` runs its strided convs on every path)."""
     from keras_preact.layers import residual_unit
 
     functions, i = [], 0
@@ -152,7 +158,7 @@ def _functions(steps):
             functions.append(functools.partial(_norm, op, relu))
             i += 2 if relu else 1
             continue
-        if step.kind == "pad" and following is not None and isinstance(following.op, Conv2D):
+        if step.kind == "pad" and fold_padding and following is not None and isinstance(following.op, Conv2D):
             padding = tuple(tuple(int(p) for p in pair) for pair in op.padding)
             if _fast_conv_layer(following.op):
                 functions.append(functools.partial(_conv, following.op, padding))
@@ -160,7 +166,9 @@ def _functions(steps):
                 functions.append(functools.partial(_padded_layer, following.op, padding))
             i += 2
             continue
-        if step.kind in ("conv", "projection") and _fast_conv_layer(op):
+        if step.kind == "unit":
+            functions.append(functools.partial(_unit, op))
+        elif step.kind in ("conv", "projection") and _fast_conv_layer(op):
             functions.append(functools.partial(_conv, op, None))
         elif step.kind == "act" and _is_relu(op):
             functions.append(_relu)
@@ -172,10 +180,46 @@ def _functions(steps):
     return tuple(functions)
 
 
+def _applies(dtype_policy):
+    return (keras.backend.backend() == "torch" and fused.enabled() and convolution.folds_padding()
+            and dtype_policy.compute_dtype == "float32" and dtype_policy.variable_dtype == "float32")
+
+
 def fast_plan(plan, dtype_policy):
     """The ``FastPlan`` of a built unit's ``plan``, or None where the unit runs its layers (module docstring)."""
-    if keras.backend.backend() != "torch" or not fused.enabled() or not convolution.folds_padding():
-        return None
-    if dtype_policy.compute_dtype != "float32" or dtype_policy.variable_dtype != "float32":
+    if not _applies(dtype_policy):
         return None
     return FastPlan(*(_functions(steps) for steps in (plan.preactivation, plan.branch, plan.shortcut, plan.addition)))
+
+
+@dataclasses.dataclass(frozen=True)
+class FastChain:
+    """A chain of layers (a backbone's stem, units and final ops) as functions ``(x, training) -> x``."""
+
+    functions: tuple
+    accepts = staticmethod(FastPlan.accepts)
+
+    def __call__(self, x, training):
+        return run(self.functions, x, training)
+
+
+def chain_plan(layers, dtype_policy):
+    """The ``FastChain`` of a linear chain of built ``layers``, or None where a unit in it has no fast plan: units
+    through their ``call``, the stem's and the end's norms, ReLUs and convs as the units' steps; padding and
+    pooling layers through their layers (a stem's padding is not folded into its conv: the layers' numbers)."""
+    from keras_preact.layers.residual_unit import ResidualUnit, Step
+
+    if not _applies(dtype_policy):
+        return None
+    steps = []
+    for layer in layers:
+        if isinstance(layer, ResidualUnit):
+            if layer._fast is None:
+                return None
+            steps.append(Step("unit", "chain", None, layer))
+        elif isinstance(layer, keras.layers.Activation) and _plain(layer) and _is_relu(layer.activation):
+            steps.append(Step("act", "chain", None, keras.activations.relu))
+        else:
+            kind = "norm" if isinstance(layer, BatchNormalization) else "conv" if isinstance(layer, Conv2D) else "layer"
+            steps.append(Step(kind, "chain", None, layer))
+    return FastChain(_functions(steps, fold_padding=False))

@@ -12,7 +12,7 @@ import math
 
 import keras
 
-from keras_preact.layers import ResidualUnit, UnitConfig
+from keras_preact.layers import ResidualUnit, UnitConfig, unit_kernels
 from keras_preact.layers import options as opt
 from keras_preact.layers.padding import EdgePadding2D
 from keras_preact.models import remat as remat_lib
@@ -320,10 +320,16 @@ class PreActResNetBackbone(keras.Model):
         flat_names = [n for stage in stage_unit_names for n in stage]
         self._remat_groups = tuple(tuple(position[flat_names[u]] for u in group)
                                    for group in remat_lib.unit_groups(remat, units))
+        # On PyTorch, the chain as direct kernel calls (unit_kernels): the graph's numbers without its machinery.
+        self._fast_chain = unit_kernels.chain_plan([self.get_layer(n) for n in self._chain_names], self.dtype_policy)
 
     def call(self, inputs, training=None, mask=None, **kwargs):
-        """The functional graph; in training with ``remat``, its units grouped into checkpoints."""
+        """The functional graph (on PyTorch, its chain's kernels called directly: ``unit_kernels.chain_plan``); in
+        training with ``remat``, its units grouped into checkpoints."""
         if not (training and self._remat_groups) or mask is not None or kwargs:
+            fast = self._fast_chain
+            if fast is not None and mask is None and not kwargs and fast.accepts(inputs):
+                return fast(inputs, training)
             return super().call(inputs, training=training, mask=mask, **kwargs)
         chain = [self.get_layer(name) for name in self._chain_names]
         return remat_lib.run_chain(chain, self._remat_groups, inputs, training)
