@@ -79,13 +79,9 @@ def test_every_shortcut_of_table_1_gives_the_layers_numbers(shortcut, rng):
             np.testing.assert_array_equal(got, expected)
 
 
-@on_torch
-def test_a_forward_pass_calls_no_norm_or_conv_layer_inside_a_unit(monkeypatch):
-    """The point of the fast path: the units' norms and convs run without ``Layer.__call__``."""
-    model = create_model("cifar_resnet20", num_classes=10)
-    inside = {id(layer) for unit in model._flatten_layers() if isinstance(unit, ResidualUnit)
-              for layer in unit._sublayers}
-    called = []
+def layer_calls(monkeypatch, layers, forward):
+    """The names of ``layers`` whose ``Layer.__call__`` ran in ``forward()``."""
+    inside, called = {id(layer) for layer in layers}, []
     layer_call = keras.layers.Layer.__call__
 
     def counting(self, *args, **kwargs):
@@ -94,10 +90,18 @@ def test_a_forward_pass_calls_no_norm_or_conv_layer_inside_a_unit(monkeypatch):
         return layer_call(self, *args, **kwargs)
 
     monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
-    x = np.zeros((2, 32, 32, 3), "float32")
-    model(x, training=False)
-    model(x, training=True)
-    assert called == []
+    forward()
+    return called
+
+
+@on_torch
+@pytest.mark.parametrize("ordering", sorted(ORDERINGS))
+def test_a_unit_calls_no_norm_or_conv_layer_of_its_own(ordering, monkeypatch):
+    """The point of the fast path: the unit's norms and convs run without their ``Layer.__call__``."""
+    unit = ResidualUnit(32, 2, ordering=ordering)
+    unit.build((2, 8, 8, 16))
+    x = np.zeros((2, 8, 8, 16), "float32")
+    assert layer_calls(monkeypatch, unit._sublayers, lambda: (unit(x, training=False), unit(x, training=True))) == []
 
 
 @on_torch
@@ -170,20 +174,9 @@ def test_a_backbones_chain_gives_its_graphs_numbers_bit_for_bit(name, kwargs, tr
 def test_a_backbone_forward_calls_only_its_own_layer_call(monkeypatch):
     """No layer inside the backbone (stem, units, their sublayers, the final norm) runs ``Layer.__call__``."""
     model = create_model("cifar_resnet20", num_classes=10)
-    inside = {id(layer) for layer in model.backbone._flatten_layers(include_self=False)}
-    called = []
-    layer_call = keras.layers.Layer.__call__
-
-    def counting(self, *args, **kwargs):
-        if id(self) in inside:
-            called.append(self.name)
-        return layer_call(self, *args, **kwargs)
-
-    monkeypatch.setattr(keras.layers.Layer, "__call__", counting)
     x = np.zeros((2, 32, 32, 3), "float32")
-    model(x, training=False)
-    model(x, training=True)
-    assert called == []
+    inside = model.backbone._flatten_layers(include_self=False)
+    assert layer_calls(monkeypatch, inside, lambda: (model(x, training=False), model(x, training=True))) == []
 
 
 @on_torch
