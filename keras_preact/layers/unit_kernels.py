@@ -38,7 +38,7 @@ import functools
 
 import keras
 
-from keras_preact.layers import batch_normalization, convolution, fused
+from keras_preact.layers import batch_normalization, convolution
 from keras_preact.layers.batch_normalization import BatchNormalization
 from keras_preact.layers.convolution import Conv2D
 
@@ -66,14 +66,13 @@ def run(functions, x, training):
     return x
 
 
-def _float32(layer):
-    policy = layer.dtype_policy
+def _float32(policy):
     return policy.compute_dtype == "float32" and policy.variable_dtype == "float32"
 
 
 def _plain(layer):
     """A sublayer whose ``Layer.__call__`` adds nothing to its ``call``: float32, no activity regularizer."""
-    return _float32(layer) and getattr(layer, "activity_regularizer", None) is None
+    return _float32(layer.dtype_policy) and getattr(layer, "activity_regularizer", None) is None
 
 
 def _is_relu(op):
@@ -109,7 +108,7 @@ def _conv(layer, input_padding, x, training):
     y = convolution.FAST_CONV["torch"](x, layer.kernel, layer.strides, layer.padding, layer.data_format,
                                        layer.dilation_rate, input_padding)
     if y is None:
-        return layer(x, input_padding=input_padding) if input_padding is not None else layer(x)
+        return layer(x, input_padding=input_padding)
     return y + layer.bias.value if layer.use_bias else y
 
 
@@ -181,8 +180,7 @@ def _functions(steps, fold_padding=True):
 
 
 def _applies(dtype_policy):
-    return (keras.backend.backend() == "torch" and fused.enabled() and convolution.folds_padding()
-            and dtype_policy.compute_dtype == "float32" and dtype_policy.variable_dtype == "float32")
+    return keras.backend.backend() == "torch" and convolution.folds_padding() and _float32(dtype_policy)
 
 
 def fast_plan(plan, dtype_policy):

@@ -326,10 +326,11 @@ class PreActResNetBackbone(keras.Model):
     def call(self, inputs, training=None, mask=None, **kwargs):
         """The functional graph (on PyTorch, its chain's kernels called directly: ``unit_kernels.chain_plan``); in
         training with ``remat``, its units grouped into checkpoints."""
-        if not (training and self._remat_groups) or mask is not None or kwargs:
-            fast = self._fast_chain
-            if fast is not None and mask is None and not kwargs and fast.accepts(inputs):
-                return fast(inputs, training)
+        remat = training and self._remat_groups
+        fast = self._fast_chain
+        if fast is not None and not remat and mask is None and not kwargs and fast.accepts(inputs):
+            return fast(inputs, training)
+        if not remat or mask is not None or kwargs:
             return super().call(inputs, training=training, mask=mask, **kwargs)
         chain = [self.get_layer(name) for name in self._chain_names]
         return remat_lib.run_chain(chain, self._remat_groups, inputs, training)
