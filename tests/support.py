@@ -363,7 +363,9 @@ def decline_usage_telemetry():
 
 
 # ---------------------------------------------------------------------- a numpy model's server in its own process
-# A Server on a numpy model: y = sum(x) per example, after sleeping x[0][1] seconds (0: no sleep).
+# A Server on a numpy model: y = sum(x) per example, after sleeping x[0][1] seconds (0: no sleep). With a file
+# descriptor as argv[5], the model writes one line there for each example as it enters the model (before its
+# sleep): a test waits on those lines, the event, not on a guess of how long the requests take to arrive.
 NUMPY_SERVER = """
 import sys, time
 import numpy as np
@@ -380,8 +382,13 @@ class Model:
         return {"model_version_status": [{"version": "1", "state": "AVAILABLE"}]}
 
     def predict(self, signature_name, inputs):
+        if entered is not None:
+            entered.write("".join(f"{row[0]:g}\\n" for row in inputs["x"]))
+            entered.flush()
         time.sleep(float(inputs["x"][0][1]))
         return {"y": inputs["x"].sum(axis=1)}
+
+entered = open(int(sys.argv[5]), "w") if len(sys.argv) > 5 else None
 
 batching = None if sys.argv[1] == "off" else BatchingOptions(batching_max_size=8, batching_timeout_ms=50)
 in_flight = {} if sys.argv[4] == "default" else {"max_bodies_in_flight_bytes": int(sys.argv[4])}
@@ -395,9 +402,10 @@ print("exited", flush=True)
 """
 
 
-def start_numpy_server(batching, timeout, max_body, max_bodies_in_flight=None):
+def start_numpy_server(batching, timeout, max_body, max_bodies_in_flight=None, report_entries=False):
     """(process, port) of ``NUMPY_SERVER`` in its own process: ``batching`` "off" or "on", the request limits given
-    (``max_bodies_in_flight`` None: the server's default)."""
+    (``max_bodies_in_flight`` None: the server's default). With ``report_entries``, ``process.entered`` is a text
+    pipe's read end (a file descriptor) the model writes a line to for each example entering it (``wait_for_entries`` reads them)."""
     import pathlib
     import select
     import subprocess
@@ -407,13 +415,41 @@ def start_numpy_server(batching, timeout, max_body, max_bodies_in_flight=None):
 
     repo = str(pathlib.Path(keras_preact.__file__).parents[1])  # where keras_preact_serving is found too
     in_flight = "default" if max_bodies_in_flight is None else str(max_bodies_in_flight)
-    process = subprocess.Popen([sys.executable, "-c", NUMPY_SERVER, batching, str(timeout), str(max_body), in_flight],
-                               stdout=subprocess.PIPE, text=True,
-                               env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
-                                    "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), repo]))})
+    arguments = [sys.executable, "-c", NUMPY_SERVER, batching, str(timeout), str(max_body), in_flight]
+    read_end = write_end = None
+    if report_entries:
+        read_end, write_end = os.pipe()
+        arguments.append(str(write_end))
+    try:
+        process = subprocess.Popen(
+            arguments, stdout=subprocess.PIPE, text=True, pass_fds=() if write_end is None else (write_end,),
+            env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3",
+                 "PYTHONPATH": os.pathsep.join(filter(None, [os.environ.get("PYTHONPATH"), repo]))})
+    finally:
+        if write_end is not None:
+            os.close(write_end)  # the server holds the only write end: its exit ends the file
+    process.entered = read_end
     ready, _, _ = select.select([process.stdout], [], [], 120)
     assert ready, "the server did not start"
     return process, int(process.stdout.readline())
+
+
+def wait_for_entries(process, values, timeout=120):
+    """Returns once the examples whose first values are ``values`` (floats other than 0: the server's warm-up sends
+    zeros) have all entered the model of a server started with ``report_entries``, which reports each as it enters
+    (a line on the pipe ``process.entered``, read unbuffered so that ``select`` sees every line); fails after
+    ``timeout`` s. An example in a batch call in progress has entered."""
+    import select
+    import time
+
+    wanted, seen, data, deadline = {float(v) for v in values}, set(), b"", time.monotonic() + timeout
+    while not wanted <= seen:
+        ready, _, _ = select.select([process.entered], [], [], max(0.0, deadline - time.monotonic()))
+        assert ready, f"of {sorted(wanted)}, only {sorted(wanted & seen)} reached the model in {timeout} s"
+        chunk = os.read(process.entered, 4096)
+        assert chunk, f"the server closed its report with only {sorted(wanted & seen)} of {sorted(wanted)} in the model"
+        data += chunk
+        seen = {float(line) for line in data.decode().split()}
 
 
 def stop_numpy_server(process):

@@ -19,7 +19,7 @@ import time
 
 import pytest
 
-from support import start_numpy_server, stop_numpy_server
+from support import start_numpy_server, stop_numpy_server, wait_for_entries
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend, pytest.mark.once]
 
@@ -27,9 +27,9 @@ TIMEOUT = 3.0  # the server's request_timeout: long enough for a loaded CI machi
 MAX_BODY = 1000
 IDLE, SLOW = 1000, 50  # idle connections and slowloris clients (issue 25)
 
-def start_server(batching="off", timeout=TIMEOUT, max_body=MAX_BODY):
+def start_server(batching="off", timeout=TIMEOUT, max_body=MAX_BODY, report_entries=False):
     """(process, port) of a server on a numpy model (support.NUMPY_SERVER) in its own process."""
-    return start_numpy_server(batching, timeout, max_body)
+    return start_numpy_server(batching, timeout, max_body, report_entries=report_entries)
 
 
 stop_server = stop_numpy_server
@@ -249,23 +249,24 @@ def test_chunked_bodies_are_read_and_bounded_by_max_body_bytes(served):
 @pytest.mark.parametrize("batching", ["off", "on"])
 def test_sigterm_answers_the_requests_in_flight_then_exits_0(batching):
     """8 predicts in flight (each 1 s in the model, merged or not), then SIGTERM: all 8 are answered,
-    a new connection is refused, and the process exits 0."""
-    process, port = start_server(batching)
+    a new connection is refused, and the process exits 0. SIGTERM is sent once the model has reported all 8
+    requests entering it (the event, however slow the machine), while each is still in its 1 s."""
+    process, port = start_server(batching, report_entries=True)
     replies = [None] * 8
 
     def client(i):
-        replies[i] = exchange(port, predict_request([[float(i), 1.0]], "close"), timeout=60)[0]
+        replies[i] = exchange(port, predict_request([[i + 1.0, 1.0]], "close"), timeout=60)[0]
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
     for thread in threads:
         thread.start()
-    time.sleep(0.5)  # every request is in the model
+    wait_for_entries(process, [i + 1.0 for i in range(8)])
     process.send_signal(signal.SIGTERM)
     for thread in threads:
         thread.join(60)
     assert process.wait(timeout=60) == 0
     assert process.stdout.read().strip() == "exited"
-    assert [(r[0], r[2]) for r in replies] == [(200, {"predictions": [i + 1.0]}) for i in range(8)]
+    assert [(r[0], r[2]) for r in replies] == [(200, {"predictions": [i + 2.0]}) for i in range(8)]
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", port), timeout=5)
 
