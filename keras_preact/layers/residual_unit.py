@@ -370,6 +370,9 @@ class ResidualUnit(keras.layers.Layer):
         _build_steps(self._plan.shortcut, shape)
         if gate is not None:
             gate.build(shape)
+        if not self.trainable:  # made frozen (``trainable=False``, a frozen model's config): so are its sublayers
+            for layer in self._sublayers:
+                layer.trainable = False
         self._fast = unit_kernels.fast_plan(self._plan, self.dtype_policy)
 
     # ------------------------------------------------------------------------------------ call
@@ -423,3 +426,10 @@ class ResidualUnit(keras.layers.Layer):
     def gate(self):
         """The gating shortcuts' 1x1 conv g(x) (Fig. 2c/d), or None."""
         return self.plan().gate
+
+    @property
+    def kernel_plan(self):
+        """The built unit's steps as direct PyTorch kernel calls (``unit_kernels.FastPlan``), or None where it
+        runs its layers: another backend, mixed precision, ``KERAS_PREACT_FAST_PATH`` below 2 when it was built
+        (``fused.fast_path_level``), or not built yet."""
+        return self._fast

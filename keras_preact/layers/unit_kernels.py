@@ -21,7 +21,8 @@ that call, on the sublayers' own variables, the kernels their layers call (``bat
 
 Used on PyTorch on the Keras releases in ``fused.CHECKED_KERAS``, for a unit whose dtype policy is float32
 and a float32 tensor input; otherwise (mixed precision, whose casts are ``Layer.__call__``'s) the unit runs
-its steps through their layers.
+its steps through their layers. ``KERAS_PREACT_FAST_PATH=1`` (or ``0``) in the environment when a unit is built
+turns it off for that unit (``fused.fast_path_level``): ``unit.kernel_plan`` is then None.
 
 Examples:
     >>> import keras
@@ -38,7 +39,7 @@ import functools
 
 import keras
 
-from keras_preact.layers import batch_normalization, convolution
+from keras_preact.layers import batch_normalization, convolution, fused
 from keras_preact.layers.batch_normalization import BatchNormalization
 from keras_preact.layers.convolution import Conv2D
 
@@ -143,11 +144,16 @@ def _fast_conv_layer(op):
             and getattr(op, "quantization_mode", None) is None)
 
 
+def _is_zero_channels(step):
+    """Option A's zero channels (``residual_unit``'s ``functools.partial`` of ``channels`` and ``axis``)."""
+    op = step.op
+    return step.kind == "zero_channels" and isinstance(op, functools.partial) and set(op.keywords) == {"channels",
+                                                                                                        "axis"}
+
+
 def _functions(steps, fold_padding=True):
     """One function per step, a norm and the ReLU after it as one, a pad folded into the conv after it (where
     ``fold_padding``, as ``ResidualUnit`` runs its strided convs on every path)."""
-    from keras_preact.layers import residual_unit
-
     functions, i = [], 0
     while i < len(steps):
         step, following = steps[i], steps[i + 1] if i + 1 < len(steps) else None
@@ -171,7 +177,7 @@ def _functions(steps, fold_padding=True):
             functions.append(functools.partial(_conv, op, None))
         elif step.kind == "act" and _is_relu(op):
             functions.append(_relu)
-        elif step.kind == "zero_channels" and getattr(op, "func", None) is residual_unit._zero_channels:
+        elif _is_zero_channels(step):
             functions.append(functools.partial(_zero_channels, op.keywords["channels"], op.keywords["axis"]))
         else:
             functions.append(functools.partial(_step, step))
@@ -180,7 +186,8 @@ def _functions(steps, fold_padding=True):
 
 
 def _applies(dtype_policy):
-    return keras.backend.backend() == "torch" and convolution.folds_padding() and _float32(dtype_policy)
+    return (keras.backend.backend() == "torch" and fused.fast_path_level() >= 2 and convolution.folds_padding()
+            and _float32(dtype_policy))
 
 
 def fast_plan(plan, dtype_policy):
@@ -188,6 +195,17 @@ def fast_plan(plan, dtype_policy):
     if not _applies(dtype_policy):
         return None
     return FastPlan(*(_functions(steps) for steps in (plan.preactivation, plan.branch, plan.shortcut, plan.addition)))
+
+
+@dataclasses.dataclass(frozen=True)
+class _ChainStep:
+    """A layer of a chain, as ``_functions`` reads a unit's ``Step`` (``kind``, ``op``, called on ``x``)."""
+
+    kind: str
+    op: object
+
+    def __call__(self, x, training=None):
+        return self.op(x, training=training)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -204,20 +222,19 @@ class FastChain:
 def chain_plan(layers, dtype_policy):
     """The ``FastChain`` of a linear chain of built ``layers``, or None where a unit in it has no fast plan: units
     through their ``call``, the stem's and the end's norms, ReLUs and convs as the units' steps; padding and
-    pooling layers through their layers (a stem's padding is not folded into its conv: the layers' numbers)."""
-    from keras_preact.layers.residual_unit import ResidualUnit, Step
-
+    pooling layers through their layers (a stem's padding is not folded into its conv: the layers' numbers). A unit
+    is a layer with a ``kernel_plan`` attribute (``ResidualUnit``'s ``FastPlan``)."""
     if not _applies(dtype_policy):
         return None
     steps = []
     for layer in layers:
-        if isinstance(layer, ResidualUnit):
-            if layer._fast is None:
+        if hasattr(layer, "kernel_plan"):
+            if not isinstance(layer.kernel_plan, FastPlan):
                 return None
-            steps.append(Step("unit", "chain", None, layer))
+            steps.append(_ChainStep("unit", layer))
         elif isinstance(layer, keras.layers.Activation) and _plain(layer) and _is_relu(layer.activation):
-            steps.append(Step("act", "chain", None, keras.activations.relu))
+            steps.append(_ChainStep("act", keras.activations.relu))
         else:
             kind = "norm" if isinstance(layer, BatchNormalization) else "conv" if isinstance(layer, Conv2D) else "layer"
-            steps.append(Step(kind, "chain", None, layer))
+            steps.append(_ChainStep(kind, layer))
     return FastChain(_functions(steps, fold_padding=False))

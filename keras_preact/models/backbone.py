@@ -77,6 +77,16 @@ def check_input_shape(input_shape, total_stride, data_format="channels_last", ar
             )
 
 
+def _image_shape_argument(input_shape, image_shape):
+    """``input_shape``, or keras-hub's vision backbones' name for it, ``image_shape``: one of them given."""
+    if image_shape is None:
+        return input_shape
+    if input_shape != (None, None, 3) and tuple(input_shape) != tuple(image_shape):
+        raise ValueError(f"Invalid image_shape={tuple(image_shape)!r} with input_shape={tuple(input_shape)!r}: "
+                         "they name one argument (image_shape is keras-hub's name); give one.")
+    return image_shape
+
+
 def check_model_kwargs(model, kwargs):
     """Keras' own keyword arguments a model accepts beyond its signature (``trainable``, from configs);
     anything else, a typo included, is refused by name."""
@@ -266,13 +276,8 @@ class PreActResNetBackbone(keras.Model):
         name=None,
         **kwargs,
     ):
-        image_shape = kwargs.pop("image_shape", None)  # keras-hub's name; the config keeps input_shape
+        input_shape = _image_shape_argument(input_shape, kwargs.pop("image_shape", None))
         check_model_kwargs(type(self).__name__, kwargs)
-        if image_shape is not None:  # keras-hub's vision backbones' name
-            if input_shape != (None, None, 3) and tuple(input_shape) != tuple(image_shape):
-                raise ValueError(f"Invalid image_shape={tuple(image_shape)!r} with input_shape={tuple(input_shape)!r}: "
-                                 "they name one argument (image_shape is keras-hub's name); give one.")
-            input_shape = image_shape
         remat_lib.parse_remat(remat)
         units, filters, strides = _check_stages(stackwise_units, stackwise_filters, stackwise_strides)
         opt.check_choice("stem", stem, STEMS)
@@ -301,26 +306,24 @@ class PreActResNetBackbone(keras.Model):
         if dtype is not None:  # a functional model drops dtype=; set as keras-hub's Backbone does
             self.dtype_policy = keras.dtype_policies.get(dtype)
         # The deepest stage at each stride (with the stride on a stage's last unit, two can share one).
-        self.pyramid_outputs = {
-            info["level"]: tensor for info, tensor in zip(feature_info, stage_outputs) if info["level"]
-        }
-        self.feature_info = feature_info
-        self.stage_unit_names = stage_unit_names
+        self.pyramid_outputs = {info["level"]: out for info, out in zip(feature_info, stage_outputs) if info["level"]}
+        self.feature_info, self.stage_unit_names = feature_info, stage_unit_names
         self.stackwise_units, self.stackwise_filters, self.stackwise_strides = units, filters, strides
         self.stem, self.stem_filters, self.stem_bias, self.stem_ops = stem, stem_filters, stem_bias, stem_ops
-        self.stride_on_last_unit = stride_on_last_unit
+        self.stride_on_last_unit, self.drop_path_rate, self.remat = stride_on_last_unit, drop_path_rate, remat
         self.unit_options, self.unit_overrides = unit_options, unit_overrides
-        self.drop_path_rate = drop_path_rate
-        self.image_shape = tuple(input_shape)
-        self.data_format = data_format
-        self.remat = remat
+        self.image_shape, self.data_format = tuple(input_shape), data_format
+        self._plan_chain()
+
+    def _plan_chain(self):
+        """The layer chain's names, the remat groups' positions in it and, on PyTorch, the chain as direct kernel
+        calls (``unit_kernels.chain_plan``: the graph's numbers without its machinery)."""
         # Layer names, not layers: a list of layers set on a model would be tracked as its layers again.
         self._chain_names = tuple(layer.name for layer in linear_chain(self))
         position = {name: i for i, name in enumerate(self._chain_names)}
-        flat_names = [n for stage in stage_unit_names for n in stage]
+        flat_names = [n for stage in self.stage_unit_names for n in stage]
         self._remat_groups = tuple(tuple(position[flat_names[u]] for u in group)
-                                   for group in remat_lib.unit_groups(remat, units))
-        # On PyTorch, the chain as direct kernel calls (unit_kernels): the graph's numbers without its machinery.
+                                   for group in remat_lib.unit_groups(self.remat, self.stackwise_units))
         self._fast_chain = unit_kernels.chain_plan([self.get_layer(n) for n in self._chain_names], self.dtype_policy)
 
     def call(self, inputs, training=None, mask=None, **kwargs):
@@ -334,6 +337,33 @@ class PreActResNetBackbone(keras.Model):
             return super().call(inputs, training=training, mask=mask, **kwargs)
         chain = [self.get_layer(name) for name in self._chain_names]
         return remat_lib.run_chain(chain, self._remat_groups, inputs, training)
+
+    @property
+    def kernel_plan(self):
+        """The backbone's layer chain as direct PyTorch kernel calls (``unit_kernels.FastChain``), or None where
+        ``call`` runs the functional graph: another backend, mixed precision, ``KERAS_PREACT_FAST_PATH`` below 2
+        when it was built (``keras_preact.layers.fused.fast_path_level``)."""
+        return self._fast_chain
+
+    def group_matcher(self):
+        """The backbone's layer names by group, in the order they run (timm's ``group_matcher``, for freezing
+        and per-group learning rates): ``"stem"`` (the layers before the first unit), ``"stage1"`` ... (each
+        stage's units) and ``"final"`` (the ordering's final ops, Sec. 4.1; empty where it has none).
+
+        Examples:
+            >>> from keras_preact.models import cifar_resnet
+            >>> groups = cifar_resnet(8, include_top=False).group_matcher()
+            >>> {group: len(names) for group, names in groups.items()}
+            {'stem': 1, 'stage1': 1, 'stage2': 1, 'stage3': 1, 'final': 2}
+            >>> groups["stage2"], groups["final"]
+            (('stage2_unit1',), ('final_norm', 'final_act'))
+        """
+        chain = self._chain_names
+        first, last = chain.index(self.stage_unit_names[0][0]), chain.index(self.stage_unit_names[-1][-1])
+        groups = {"stem": chain[:first]}
+        groups.update({f"stage{s + 1}": tuple(names) for s, names in enumerate(self.stage_unit_names)})
+        groups["final"] = chain[last + 1:]
+        return groups
 
     @property
     def residual_units(self):

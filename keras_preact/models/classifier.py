@@ -127,6 +127,24 @@ class PreActResNetClassifier(keras.Model):
             features = layer(features, training=training) if dropout else layer(features)
         return features
 
+    def reset_classifier(self, num_classes, *, class_names=None, dropout=None):
+        """This classifier's backbone (the same layers and weights, not a copy) under a new, freshly initialised
+        head of ``num_classes`` (``None``: the pooled features), as timm's ``reset_classifier``; a Keras functional
+        model's graph is fixed, so the new classifier is returned and this one keeps its head. Pooling,
+        activation and input config are this one's; ``dropout`` too unless given.
+
+        Examples:
+            >>> from keras_preact.models import create_model
+            >>> model = create_model("cifar_resnet20")
+            >>> five = model.reset_classifier(5, class_names=["a", "b", "c", "d", "e"])
+            >>> five.output_shape, five.backbone is model.backbone, model.output_shape
+            ((None, 5), True, (None, 10))
+        """
+        return PreActResNetClassifier(self.backbone, num_classes, pooling=self.pooling,
+                                      dropout=self.dropout if dropout is None else dropout,
+                                      activation=self.activation, input_config=self.input_config,
+                                      class_names=class_names, name=self.name)
+
     def get_config(self):
         return {
             "name": self.name,
