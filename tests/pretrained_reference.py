@@ -100,6 +100,8 @@ def random_state(depth, *, bit=False, num_classes=7, seed=0):
 
     def conv(name, o, i, k, gain=1.0):  # the last conv of a branch small, so activations stay O(1) with depth
         state[name] = (rng.standard_normal((o, i, k, k)) * gain * np.sqrt(2.0 / (i * k * k))).astype(np.float32)
+        if bit:  # standardized: the scale cancels but for StdConv2d's eps 1e-8, now 1% of the variance (1e-6)
+            state[name] *= np.float32(1e-3 / state[name].std())
 
     def norm(name, c):  # BiT's standardized kernels undo a small conv gain: small GN scales keep it O(1)
         state[f"{name}.weight"] = rng.uniform(*((0.05, 0.15) if bit else (0.5, 1.5)), c).astype(np.float32)

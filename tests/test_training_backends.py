@@ -485,6 +485,24 @@ def test_backend_fastest_with_one_backend_installed_times_nothing(monkeypatch, c
         "jax, torch\n")
 
 
+@pytest.mark.any_backend
+@pytest.mark.parametrize("figures, fastest", [
+    ({"tensorflow": 60.4, "jax": 55.0, "torch": 41.2}, "torch"),
+    ({"tensorflow": 60.4, "jax": 12.5, "torch": 41.2}, "jax"),
+    ({"tensorflow": 30.0, "jax": 55.0, "torch": 41.2}, "tensorflow"),
+], ids=["last", "middle", "first"])
+def test_backend_fastest_takes_the_backend_measured_fastest(figures, fastest, monkeypatch):
+    """``--backend fastest`` trains on the backend with the smallest measured step time, wherever it was timed in
+    the order: the measurement is fed fake figures (no timing here), so the choice alone is judged."""
+    from keras_preact_training import backend_probe
+
+    monkeypatch.setattr(backends, "installed", lambda name: True)
+    monkeypatch.delitem(sys.modules, "keras")  # the measurement runs before Keras loads
+    monkeypatch.setattr(backend_probe, "measure_in_children", lambda config, steps, warmup: (dict(figures), {}))
+    parser = cli.build_parser()
+    assert cli.choose_fastest(parser.parse_args(["--backend", "fastest"]), parser) == fastest
+
+
 @pytest.mark.any_backend  # every installed backend is measured, whichever the pass's is
 @pytest.mark.skipif(not HAS_TF, reason="run where the README's main command is: TensorFlow and PyTorch installed")
 def test_backend_fastest_measures_every_installed_backend_then_trains_on_the_fastest(tmp_path):

@@ -139,10 +139,11 @@ NORMALIZATIONS = {
 
 
 # The convolution of every weight layer of a unit and of the stem: Keras' (through ``Conv2D``), or with its kernel
-# standardized per output channel (Qiao et al. 2019; BiT's with GroupNorm, Kolesnikov et al. 2020: epsilon 1e-8).
+# standardized per output channel (Qiao et al. 2019; BiT's with GroupNorm, Kolesnikov et al. 2020: its default
+# epsilon, BiT's 1e-8, written once, in the layer).
 CONVOLUTIONS = {
     "standard": lambda **kw: Conv2D(**kw),
-    "weight_standardized": lambda **kw: WeightStandardizedConv2D(epsilon=1e-8, **kw),
+    "weight_standardized": lambda **kw: WeightStandardizedConv2D(**kw),
 }
 
 
