@@ -405,7 +405,8 @@ print("exited", flush=True)
 def start_numpy_server(batching, timeout, max_body, max_bodies_in_flight=None, report_entries=False):
     """(process, port) of ``NUMPY_SERVER`` in its own process: ``batching`` "off" or "on", the request limits given
     (``max_bodies_in_flight`` None: the server's default). With ``report_entries``, ``process.entered`` is a text
-    pipe's read end (a file descriptor) the model writes a line to for each example entering it (``wait_for_entries`` reads them)."""
+    pipe's read end (a file descriptor) the model writes a line to for each example entering it
+    (``wait_for_entries`` reads them)."""
     import pathlib
     import select
     import subprocess
@@ -471,3 +472,16 @@ TF_START_UP_LINE = re.compile(
 def our_lines(text):
     """The non-empty lines of a command's stderr, TensorFlow's own start-up lines (``TF_START_UP_LINE``) left out."""
     return [line for line in text.splitlines() if line.strip() and not TF_START_UP_LINE.match(line)]
+
+
+def require_data(path, what):
+    """Skip the test when the data set at ``path`` is not there, or, under CI (``CI=true``, as GitHub Actions and
+    most CI services set it), fail it: a CI run without the data would pass while testing less."""
+    if path.exists():
+        return
+    import pytest
+
+    if os.environ.get("CI") == "true":
+        pytest.fail(f"{path} is not here ({what}): with CI=true a missing data set fails the tests that read it; "
+                    "put it there, or unset CI to skip them", pytrace=False)
+    pytest.skip(f"{path} is not here ({what})")

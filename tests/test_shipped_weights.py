@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 
 from keras_preact.models import create_model, list_models, model_spec
+from support import require_data
 
 pytestmark = pytest.mark.notf
 
@@ -47,8 +48,7 @@ PUBLISHED_FROM = {
 def _cifar_members(split, per_class=None):
     """(member name, class name, JPEG bytes) of the tarball's ``split``, the first ``per_class`` of each
     class by file number (all with None), sorted by class then number."""
-    if not CIFAR_TAR.exists():
-        pytest.skip(f"{CIFAR_TAR} is not here (the shared CIFAR-10 JPEG folder)")
+    require_data(CIFAR_TAR, "the CIFAR-10 JPEG tarball")
     found = []
     with tarfile.open(CIFAR_TAR) as tar:
         for member in tar:

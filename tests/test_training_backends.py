@@ -32,6 +32,7 @@ from support import (
     crop_draws,
     misnamed_metrics,
     printed_metrics,
+    require_data,
 )
 
 pytestmark = pytest.mark.notf
@@ -62,8 +63,7 @@ def saved_weights(path):
 @pytest.fixture(scope="module")
 def cifar_folder(tmp_path_factory):
     """A small real CIFAR-10 JPEG tree: 12 train and 4 test images per class from the shared tarball."""
-    if not CIFAR_TAR.exists():
-        pytest.skip(f"{CIFAR_TAR} is not here")
+    require_data(CIFAR_TAR, "the CIFAR-10 JPEG tarball")
     root = tmp_path_factory.mktemp("cifar")
     wanted = {"train": 12, "test": 4}
     with tarfile.open(CIFAR_TAR) as tar:
@@ -483,6 +483,23 @@ def test_backend_fastest_with_one_backend_installed_times_nothing(monkeypatch, c
     assert stop.value.code == 2 and capsys.readouterr().err == (
         "keras-preact-train: error: --backend fastest: no Keras backend is installed: install one of tensorflow, "
         "jax, torch\n")
+
+
+@pytest.mark.any_backend
+@pytest.mark.parametrize("ci", [None, "false", "true"])
+def test_a_missing_data_set_skips_its_tests_but_fails_them_under_ci(ci, tmp_path, monkeypatch):
+    """The real-data tests skip without the CIFAR-10 tarball beside the clone; under ``CI=true`` they fail, naming
+    it (a CI run without the data would pass while testing less); with the data they run."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
+    missing = tmp_path / "cifar10-jpeg.tar.gz"
+    with pytest.raises(pytest.fail.Exception if ci == "true" else pytest.skip.Exception) as outcome:
+        require_data(missing, "the CIFAR-10 JPEG tarball")
+    assert str(outcome.value).startswith(f"{missing} is not here (the CIFAR-10 JPEG tarball)")
+    missing.write_bytes(b"")
+    assert require_data(missing, "the CIFAR-10 JPEG tarball") is None
 
 
 @pytest.mark.any_backend
