@@ -2,8 +2,9 @@
 
 ``keras_preact.layers.fused.CHECKED_KERAS`` holds the oldest and newest Keras ``major.minor`` their equality
 tests (tests/test_batch_normalization.py, tests/test_convolution.py) ran on. The oldest is pyproject's lower
-bound and those tests run on it here (PyTorch, the backend with fused kernels); the newest covers the Keras
-CI installs (the newest pip resolves). On any other release the layers take Keras' own path.
+bound and those tests run on it here (PyTorch, the backend with fused kernels), with those of the units' direct
+kernel calls (tests/test_unit_kernels.py: bit for bit the layers' numbers); the newest covers the Keras CI
+installs (the newest pip resolves). On any other release the layers take Keras' own path.
 """
 
 import os
@@ -79,8 +80,9 @@ def test_on_an_unchecked_keras_the_layers_are_keras_own(version, monkeypatch, rn
 @pytest.mark.any_backend  # it runs the equality tests on PyTorch in a process of its own
 @pytest.mark.once
 def test_the_fused_layers_equal_keras_on_the_lowest_allowed_keras(tmp_path):
-    """The equality tests on PyTorch with pyproject's lowest Keras (``pip install --no-deps --target``: that Keras
-    first on PYTHONPATH, everything else from this environment)."""
+    """The equality tests, the units' and backbones' direct kernel calls' included, on PyTorch with pyproject's
+    lowest Keras (``pip install --no-deps --target``: that Keras first on PYTHONPATH, everything else from this
+    environment)."""
     pytest.importorskip("torch")
     low = allowed_keras()[0]
     lowest = low if low.count(".") == 2 else f"{low}.0"
@@ -95,7 +97,8 @@ def test_the_fused_layers_equal_keras_on_the_lowest_allowed_keras(tmp_path):
                              capture_output=True, text=True, timeout=300)
     assert version.stdout.strip() == f"{lowest} True", version.stderr[-2000:]  # the fused paths on, and tested below
     run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", "-m", "core",
-                          "tests/test_batch_normalization.py", "tests/test_convolution.py"],
+                          "tests/test_batch_normalization.py", "tests/test_convolution.py",
+                          "tests/test_unit_kernels.py"],
                          env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stdout[-4000:]
     assert re.search(r"\b\d+ passed\b", run.stdout) and " failed" not in run.stdout, run.stdout[-2000:]

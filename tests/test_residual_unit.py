@@ -18,7 +18,7 @@ from support import (
     zero_branch,
 )
 
-pytestmark = pytest.mark.core
+pytestmark = [pytest.mark.core, pytest.mark.notf]  # notf: CI runs it on PyTorch, whose units call kernels directly
 EPS = 1e-5
 
 
@@ -114,7 +114,6 @@ def reference_unit(unit, ordering, block, x, strides, projects):
     return np_relu(shortcut + t) if ordering == "original" else shortcut + t  # (a) ReLU after the addition; (c)
 
 
-@pytest.mark.notf
 @pytest.mark.parametrize("strides, filters", [(1, 16), (2, 32)], ids=["identity", "projection"])
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 @pytest.mark.parametrize("ordering", sorted(ORDERINGS))
@@ -298,7 +297,6 @@ def test_zero_init_residual_starts_with_zero_branch(rng, ordering, normalization
     np.testing.assert_allclose(to_numpy(unit(x, training=False)), expected, rtol=1e-6, atol=1e-6)
 
 
-@pytest.mark.notf
 @pytest.mark.parametrize("block", sorted(BLOCKS))
 @pytest.mark.parametrize("ordering", sorted(ORDERINGS))
 def test_zero_init_residual_zeroes_only_the_last_bn_scale_or_else_the_last_conv(ordering, block):
@@ -350,7 +348,6 @@ def test_orthogonal_initializer_and_regularizer(rng):
     assert len(unit.losses) == 2  # one L2 term per branch conv
 
 
-@pytest.mark.notf
 def test_he_normal_fan_out_initialization():
     """N(0, sqrt(2 / (k*k*filters_out))), as the official code initialises convolutions: on a bottleneck unit whose
     convolutions have fan-in != fan-out (1x1 256->64, 3x3 64->64, 1x1 64->256, the 1x1 128->256 projection), each
@@ -452,7 +449,6 @@ NON_FINITE_OR_OUT_OF_RANGE = [
 ]
 
 
-@pytest.mark.notf
 @pytest.mark.parametrize(
     "kwargs, message", NON_FINITE_OR_OUT_OF_RANGE, ids=[m.split(":")[0] for _, m in NON_FINITE_OR_OUT_OF_RANGE]
 )
