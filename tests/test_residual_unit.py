@@ -520,3 +520,15 @@ def test_every_sublayer_is_saved_once_from_the_units_one_list(tmp_path):
     assert len(keys) == len(model.weights) and all(k.startswith("layers/residual_unit/_sublayers/") for k in keys)
     convs = sorted({k.split("/")[3] for k in keys if "/conv2d" in k})
     assert convs == ["conv2d", "conv2d_1", "conv2d_2", "conv2d_3"]  # conv1, conv2, projection, gate
+
+
+def test_a_unit_made_frozen_runs_its_norms_in_inference_mode(rng):
+    """``ResidualUnit(..., trainable=False)`` (as a frozen model's config rebuilds it): its sublayers are frozen
+    with it, so in training its batch norms normalize by their moving statistics and leave them as they were."""
+    x = random_input(rng) * 3.0 + 2.0  # far from the fresh moving statistics (0, 1)
+    unit = unit_on(x, trainable=False)
+    moving = [to_numpy(w) for w in unit.non_trainable_weights]
+    np.testing.assert_array_equal(to_numpy(unit(x, training=True)), to_numpy(unit(x, training=False)))
+    assert unit.trainable_weights == []
+    for before, after in zip(moving, unit.non_trainable_weights, strict=True):
+        np.testing.assert_array_equal(to_numpy(after), before)
