@@ -22,12 +22,14 @@ class Model:
 
     def __init__(self, gate=None):
         self.calls = []  # (signature_name, batch size)
+        self.called = threading.Event()  # set by the first call
         self.gate = gate
         self.lock = threading.Lock()
 
     def predict(self, signature_name, inputs):
         with self.lock:
             self.calls.append((signature_name, len(next(iter(inputs.values())))))
+        self.called.set()
         if self.gate is not None:
             assert self.gate.wait(30)
         if signature_name == "pixels":
@@ -178,8 +180,7 @@ def test_a_full_queue_is_refused_with_503_naming_the_limit():
     threads = [threading.Thread(target=batcher.predict, args=("pixels", {"x": pixels(1, i)})) for i in range(3)]
     try:
         threads[0].start()
-        while not model.calls:  # the first runs (held by the gate) ...
-            time.sleep(0.01)
+        assert model.called.wait(30)  # the first runs (held by the gate) ...
         for t in threads[1:]:  # ... two more wait in the queue
             t.start()
         while batcher.queued() < 2:

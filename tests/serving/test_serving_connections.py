@@ -91,21 +91,25 @@ def test_idle_and_slowloris_connections_neither_lock_out_a_client_nor_stay_open(
     slow = [socket.create_connection(("127.0.0.1", port), timeout=TIMEOUT + 30) for _ in range(SLOW)]
     header = b"GET /v1/models/m HTTP/1.1\r\nHost: x\r\n" + b"X-Slow: " + b"a" * 100
     stop = threading.Event()
+    dripping = threading.Semaphore(0)  # released by each slow client once it has sent two bytes
 
     def drip(sock):
-        for byte in header:
+        for sent, byte in enumerate(header, 1):
             if stop.wait(0.5):
                 return
             try:
                 sock.sendall(bytes([byte]))
             except OSError:  # closed by the server
                 return
+            if sent == 2:
+                dripping.release()
 
     drippers = [threading.Thread(target=drip, args=(sock,)) for sock in slow]
     for thread in drippers:
         thread.start()
     try:
-        time.sleep(1.0)  # every connection is open and the slow ones have sent a byte or two
+        for _ in slow:  # every connection is open and the slow ones have sent two bytes each
+            assert dripping.acquire(timeout=TIMEOUT), "a slow client could not send its first bytes"
         reply, _ = exchange(port, predict_request([[1.5, 0.0], [2.0, 0.0]], "close"), timeout=1.0)
         assert reply[0] == 200 and reply[2] == {"predictions": [1.5, 2.0]}
         for sock in slow:

@@ -477,8 +477,9 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
     RPC gets UNAVAILABLE while those in flight are answered."""
     from keras_preact_serving.server import make_server
 
+    # A batching timeout of a minute: the two RPCs stay in flight until the shutdown's flush answers them.
     server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
-                         batching_timeout_ms=1500, batching_max_size=64)
+                         batching_timeout_ms=60000, batching_max_size=64)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.grpc_address[1]
@@ -491,13 +492,18 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
     try:
         for t in threads:
             t.start()
-        time.sleep(0.5)  # both wait in the batcher's queue for 1.5 s
+        deadline = time.monotonic() + 60
+        while server.batcher.queued() < 2:  # both in flight, waiting in the batcher's queue
+            assert time.monotonic() < deadline, server.batcher.queued()
+            time.sleep(0.01)
         code, details = _code(lambda: predict(port, {"images": images(1)}))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         stopping = threading.Thread(target=server.shutdown)
         stopping.start()
-        time.sleep(0.3)
-        assert _code(lambda: predict(port, {"images": images(1)}))[0] == grpc.StatusCode.UNAVAILABLE
+        # Refused for want of a slot until the drain begins (within its 0.1 s poll), then UNAVAILABLE.
+        while (code := _code(lambda: predict(port, {"images": images(1)}))[0]) == grpc.StatusCode.RESOURCE_EXHAUSTED:
+            assert time.monotonic() < deadline, "the server did not start draining"
+        assert code == grpc.StatusCode.UNAVAILABLE, code
         for t in threads:
             t.join(60)
         stopping.join(60)

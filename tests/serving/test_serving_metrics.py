@@ -39,7 +39,7 @@ class Model:
 
     def __init__(self, block_warm_up=False):
         self.gate, self.warm_up_gate = threading.Event(), threading.Event()
-        self.warming = threading.Event()
+        self.warming, self.holding = threading.Event(), threading.Event()  # set when a call starts to wait
         self.block_warm_up = block_warm_up
         self.calls = []
 
@@ -52,6 +52,7 @@ class Model:
             assert self.warm_up_gate.wait(30)
         self.calls.append(len(inputs["x"]))
         if inputs["x"][0][0] == HOLD:
+            self.holding.set()
             assert self.gate.wait(30)
         return {"y": inputs["x"].sum(axis=1)}
 
@@ -70,12 +71,8 @@ class Running:
     def request(self, method, path, body=None):
         """(status, reply bytes, content type)."""
         connection = http.client.HTTPConnection("127.0.0.1", self.port, timeout=30)
-        for _ in range(100):  # the server thread may not listen yet
-            try:
-                connection.request(method, path, body=None if body is None else json.dumps(body).encode())
-                break
-            except ConnectionRefusedError:
-                time.sleep(0.05)
+        # The server listens from its construction: a request before serve_forever runs waits in the backlog.
+        connection.request(method, path, body=None if body is None else json.dumps(body).encode())
         response = connection.getresponse()
         reply = response.status, response.read(), response.getheader("Content-Type")
         connection.close()
@@ -174,9 +171,8 @@ def test_queue_depth_is_the_requests_waiting_for_a_batch():
     try:
         with ThreadPoolExecutor(4) as pool:
             held = pool.submit(running.request, "POST", PREDICT, {"instances": xs(1, first=HOLD)})
+            assert model.holding.wait(30)  # the held request runs
             deadline = time.monotonic() + 30
-            while model.calls[1:] != [1] and time.monotonic() < deadline:  # the held request runs
-                time.sleep(0.01)
             waiting = [pool.submit(running.request, "POST", PREDICT, {"instances": xs(1)}) for _ in range(3)]
             while running.metrics()[depth] != 3 and time.monotonic() < deadline:
                 time.sleep(0.02)
