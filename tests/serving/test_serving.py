@@ -636,7 +636,7 @@ def test_an_undecodable_image_in_a_batch_fails_alone(batched_server):
 
 def test_a_full_batching_queue_is_answered_503(exported):
     server = make_server(exported.parent, port=0, enable_batching=True, batching_max_size=64,
-                         batching_timeout_ms=2000, batching_max_queue=2)
+                         batching_timeout_ms=60000, batching_max_queue=2)
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.server_address[1]
@@ -654,9 +654,10 @@ def test_a_full_batching_queue_is_answered_503(exported):
             time.sleep(0.01)
         code, reply = request(port, "POST", "/v1/models/cifar:predict", body)
         assert code == 503 and "batching queue is full (2 requests waiting, the limit is 2)" in reply["error"]
+        server.batcher.flush()  # what the drain does: the two queued run now (a minute's timeout outlasts the check)
         for t in waiting:
             t.join(60)
-        assert [code for code, _ in replies] == [200, 200]  # after the 2 s timeout, as one call
+        assert [code for code, _ in replies] == [200, 200]  # as one call
         assert server.batcher.stats().batch_sizes == {2: 1} and server.batcher.stats().rejected == 1
     finally:
         server.shutdown()
