@@ -28,13 +28,19 @@ from support import encode_image, photo_like, to_numpy
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "eval_view_tf.json"
 ATOL = 0.01
-# name -> (image (height, width, seed), InputConfig): down- and upscaling, each interpolation, a non-square crop.
+# name -> (image (height, width, seed), InputConfig): down- and upscaling, each interpolation, a non-square crop,
+# each crop_mode.
 CASES = {
     "landscape-32-0.875-bilinear": ((45, 60, 0), InputConfig(input_size=(32, 32, 3))),
     "small-40-1.0-bilinear": ((30, 36, 2), InputConfig(input_size=(40, 40, 3), crop_fraction=1.0)),
     "portrait-28-0.9-bicubic": ((70, 33, 1), InputConfig(input_size=(28, 28, 3), crop_fraction=0.9,
                                                           interpolation="bicubic")),
     "portrait-24x32-0.875-nearest": ((70, 33, 1), InputConfig(input_size=(24, 32, 3), interpolation="nearest")),
+    # Keras' arithmetic (keras-hub's ImageConverter: the centred square, resized without antialiasing).
+    "keras-landscape-32-0.875-bilinear-aliased": ((45, 61, 3), InputConfig(input_size=(32, 32, 3), crop_mode="keras",
+                                                                           antialias=False)),
+    "keras-portrait-24x32-1.0-bilinear": ((70, 33, 1), InputConfig(input_size=(24, 32, 3), crop_fraction=1.0,
+                                                                   crop_mode="keras")),
 }
 IMAGENET_224 = InputConfig()
 
