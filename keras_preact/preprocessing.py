@@ -248,6 +248,40 @@ def _view_config(config):
                      "[, interpolation]).")
 
 
+def input_config_from_image_converter(converter_config, default):
+    """An InputConfig from a keras-hub ``ImageConverter``'s ``get_config()``: Keras' arithmetic
+    (``crop_mode="keras"``, its ``crop_to_aspect_ratio=True``: the centred region of the input's aspect ratio,
+    resized; ``crop_fraction`` 1.0), its ``antialias`` (keras-hub's default False) and ``interpolation``, and
+    ``pixels * scale + offset`` as ``(pixels - mean) / std`` (``std = 1 / scale``, ``mean = -offset / scale``).
+    ``image_size`` None takes ``default``'s input size. A converter that pads to the aspect ratio, or squashes
+    (``crop_to_aspect_ratio=False``), has no InputConfig: ValueError naming it.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, input_config_from_image_converter
+        >>> converter = {"image_size": [224, 224], "scale": 1 / 127.5, "offset": -1.0, "interpolation": "bicubic"}
+        >>> config = input_config_from_image_converter(converter, InputConfig())
+        >>> config.mean, config.crop_mode, config.antialias, config.crop_fraction
+        ((127.5, 127.5, 127.5), 'keras', False, 1.0)
+    """
+    if converter_config.get("pad_to_aspect_ratio") or not converter_config.get("crop_to_aspect_ratio", True):
+        raise ValueError("Invalid image converter: pad_to_aspect_ratio=True or crop_to_aspect_ratio=False has no "
+                         "InputConfig (its view crops the centred region of the input's aspect ratio).")
+
+    def per_channel(name, empty):
+        value = converter_config.get(name)
+        value = [empty] * 3 if value is None else value
+        return [float(value)] * 3 if _is_number(value) else [float(v) for v in value]
+
+    scale, offset = per_channel("scale", 1.0), per_channel("offset", 0.0)
+    if not all(v > 0 for v in scale):
+        raise ValueError(f"Invalid image converter: scale={converter_config.get('scale')!r} must be positive.")
+    size = converter_config.get("image_size")
+    return InputConfig(input_size=(*size, 3) if size is not None else default.input_size,
+                       mean=tuple(-o / s for o, s in zip(offset, scale)), std=tuple(1.0 / s for s in scale),
+                       crop_fraction=1.0, interpolation=converter_config.get("interpolation", "bilinear"),
+                       crop_mode="keras", antialias=bool(converter_config.get("antialias", False)))
+
+
 # ------------------------------------------------------------------------------- view geometry
 ViewGeometry = collections.namedtuple("ViewGeometry", ["source_box", "resized", "crop_box"])
 ViewGeometry.__doc__ = """Where the evaluation view of an image comes from: ``source_box``
