@@ -43,6 +43,25 @@ def test_input_config_sizes():
 
 
 @pytest.mark.notf
+def test_resize_sizes_on_both_sides_of_a_half():
+    """Every size the view computes, at fractional parts below and above 0.5, where rounding differs from the
+    ceiling (``resize_size``), from timm's floor (``floor(img_size / crop_pct)``) or from torchvision's truncated
+    longer side."""
+    from keras_preact.models.sources import timm_crop_fraction
+    from keras_preact.preprocessing import torchvision_resized_size, view_geometry
+
+    assert InputConfig(input_size=(32, 32, 3), crop_fraction=0.875).resize_size == 37  # 36.57
+    assert InputConfig(input_size=(40, 40, 3), crop_fraction=0.9).resize_size == 45  # 44.44
+    for size, crop_pct, scale_size in ((224, 0.95, 235), (224, 0.9, 248), (23, 0.95, 24), (224, 0.875, 256)):
+        config = InputConfig(input_size=(size, size, 3), crop_fraction=timm_crop_fraction(size, crop_pct))
+        assert config.resize_size == scale_size  # 235.79, 248.89, 24.21, 256: floored
+    assert torchvision_resized_size(240, 320, 248) == (248, 330)  # 330.67
+    assert torchvision_resized_size(300, 400, 256) == (256, 341)  # 341.33
+    assert torchvision_resized_size(400, 300, 256) == (341, 256)
+    assert view_geometry(240, 320, (224, 224 / 248)).resized == (248, 330)
+
+
+@pytest.mark.notf
 @pytest.mark.parametrize("config", [
     IMAGENET_224,
     IMAGENET_320,
