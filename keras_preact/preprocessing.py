@@ -283,11 +283,19 @@ def input_config_from_image_converter(converter_config, default):
 
 
 # ------------------------------------------------------------------------------- view geometry
-ViewGeometry = collections.namedtuple("ViewGeometry", ["source_box", "resized", "crop_box"])
-ViewGeometry.__doc__ = """Where the evaluation view of an image comes from: ``source_box``
-``(top, left, height, width)`` of the image that is resized (the whole image in the ``"torchvision"`` mode),
-``resized`` ``(height, width)`` it is resized to, and ``crop_box`` ``(top, left, height, width)`` of the resized
-image that is kept."""
+class ViewGeometry(collections.namedtuple("ViewGeometry", ["source_box", "resized", "crop_box"])):
+    """Where the evaluation view of an image comes from (``view_geometry``): ``source_box``
+    ``(top, left, height, width)`` of the image that is resized (the whole image in the ``"torchvision"`` mode),
+    ``resized`` ``(height, width)`` it is resized to, and ``crop_box`` ``(top, left, height, width)`` of the resized
+    image that is kept.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, view_geometry
+        >>> view_geometry(235, 300, InputConfig(crop_fraction=224 / 235)).crop_box  # a margin of 11: round(5.5)
+        (6, 38, 224, 224)
+    """
+
+    __slots__ = ()
 
 
 def torchvision_resized_size(height, width, size):
