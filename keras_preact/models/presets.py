@@ -62,7 +62,9 @@ KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(
 # timm's for the same weights, measured through timm's view (results-imagenet.csv), not through this one.
 KERAS_HUB_RESNET_V2_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5), crop_fraction=1.0,
                                         interpolation="bicubic", crop_mode="keras", antialias=False)
-# timm's resnetv2 cfgs: IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
+# timm's resnetv2 cfgs (timm/models/resnetv2.py default_cfgs: a1h bicubic crop_pct 0.95, ra4 bicubic 0.9, BiT-M
+# in21k _cfg's bilinear 0.875, BiT-M in21k_ft_in1k 448 x 448 at crop_pct 1.0, none with crop_mode "squash"):
+# IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
 # floor(size / crop_pct) (timm_crop_fraction) in torchvision's arithmetic (crop_mode "torchvision", InputConfig's
 # default: timm's eval transform is torchvision's Resize and CenterCrop, PIL's antialiased resize); accuracy from
 # timm's results/results-imagenet.csv at that size. The ImageNet-21k heads have no published ImageNet-1k accuracy
