@@ -48,6 +48,7 @@ INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos
 # Whose arithmetic the resize and centre crop follow: torchvision's (timm's checkpoints) or Keras' (keras.applications,
 # keras-hub); ``view_geometry`` says what each computes.
 CROP_MODES = ("torchvision", "keras")
+OPTIONAL_FIELDS = ("crop_mode", "antialias")  # InputConfig.to_dict writes them where they are not the defaults
 STANDARD_CROP_FRACTION = 0.875  # 224 / 256: the shorter side resized to 256, the centre 224 x 224 kept
 MISSING_TENSORFLOW = (
     "keras_preact.preprocessing.{} runs tf.io/tf.image graph ops and needs TensorFlow: pip install tensorflow"
@@ -217,8 +218,13 @@ class InputConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self):
-        """JSON-ready: lists for the tuples. ``InputConfig.from_dict(config.to_dict()) == config``."""
-        return {f.name: _as_lists(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """JSON-ready: lists for the tuples. ``InputConfig.from_dict(config.to_dict()) == config``.
+
+        ``crop_mode`` and ``antialias`` are written only where they differ from their defaults, so a config of the
+        default arithmetic writes (and fingerprints, in a run's manifest) as it did before they existed."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in OPTIONAL_FIELDS}
+        return {f.name: _as_lists(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in defaults or getattr(self, f.name) != defaults[f.name]}
 
     @classmethod
     def from_dict(cls, config):
