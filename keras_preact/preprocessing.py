@@ -3,18 +3,27 @@
 The evaluation view of an encoded image is, in this order (``eval_view``):
 
 1. ``decode_image``: JPEG/PNG/GIF/BMP bytes to uint8 RGB ``[H, W, 3]`` (the first frame of a GIF);
-2. ``resize_shorter_side`` to ``InputConfig.resize_size`` = ``ceil(max(crop) / crop_fraction)``: the
-   aspect ratio is kept (the longer side is ``round(longer * resize_size / shorter)``), bilinear with
-   antialiasing, float32 output;
-3. ``center_crop`` to the crop ``(height, width)`` = ``input_size[:2]`` (offsets ``(side - crop) // 2``);
+2. the resize and 3. the centre crop to the crop ``(height, width)`` = ``input_size[:2]``, computed as the
+   checkpoint's own library computes them (``InputConfig.crop_mode``, ``view_geometry``):
+
+   - ``"torchvision"`` (timm's eval transform, the default): ``resize_shorter_side`` to
+     ``InputConfig.resize_size`` = ``ceil(max(crop) / crop_fraction)``, the longer side truncated
+     (``int(size * longer / shorter)``, torchvision's ``Resize``), then ``center_crop`` at offsets
+     ``int(round((side - crop) / 2))`` (torchvision's ``CenterCrop``; Python's round, ties to even);
+   - ``"keras"`` (keras.applications and keras-hub): ``resize_to_aspect_ratio``, Keras'
+     ``Resizing(crop_to_aspect_ratio=True)``: the centred largest region of the target's aspect ratio
+     (Keras' float32 arithmetic, offsets truncated), resized to ``ceil(crop / crop_fraction)`` per side; then
+     the centre crop at offsets ``(side - crop) // 2`` (``keras.layers.CenterCrop``);
+
+   both resize with the config's ``interpolation`` and ``antialias``, float32 output;
 
 then ``normalize``: ``(pixels - mean) / std`` in 0-255 pixel units. ``crop_fraction`` 0.875 is the
 standard ImageNet test (shorter side 256, centre 224 x 224); 1.0 resizes the shorter side to the crop
 itself (CIFAR, whose images are already at the crop size, and the 320 x 320 test of a network trained at
 224: ``InputConfig.at_test_size``).
 
-``InputConfig`` and the format tables need nothing but the standard library. The image functions are
-TensorFlow graph functions (``tf.io``/``tf.image``), run inside ``tf.data`` and inside exported
+``InputConfig``, ``view_geometry`` and the format tables need nothing but the standard library. The image
+functions are TensorFlow graph functions (``tf.io``/``tf.image``), run inside ``tf.data`` and inside exported
 SavedModels; TensorFlow is imported when one is called, and without it the call raises one ImportError
 saying so. On every backend, without TensorFlow, the same view is the Keras layer
 ``keras_preact.layers.EvalView`` (``keras.ops``, saved with a model) on pixels that ``decode_image_array``
@@ -27,6 +36,7 @@ Examples:
     (256, (224, 224))
 """
 
+import collections
 import dataclasses
 import math
 import numbers
@@ -35,6 +45,10 @@ IMAGE_FORMATS = ("JPEG", "PNG", "GIF", "BMP")  # what tf.io.decode_image reads (
 # The leading bytes of each accepted format (the prefixes tf.io.decode_image itself recognises).
 IMAGE_MAGIC = {"JPEG": b"\xff\xd8\xff", "PNG": b"\x89PNG", "GIF": b"GIF8", "BMP": b"BM"}
 INTERPOLATIONS = ("bilinear", "nearest", "bicubic", "area", "lanczos3", "lanczos5", "gaussian", "mitchellcubic")
+# Whose arithmetic the resize and centre crop follow: torchvision's (timm's checkpoints) or Keras' (keras.applications,
+# keras-hub); ``view_geometry`` says what each computes.
+CROP_MODES = ("torchvision", "keras")
+OPTIONAL_FIELDS = ("crop_mode", "antialias")  # InputConfig.to_dict writes them where they are not the defaults
 STANDARD_CROP_FRACTION = 0.875  # 224 / 256: the shorter side resized to 256, the centre 224 x 224 kept
 MISSING_TENSORFLOW = (
     "keras_preact.preprocessing.{} runs tf.io/tf.image graph ops and needs TensorFlow: pip install tensorflow"
@@ -94,6 +108,12 @@ class InputConfig:
         crop_fraction: the share of the resized image's shorter side the centre crop keeps, in (0, 1]:
             the shorter side is first resized to ``resize_size = ceil(max(crop) / crop_fraction)``.
         interpolation: the resize method (a ``tf.image.ResizeMethod`` name, ``INTERPOLATIONS``).
+        crop_mode: whose arithmetic the resize and the centre crop follow (``CROP_MODES``, ``view_geometry``):
+            ``"torchvision"`` (timm's checkpoints and the networks trained here: the shorter side resized, the
+            longer truncated, offsets rounded) or ``"keras"`` (keras.applications and keras-hub: Keras'
+            ``Resizing(crop_to_aspect_ratio=True)`` then ``CenterCrop``, offsets truncated).
+        antialias: whether a downscaling resize low-pass filters first (as PIL, which timm's transforms resize
+            with); keras-hub's ``ImageConverter`` does not (``antialias=False``, its default).
 
     Every field is checked on construction; a bad one raises ValueError naming it.
 
@@ -115,6 +135,8 @@ class InputConfig:
     std: tuple = (58.395, 57.12, 57.375)
     crop_fraction: float = STANDARD_CROP_FRACTION
     interpolation: str = "bilinear"
+    crop_mode: str = "torchvision"
+    antialias: bool = True
 
     def __post_init__(self):
         size = self.input_size
@@ -146,6 +168,11 @@ class InputConfig:
         if self.interpolation not in INTERPOLATIONS:
             raise ValueError(f"Invalid interpolation={self.interpolation!r}. Allowed values: "
                              f"{', '.join(map(repr, INTERPOLATIONS))}.")
+        if self.crop_mode not in CROP_MODES:
+            raise ValueError(f"Invalid crop_mode={self.crop_mode!r}. Allowed values: "
+                             f"{', '.join(map(repr, CROP_MODES))} (whose arithmetic the resize and crop follow).")
+        if not isinstance(self.antialias, bool):
+            raise ValueError(f"Invalid antialias={self.antialias!r}: True or False.")
 
     @property
     def crop_size(self):
@@ -161,7 +188,16 @@ class InputConfig:
         exact in binary (e.g. 0.9 at 90) does not add a pixel; at 0.875 the quotient is a multiple of
         1/7, so this changes nothing.
         """
-        return math.ceil(round(max(self.crop_size) / self.crop_fraction, 6))
+        return self._fraction_size(max(self.crop_size))
+
+    @property
+    def resize_shape(self):
+        """``(height, width)`` the ``"keras"`` crop mode resizes to: ``ceil(side / crop_fraction)`` for each side
+        of the crop (``(resize_size, resize_size)`` for a square crop)."""
+        return tuple(self._fraction_size(side) for side in self.crop_size)
+
+    def _fraction_size(self, side):
+        return math.ceil(round(side / self.crop_fraction, 6))
 
     def at_test_size(self, test_size):
         """This config evaluated at another resolution, by the rule training's evaluation uses: a
@@ -182,8 +218,13 @@ class InputConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self):
-        """JSON-ready: lists for the tuples. ``InputConfig.from_dict(config.to_dict()) == config``."""
-        return {f.name: _as_lists(getattr(self, f.name)) for f in dataclasses.fields(self)}
+        """JSON-ready: lists for the tuples. ``InputConfig.from_dict(config.to_dict()) == config``.
+
+        ``crop_mode`` and ``antialias`` are written only where they differ from their defaults, so a config of the
+        default arithmetic writes (and fingerprints, in a run's manifest) as it did before they existed."""
+        defaults = {f.name: f.default for f in dataclasses.fields(self) if f.name in OPTIONAL_FIELDS}
+        return {f.name: _as_lists(getattr(self, f.name)) for f in dataclasses.fields(self)
+                if f.name not in defaults or getattr(self, f.name) != defaults[f.name]}
 
     @classmethod
     def from_dict(cls, config):
@@ -200,19 +241,136 @@ class InputConfig:
         return cls(**config)
 
 
-def _view_parameters(config):
-    """``(crop (height, width), resize_size, interpolation)`` from an InputConfig or a tuple
-    ``(crop_size, crop_fraction[, interpolation])``."""
+def _view_config(config):
+    """An InputConfig from an InputConfig or a tuple ``(crop_size, crop_fraction[, interpolation])``."""
     if isinstance(config, InputConfig):
-        return config.crop_size, config.resize_size, config.interpolation
+        return config
     if isinstance(config, (tuple, list)) and len(config) in (2, 3):
         crop_size, crop_fraction, *interpolation = config
         size = (crop_size, crop_size) if isinstance(crop_size, numbers.Integral) else tuple(crop_size)
-        parsed = InputConfig(input_size=(*size, 3), crop_fraction=crop_fraction,
-                             interpolation=interpolation[0] if interpolation else "bilinear")
-        return parsed.crop_size, parsed.resize_size, parsed.interpolation
+        return InputConfig(input_size=(*size, 3), crop_fraction=crop_fraction,
+                           interpolation=interpolation[0] if interpolation else "bilinear")
     raise ValueError(f"Invalid input_config={config!r}: expected an InputConfig or (crop_size, crop_fraction"
                      "[, interpolation]).")
+
+
+def input_config_from_image_converter(converter_config, default):
+    """An InputConfig from a keras-hub ``ImageConverter``'s ``get_config()``: Keras' arithmetic
+    (``crop_mode="keras"``, its ``crop_to_aspect_ratio=True``: the centred region of the input's aspect ratio,
+    resized; ``crop_fraction`` 1.0), its ``antialias`` (keras-hub's default False) and ``interpolation``, and
+    ``pixels * scale + offset`` as ``(pixels - mean) / std`` (``std = 1 / scale``, ``mean = -offset / scale``).
+    ``image_size`` None takes ``default``'s input size. A converter that pads to the aspect ratio, or squashes
+    (``crop_to_aspect_ratio=False``), has no InputConfig: ValueError naming it.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, input_config_from_image_converter
+        >>> converter = {"image_size": [224, 224], "scale": 1 / 127.5, "offset": -1.0, "interpolation": "bicubic"}
+        >>> config = input_config_from_image_converter(converter, InputConfig())
+        >>> config.mean, config.crop_mode, config.antialias, config.crop_fraction
+        ((127.5, 127.5, 127.5), 'keras', False, 1.0)
+    """
+    if converter_config.get("pad_to_aspect_ratio") or not converter_config.get("crop_to_aspect_ratio", True):
+        raise ValueError("Invalid image converter: pad_to_aspect_ratio=True or crop_to_aspect_ratio=False has no "
+                         "InputConfig (its view crops the centred region of the input's aspect ratio).")
+
+    def per_channel(name, empty):
+        value = converter_config.get(name)
+        value = [empty] * 3 if value is None else value
+        return [float(value)] * 3 if _is_number(value) else [float(v) for v in value]
+
+    scale, offset = per_channel("scale", 1.0), per_channel("offset", 0.0)
+    if not all(v > 0 for v in scale):
+        raise ValueError(f"Invalid image converter: scale={converter_config.get('scale')!r} must be positive.")
+    size = converter_config.get("image_size")
+    return InputConfig(input_size=(*size, 3) if size is not None else default.input_size,
+                       mean=tuple(-o / s for o, s in zip(offset, scale)), std=tuple(1.0 / s for s in scale),
+                       crop_fraction=1.0, interpolation=converter_config.get("interpolation", "bilinear"),
+                       crop_mode="keras", antialias=bool(converter_config.get("antialias", False)))
+
+
+# ------------------------------------------------------------------------------- view geometry
+class ViewGeometry(collections.namedtuple("ViewGeometry", ["source_box", "resized", "crop_box"])):
+    """Where the evaluation view of an image comes from (``view_geometry``): ``source_box``
+    ``(top, left, height, width)`` of the image that is resized (the whole image in the ``"torchvision"`` mode),
+    ``resized`` ``(height, width)`` it is resized to, and ``crop_box`` ``(top, left, height, width)`` of the resized
+    image that is kept.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, view_geometry
+        >>> view_geometry(235, 300, InputConfig(crop_fraction=224 / 235)).crop_box  # a margin of 11: round(5.5)
+        (6, 38, 224, 224)
+    """
+
+    __slots__ = ()
+
+
+def torchvision_resized_size(height, width, size):
+    """``(height, width)`` of an image whose shorter side torchvision's ``Resize(size)`` resizes to ``size``:
+    the longer side ``int(size * longer / shorter)`` (truncated; ``_compute_resized_output_size``).
+
+    Examples:
+        >>> from keras_preact.preprocessing import torchvision_resized_size
+        >>> torchvision_resized_size(240, 320, 248)  # 320 * 248 / 240 = 330.67: 330, not 331
+        (248, 330)
+    """
+    if width <= height:
+        return int(size * height / width), size
+    return size, int(size * width / height)
+
+
+def torchvision_crop_offsets(height, width, crop_height, crop_width):
+    """``(top, left)`` of torchvision's ``CenterCrop``: ``int(round((side - crop) / 2.0))`` (Python's round, ties to
+    even).
+
+    Examples:
+        >>> from keras_preact.preprocessing import torchvision_crop_offsets
+        >>> torchvision_crop_offsets(235, 235, 224, 224), torchvision_crop_offsets(233, 233, 224, 224)
+        ((6, 6), (4, 4))
+    """
+    return int(round((height - crop_height) / 2.0)), int(round((width - crop_width) / 2.0))
+
+
+def keras_aspect_ratio_box(height, width, target_height, target_width):
+    """``(top, left, height, width)`` of the region Keras' ``resize(crop_to_aspect_ratio=True)`` keeps: the centred
+    largest region of the target's aspect ratio, sides and offsets computed in float32 and truncated, as Keras'
+    backends compute them.
+
+    Examples:
+        >>> from keras_preact.preprocessing import keras_aspect_ratio_box
+        >>> keras_aspect_ratio_box(240, 321, 224, 224)  # the centred 240 x 240 square, (321 - 240) / 2 truncated
+        (0, 40, 240, 240)
+    """
+    import numpy as np
+
+    f32 = np.float32
+    crop_height = max(min(height, int(f32(width * target_height) / f32(target_width))), 1)
+    crop_width = max(min(width, int(f32(height * target_width) / f32(target_height))), 1)
+    return int(f32(height - crop_height) / f32(2)), int(f32(width - crop_width) / f32(2)), crop_height, crop_width
+
+
+def view_geometry(height, width, input_config):
+    """The ``ViewGeometry`` of an image of ``height`` x ``width`` in the evaluation view of ``input_config`` (an
+    ``InputConfig`` or ``(crop_size, crop_fraction[, interpolation])``), by its ``crop_mode``: what ``eval_view``,
+    the ``EvalView`` layer and every export's ``serving_bytes`` compute.
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, view_geometry
+        >>> view_geometry(240, 320, InputConfig(crop_fraction=224 / 248))  # timm's: 330 wide, left round(53.0)
+        ViewGeometry(source_box=(0, 0, 240, 320), resized=(248, 330), crop_box=(12, 53, 224, 224))
+        >>> view_geometry(240, 320, InputConfig(crop_mode="keras"))  # Keras': the centre square, 256, then 16
+        ViewGeometry(source_box=(0, 40, 240, 240), resized=(256, 256), crop_box=(16, 16, 224, 224))
+    """
+    config = _view_config(input_config)
+    crop_height, crop_width = config.crop_size
+    if config.crop_mode == "keras":
+        resized = config.resize_shape
+        source = keras_aspect_ratio_box(height, width, *resized)
+        top, left = (resized[0] - crop_height) // 2, (resized[1] - crop_width) // 2
+    else:
+        source = (0, 0, height, width)
+        resized = torchvision_resized_size(height, width, config.resize_size)
+        top, left = torchvision_crop_offsets(*resized, crop_height, crop_width)
+    return ViewGeometry(source, resized, (top, left, crop_height, crop_width))
 
 
 # --------------------------------------------------------------------------------- formats
@@ -398,45 +556,101 @@ def _decode_indexed_bmp(tf, encoded, header, channels):
 
 
 def resize_shorter_side(image, size, interpolation="bilinear", antialias=True):
-    """Resize ``image`` (``[H, W, C]`` or ``[N, H, W, C]``) so that its shorter side is ``size``.
-
-    The other side is ``round(side * size / shorter)`` (computed in float32, ties to even); the output
-    is float32. ``antialias=True`` (the default, as training) low-pass filters when downscaling.
+    """Resize ``image`` (``[H, W, C]`` or ``[N, H, W, C]``) so that its shorter side is ``size``, as torchvision's
+    ``Resize(size)``: the longer side ``int(size * longer / shorter)`` (truncated, in float64 as Python computes it;
+    ``torchvision_resized_size``). The output is float32. ``antialias=True`` (the default, as training and PIL)
+    low-pass filters when downscaling.
 
     Examples:
         >>> import tensorflow as tf
         >>> from keras_preact.preprocessing import resize_shorter_side
-        >>> tuple(resize_shorter_side(tf.zeros((300, 400, 3)), 256).shape)  # 400 * 256 / 300 = 341.3
-        (256, 341, 3)
+        >>> tuple(resize_shorter_side(tf.zeros((240, 320, 3)), 248).shape)  # 320 * 248 / 240 = 330.67
+        (248, 330, 3)
     """
     tf = _tensorflow("resize_shorter_side")
-    shape = tf.cast(tf.shape(image)[-3:-1], tf.float32)
-    scale = tf.cast(size, tf.float32) / tf.reduce_min(shape)
-    new = tf.cast(tf.round(shape * scale), tf.int32)
+    shape = tf.shape(image)[-3:-1]
+    shorter = tf.cast(tf.reduce_min(shape), tf.float64)
+    new = tf.cast(tf.floor(tf.cast(size, tf.float64) * tf.cast(shape, tf.float64) / shorter), tf.int32)
     return tf.cast(tf.image.resize(image, new, method=interpolation, antialias=antialias), tf.float32)
 
 
-def center_crop(image, size):
-    """The centre ``size`` (an int or ``(height, width)``) of ``image``; offsets ``(side - crop) // 2``.
+def resize_to_aspect_ratio(image, size, interpolation="bilinear", antialias=True):
+    """Resize ``image`` (``[H, W, C]`` or ``[N, H, W, C]``) to ``size`` ``(height, width)`` as Keras'
+    ``resize(crop_to_aspect_ratio=True)`` (keras-hub's ``ImageConverter``): the centred largest region of the
+    target's aspect ratio (``keras_aspect_ratio_box``: float32 arithmetic, truncated), then resized. float32 out.
 
-    A side shorter than the crop is zero-padded (``tf.image.resize_with_crop_or_pad``); after
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import resize_to_aspect_ratio
+        >>> tuple(resize_to_aspect_ratio(tf.zeros((240, 320, 3)), (224, 224)).shape)
+        (224, 224, 3)
+    """
+    tf = _tensorflow("resize_to_aspect_ratio")
+    height, width = tf.shape(image)[-3], tf.shape(image)[-2]
+    target_height, target_width = size
+    crop_height = tf.cast(tf.cast(width * target_height, tf.float32) / target_width, tf.int32)
+    crop_height = tf.maximum(tf.minimum(height, crop_height), 1)
+    crop_width = tf.cast(tf.cast(height * target_width, tf.float32) / target_height, tf.int32)
+    crop_width = tf.maximum(tf.minimum(width, crop_width), 1)
+    top = tf.cast(tf.cast(height - crop_height, tf.float32) / 2, tf.int32)
+    left = tf.cast(tf.cast(width - crop_width, tf.float32) / 2, tf.int32)
+    image = image[..., top:top + crop_height, left:left + crop_width, :]
+    return tf.cast(tf.image.resize(image, size, method=interpolation, antialias=antialias), tf.float32)
+
+
+def center_crop(image, size, crop_mode="torchvision"):
+    """The centre ``size`` (an int or ``(height, width)``) of ``image`` (``[H, W, C]`` or ``[N, H, W, C]``), at the
+    offsets of ``crop_mode``: ``"torchvision"`` ``int(round((side - crop) / 2))`` (ties to even, as torchvision's
+    ``CenterCrop``), ``"keras"`` ``(side - crop) // 2`` (``keras.layers.CenterCrop``).
+
+    A side shorter than the crop is first zero-padded (``tf.image.resize_with_crop_or_pad``); after
     ``resize_shorter_side`` to at least the crop that never happens.
 
     Examples:
         >>> import tensorflow as tf
         >>> from keras_preact.preprocessing import center_crop
-        >>> image = tf.reshape(tf.range(16), (4, 4, 1))
-        >>> center_crop(image, 2)[..., 0].numpy().tolist()  # offsets (4 - 2) // 2
-        [[5, 6], [9, 10]]
+        >>> image = tf.reshape(tf.range(25), (5, 5, 1))
+        >>> center_crop(image, 2)[..., 0].numpy().tolist()  # offsets round(1.5) = 2
+        [[12, 13], [17, 18]]
+        >>> center_crop(image, 2, "keras")[..., 0].numpy().tolist()  # offsets 3 // 2 = 1
+        [[6, 7], [11, 12]]
     """
     tf = _tensorflow("center_crop")
+    if crop_mode not in CROP_MODES:
+        raise ValueError(f"Invalid crop_mode={crop_mode!r}. Allowed values: {', '.join(map(repr, CROP_MODES))}.")
     height, width = (size, size) if isinstance(size, numbers.Integral) else tuple(size)
-    return tf.image.resize_with_crop_or_pad(image, height, width)
+    shape = tf.shape(image)
+    image = tf.image.resize_with_crop_or_pad(image, tf.maximum(shape[-3], height), tf.maximum(shape[-2], width))
+    extra = tf.shape(image)[-3:-1] - tf.constant([height, width])
+    if crop_mode == "keras":
+        top, left = tf.unstack(extra // 2)
+    else:
+        top, left = tf.unstack(tf.cast(tf.round(tf.cast(extra, tf.float64) / 2.0), tf.int32))
+    return image[..., top:top + height, left:left + width, :]
+
+
+def view_pixels(image, input_config):
+    """The resize and centre crop of decoded ``image`` (``[H, W, C]`` or ``[N, H, W, C]``, 0-255 units) by
+    ``input_config``'s ``crop_mode`` (``view_geometry``); float32, not normalized.
+
+    Examples:
+        >>> import tensorflow as tf
+        >>> from keras_preact.preprocessing import InputConfig, view_pixels
+        >>> tuple(view_pixels(tf.zeros((240, 320, 3)), InputConfig()).shape)
+        (224, 224, 3)
+    """
+    tf = _tensorflow("view_pixels")
+    config = _view_config(input_config)
+    if config.crop_mode == "keras":
+        resized = resize_to_aspect_ratio(image, config.resize_shape, config.interpolation, config.antialias)
+    else:
+        resized = resize_shorter_side(image, config.resize_size, config.interpolation, config.antialias)
+    return tf.cast(center_crop(resized, config.crop_size, config.crop_mode), tf.float32)
 
 
 def eval_view(image, input_config):
-    """The evaluation view: decode (when given encoded bytes), resize the shorter side to
-    ``resize_size``, centre-crop to the input size; float32 pixels in 0-255 units, not normalized.
+    """The evaluation view: decode (when given encoded bytes), resize and centre-crop to the input size as the
+    config's ``crop_mode`` says (``view_geometry``); float32 pixels in 0-255 units, not normalized.
 
     Args:
         image: a scalar string tensor of encoded bytes, a vector of them (a batch, each image of any
@@ -458,14 +672,14 @@ def eval_view(image, input_config):
         (2, 32, 32, 3)
     """
     tf = _tensorflow("eval_view")
-    (height, width), side, interpolation = _view_parameters(input_config)
+    config = _view_config(input_config)
+    height, width = config.crop_size
     image = tf.convert_to_tensor(image)
 
     def one(item):
         if item.dtype == tf.string:
             item = decode_image(item)
-        view = center_crop(resize_shorter_side(item, side, interpolation), (height, width))
-        return tf.ensure_shape(tf.cast(view, tf.float32), (height, width, 3))
+        return tf.ensure_shape(view_pixels(item, config), (height, width, 3))
 
     if image.dtype == tf.string and image.shape.rank == 1:
         return tf.map_fn(one, image, fn_output_signature=tf.TensorSpec((height, width, 3), tf.float32))

@@ -111,6 +111,8 @@ NEEDS = {
     "keras_preact.preprocessing.is_encoded_image": _tensorflow,
     "keras_preact.preprocessing.normalize": _tensorflow,
     "keras_preact.preprocessing.resize_shorter_side": _tensorflow,
+    "keras_preact.preprocessing.resize_to_aspect_ratio": _tensorflow,
+    "keras_preact.preprocessing.view_pixels": _tensorflow,
     "keras_preact.preprocessing.pillow_pixels": _module("PIL"),
     "keras_preact.preprocessing.decode_image_array": _module("PIL"),
     "keras_preact.export.formats.export_model": _saved_model_export,

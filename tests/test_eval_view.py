@@ -28,13 +28,19 @@ from support import encode_image, photo_like, to_numpy
 
 GOLDEN = pathlib.Path(__file__).parent / "data" / "eval_view_tf.json"
 ATOL = 0.01
-# name -> (image (height, width, seed), InputConfig): down- and upscaling, each interpolation, a non-square crop.
+# name -> (image (height, width, seed), InputConfig): down- and upscaling, each interpolation, a non-square crop,
+# each crop_mode.
 CASES = {
     "landscape-32-0.875-bilinear": ((45, 60, 0), InputConfig(input_size=(32, 32, 3))),
     "small-40-1.0-bilinear": ((30, 36, 2), InputConfig(input_size=(40, 40, 3), crop_fraction=1.0)),
     "portrait-28-0.9-bicubic": ((70, 33, 1), InputConfig(input_size=(28, 28, 3), crop_fraction=0.9,
                                                           interpolation="bicubic")),
     "portrait-24x32-0.875-nearest": ((70, 33, 1), InputConfig(input_size=(24, 32, 3), interpolation="nearest")),
+    # Keras' arithmetic (keras-hub's ImageConverter: the centred square, resized without antialiasing).
+    "keras-landscape-32-0.875-bilinear-aliased": ((45, 61, 3), InputConfig(input_size=(32, 32, 3), crop_mode="keras",
+                                                                           antialias=False)),
+    "keras-portrait-24x32-1.0-bilinear": ((70, 33, 1), InputConfig(input_size=(24, 32, 3), crop_fraction=1.0,
+                                                                   crop_mode="keras")),
 }
 IMAGENET_224 = InputConfig()
 
@@ -136,12 +142,13 @@ def test_eval_view_layer_in_a_tf_data_map_of_unknown_sizes():
     from keras_preact.preprocessing import decode_image, eval_view
 
     encoded = [encode_image(photo_like(h, w, seed=h), "PNG") for h, w in ((45, 60), (70, 33), (32, 32))]
-    view = EvalView(CASES["landscape-32-0.875-bilinear"][1])
-    mapped = tf.data.Dataset.from_tensor_slices(encoded).map(lambda e: view(decode_image(e)))
-    for got, data in zip(mapped, encoded):
-        expected = (eval_view(tf.constant(data), view.input_config).numpy() - np.float32(IMAGENET_224.mean)) \
-            / np.float32(IMAGENET_224.std)
-        np.testing.assert_array_equal(got.numpy(), expected)
+    for case in ("landscape-32-0.875-bilinear", "keras-landscape-32-0.875-bilinear-aliased"):
+        view = EvalView(CASES[case][1])
+        mapped = tf.data.Dataset.from_tensor_slices(encoded).map(lambda e, view=view: view(decode_image(e)))
+        for got, data in zip(mapped, encoded):
+            expected = (eval_view(tf.constant(data), view.input_config).numpy() - np.float32(IMAGENET_224.mean)) \
+                / np.float32(IMAGENET_224.std)
+            np.testing.assert_array_equal(got.numpy(), expected, err_msg=case)
 
 
 @pytest.mark.core

@@ -218,3 +218,38 @@ def test_the_export_uses_only_public_export_api():
 
     source = inspect.getsource(saved_model)
     assert "archive._" not in source and "_backend_add_endpoint" not in source
+
+
+@pytest.mark.parametrize("crop_mode", ["torchvision", "keras"])
+def test_serving_bytes_views_as_the_checkpoints_library(tmp_path, crop_mode):
+    """serving_bytes of a 243 x 323 PNG at crop 32 of 35 (nearest) sees the pixels of the checkpoint's library's view:
+    torchvision's (the longer side 323 * 35 / 243 = 46.52 truncated to 46, the top offset round(1.5) = 2 where
+    flooring says 1) or Keras' (the centred 243 x 243 square from column int(80 / 2) = 40, resized to 35, the centre
+    32 from 3 // 2 = 1)."""
+    from PIL import Image
+    from test_view_arithmetic import coordinates, torchvision_center_crop_offsets, torchvision_resized_size
+
+    config = InputConfig(input_size=(32, 32, 3), crop_fraction=32 / 35, interpolation="nearest",
+                         mean=(100.0, 110.0, 120.0), std=(60.0, 61.0, 62.0))  # torchvision's: the default
+    config = config.replace(crop_mode="keras") if crop_mode == "keras" else config
+    pixels = coordinates(243, 323)
+    if crop_mode == "keras":
+        square, top, left = Image.fromarray(pixels[:, 40:283]).resize((35, 35), Image.Resampling.NEAREST), 1, 1
+    else:
+        height, width = torchvision_resized_size(243, 323, 35)
+        square = Image.fromarray(pixels).resize((width, height), Image.Resampling.NEAREST)
+        top, left = torchvision_center_crop_offsets(height, width, 32, 32)
+    resized = np.asarray(square, np.float32)
+    model = make_position_sensitive_classifier(config.input_size, name=f"tiny_{crop_mode}")
+
+    def predicted(view):
+        normalized = (view - np.float32(config.mean)) / np.float32(config.std)
+        return keras.ops.convert_to_numpy(model(normalized[None], training=False))
+
+    expected = predicted(resized[top:top + 32, left:left + 32])
+    path = export_saved_model(model, tmp_path, input_config=config, top_k=2)
+    served = tf.saved_model.load(str(path)).signatures["serving_bytes"](
+        image_bytes=tf.constant([encode_image(pixels, "PNG")]))["probabilities"].numpy()
+    np.testing.assert_allclose(served, expected, atol=1e-6, rtol=0)
+    one_row_off = predicted(resized[top + 1:top + 33, left:left + 32])  # the model tells one row apart
+    assert np.abs(one_row_off - expected).max() > 1e-3

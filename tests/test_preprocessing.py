@@ -43,6 +43,25 @@ def test_input_config_sizes():
 
 
 @pytest.mark.notf
+def test_resize_sizes_on_both_sides_of_a_half():
+    """Every size the view computes, at fractional parts below and above 0.5, where rounding differs from the
+    ceiling (``resize_size``), from timm's floor (``floor(img_size / crop_pct)``) or from torchvision's truncated
+    longer side."""
+    from keras_preact.models.sources import timm_crop_fraction
+    from keras_preact.preprocessing import torchvision_resized_size, view_geometry
+
+    assert InputConfig(input_size=(32, 32, 3), crop_fraction=0.875).resize_size == 37  # 36.57
+    assert InputConfig(input_size=(40, 40, 3), crop_fraction=0.9).resize_size == 45  # 44.44
+    for size, crop_pct, scale_size in ((224, 0.95, 235), (224, 0.9, 248), (23, 0.95, 24), (224, 0.875, 256)):
+        config = InputConfig(input_size=(size, size, 3), crop_fraction=timm_crop_fraction(size, crop_pct))
+        assert config.resize_size == scale_size  # 235.79, 248.89, 24.21, 256: floored
+    assert torchvision_resized_size(240, 320, 248) == (248, 330)  # 330.67
+    assert torchvision_resized_size(300, 400, 256) == (256, 341)  # 341.33
+    assert torchvision_resized_size(400, 300, 256) == (341, 256)
+    assert view_geometry(240, 320, (224, 224 / 248)).resized == (248, 330)
+
+
+@pytest.mark.notf
 @pytest.mark.parametrize("config", [
     IMAGENET_224,
     IMAGENET_320,
@@ -53,8 +72,17 @@ def test_input_config_sizes():
 def test_input_config_round_trips_through_json(config):
     data = json.loads(json.dumps(config.to_dict()))
     assert InputConfig.from_dict(data) == config
-    assert set(data) == {"input_size", "mean", "std", "crop_fraction", "interpolation"}
+    assert set(data) == {"input_size", "mean", "std", "crop_fraction", "interpolation"}  # as written before
     hash(config)  # frozen, hashable (tuples inside)
+
+
+@pytest.mark.notf
+def test_input_config_round_trips_its_crop_mode_and_antialias():
+    config = InputConfig(crop_fraction=1.0, interpolation="bicubic", crop_mode="keras", antialias=False)
+    data = json.loads(json.dumps(config.to_dict()))
+    assert (data["crop_mode"], data["antialias"]) == ("keras", False)
+    assert InputConfig.from_dict(data) == config
+    assert set(config.replace(antialias=True).to_dict()) == {*data} - {"antialias"}  # the defaults are not written
 
 
 @pytest.mark.notf
@@ -80,6 +108,8 @@ def test_input_config_normalizes_its_fields():
     (dict(crop_fraction="0.875"), "crop_fraction"),
     (dict(crop_fraction=True), "crop_fraction"),
     (dict(interpolation="linear"), "interpolation"),
+    (dict(crop_mode="timm"), "crop_mode"),
+    (dict(antialias="yes"), "antialias"),
 ])
 def test_input_config_rejects_bad_fields_naming_them(changes, field):
     with pytest.raises(ValueError, match=f"^Invalid {field}="):
@@ -94,7 +124,8 @@ def test_from_dict_names_unknown_keys():
         InputConfig.from_dict({**IMAGENET_224.to_dict(), "crop_pct": 0.9})
     with pytest.raises(ValueError, match="expected a dict"):
         InputConfig.from_dict([224, 224, 3])
-    assert InputConfig.from_dict({"input_size": [32, 32, 3]}).crop_fraction == 0.875  # absent keys: defaults
+    old = InputConfig.from_dict({"input_size": [32, 32, 3]})  # absent keys (an archive written before): defaults
+    assert (old.crop_fraction, old.crop_mode, old.antialias) == (0.875, "torchvision", True)
 
 
 @pytest.mark.notf
@@ -133,8 +164,10 @@ def tf():
 
 
 def training_eval_view(encoded, crop, train_crop):
-    """The ImageNet evaluation view training used before it moved to ``keras_preact.preprocessing``,
-    frozen here: the shared one must equal it bit for bit, so accuracies stay comparable."""
+    """The ImageNet evaluation view, written out here: the shorter side to ``ceil(crop * 256 / 224)`` (or the crop
+    when it is larger than the training crop), the longer side truncated and the centre crop's offsets rounded as
+    torchvision's ``Resize`` and ``CenterCrop`` compute them (``int(size * long / short)``,
+    ``int(round((side - crop) / 2.0))``); the shared view must equal it bit for bit."""
     import math
 
     import tensorflow as tf
@@ -142,10 +175,12 @@ def training_eval_view(encoded, crop, train_crop):
     # The decode is the accurate-IDCT one decode_image uses since it was made to equal Pillow's (below).
     image = tf.io.decode_jpeg(encoded, channels=3, dct_method="INTEGER_ACCURATE")
     side = crop if crop > train_crop else math.ceil(crop * 256 / 224)
-    shape = tf.cast(tf.shape(image)[:2], tf.float32)
-    new = tf.cast(tf.round(shape * (tf.cast(side, tf.float32) / tf.reduce_min(shape))), tf.int32)
-    image = tf.image.resize(image, new, antialias=True)
-    return tf.image.resize_with_crop_or_pad(image, crop, crop)
+    height, width = image.shape[:2]
+    short, long = (width, height) if width <= height else (height, width)
+    new = (int(side * long / short), side) if width <= height else (side, int(side * long / short))
+    image = tf.image.resize(image, new, antialias=True).numpy()
+    top, left = int(round((new[0] - crop) / 2.0)), int(round((new[1] - crop) / 2.0))
+    return tf.constant(image[top:top + crop, left:left + crop])
 
 
 @pytest.mark.parametrize("fmt, options", [
@@ -187,7 +222,8 @@ def test_training_evaluates_with_the_shared_view(tf):
 @pytest.mark.parametrize("width, height", SIZES)
 @pytest.mark.parametrize("config", [IMAGENET_224, IMAGENET_320], ids=["224-0.875", "320-1.0"])
 def test_eval_view_geometry(tf, config, width, height):
-    """Shorter side to resize_size (the other side rounded), bilinear with antialiasing, centre crop."""
+    """Shorter side to resize_size (the other side truncated), bilinear with antialiasing, centre crop at
+    offsets rounded (ties to even), as torchvision's Resize and CenterCrop."""
     from keras_preact.preprocessing import decode_image, eval_view
 
     encoded = tf.constant(encode_image(photo_like(height, width, seed=width), quality=92))
@@ -195,11 +231,10 @@ def test_eval_view_geometry(tf, config, width, height):
     crop = config.crop_size[0]
     assert view.shape == (crop, crop, 3) and view.dtype == np.float32
     side = 256 if crop == 224 else 320
-    scale = side / min(height, width)
-    new_h, new_w = round(height * scale), round(width * scale)
+    new_h, new_w = (side, int(side * width / height)) if height < width else (int(side * height / width), side)
     assert min(new_h, new_w) == side
     resized = tf.image.resize(decode_image(encoded), (new_h, new_w), method="bilinear", antialias=True).numpy()
-    top, left = (new_h - crop) // 2, (new_w - crop) // 2
+    top, left = int(round((new_h - crop) / 2.0)), int(round((new_w - crop) / 2.0))
     np.testing.assert_array_equal(view, resized[top:top + crop, left:left + crop])
     # The tuple form says the same.
     np.testing.assert_array_equal(eval_view(encoded, (crop, config.crop_fraction, "bilinear")).numpy(), view)
@@ -251,9 +286,17 @@ def test_resize_shorter_side_and_center_crop(tf):
     assert resize_shorter_side(image, 12).shape == (12, 30, 3)
     assert resize_shorter_side(tf.stack([image, image]), 60).shape == (2, 60, 150, 3)  # batches too
     assert resize_shorter_side(tf.constant(photo_like(10, 25)), 4).shape == (4, 10, 3)
+    # The longer side truncated on both sides of a half: 320 * 248 / 240 = 330.67, 400 * 256 / 300 = 341.33.
+    assert resize_shorter_side(tf.zeros((240, 320, 3)), 248).shape == (248, 330, 3)
+    assert resize_shorter_side(tf.zeros((400, 300, 3)), 256).shape == (341, 256, 3)
     assert resize_shorter_side(image, 12, interpolation="nearest", antialias=False).dtype == tf.float32
-    np.testing.assert_array_equal(center_crop(image, (10, 20)).numpy(), image.numpy()[10:20, 27:47])
+    # Offsets round((30 - 10) / 2) = 10, round(27.5) = 28 (torchvision); 12, 35 at even margins.
+    np.testing.assert_array_equal(center_crop(image, (10, 20)).numpy(), image.numpy()[10:20, 28:48])
     np.testing.assert_array_equal(center_crop(image, 5).numpy(), image.numpy()[12:17, 35:40])
+    np.testing.assert_array_equal(center_crop(image, (10, 20), "keras").numpy(), image.numpy()[10:20, 27:47])
+    np.testing.assert_array_equal(center_crop(tf.stack([image]), 5).numpy()[0], image.numpy()[12:17, 35:40])
+    with pytest.raises(ValueError, match="Invalid crop_mode='timm'"):
+        center_crop(image, 5, "timm")
 
 
 def test_normalize_matches_numpy(tf):

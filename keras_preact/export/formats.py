@@ -256,7 +256,9 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
             the model's own ``input_config`` (every classifier ``create_model`` builds carries its
             registry's), else none.
         crop_fraction: the ``serving_bytes`` evaluation view keeps the centre ``crop`` of the image
-            whose shorter side is resized to ``ceil(crop / crop_fraction)``; in (0, 1]. Default: the
+            whose shorter side is resized to ``ceil(crop / crop_fraction)`` (in the input config's
+            ``crop_mode``: torchvision's arithmetic by default, Keras' for keras.applications and
+            keras-hub weights, ``keras_preact.preprocessing.view_geometry``); in (0, 1]. Default: the
             input config's, else 1.0 (shorter side to the crop: CIFAR-style evaluation of the whole
             image). An ImageNet model evaluated at 224 of 256 needs 0.875 (its input config, carried by
             a ``create_model`` classifier), or its served view differs from the one its accuracy was

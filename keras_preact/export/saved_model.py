@@ -10,7 +10,8 @@ per line, line number = label): ``OUTPUTS``.
 The signatures differ only in what they take (the ``SIGNATURES`` table): raw uint8 pixels
 (``serving_default``), float pixels in 0-255 units, or encoded JPEG/PNG/GIF/BMP bytes that go
 through the evaluation view of ``keras_preact.preprocessing`` in the graph (``eval_view``: decode,
-shorter side resized to ``ceil(crop / crop_fraction)``, centre crop), the same function evaluation
+resize to ``ceil(crop / crop_fraction)`` and centre crop in the arithmetic of the config's ``crop_mode``:
+torchvision's for timm's checkpoints, Keras' for keras.applications and keras-hub), the same function evaluation
 uses, so a served image is seen as the model's accuracy was measured. The input config used
 (``keras_preact.preprocessing.InputConfig.to_dict()``) is written to ``assets/preprocessing.json``.
 """
@@ -73,7 +74,7 @@ SIGNATURES = {
         True,
         _view_pixels,
         f"encoded {'/'.join(IMAGE_FORMATS)} images [N] (base64 {{'b64': ...}} in REST JSON), any size: the "
-        "evaluation view (shorter side resized to ceil(crop / crop_fraction), centre crop)",
+        "evaluation view (resized to ceil(crop / crop_fraction), centre crop, in the input config's crop_mode)",
     ),
 }
 

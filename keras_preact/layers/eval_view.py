@@ -1,9 +1,9 @@
 """``EvalView``: a model's evaluation view as a Keras preprocessing layer, on every backend.
 
 The layer form of ``keras_preact.preprocessing.eval_view`` followed by ``normalize``, in ``keras.ops`` alone:
-resize the shorter side to ``InputConfig.resize_size`` (the other side ``round(side * resize_size / shorter)``
-in float32, ties to even; ``keras.ops.image.resize`` with antialiasing and the config's ``interpolation``),
-keep the centre ``input_size[:2]`` (offsets ``(side - crop) // 2``), then ``(pixels - mean) / std``. Its
+the region, resize and centre crop of ``keras_preact.preprocessing.view_geometry`` (the config's ``crop_mode``:
+torchvision's arithmetic for timm's checkpoints, Keras' for keras.applications and keras-hub;
+``keras.ops.image.resize`` with the config's ``interpolation`` and ``antialias``), then ``(pixels - mean) / std``. Its
 config is the ``InputConfig``, so it is saved with a model (``get_config``, ``.keras`` files) as keras-hub's
 ``ImageConverter`` is saved with a preset. On TensorFlow it gives ``eval_view``'s numbers exactly; on JAX
 (``resize_weights``) and PyTorch the resize kernels are the same (TensorFlow's ``scale_and_translate``
@@ -12,7 +12,7 @@ antialiasing), summed in another order: within 0.01 in 0-255 units.
 Examples:
     >>> import numpy as np
     >>> from keras_preact.layers import EvalView
-    >>> from keras_preact.preprocessing import InputConfig
+    >>> from keras_preact.preprocessing import InputConfig, torchvision_resized_size, view_geometry
     >>> view = EvalView(InputConfig())  # ImageNet's: the shorter side to 256, the centre 224 x 224
     >>> tuple(view(np.zeros((300, 400, 3), "uint8")).shape)
     (224, 224, 3)
@@ -21,7 +21,7 @@ Examples:
 import keras
 import numpy as np
 
-from keras_preact.preprocessing import InputConfig
+from keras_preact.preprocessing import InputConfig, torchvision_resized_size, view_geometry
 
 # What keras.ops.image.resize offers on every backend, of InputConfig's interpolations.
 EVAL_VIEW_INTERPOLATIONS = ("bilinear", "nearest", "bicubic")
@@ -37,17 +37,16 @@ def _as_input_config(value):
 
 
 def shorter_side_size(height, width, size):
-    """``(new_height, new_width)`` with the shorter side ``size``: ``round(side * (size / shorter))`` in
-    float32, ties to even, as ``resize_shorter_side`` computes it.
+    """``(new_height, new_width)`` with the shorter side ``size`` and the longer ``int(size * longer / shorter)``
+    (truncated), as torchvision's ``Resize(size)`` and ``resize_shorter_side`` compute it.
 
     Examples:
         >>> shorter_side_size(300, 400, 256)  # 400 * 256 / 300 = 341.33
         (256, 341)
+        >>> shorter_side_size(240, 320, 248)  # 330.67: truncated, not rounded
+        (248, 330)
     """
-    shape = np.array([height, width], np.float32)
-    scale = np.float32(size) / shape.min()
-    new = np.round(shape * scale)
-    return int(new[0]), int(new[1])
+    return torchvision_resized_size(height, width, size)
 
 
 def _triangle(x):
@@ -62,11 +61,11 @@ def _keys_cubic(x):  # Keys' cubic convolution kernel with a = -0.5, as TensorFl
 RESIZE_KERNELS = {"bilinear": _triangle, "bicubic": _keys_cubic}
 
 
-def resize_weights(in_size, out_size, interpolation, start=0, count=None):
-    """float32 ``[count, in_size]``: rows ``start..start + count`` of the antialiased resize of a side of
-    ``in_size`` to ``out_size`` (``interpolation`` bilinear or bicubic), as TensorFlow's ``scale_and_translate``
-    computes them: output ``i`` samples ``(i + 0.5) * in_size / out_size``, the kernel stretched by the scale when
-    downscaling, each row's weights summing to 1.
+def resize_weights(in_size, out_size, interpolation, start=0, count=None, antialias=True):
+    """float32 ``[count, in_size]``: rows ``start..start + count`` of the resize of a side of ``in_size`` to
+    ``out_size`` (``interpolation`` bilinear or bicubic), as TensorFlow's ``scale_and_translate`` computes them:
+    output ``i`` samples ``(i + 0.5) * in_size / out_size``, the kernel stretched by the scale when downscaling
+    with ``antialias``, each row's weights summing to 1.
 
     Examples:
         >>> resize_weights(2, 4, "bilinear").tolist()  # doubling: samples at 0.25, 0.75, 1.25, 1.75 of 2 pixels
@@ -77,7 +76,7 @@ def resize_weights(in_size, out_size, interpolation, start=0, count=None):
     """
     count = out_size - start if count is None else count
     inv_scale = in_size / out_size
-    kernel_scale = max(inv_scale, 1.0)
+    kernel_scale = max(inv_scale, 1.0) if antialias else 1.0
     sample = (np.arange(start, start + count) + 0.5) * inv_scale
     weights = RESIZE_KERNELS[interpolation]((np.arange(in_size) + 0.5 - sample[:, None]) / kernel_scale)
     return (weights / weights.sum(axis=1, keepdims=True)).astype(np.float32)
@@ -104,7 +103,7 @@ class EvalView(keras.layers.Layer):
     Examples:
         >>> import numpy as np
         >>> from keras_preact.layers import EvalView
-        >>> from keras_preact.preprocessing import InputConfig
+        >>> from keras_preact.preprocessing import InputConfig, torchvision_resized_size, view_geometry
         >>> config = InputConfig(input_size=(4, 4, 3), crop_fraction=0.5, mean=(1.0, 2.0, 3.0), std=(2.0, 2.0, 2.0))
         >>> view = EvalView(config)  # the shorter side to ceil(4 / 0.5) = 8, the centre 4 x 4
         >>> images = np.full((2, 8, 12, 3), 9, "uint8")  # a batch of one size
@@ -152,27 +151,26 @@ class EvalView(keras.layers.Layer):
         if images.shape[-3] is None or images.shape[-2] is None:
             # A TensorFlow graph (tf.data) of images whose size it does not know: keras.ops.image.resize takes
             # Python sizes only, so TensorFlow resizes to the size the graph computes, as eval_view does.
-            from keras_preact.preprocessing import center_crop, resize_shorter_side
+            from keras_preact.preprocessing import view_pixels
 
-            return self._normalized(center_crop(resize_shorter_side(images, config.resize_size, config.interpolation),
-                                                config.crop_size))
-        new_height, new_width = shorter_side_size(images.shape[-3], images.shape[-2], config.resize_size)
+            return self._normalized(view_pixels(images, config))
+        (top, left, height, width), resized, crop = view_geometry(images.shape[-3], images.shape[-2], config)
+        images = images[..., top:top + height, left:left + width, :]
         if keras.backend.backend() == "jax" and config.interpolation in RESIZE_KERNELS:
-            return self._normalized(self._resized_crop_by_weights(images, new_height, new_width))
-        images = keras.ops.image.resize(images, (new_height, new_width), interpolation=config.interpolation,
-                                        antialias=True, data_format="channels_last")
-        height, width = config.crop_size
-        top, left = (new_height - height) // 2, (new_width - width) // 2
+            return self._normalized(self._resized_crop_by_weights(images, resized, crop))
+        images = keras.ops.image.resize(images, resized, interpolation=config.interpolation,
+                                        antialias=config.antialias, data_format="channels_last")
+        top, left, height, width = crop
         return self._normalized(images[..., top:top + height, left:left + width, :])
 
-    def _resized_crop_by_weights(self, images, new_height, new_width):
+    def _resized_crop_by_weights(self, images, resized, crop):
         """The crop of the resize as two products with ``resize_weights`` (its rows in the crop only), on JAX:
         ``jax.image.resize`` compiles anew for each input size (2 s each, measured on a loaded 2-core EPYC), a
         product in a tenth of that, and evaluation views images of many sizes."""
-        (height, width), interpolation = self.input_config.crop_size, self.input_config.interpolation
-        top, left = (new_height - height) // 2, (new_width - width) // 2
-        rows = resize_weights(images.shape[-3], new_height, interpolation, top, height)
-        columns = resize_weights(images.shape[-2], new_width, interpolation, left, width)
+        top, left, height, width = crop
+        interpolation, antialias = self.input_config.interpolation, self.input_config.antialias
+        rows = resize_weights(images.shape[-3], resized[0], interpolation, top, height, antialias)
+        columns = resize_weights(images.shape[-2], resized[1], interpolation, left, width, antialias)
         import jax
 
         highest = jax.lax.Precision.HIGHEST  # float32 products on GPUs and TPUs too (not TF32 or bfloat16 passes)

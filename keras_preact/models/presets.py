@@ -35,6 +35,9 @@ CIFAR_WEIGHTS = {
             dataset="CIFAR-10 as JPEG q75 (cifar10-jpeg.tar.gz, sha256 efac85c8ed52f4ea...)",
             top1=0.8715,
             top5=0.9952,
+            # This project's own run: its licence (pyproject.toml), its input (the whole 32 x 32 image, CIFAR_INPUT).
+            licence="Apache-2.0",
+            input_config=CIFAR_INPUT,
             source="keras-preact-train --preset cifar10-folder-resnet20-paper (64,000 iterations; JAX "
             "on one H100, seed 0; reproduction/cifar10-preact-resnet20-paper/)",
         )
@@ -46,10 +49,26 @@ CIFAR_WEIGHTS = {
 # imagenet_resnet), its preprocessing, licence and published accuracy (fractions; None where the source
 # publishes none). Class names: the ImageNet-1k heads carry the 1,000 shipped names (class_names.IMAGENET1K_CLASSES,
 # read on first use); the ImageNet-21k heads (21,843 classes) carry none: no names list of them is shipped.
-# keras.applications ResNetV2: [-1, 1] pixels, the standard crop; accuracy from keras.io/api/applications.
-KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5))
-# timm's resnetv2 cfgs: IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
-# floor(size / crop_pct) (timm_crop_fraction); accuracy from timm's results/results-imagenet.csv at that size.
+# keras.applications ResNetV2: [-1, 1] pixels (resnet_v2.preprocess_input, mode "tf"), the standard crop in Keras'
+# arithmetic (Resizing(crop_to_aspect_ratio=True) to 256, CenterCrop 224); accuracy from keras.io/api/applications.
+KERAS_RESNET_V2_INPUT = IMAGENET_INPUT.replace(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
+                                               crop_mode="keras")
+# keras-hub's resnet_v2_{50,101}_imagenet presets are timm's resnetv2_{50,101}.a1h_in1k converted by keras-hub
+# (tools/checkpoint_conversion/convert_resnet_checkpoints.py, PRESET_MAP). Their ResNetImageConverter is what
+# keras-hub's timm loader (utils/timm/preset_loader.py, load_image_converter) makes of timm's pretrained_cfg: image_size
+# 224, scale 1 / (255 * 0.5) and offset -1 (mean and std 127.5), interpolation bicubic, and ImageConverter's defaults
+# crop_to_aspect_ratio=True, antialias=False: the centred square resized to 224 (crop_fraction 1.0, Keras'
+# arithmetic). keras-hub publishes no accuracy (its presets' model card is arXiv 2110.00476); their top1/top5 are
+# timm's for the same weights, measured through timm's view (results-imagenet.csv), not through this one.
+KERAS_HUB_RESNET_V2_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5), crop_fraction=1.0,
+                                        interpolation="bicubic", crop_mode="keras", antialias=False)
+# timm's resnetv2 cfgs (timm/models/resnetv2.py default_cfgs: a1h bicubic crop_pct 0.95, ra4 bicubic 0.9, BiT-M
+# in21k _cfg's bilinear 0.875, BiT-M in21k_ft_in1k 448 x 448 at crop_pct 1.0, none with crop_mode "squash"):
+# IMAGENET_INCEPTION_MEAN/STD (0.5, in 0-255 units 127.5); the resize to timm's
+# floor(size / crop_pct) (timm_crop_fraction) in torchvision's arithmetic (crop_mode "torchvision", InputConfig's
+# default: timm's eval transform is torchvision's Resize and CenterCrop, PIL's antialiased resize); accuracy from
+# timm's results/results-imagenet.csv at that size. The ImageNet-21k heads have no published ImageNet-1k accuracy
+# (top1 None).
 TIMM_A1H_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
                              crop_fraction=timm_crop_fraction(224, 0.95), interpolation="bicubic")
 TIMM_RA4_INPUT = InputConfig(mean=(127.5, 127.5, 127.5), std=(127.5, 127.5, 127.5),
@@ -122,6 +141,7 @@ IMAGENET_RESNET50_WEIGHTS = {
         input_config=TIMM_BIT_IN21K_INPUT,
         licence="Apache-2.0",
         dataset="ImageNet-21k",
+        top1=None,  # a 21,843-class head: no ImageNet-1k accuracy is published
         source="timm resnetv2_50x1_bit.goog_in21k (Big Transfer, BiT-M)",
     ),
     "timm_bit_in21k_ft_in1k": dict(
@@ -141,8 +161,11 @@ IMAGENET_RESNET50_WEIGHTS = {
         checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_50_imagenet/3",
         **IMAGENET1K_HEAD,
         arguments={"layout": "timm"},
+        input_config=KERAS_HUB_RESNET_V2_INPUT,
         licence="Apache-2.0",
         dataset="ImageNet-1k",
+        top1=0.80410,  # timm resnetv2_50.a1h_in1k's (the same weights), at timm's view
+        top5=0.95082,
         source="keras-hub preset resnet_v2_50_imagenet",
     ),
 }
@@ -180,6 +203,7 @@ IMAGENET_RESNET101_WEIGHTS = {
         input_config=TIMM_BIT_IN21K_INPUT,
         licence="Apache-2.0",
         dataset="ImageNet-21k",
+        top1=None,  # a 21,843-class head: no ImageNet-1k accuracy is published
         source="timm resnetv2_101x1_bit.goog_in21k (Big Transfer, BiT-M)",
     ),
     "timm_bit_in21k_ft_in1k": dict(
@@ -199,8 +223,11 @@ IMAGENET_RESNET101_WEIGHTS = {
         checkpoint="kaggle://keras/resnetv2/keras/resnet_v2_101_imagenet/3",
         **IMAGENET1K_HEAD,
         arguments={"layout": "timm"},
+        input_config=KERAS_HUB_RESNET_V2_INPUT,
         licence="Apache-2.0",
         dataset="ImageNet-1k",
+        top1=0.82042,  # timm resnetv2_101.a1h_in1k's (the same weights), at timm's view
+        top5=0.95866,
         source="keras-hub preset resnet_v2_101_imagenet",
     ),
 }

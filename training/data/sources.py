@@ -24,7 +24,14 @@ import pathlib
 
 import numpy as np
 
-from keras_preact.preprocessing import decode_image, decode_image_array, image_format, is_encoded_image
+from keras_preact.preprocessing import (
+    InputConfig,
+    decode_image,
+    decode_image_array,
+    image_format,
+    is_encoded_image,
+    view_geometry,
+)
 from keras_preact.scratch import atomic_path
 
 logger = logging.getLogger(__name__)
@@ -291,7 +298,7 @@ def _decode_files(files, skip_bad=False, view=None):
 
 
 def _cache_key(files, view=None):
-    digest = hashlib.sha1((DECODER + ("" if view is None else f"|fitted {view}")).encode())
+    digest = hashlib.sha1((DECODER + ("" if view is None else f"|fitted torchvision {view}")).encode())
     for f in files:
         st = os.stat(f)
         digest.update(f"{f}|{st.st_size}|{int(st.st_mtime)}\n".encode())
@@ -370,17 +377,16 @@ def split_files(files, labels, classes, fraction, seed=0):
 
 
 def fitted(image, size, crop_fraction=1.0):
-    """``image`` (uint8 ``[H, W, 3]``) as a model sees it at ``size`` (height, width): the shorter side
-    resized (bilinear, Pillow) to the crop over ``crop_fraction``, then the centre crop; uint8."""
+    """``image`` (uint8 ``[H, W, 3]``) as a model sees it at ``size`` (height, width): the sizes and offsets of the
+    evaluation view (``keras_preact.preprocessing.view_geometry``: the shorter side resized to
+    ``ceil(max(size) / crop_fraction)``, the longer truncated, the centre crop's offsets rounded, as torchvision),
+    resized bilinear by Pillow; uint8."""
     from PIL import Image
 
-    height, width = size
-    side = max(height, width) / crop_fraction
-    scale = side / min(image.shape[:2])
-    new = (max(width, round(image.shape[1] * scale)), max(height, round(image.shape[0] * scale)))
-    if new != (image.shape[1], image.shape[0]):
-        image = np.asarray(Image.fromarray(image).resize(new, Image.BILINEAR))
-    top, left = (image.shape[0] - height) // 2, (image.shape[1] - width) // 2
+    config = InputConfig(input_size=(*size, 3), crop_fraction=crop_fraction)
+    _, (new_height, new_width), (top, left, height, width) = view_geometry(*image.shape[:2], config)
+    if (new_height, new_width) != image.shape[:2]:
+        image = np.asarray(Image.fromarray(image).resize((new_width, new_height), Image.BILINEAR))
     return np.ascontiguousarray(image[top:top + height, left:left + width])
 
 
