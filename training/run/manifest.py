@@ -44,6 +44,8 @@ def input_config_for(config, mean, std):
         std=std,
         crop_fraction=view.crop_fraction,
         interpolation=view.interpolation,
+        crop_mode=view.crop_mode,
+        antialias=view.antialias,
     )
     if config.eval_image_size and tuple(config.eval_image_size) != tuple(config.image_size):
         return train.at_test_size(tuple(config.eval_image_size))
