@@ -1,8 +1,13 @@
 """Convert keras.applications ResNet50V2 / ResNet101V2 / ResNet152V2 into keras-preact models."""
 
+import os
+import pathlib
 import re
 
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, imagenet_resnet
+from keras_preact.pretrained import reading
+
+KERAS_RESNET_V2 = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}  # keras.applications' builders
 
 
 def _unit_pairs(unit):
@@ -32,12 +37,34 @@ def _copy(src, dst, copied):
     copied.extend(dst.weights)
 
 
-def from_keras_applications(model, *, classifier_activation=None, name=None):
+def keras_applications_model(path, input_shape=None):
+    """The keras.applications ResNet50V2/101V2/152V2 saved in ``path``: a legacy ``.h5`` (``keras.applications``'
+    own weights files, ``model.save("x.h5")``), a Keras 3 ``save_weights`` ``.weights.h5`` (built with the file's
+    depth and classes at ``input_shape``, keras.applications' default where None, then loaded) or a ``model.save``
+    ``.keras`` (``keras.saving.load_model``, at its own input shape); the file is checked first
+    (``reading.keras_resnet_v2_file``), one ``CheckpointError`` line otherwise."""
+    import keras
+
+    path = pathlib.Path(path)
+    found = reading.keras_resnet_v2_file(path, values=True)
+    if found is None:
+        raise reading.CheckpointError(f"Invalid checkpoint {str(path)!r}: a Keras file of another network, not a "
+                                      "keras.applications ResNet50V2, ResNet101V2 or ResNet152V2.")
+    if path.suffix == ".keras":
+        return keras.saving.load_model(path, compile=False)
+    builder = getattr(keras.applications, KERAS_RESNET_V2[found["depth"]])
+    if found["num_classes"] is None:
+        return builder(weights=str(path), include_top=False, input_shape=input_shape or (None, None, 3))
+    return builder(weights=str(path), classes=found["num_classes"], input_shape=input_shape)
+
+
+def from_keras_applications(model, *, classifier_activation=None, name=None, input_shape=None):
     """An equivalent keras-preact model (``layout="tf_slim"``) with ``model``'s weights.
 
     ``model`` is a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2 with any weights, input
-    shape, ``include_top`` and ``pooling``. The result gives the same outputs (to float rounding).
-    ``classifier_activation`` defaults to the source's ("softmax" unless changed).
+    shape, ``include_top`` and ``pooling``, or the path of a file one was saved to (``.h5``, ``.weights.h5``,
+    ``.keras``: ``keras_applications_model``, built at ``input_shape``). The result gives the same outputs (to
+    float rounding). ``classifier_activation`` defaults to the source's ("softmax" unless changed).
 
     Examples:
         Two 25M-parameter networks, so not run here:
@@ -56,6 +83,8 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
         ValueError: from_keras_applications expects a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2;
         got 'preact_resnet20_cifar' with units per stage unknown.
     """
+    if isinstance(model, (str, os.PathLike)):
+        model = keras_applications_model(model, input_shape)
     units = _stage_units(model)
     depth = next((d for d, (b, u) in IMAGENET_DEPTHS.items() if b == "bottleneck" and u == units), None)
     if depth is None or "post_bn" not in [layer.name for layer in model.layers]:
