@@ -247,3 +247,15 @@ def test_keras_file_of_another_depth_is_refused_in_one_line(keras_resnet50v2, no
     folder, _, _ = keras_resnet50v2
     refused(folder / "r50v2.weights.h5", "a depth-50 Keras file, not a keras.applications ResNet101V2's",
             model="imagenet_resnet101")
+
+
+def test_reading_examples_run(tmp_path, monkeypatch):
+    """The Examples of keras_preact.pretrained.reading (shown in the API docs) run as written."""
+    import doctest
+
+    from keras_preact.pretrained import reading
+
+    pytest.importorskip("safetensors")
+    monkeypatch.chdir(tmp_path)
+    results = doctest.testmod(reading, optionflags=doctest.ELLIPSIS | doctest.NORMALIZE_WHITESPACE)
+    assert results.attempted >= 8 and results.failed == 0

@@ -70,12 +70,12 @@ def timm_architecture(state, path=None):
     expected = timm_state_shapes(**arch)
     if head is not None and np.ndim(head) == 2:  # a Linear head's (classes, features), as a 1x1 conv's
         expected["head.fc.weight"] = expected["head.fc.weight"][:2]
-    check_tensors(state, expected, path=path or "the state dict")
+    check_tensors(state, expected, path=path)
     return arch
 
 
 def _what(path):
-    return f"checkpoint {str(path)!r}" if path else "weights"
+    return f"checkpoint {str(path)!r}" if path else "state dict"
 
 
 def timm_state_shapes(depth, layout, num_classes=None):

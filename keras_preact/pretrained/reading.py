@@ -36,7 +36,7 @@ class CheckpointError(ValueError):
 
 
 def _refuse(path, problem):
-    return CheckpointError(f"Invalid checkpoint {str(path)!r}: {problem}.")
+    return CheckpointError(f"Invalid {'state dict' if path is None else f'checkpoint {str(path)!r}'}: {problem}.")
 
 
 def _first_line(error):
@@ -176,10 +176,10 @@ def read_torch(path):
 
 
 def check_tensors(tensors, expected=None, *, path, allow_non_finite=False):
-    """Refuse, in one ``CheckpointError`` naming ``path`` and the first few tensors: non-float tensors (an int8
-    checkpoint is quantized; PyTorch's ``num_batches_tracked`` counters are passed over), NaN or infinite values
-    (unless ``allow_non_finite``), and, against ``expected`` (``{name: shape}``), missing, extra or mis-shaped
-    tensors.
+    """Refuse, in one ``CheckpointError`` naming ``path`` (None: a state dict in memory) and the first few
+    tensors: non-float tensors (an int8 checkpoint is quantized; PyTorch's ``num_batches_tracked`` counters are
+    passed over), NaN or infinite values (unless ``allow_non_finite``), and, against ``expected``
+    (``{name: shape}``), missing, extra or mis-shaped tensors.
 
     Examples:
         >>> import numpy as np
