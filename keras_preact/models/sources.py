@@ -178,34 +178,19 @@ def _build(depth, num_classes, layout):
     return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
 
 
-def _keras_h5_classes(path, depth):
-    """The classes of a keras.applications ResNetV2 file's ``predictions`` layer (1000 if it has none), the file
-    checked (``reading.keras_resnet_v2_file``: a Keras file of that depth)."""
-    found = reading.keras_resnet_v2_file(path, values=True)
-    if found is None or found["depth"] != depth:
-        what = "another network's" if found is None else f"a depth-{found['depth']}"
-        raise reading.CheckpointError(f"Invalid checkpoint {str(path)!r}: {what} Keras file, not a keras.applications "
-                                      f"ResNet{depth}V2's (.h5, .weights.h5 or .keras).")
-    return found["num_classes"] or 1000
-
-
 def convert(origin, source_path, depth, num_classes=None):
     """The converted model of a fetched or local checkpoint (``origin``: keras, timm, keras_hub)."""
     from keras_preact.applications import convert_resnetv2
 
     if origin == "keras":
-        import keras
-
-        from keras_preact.applications.convert import from_keras_applications
+        from keras_preact.applications.convert import from_keras_applications, keras_applications_model
         from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
 
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
-        classes = _keras_h5_classes(source_path, depth)  # the file checked, registered or not
-        classes = num_classes or classes
-        source = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])(weights=str(source_path), classes=classes)
+        source = keras_applications_model(source_path, depth=depth)  # the file checked, registered or not
         return from_keras_applications(source, classifier_activation=None)
     if origin == "timm":
         state = read_state_dict(source_path)
