@@ -262,12 +262,13 @@ def test_reading_examples_run(tmp_path, monkeypatch):
     assert results.attempted >= 8 and results.failed == 0
 
 
-@pytest.mark.parametrize("module, file, install", [("torch", "w.pth", "pip install torch"),
-                                                   ("safetensors", "w.safetensors", "pip install safetensors")])
-def test_a_missing_reader_is_named_in_one_line_with_its_install(tmp_path, monkeypatch, module, file, install):
+@pytest.mark.parametrize("modules, file, install", [(("torch",), "w.pth", "pip install torch"), (
+    ("safetensors", "safetensors.numpy"), "w.safetensors", "pip install safetensors")])
+def test_a_missing_reader_is_named_in_one_line_with_its_install(tmp_path, monkeypatch, modules, file, install):
     path = tmp_path / file
     path.write_bytes(struct.pack("<Q", 2) + b"{}")  # an empty safetensors file; any bytes for the .pth
-    monkeypatch.setitem(sys.modules, module, None)  # `import module` raises ImportError
+    for module in modules:
+        monkeypatch.setitem(sys.modules, module, None)  # importing it raises ImportError
     with pytest.raises(ImportError) as caught:
         read_state_dict(path)
     assert "\n" not in str(caught.value) and install in str(caught.value) and caught.value.__suppress_context__
