@@ -207,6 +207,11 @@ def test_foreign_h5_is_refused_in_one_line(tmp_path, no_network):
     text = tmp_path / "text.h5"
     text.write_text("not HDF5 at all")
     refused(text, "not an HDF5 file", model="imagenet_resnet50")
+    truncated = tmp_path / "truncated.h5"
+    with h5py.File(truncated, "w") as f:
+        f["model_weights/conv1_conv/kernel"] = np.ones((64, 1024), "float32")
+    truncated.write_bytes(truncated.read_bytes()[: truncated.stat().st_size // 2])
+    refused(truncated, "HDF5 cannot open it", "truncated", model="imagenet_resnet50")
     foreign_weights = tmp_path / "foreign.weights.h5"
     foreign_weights.write_bytes(foreign.read_bytes())
     refused(foreign_weights, "an HDF5 file without Keras weights", model="imagenet_resnet50")

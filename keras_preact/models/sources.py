@@ -9,8 +9,9 @@ are written once, as a ``.weights.h5`` file named after the source's digest, und
 and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
 
 A local checkpoint works as ``weights=PATH`` (``local_spec``): a timm ``.safetensors``/``.pth`` state dict or
-a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ``.h5``, a keras-hub preset
-folder, or a keras-preact ``.weights.h5``.
+a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ResNetV2's ``.h5``,
+``.weights.h5`` or ``.keras``, a keras-hub preset folder, or a keras-preact ``.weights.h5``. Each file is checked
+before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
 """
 
 import dataclasses
@@ -316,7 +317,8 @@ CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another 
 
 def is_checkpoint(weights):
     """Whether ``weights`` is an existing checkpoint of another library (``local_spec`` reads it): a
-    keras.applications ``.h5`` (not a keras-preact ``.weights.h5``), a timm ``.safetensors``/``.pth`` file, a
+    keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras`` (not a keras-preact one), a timm
+    ``.safetensors``/``.pth`` file, a
     timm folder (``config.json`` with its ``architecture``) or a keras-hub preset folder (its ``class_name``)."""
     path = pathlib.Path(weights)
     if path.is_file() and path.name.endswith((".weights.h5", ".keras")):  # Keras 3's, keras.applications' or ours

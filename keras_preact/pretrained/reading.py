@@ -272,7 +272,7 @@ def read_keras_h5(path, *, values=True, allow_non_finite=False):
         f.visititems(lambda name, obj: tensors.__setitem__(name, obj[()] if values else obj.shape)
                      if isinstance(obj, h5py.Dataset) else None)
     if values:
-        check_tensors({k: v for k, v in tensors.items() if np.asarray(v).dtype.kind != "S"}, path=path,
+        check_tensors({k: v for k, v in tensors.items() if np.asarray(v).dtype.kind not in "SUO"}, path=path,
                       allow_non_finite=allow_non_finite)
     return layout, tensors
 
