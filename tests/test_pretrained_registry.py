@@ -5,6 +5,7 @@ offline, one line within seconds; local files and folders by path."""
 import ast
 import pathlib
 import time
+from types import SimpleNamespace
 
 import keras
 import numpy as np
@@ -58,9 +59,13 @@ def test_list_models_pretrained_lists_every_published_checkpoint():
     timm = model_spec("imagenet_resnet34").weights["timm_ra4_in1k"]
     assert (timm.origin, timm.checkpoint, timm.licence, timm.top1) == (
         "timm", "timm/resnetv2_34.ra4_e3600_r224_in1k", "Apache-2.0", 0.77626)
-    # timm's preprocessing: inception statistics, bicubic, the shorter side to floor(224 / 0.9) = 248
-    assert (timm.input_config.mean, timm.input_config.interpolation, timm.input_config.resize_size) == (
-        (127.5, 127.5, 127.5), "bicubic", 248)
+    # timm's preprocessing: inception statistics (mean and std 0.5), bicubic, the shorter side to floor(224 / 0.9)
+    config = timm.input_config
+    assert (config.mean, config.std, config.interpolation, config.resize_size) == (
+        (127.5, 127.5, 127.5), (127.5, 127.5, 127.5), "bicubic", 248)
+    # the network's own statistics (ImageNet's mean and std, which differ), where no checkpoint says otherwise
+    plain = model_spec("imagenet_resnet18").input_config
+    assert (plain.mean, plain.std) == (IMAGENET_STATISTICS["mean"], IMAGENET_STATISTICS["std"])
     bit = model_spec("imagenet_resnet50").weights["timm_bit_in21k"]
     assert (bit.num_classes, bit.arguments, bit.dataset) == (21843, {"layout": "bit"}, "ImageNet-21k")
     keras_weights = model_spec("imagenet_resnet50").weights["imagenet"]
@@ -75,6 +80,25 @@ def test_every_registered_network_is_named_literally_in_presets_py():
                if isinstance(node, ast.Constant) and isinstance(node.value, str)}
     assert set(presets.MODEL_PRESETS) <= set(list_models())
     assert [name for name in presets.MODEL_PRESETS if name not in strings] == []
+
+
+# ImageNet's statistics in 0-255 units: a mean and a std that differ, so a swap of the two is seen (timm's
+# inception statistics of the registered timm checkpoints are 127.5 for both).
+IMAGENET_STATISTICS = {"mean": (123.675, 116.28, 103.53), "std": (58.395, 57.12, 57.375)}
+HUB_REPO = "timm/resnetv2_18.ra4_e3600_r224_in1k"
+
+
+@pytest.fixture
+def timm_imagenet_statistics():
+    """``test_timm_resnet18`` with the weights ``stats``: the ra4 checkpoint registered with ImageNet's statistics."""
+    spec = model_spec("imagenet_resnet18")
+    entry = dict(origin="timm", checkpoint=HUB_REPO, num_classes=1000, class_names=imagenet_class_names(),
+                 arguments={"layout": "timm"}, input_config=spec.weights["timm_ra4_in1k"].input_config.replace(
+                     **IMAGENET_STATISTICS))
+    register_model("test_timm_resnet18", family="imagenet", arguments={"depth": 18}, input_config=spec.input_config,
+                   weights={"stats": entry})
+    yield "test_timm_resnet18"
+    unregister_model("test_timm_resnet18")
 
 
 @pytest.fixture
@@ -120,17 +144,21 @@ def write_hf_cache(root, repo, state):
     save_file(state, str(folder / "snapshots" / commit / "model.safetensors"))
 
 
-def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_converts_once(offline):
+def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_converts_once(offline,
+                                                                                         timm_imagenet_statistics):
     """create_model("imagenet_resnet18.timm_ra4_in1k") offline with the checkpoint in the Hub cache: timm's
-    layout, the entry's preprocessing, timm's outputs, the ImageNet-1k class names; the conversion is written
-    once and reused."""
+    layout, the entry's preprocessing (its mean and its std: also from an entry where they differ), timm's
+    outputs, the ImageNet-1k class names; the conversion is written once and reused."""
     pytest.importorskip("huggingface_hub")
     pytest.importorskip("safetensors")
     state = ref.random_state(18, num_classes=1000, seed=5)
     write_hf_cache(offline / "hf", "timm/resnetv2_18.ra4_e3600_r224_in1k", state)
     model = create_model("imagenet_resnet18", weights="timm_ra4_in1k", input_shape=SIZE)
     assert model.backbone.stem == "imagenet_edge_pool" and model.output_shape == (None, 1000)
-    assert (model.input_config.interpolation, model.input_config.mean) == ("bicubic", (127.5, 127.5, 127.5))
+    assert (model.input_config.interpolation, model.input_config.mean, model.input_config.std) == (
+        "bicubic", (127.5, 127.5, 127.5), (127.5, 127.5, 127.5))
+    stats = create_model(timm_imagenet_statistics, weights="stats", input_shape=SIZE).input_config
+    assert (stats.mean, stats.std, stats.interpolation) == (*IMAGENET_STATISTICS.values(), "bicubic")
     x = images(5)
     expected, _ = ref.forward(state, x)
     assert np.abs(logits(model, x) - expected).max() <= 1e-4
@@ -146,10 +174,47 @@ def test_registered_timm_checkpoint_loads_from_the_hugging_face_cache_and_conver
     assert converted[0].stat().st_mtime_ns == stamp  # converted once
 
 
-def test_evaluating_a_registered_checkpoint_uses_its_own_preprocessing(offline):
+def test_fresh_hub_download_is_checked_against_the_hub_sha256(offline, tmp_path, monkeypatch):
+    """A registered timm checkpoint not in the Hub cache is downloaded (huggingface_hub's download and file
+    metadata faked: the Hub reachable, the "download" a copy of a file here) and checked against the Hub's
+    published sha256 (its LFS etag): the genuine file loads, another file under the same etag is refused."""
+    hf = pytest.importorskip("huggingface_hub")
+    pytest.importorskip("safetensors")
+    from safetensors.numpy import save_file
+
+    state = ref.random_state(18, num_classes=1000, seed=9)
+    genuine, tampered = tmp_path / "genuine.safetensors", tmp_path / "tampered.safetensors"
+    save_file(state, str(genuine))
+    save_file({**state, "head.fc.bias": state["head.fc.bias"] + 1}, str(tampered))
+    served = []
+
+    def hf_hub_download(repo_id, filename, *, local_files_only=False, **kwargs):
+        if local_files_only:
+            raise FileNotFoundError(f"{repo_id}/{filename} is not in the cache")
+        target = offline / "hf" / "downloads" / repo_id / filename
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.write_bytes(served[-1].read_bytes())
+        return str(target)
+
+    etag = f'"{sources._digest(genuine)}"'  # the Hub's LFS etag: the file's sha256, quoted
+    monkeypatch.setattr(hf, "hf_hub_download", hf_hub_download)
+    monkeypatch.setattr(hf, "get_hf_file_metadata", lambda url, **kwargs: SimpleNamespace(etag=etag))
+    monkeypatch.setattr(hf.constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(sources, "reachable", lambda url, timeout=None: True)
+    served.append(tampered)
+    with pytest.raises(OSError, match=f"Invalid download of {HUB_REPO}: .* has not the Hub's sha256 {etag[1:-1]}"):
+        create_model("imagenet_resnet18.timm_ra4_in1k", input_shape=SIZE)
+    served.append(genuine)
+    model = create_model("imagenet_resnet18.timm_ra4_in1k", input_shape=SIZE)
+    x = images(9)
+    assert np.abs(logits(model, x) - ref.forward(state, x)[0]).max() <= 1e-4
+
+
+def test_evaluating_a_registered_checkpoint_uses_its_own_preprocessing(offline, timm_imagenet_statistics):
     """keras-preact-evaluate imagenet_resnet18 --weights timm_ra4_in1k (a random checkpoint in the Hub cache):
     evaluated with the checkpoint's view (timm's statistics, the shorter side to 248, bicubic) and its ImageNet-1k
-    class names, not the network's default (the centre 224 of 256, bilinear)."""
+    class names, not the network's default (the centre 224 of 256, bilinear); its mean and its std, also from an
+    entry where they differ."""
     pytest.importorskip("huggingface_hub")
     pytest.importorskip("safetensors")
     from keras_preact_training.evaluate import resolve_model
@@ -157,13 +222,17 @@ def test_evaluating_a_registered_checkpoint_uses_its_own_preprocessing(offline):
     write_hf_cache(offline / "hf", "timm/resnetv2_18.ra4_e3600_r224_in1k", ref.random_state(18, num_classes=1000))
     target = resolve_model("imagenet_resnet18", "timm_ra4_in1k")
     config = target.input_config
-    assert (config.mean, config.resize_size, config.interpolation) == ((127.5, 127.5, 127.5), 248, "bicubic")
+    assert (config.mean, config.std, config.resize_size, config.interpolation) == (
+        (127.5, 127.5, 127.5), (127.5, 127.5, 127.5), 248, "bicubic")
     assert tuple(target.class_names) == imagenet_class_names()
+    stats = resolve_model(timm_imagenet_statistics, "stats").input_config
+    assert (stats.mean, stats.std, stats.resize_size) == (*IMAGENET_STATISTICS.values(), 248)
 
 
-def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path):
+def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path, monkeypatch):
     """A keras.applications ResNetV2 weights file in Keras' cache, registered with its md5: loaded through
-    keras.utils.get_file, converted into the tf_slim layout, Keras' outputs; a wrong md5 is refused."""
+    keras.utils.get_file, converted into the tf_slim layout, Keras' outputs; a file whose md5 is not the
+    registered one is refused (Keras downloads it again, from a file:// copy here, and refuses that too)."""
     source = keras.applications.ResNet50V2(weights=None, input_shape=SIZE, classes=5, classifier_activation=None)
     rng = np.random.default_rng(6)
     for layer in source.layers:
@@ -179,11 +248,21 @@ def test_keras_applications_checkpoint_by_name_checked_by_md5(offline, tmp_path)
     register_model("test_keras_resnet50", family="imagenet", arguments={"depth": 50},
                    input_config=model_spec("imagenet_resnet50").input_config,
                    weights={"random": dict(origin="keras", checkpoint=file.name, checksum=f"md5:{md5}", num_classes=5,
-                                           arguments={"layout": "tf_slim"})})
+                                           arguments={"layout": "tf_slim"}),
+                            "tampered": dict(origin="keras", checkpoint="tampered.h5", checksum=f"md5:{md5}",
+                                             num_classes=5, arguments={"layout": "tf_slim"})})
     try:
         model = create_model("test_keras_resnet50", weights="random", input_shape=SIZE, classifier_activation=None)
         x = images(6)
         assert np.abs(to_numpy(model(x)) - to_numpy(source(x))).max() <= 1e-4
+        server = tmp_path / "server"
+        server.mkdir()
+        for folder in (cache, server):  # the cached copy and the one downloaded again: the file, one byte more
+            (folder / "tampered.h5").write_bytes(file.read_bytes() + b"\0")
+        monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", server.as_uri() + "/")
+        with pytest.raises(ValueError, match=f"md5 file hash does not match the provided value of {md5}"):
+            create_model("test_keras_resnet50", weights="tampered", input_shape=SIZE)
+        assert not list((offline / "keras" / "keras_preact").glob("test_keras_resnet50-tampered-*"))  # nothing used
     finally:
         unregister_model("test_keras_resnet50")
 
@@ -195,10 +274,13 @@ def test_local_timm_folder_and_pth_by_path(offline, tmp_path):
     from test_pretrained_convert import write_timm_folder
 
     state = ref.random_state(18, num_classes=5, seed=7)
-    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", state)
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", state, mean=[0.485, 0.456, 0.406],
+                               std=[0.229, 0.224, 0.225])  # timm's IMAGENET_DEFAULT_MEAN/STD: they differ
     model = create_model("imagenet_resnet18", weights=str(folder), input_shape=SIZE, classifier_activation=None)
     config = model.input_config
-    assert (config.interpolation, config.mean, config.input_size) == ("bicubic", (127.5, 127.5, 127.5), SIZE)
+    assert (config.interpolation, config.input_size) == ("bicubic", SIZE)
+    np.testing.assert_allclose(config.mean, IMAGENET_STATISTICS["mean"], rtol=1e-6)
+    np.testing.assert_allclose(config.std, IMAGENET_STATISTICS["std"], rtol=1e-6)
     x = images(7)
     expected, _ = ref.forward(state, x)
     assert np.abs(to_numpy(model(x)) - expected).max() <= 1e-4

@@ -1,8 +1,15 @@
 """Convert keras.applications ResNet50V2 / ResNet101V2 / ResNet152V2 into keras-preact models."""
 
+import os
+import pathlib
 import re
+import tempfile
+import zipfile
 
 from keras_preact.models.imagenet import IMAGENET_DEPTHS, imagenet_resnet
+from keras_preact.pretrained import reading
+
+KERAS_RESNET_V2 = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}  # keras.applications' builders
 
 
 def _unit_pairs(unit):
@@ -32,12 +39,38 @@ def _copy(src, dst, copied):
     copied.extend(dst.weights)
 
 
-def from_keras_applications(model, *, classifier_activation=None, name=None):
+def keras_applications_model(path, input_shape=None, *, depth=None):
+    """The keras.applications ResNet50V2/101V2/152V2 saved in ``path`` (of ``depth``, where given): a legacy
+    ``.h5`` (keras.applications' own weights files, ``model.save("x.h5")``), Keras 3's ``save_weights``
+    ``.weights.h5`` or ``model.save`` ``.keras`` (its weights: no layer of its config is deserialized). It is
+    built by keras.applications with the file's depth and classes at ``input_shape`` (keras.applications'
+    default where None), then loaded; the file is checked first (``reading.keras_resnet_v2_file``), one
+    ``CheckpointError`` line otherwise."""
+    import keras
+
+    path = pathlib.Path(path)
+    found = reading.keras_resnet_v2_file(path, values=True)
+    if found is None or found["depth"] != (depth or found["depth"]):
+        what = "another network's" if found is None else f"a depth-{found['depth']}"
+        wanted = f"ResNet{depth}V2's" if depth else "ResNet50V2's, ResNet101V2's or ResNet152V2's"
+        raise reading.CheckpointError(f"Invalid checkpoint {str(path)!r}: {what} Keras file, not a keras.applications "
+                                      f"{wanted} (.h5, .weights.h5 or .keras).")
+    builder = getattr(keras.applications, KERAS_RESNET_V2[found["depth"]])
+    top = {"classes": found["num_classes"]} if found["num_classes"] else {"include_top": False}
+    shape = input_shape or (None if found["num_classes"] else (None, None, 3))
+    if path.suffix != ".keras":
+        return builder(weights=str(path), input_shape=shape, **top)
+    with tempfile.TemporaryDirectory() as folder, zipfile.ZipFile(path) as archive:  # Keras reads it 3x faster
+        return builder(weights=archive.extract("model.weights.h5", folder), input_shape=shape, **top)
+
+
+def from_keras_applications(model, *, classifier_activation=None, name=None, input_shape=None):
     """An equivalent keras-preact model (``layout="tf_slim"``) with ``model``'s weights.
 
     ``model`` is a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2 with any weights, input
-    shape, ``include_top`` and ``pooling``. The result gives the same outputs (to float rounding).
-    ``classifier_activation`` defaults to the source's ("softmax" unless changed).
+    shape, ``include_top`` and ``pooling``, or the path of a file one was saved to (``.h5``, ``.weights.h5``,
+    ``.keras``: ``keras_applications_model``, built at ``input_shape``). The result gives the same outputs (to
+    float rounding). ``classifier_activation`` defaults to the source's ("softmax" unless changed).
 
     Examples:
         Two 25M-parameter networks, so not run here:
@@ -56,6 +89,8 @@ def from_keras_applications(model, *, classifier_activation=None, name=None):
         ValueError: from_keras_applications expects a keras.applications ResNet50V2, ResNet101V2 or ResNet152V2;
         got 'preact_resnet20_cifar' with units per stage unknown.
     """
+    if isinstance(model, (str, os.PathLike)):
+        model = keras_applications_model(model, input_shape)
     units = _stage_units(model)
     depth = next((d for d, (b, u) in IMAGENET_DEPTHS.items() if b == "bottleneck" and u == units), None)
     if depth is None or "post_bn" not in [layer.name for layer in model.layers]:

@@ -16,7 +16,8 @@ import re
 
 import numpy as np
 
-from keras_preact.models.imagenet import IMAGENET_DEPTHS, imagenet_resnet
+from keras_preact.models.imagenet import IMAGENET_DEPTHS, IMAGENET_WIDTHS, imagenet_resnet
+from keras_preact.pretrained.reading import CheckpointError, check_tensors
 
 # The source's name of each of our unit's sublayers: (our role, conv index), timm's suffix, keras-hub's suffix.
 UNIT_PARTS = (
@@ -45,9 +46,10 @@ def _conv_kernel(weight):
     return np.transpose(weight, (2, 3, 1, 0))
 
 
-def timm_architecture(state):
+def timm_architecture(state, path=None):
     """``{"depth", "layout", "num_classes"}`` of the timm ``resnetv2`` network a state dict belongs to
-    (``num_classes`` None without a head); ValueError for anything else."""
+    (``num_classes`` None without a head), its tensors checked against that network's (``timm_state_shapes``,
+    ``reading.check_tensors``); a ``CheckpointError`` naming ``path`` (the file read) for anything else."""
     units, blocks = [], {}
     for key in state:
         match = re.match(r"stages\.(\d+)\.blocks\.(\d+)\.", key)
@@ -57,13 +59,62 @@ def timm_architecture(state):
     bottleneck = "stages.0.blocks.0.conv3.weight" in state
     depth = next((d for d, (block, u) in IMAGENET_DEPTHS.items()
                   if u == units and (block == "bottleneck") == bottleneck), None)
-    if depth is None or "stem.conv.weight" not in state or state["stem.conv.weight"].shape[0] != 64:
-        raise ValueError(f"Invalid weights: not a timm resnetv2 state dict of width 1 (units per stage {units}, "
-                         f"stem conv {getattr(state.get('stem.conv.weight'), 'shape', None)}); keras-preact reads "
-                         "resnetv2_18/34/50/101/152/200 and resnetv2_50x1_bit/101x1_bit.")
+    stem = getattr(state.get("stem.conv.weight"), "shape", None)
+    if depth is None or stem is None or stem[0] != 64:
+        raise CheckpointError(f"Invalid {_what(path)}: not a timm resnetv2 state dict of width 1 (units per stage "
+                              f"{units}, stem conv {stem}); keras-preact reads resnetv2_18/34/50/101/152/200 and "
+                              "resnetv2_50x1_bit/101x1_bit.")
     layout = "timm" if "norm.running_mean" in state else "bit"
     head = state.get("head.fc.weight")
-    return {"depth": depth, "layout": layout, "num_classes": None if head is None else int(head.shape[0])}
+    arch = {"depth": depth, "layout": layout, "num_classes": None if head is None else int(head.shape[0])}
+    expected = timm_state_shapes(**arch)
+    if head is not None and np.ndim(head) == 2:  # a Linear head's (classes, features), as a 1x1 conv's
+        expected["head.fc.weight"] = expected["head.fc.weight"][:2]
+    check_tensors(state, expected, path=path)
+    return arch
+
+
+def _what(path):
+    return f"checkpoint {str(path)!r}" if path else "state dict"
+
+
+def timm_state_shapes(depth, layout, num_classes=None):
+    """``{name: shape}`` of timm's ``resnetv2_<depth>`` (``layout="timm"``: BatchNorm) or ``resnetv2_<depth>x1_bit``
+    (``"bit"``: GroupNorm) state dict, with its ``head.fc`` where ``num_classes`` is given.
+
+    Examples:
+        >>> from keras_preact.applications.convert_resnetv2 import timm_state_shapes
+        >>> shapes = timm_state_shapes(18, "timm", 1000)
+        >>> shapes["stem.conv.weight"], shapes["stages.1.blocks.0.downsample.conv.weight"], shapes["head.fc.weight"]
+        ((64, 3, 7, 7), (128, 64, 1, 1), (1000, 512, 1, 1))
+    """
+    block, units = IMAGENET_DEPTHS[depth]
+    fields = NORM_FIELDS["batch" if layout == "timm" else "group"]
+    shapes = {"stem.conv.weight": (64, 3, 7, 7)}
+
+    def norm(prefix, channels):
+        shapes.update({f"{prefix}.{field}": (channels,) for field in fields})
+
+    channels = 64
+    for s, (n, width) in enumerate(zip(units, IMAGENET_WIDTHS[block])):
+        for b in range(n):
+            p = f"stages.{s}.blocks.{b}."
+            stride = 2 if s and not b else 1
+            if channels != width or stride != 1:
+                shapes[p + "downsample.conv.weight"] = (width, channels, 1, 1)
+            norm(p + "norm1", channels)
+            mid = width // 4 if block == "bottleneck" else width
+            convs = [(mid, channels, 1), (mid, mid, 3), (width, mid, 1)] if block == "bottleneck" else [
+                (width, channels, 3), (width, width, 3)]
+            for i, (out, inputs, k) in enumerate(convs):
+                shapes[f"{p}conv{i + 1}.weight"] = (out, inputs, k, k)
+                if i:
+                    norm(f"{p}norm{i + 1}", inputs)
+            channels = width
+    norm("norm", channels)
+    if num_classes is not None:
+        shapes.update({"head.fc.weight": (num_classes, channels, 1, 1), "head.fc.bias": (num_classes,)})
+    return shapes
 
 
 def _assign(layer, values, copied, source):

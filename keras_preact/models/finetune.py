@@ -27,6 +27,7 @@ import pathlib
 import keras
 
 from keras_preact.preprocessing import InputConfig
+from keras_preact.pretrained import reading
 
 LOCAL_SUFFIXES = (".weights.h5", ".keras")
 RUN_MODEL = "model.keras"  # the trained classifier a keras-preact-train run directory ends with
@@ -91,15 +92,10 @@ def local_source(weights, model_name):
 
 def _classes_in_weights_file(path, what):
     """The classes of the classifier whose ``save_weights`` wrote ``path`` (its dense kernel's columns)."""
-    import h5py  # Keras' own dependency for .weights.h5
-
-    try:
-        with h5py.File(path, "r") as f:
-            dense = [name for name in f["layers"] if name == "dense" or name.startswith("dense_")]
-            kernel = f[f"layers/{dense[0]}/vars/0"] if len(dense) == 1 else None
-            classes = int(kernel.shape[-1]) if kernel is not None and len(kernel.shape) == 2 else None
-    except (OSError, KeyError) as error:
-        raise ValueError(f"{what}: {path} is not a Keras weights file ({error}).") from None
+    with reading.keras_h5(path) as f:  # checked: not empty, HDF5, Keras weights; one line otherwise
+        dense = [name for name in f.get("layers", ()) if name == "dense" or name.startswith("dense_")]
+        kernel = f[f"layers/{dense[0]}/vars/0"] if len(dense) == 1 else None
+        classes = int(kernel.shape[-1]) if kernel is not None and len(kernel.shape) == 2 else None
     if classes is None:
         raise ValueError(f"{what}: {path} holds no classifier with one dense head (a keras-preact classifier's "
                          "save_weights is expected).")

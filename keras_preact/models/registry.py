@@ -207,8 +207,9 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
     ``weights``: the name of its registered trained weights (``model_spec(name).weights``: the package's own,
     checked by sha256, or a published checkpoint, fetched through its ecosystem's loader, checked by its
     published checksum and converted once; ``"name.weights"`` names both at once), the path of a local
-    checkpoint of another library (a timm ``.safetensors``/``.pth`` or folder, a keras.applications ``.h5``, a
-    keras-hub preset folder), or a keras-preact ``.weights.h5`` file (a classifier's ``save_weights``),
+    checkpoint of another library (a timm ``.safetensors``/``.pth`` or folder, a keras.applications ResNetV2's
+    ``.h5``, ``.weights.h5`` or ``.keras``, a keras-hub preset folder; a bad file is one ``CheckpointError``
+    line naming it, before anything is built), or a keras-preact ``.weights.h5`` file (a classifier's ``save_weights``),
     ``.keras`` file or ``keras-preact-train`` run directory (its ``model.keras``). The model is built as the
     checkpoint needs (its layout). With the weights' classes the model is their classifier and carries their
     ``class_names``; with another ``num_classes`` (or other ``class_names``) it is their backbone under a

@@ -9,8 +9,9 @@ are written once, as a ``.weights.h5`` file named after the source's digest, und
 and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
 
 A local checkpoint works as ``weights=PATH`` (``local_spec``): a timm ``.safetensors``/``.pth`` state dict or
-a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ``.h5``, a keras-hub preset
-folder, or a keras-preact ``.weights.h5``.
+a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ResNetV2's ``.h5``,
+``.weights.h5`` or ``.keras``, a keras-hub preset folder, or a keras-preact ``.weights.h5``. Each file is checked
+before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
 """
 
 import dataclasses
@@ -24,6 +25,7 @@ import urllib.parse
 
 from keras_preact.models.class_names import ClassNames
 from keras_preact.preprocessing import InputConfig
+from keras_preact.pretrained import reading
 
 ORIGINS = ("keras", "timm", "keras_hub")
 LICENCES = {"keras": "Apache-2.0", "timm": "Apache-2.0", "keras_hub": "Apache-2.0"}
@@ -166,25 +168,9 @@ FETCHERS = {"keras": fetch_keras, "timm": fetch_timm, "keras_hub": fetch_keras_h
 
 
 # ---------------------------------------------------------------------------------------- conversion
-def read_state_dict(path):
-    """A timm state dict as ``{name: numpy array}``: ``.safetensors`` (safetensors' numpy reader) or a
-    PyTorch pickle (``torch.load(weights_only=True)``)."""
-    path = pathlib.Path(path)
-    if path.suffix == ".safetensors":
-        try:
-            from safetensors.numpy import load_file
-        except ImportError:
-            raise ImportError("reading .safetensors needs safetensors: pip install safetensors") from None
-        return load_file(str(path))
-    try:
-        import torch
-    except ImportError:
-        raise ImportError(
-            f"reading {path.name} (a PyTorch checkpoint) needs torch; or convert it to .safetensors"
-        ) from None
-    state = torch.load(str(path), map_location="cpu", weights_only=True)
-    state = state.get("state_dict", state.get("model", state)) if isinstance(state, dict) else state
-    return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
+def read_state_dict(path, **options):
+    """A timm state dict as ``{name: numpy array}``, read and checked (``reading.read_state_dict``)."""
+    return reading.read_state_dict(path, **options)
 
 
 def _build(depth, num_classes, layout):
@@ -193,37 +179,23 @@ def _build(depth, num_classes, layout):
     return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
 
 
-def _keras_h5_classes(path):
-    """The classes of a keras.applications ResNetV2 ``.h5`` file's ``predictions`` layer (1000 if none found)."""
-    import h5py
-
-    found = []
-    with h5py.File(path, "r") as f:
-        f.visititems(lambda name, obj: found.append(obj.shape) if "predictions" in name and len(
-            getattr(obj, "shape", ())) == 2 else None)
-    return int(found[0][-1]) if found else 1000
-
-
 def convert(origin, source_path, depth, num_classes=None):
     """The converted model of a fetched or local checkpoint (``origin``: keras, timm, keras_hub)."""
     from keras_preact.applications import convert_resnetv2
 
     if origin == "keras":
-        import keras
-
-        from keras_preact.applications.convert import from_keras_applications
+        from keras_preact.applications.convert import from_keras_applications, keras_applications_model
         from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
 
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
-        classes = num_classes or _keras_h5_classes(source_path)
-        source = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])(weights=str(source_path), classes=classes)
+        source = keras_applications_model(source_path, depth=depth)  # the file checked, registered or not
         return from_keras_applications(source, classifier_activation=None)
     if origin == "timm":
         state = read_state_dict(source_path)
-        arch = convert_resnetv2.timm_architecture(state)
+        arch = convert_resnetv2.timm_architecture(state, source_path)
         _check_depth(arch["depth"], depth, source_path)
         model = _build(depth, arch["num_classes"] or 1000, arch["layout"])
         convert_resnetv2.load_timm_state_dict(model, state)
@@ -345,11 +317,14 @@ CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another 
 
 def is_checkpoint(weights):
     """Whether ``weights`` is an existing checkpoint of another library (``local_spec`` reads it): a
-    keras.applications ``.h5`` (not a keras-preact ``.weights.h5``), a timm ``.safetensors``/``.pth`` file, a
+    keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras`` (not a keras-preact one), a timm
+    ``.safetensors``/``.pth`` file, a
     timm folder (``config.json`` with its ``architecture``) or a keras-hub preset folder (its ``class_name``)."""
     path = pathlib.Path(weights)
+    if path.is_file() and path.name.endswith((".weights.h5", ".keras")):  # Keras 3's, keras.applications' or ours
+        return reading.keras_resnet_v2_file(path) is not None
     if path.is_file():
-        return path.suffix in CHECKPOINT_SUFFIXES and not path.name.endswith(".weights.h5")
+        return path.suffix in CHECKPOINT_SUFFIXES
     config = path / "config.json"
     if not config.is_file():
         return False
@@ -376,9 +351,9 @@ def local_spec(model_name, weights):
         kind, extra["input_config"] = "timm", _timm_input_config(config.get("pretrained_cfg", {}))
     elif path.is_dir() and config_json.is_file():
         kind, extra["input_config"] = "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT)
-    elif path.name.endswith(".weights.h5"):
+    elif path.name.endswith(".weights.h5") and reading.keras_resnet_v2_file(path) is None:
         kind = "package"
-    elif path.suffix == ".h5":
+    elif path.suffix in (".h5", ".keras"):
         from keras_preact.applications.preact_resnet import KERAS_RESNET_V2_INPUT
 
         kind, extra["input_config"] = "keras", KERAS_RESNET_V2_INPUT
@@ -409,9 +384,7 @@ def resolve(model_name, spec):
     if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
         spec = dataclasses.replace(spec, input_config=checkpoint_input_config(spec))
     if spec.origin == "file" and spec.source != "package":
-        import h5py
-
-        with h5py.File(path, "r") as f:  # the converted head's size and the layout it was converted into
+        with reading.keras_h5(path) as f:  # the converted head's size and the layout it was converted into
             classes = _head_classes(f)
         layout = _layout_of(spec, path)
         spec = dataclasses.replace(spec, num_classes=classes, arguments={**LAYOUT_ARGUMENTS[layout], **spec.arguments})
