@@ -163,6 +163,7 @@ def main(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m keras_preact_training.backend_probe",
         description="Time training steps of the run config on stdin (JSON) on KERAS_BACKEND.",
     )
