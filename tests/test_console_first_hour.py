@@ -6,6 +6,7 @@ import argparse
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -14,7 +15,9 @@ import pytest
 import tomllib
 
 from keras_preact_serving import flags as serving_flags
-from keras_preact_training import cli, evaluate, export
+from keras_preact_training import backend_probe, cli, evaluate, export
+from keras_preact_training.machine import backends, start_up
+from keras_preact_training.recipe import configs
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend]
 
@@ -101,3 +104,110 @@ def test_every_help_entry_is_described(script):
     undescribed = [action.option_strings or action.dest for action in parser._actions
                    if action.help != argparse.SUPPRESS and not (action.help or "").strip()]
     assert undescribed == []
+
+
+def test_the_training_launcher_lets_openmp_threads_sleep_unless_the_user_chose(monkeypatch):
+    """PyTorch's OpenMP threads wait passively (``OMP_WAIT_POLICY=PASSIVE``): spinning ones took a busy 2-core
+    machine's cores from each other (docs/training.md, "PyTorch's threads"). A user's own OpenMP waiting setting
+    stands."""
+    environ = {}
+    start_up.launch(environ)
+    assert environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    for name, value in (("OMP_WAIT_POLICY", "ACTIVE"), ("GOMP_SPINCOUNT", "300000"), ("KMP_BLOCKTIME", "200")):
+        environ = {name: value}
+        start_up.launch(environ)
+        assert environ[name] == value and environ.get("OMP_WAIT_POLICY", value) == value
+
+
+def test_keras_preact_train_launches_before_the_measurement_starts_its_children(monkeypatch):
+    """The launcher's settings are made before ``--backend fastest`` starts the children that time each backend,
+    which inherit them (PyTorch's threads were timed spinning, then trained passive)."""
+    calls = []
+    monkeypatch.setattr(start_up, "launch", lambda: calls.append("launch"))
+    monkeypatch.setattr(cli, "choose_fastest", lambda args, parser: calls.append("measure"))
+    assert cli.main(["--backend", "fastest"]) == 1
+    assert calls == ["launch", "measure"]
+
+
+def test_backend_fastest_with_one_backend_installed_says_so_not_the_fastest_measured(monkeypatch, capsys):
+    monkeypatch.setattr(backends, "installed", lambda name: name == "torch")
+    monkeypatch.setattr(start_up, "launch", lambda: None)
+    chosen = {}
+
+    def select(requested, reason):
+        chosen.update(backend=requested, reason=reason)
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(backends, "select", select)
+    assert cli.main(["--backend", "fastest"]) == 2
+    assert chosen == {"backend": "torch", "reason": "--backend fastest: the one installed"}
+    assert "nothing to time" in capsys.readouterr().out
+
+
+ROUNDS = {"torch": [41.0, 48.0], "jax": [45.0, 52.0], "tensorflow": [90.0, 95.0]}
+
+
+def fake_measurement(monkeypatch, figures):
+    """``measure_in_children`` on ``figures`` ({backend: ms of each round}), recording what it says and which
+    backend it times, in order."""
+    monkeypatch.setattr(backends, "installed", lambda name: name in figures)
+    events = []
+
+    def child(backend, config, steps, warmup):
+        events.append(backend)
+        return figures[backend][events.count(backend) - 1], None
+
+    config = configs.get_config("synthetic-resnet8", needs_data=False)
+    return backend_probe.measure_in_children(config, 3, 1, child, say=events.append), events
+
+
+def test_backend_fastest_says_what_it_times_before_it_times_it_and_takes_the_rounds_in_turn(monkeypatch):
+    result, events = fake_measurement(monkeypatch, ROUNDS)
+    plan = events[0]
+    assert plan.startswith("[measure] timing torch, jax, tensorflow on cifar ResNet-8 (image 32x32, batch 64)"), plan
+    assert "2 rounds of 3 timed steps taken in turn (torch jax tensorflow | torch jax tensorflow)" in plan
+    assert re.search(r"about \d+ s on a quiet machine$", plan), plan
+    assert events[1:4] == events[5:8] == ["torch", "jax", "tensorflow"]
+    assert events[4].startswith("[measure] round 1/2: torch 41, jax 45, tensorflow 90 ms/step (")
+    assert events[8].startswith("[measure] round 2/2: torch 48, jax 52, tensorflow 95 ms/step (")
+    assert events[9] == ("[measure] torch and jax are within the noise of each other (torch 41-48 ms/step over the "
+                         "rounds, jax 45-52): either trains about as fast here; taking torch")
+    assert result == ({"torch": 41.0, "jax": 45.0, "tensorflow": 90.0}, {})
+
+
+def test_backend_fastest_says_nothing_of_noise_where_the_rounds_are_apart(monkeypatch):
+    result, events = fake_measurement(monkeypatch, {"torch": [41.0, 43.0], "tensorflow": [60.0, 62.0]})
+    assert not [e for e in events if "noise" in e] and result == ({"torch": 41.0, "tensorflow": 60.0}, {})
+
+
+@pytest.mark.parametrize("times, expected", [
+    ({"torch": [41.0, 48.0], "jax": [45.0, 52.0]}, True),  # the rounds overlap
+    ({"torch": [41.0], "jax": [44.0]}, True),  # under NOISE_FRACTION apart
+    ({"torch": [41.0, 42.0], "tensorflow": [60.0, 61.0]}, False),
+    ({"torch": [41.0]}, False),
+])
+def test_within_noise(times, expected):
+    assert backend_probe.within_noise(times) is expected
+
+
+def test_the_closing_export_suggestion_carries_the_install_lines_it_needs(monkeypatch):
+    """Without TensorFlow the run ends suggesting an ONNX and OpenVINO export here: with the extras' install
+    lines where they are missing, so that the line pasted works."""
+    from keras_preact.export import formats
+    from keras_preact_training import train
+
+    here = train.export_here_line("runs/r")
+    if here is None:
+        pytest.skip(f"the {keras_backend()} backend writes neither ONNX nor OpenVINO")
+    command = here.split(" && ")[-1]
+    names = command.split("--format ")[1].split(",")
+    monkeypatch.setattr(formats, "_installed", lambda module: False)
+    assert train.export_here_line("runs/r") == " && ".join([formats.FORMATS[n].install for n in names] + [command])
+    monkeypatch.setattr(formats, "_installed", lambda module: True)
+    assert train.export_here_line("runs/r") == command
+
+
+def keras_backend():
+    import keras
+
+    return keras.backend.backend()

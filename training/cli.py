@@ -147,7 +147,7 @@ def check_paths(args, parser):
     if args.measure_steps < 1:
         fail(f"argument --measure-steps: {args.measure_steps} given, at least 1 is required")
     if args.config:
-        if not os.path.exists(args.config):
+        if args.backend != FASTEST and not os.path.exists(args.config):  # choose_fastest refuses --config
             fail(f"Invalid --config={args.config!r}: no such file or directory (a run's config.json, or its run "
                  "directory)")
         return
@@ -208,9 +208,13 @@ def main(argv=None):
     parser = build_parser()
     args = parser.parse_args(argv)
     check_paths(args, parser)
+    # TensorFlow's start-up settings and PyTorch's threads, before Keras loads here or in a child that times it
+    start_up.launch()
     reason = "--backend"
     if args.backend == FASTEST:
-        args.backend, reason = choose_fastest(args, parser), "--backend fastest: the fastest measured"
+        timed = sum(map(backends.installed, backends.BACKENDS)) > 1
+        args.backend = choose_fastest(args, parser)
+        reason = "--backend fastest: " + ("the fastest measured" if timed else "the one installed")
         if args.backend is None:
             return 1
     try:
@@ -219,7 +223,6 @@ def main(argv=None):
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
-    start_up.launch()  # the backend chosen, Keras loads: TensorFlow's start-up settings first
     from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 
