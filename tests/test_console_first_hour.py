@@ -211,3 +211,31 @@ def keras_backend():
     import keras
 
     return keras.backend.backend()
+
+
+@pytest.mark.parametrize("page", ["README.md", "docs/index.md"])
+def test_the_main_command_comes_after_what_to_install_first_and_installs_the_server_the_guides_use(page):
+    """A reader pastes the first command block: PyTorch's CPU build is named before it, and its extras hold
+    ``[serve]``, since the guides go straight on to ``keras-preact-serve``."""
+    text = (REPO / page).read_text(encoding="utf-8")
+    main = re.search(r'```bash\npip install -e "\.\[([a-z,]+)\]" && keras-preact-train --backend fastest\n```', text)
+    assert main, page
+    assert set(main.group(1).split(",")) >= {"tensorflow", "torch", "train", "serve"}
+    cpu_build = text.find('pip install "torch<2.14" --index-url https://download.pytorch.org/whl/cpu')
+    assert 0 <= cpu_build < main.start(), page
+    # .ci/run installs the TensorFlow environment into the first python on PATH: the page says so, and runs it in a
+    # virtual environment of the reader's own
+    assert "python -m venv .venv && . .venv/bin/activate && bash .ci/run" in text and "`PYTHON`" in text
+
+
+def test_the_readme_says_backend_fastest_chooses_by_measuring_and_ci_honours_python():
+    readme = " ".join((REPO / "README.md").read_text(encoding="utf-8").split())
+    assert "which chose PyTorch" not in readme and "`--backend fastest`, which chooses by measuring" in readme
+    assert re.search(r"^PYTHON=\$\{PYTHON:-python\}", (REPO / ".ci/run").read_text(), re.M)
+
+
+def test_the_fine_tuning_figures_name_the_machine_they_were_measured_on():
+    """The transfer experiment ran on the AVX2 EPYC (its README says so): the guide says which of the two EPYCs."""
+    record = (REPO / "reproduction/cifar10-transfer/README.md").read_text(encoding="utf-8")
+    guide = " ".join((REPO / "docs/fine-tuning.md").read_text(encoding="utf-8").split())
+    assert "AVX2, no AVX-512" in record and "AMD EPYC with AVX2 and no AVX-512" in guide
