@@ -239,3 +239,20 @@ def test_the_fine_tuning_figures_name_the_machine_they_were_measured_on():
     record = (REPO / "reproduction/cifar10-transfer/README.md").read_text(encoding="utf-8")
     guide = " ".join((REPO / "docs/fine-tuning.md").read_text(encoding="utf-8").split())
     assert "AVX2, no AVX-512" in record and "AMD EPYC with AVX2 and no AVX-512" in guide
+
+
+def test_the_ray_proxy_hook_makes_new_event_loops_guarded_without_a_policy(monkeypatch):
+    """Ray's workers make their loops with ``asyncio.new_event_loop()``: after the hook each is a
+    ``GuardedEventLoop`` with the request timeout the job's environment carries."""
+    import asyncio
+
+    from keras_preact_serving import connections
+
+    monkeypatch.setattr(asyncio, "new_event_loop", asyncio.new_event_loop)  # restored after the test
+    monkeypatch.setenv(connections.TIMEOUT_ENV, "2.5")
+    connections.ray_proxy_setup_hook()
+    loop = asyncio.new_event_loop()
+    try:
+        assert isinstance(loop, connections.GuardedEventLoop) and loop.timeout == 2.5 and loop.max_connections is None
+    finally:
+        loop.close()

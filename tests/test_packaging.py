@@ -251,6 +251,13 @@ def test_the_serving_tests_share_one_images_helper():
     assert copies == []
 
 
+def test_the_product_uses_no_asyncio_event_loop_policy():
+    """asyncio's event loop policies are deprecated in Python 3.14 and removed in 3.16: no product code uses them."""
+    policy = re.compile(r"event_loop_policy|EventLoopPolicy")
+    assert [str(path.relative_to(REPO)) for path in product_files() if path.suffix == ".py"
+            and policy.search(path.read_text())] == []
+
+
 def test_no_checkpoint_file_is_committed():
     """Checkpoints are results a reproduction regenerates (its README says how), not code: none is tracked by git
     outside the tests' fixtures, and .gitignore keeps new ones out."""

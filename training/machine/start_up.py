@@ -27,7 +27,8 @@ by every console script.
 Nothing else is hidden: a few lines TensorFlow 2.19+ logs while its shared libraries load, before
 ``absl::InitializeLog()`` (the note saying so, ``cudart_stub.cc`` "Could not find cuda drivers", and with oneDNN on
 ``port.cc`` "oneDNN custom operations are on"), ignore ``TF_CPP_MIN_LOG_LEVEL`` (tensorflow/tensorflow#100442)
-and still reach stderr. Standard library only, importing nothing of the app: the console scripts call it first.
+and still reach stderr, twice with TensorFlow 2.21 (two of its shared libraries log them). Standard library only,
+importing nothing of the app: the console scripts call it first.
 """
 
 import ctypes
