@@ -498,9 +498,11 @@ def test_backend_fastest_measures_every_installed_backend_then_trains_on_the_fas
                           cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    measured = next(line for line in lines if line.startswith("[measure] ") and "ms/step" in line)
+    assert lines[0].startswith("[measure] timing "), done.stdout  # what it times, said first
+    measured = next(line for line in lines if line.startswith("[measure] ") and "median of" in line)  # each's best round
     figures = {name: int(ms) for name, ms in re.findall(r"(tensorflow|jax|torch) (\d+)", measured)}
     assert sorted(figures) == sorted(b for b in backends.BACKENDS if importlib.util.find_spec(b)), measured
+    assert len([line for line in lines if line.startswith("[measure] round ")]) == 2, done.stdout
     fastest = min(figures, key=figures.get)
     assert next(line for line in lines if line.startswith("[backend] ")).startswith(
         f"[backend] {fastest} (--backend fastest: the fastest measured;"), done.stdout
