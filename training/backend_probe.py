@@ -153,6 +153,7 @@ class ChildPool:
 
     def __init__(self, names, config, steps, warmup, rounds, timeout=MEASURE_TIMEOUT_S):
         self.timeout, self.processes, self.errors, self.gone, self.ready = timeout, {}, {}, {}, False
+        self.starting = list(names)  # not yet ready
         env = {**os.environ}
         env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
         payload = json.dumps(dataclasses.asdict(config)) + "\n"
@@ -185,11 +186,13 @@ class ChildPool:
 
     def time_round(self, backend, config, steps, warmup):
         """(ms/step, None) of one round of ``backend``'s steps, or (None, why); the first call waits until every
-        child is ready."""
-        if not self.ready:
-            for name in self.processes:
-                self._reply(name)
-            self.ready = True
+        child is ready, or one finds the config invalid."""
+        while not self.ready and self.starting:
+            name = self.starting[0]
+            self._reply(name)
+            self.starting.pop(0)
+            self.ready = self.gone.get(name, "").startswith(f"exit {INVALID_CONFIG}: ")
+        self.ready = True
         if backend not in self.gone:
             try:
                 self.processes[backend].stdin.write("go\n")
@@ -201,6 +204,8 @@ class ChildPool:
 
     def close(self):
         for backend, process in self.processes.items():
+            if backend in self.starting:  # stopped before it was ready: nothing to wait for
+                process.kill()
             try:
                 process.stdin.close()
                 process.wait(timeout=30)
