@@ -238,7 +238,7 @@ def main(argv=None):
             print(f"{name:20s} {spec.question} (benchmarks/{spec.module}.py)")
         print(
             f"{'(GPU session)':20s} bash benchmarks/gpu/run.sh: "
-            "the prepared run for a lent GPU (benchmarks/gpu/README.md)"
+            "the throughput table and paper run on a GPU (benchmarks/gpu/README.md)"
         )
         return 0
     if args.action == "render":

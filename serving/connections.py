@@ -18,6 +18,7 @@ Examples:
 """
 
 import asyncio
+import functools
 import http
 import json
 import os
@@ -163,17 +164,6 @@ class GuardedEventLoop(asyncio.SelectorEventLoop):
         return await super().create_server(guarded, *args, **kwargs)
 
 
-class GuardedEventLoopPolicy(asyncio.DefaultEventLoopPolicy):
-    """asyncio's default policy, its new loops ``GuardedEventLoop``s with a deadline of ``timeout`` seconds."""
-
-    def __init__(self, timeout):
-        super().__init__()
-        self.timeout = timeout
-
-    def new_event_loop(self):
-        return GuardedEventLoop(timeout=self.timeout)
-
-
 def ray_runtime_env(request_timeout):
     """The Ray job's ``runtime_env`` for ``ray_proxy_setup_hook``: Ray's asyncio loop (not uvloop), guarded."""
     return {"worker_process_setup_hook": f"{__name__}.ray_proxy_setup_hook",
@@ -182,7 +172,10 @@ def ray_runtime_env(request_timeout):
 
 def ray_proxy_setup_hook():
     """Ray's ``worker_process_setup_hook``: every worker's new event loops (Serve's proxy's too) are
-    ``GuardedEventLoop``s (asyncio's ``set_event_loop_policy``) with the request timeout of ``ray_runtime_env``."""
+    ``GuardedEventLoop``s with the request timeout of ``ray_runtime_env``. Ray's workers make their loops with
+    ``asyncio.new_event_loop()`` (uvloop off), so the hook gives that name a loop factory of guarded loops, the
+    factory ``asyncio.run(..., loop_factory=...)`` takes: asyncio's event loop policies, the other way to choose
+    the loop class, are deprecated in Python 3.14 and removed in 3.16."""
     timeout = os.environ.get(TIMEOUT_ENV)
     if timeout:
-        asyncio.set_event_loop_policy(GuardedEventLoopPolicy(float(timeout)))
+        asyncio.new_event_loop = functools.partial(GuardedEventLoop, timeout=float(timeout))

@@ -1,6 +1,8 @@
-"""The console scripts: a missing extra, ``--help`` and a bad flag answered before Keras loads; then the launcher
-(``keras_preact_serving.start_up``: TensorFlow's start-up settings), then the command."""
+"""The console scripts: a missing extra, ``--help``, a bad flag and a model path that is not a folder answered
+before Keras loads; then the launcher (``keras_preact_serving.start_up``: TensorFlow's start-up settings), then the
+command."""
 
+import pathlib
 import sys
 
 from keras_preact_serving import flags, main, main_ray, missing_extra  # standard library only: no Keras
@@ -9,12 +11,18 @@ from keras_preact_serving.start_up import start_command
 
 def _start(prog, parser, argv):
     """A missing extra said in one line at once (exit 2), then the flags parsed (``--help``, a bad flag: argparse
-    exits), all before Keras loads; else the command's start."""
+    exits) and a ``model_base_path`` that is not a folder said in one line (exit 2), all before Keras loads; else
+    the command's start."""
     line = missing_extra(prog)
     if line:
         print(line, file=sys.stderr)
         return 2
-    parser().parse_args(argv)
+    args = parser().parse_args(argv)
+    if not pathlib.Path(args.model_base_path).is_dir():
+        print(f"{prog}: error: Invalid model_base_path={args.model_base_path!r}: not a directory; give the model "
+              "directory holding numeric version folders, e.g. saved_models/<name> (keras-preact-export writes it)",
+              file=sys.stderr)
+        return 2
     return start_command(prog, argv)
 
 

@@ -131,7 +131,7 @@ DESCRIPTION = ("Serve the latest version of an exported model with TF Serving's 
 
 
 def serve_parser():
-    parser = argparse.ArgumentParser(prog=SERVE, description=DESCRIPTION + ".")
+    parser = argparse.ArgumentParser(prog=SERVE, description=DESCRIPTION + ".", allow_abbrev=False)
     batching_flags = _common_arguments(parser, SERVE, DEFAULT_PORT, "port (TF Serving's REST port; 0: any free port)")
     batching_flags.add_argument(
         "--enable-batching",
@@ -150,6 +150,7 @@ def serve_parser():
 
 def ray_parser():
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,  # --replica is an error, not --replicas
         prog=SERVE_RAY, description=DESCRIPTION + " from Ray Serve replicas, each batching its requests (@serve.batch)."
     )
     BatchingOptions.add_arguments(_common_arguments(

@@ -229,6 +229,12 @@ MEAN = [124.14, 122.96, 112.57]  # CIFAR-10 statistics in 0-255 pixel units
 STD = [62.50, 61.85, 66.42]
 
 
+def images(n, seed=0):
+    """``n`` random uint8 CIFAR-size images ``[n, 32, 32, 3]``, the same for the same ``seed``: what the serving
+    tests send."""
+    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
+
+
 def randomize_statistics(model, seed=0):
     """Random BN moving statistics, gammas, betas and biases, so that every weight matters."""
     rng = np.random.default_rng(seed)

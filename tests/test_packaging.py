@@ -184,6 +184,8 @@ WORKSHOP_TRACES = {
     "a test hook": re.compile(r"[\"'][A-Z][A-Z0-9_]*_TESTS?(_[A-Z0-9]+)*[\"']|[\"']TESTS?_[A-Z0-9_]+[\"']|_FOR_TESTS?\b"
                               r"|(?i:\btest[- ]only\b|\btest hook|\bkill hook)"),
     "the repository's file-size limit": re.compile(r"2 MB limit|committed file|this project keeps", re.IGNORECASE),
+    "the development GPU machine": re.compile(r"\blent (GPU )?machine|\ba lent GPU\b|\bthe device tool\b|\bcarry: \[",
+                                              re.IGNORECASE),
 }
 
 
@@ -220,6 +222,11 @@ def workshop_traces(root=REPO):
     ("per-file limit (this project keeps each committed file under 2 MB)", "the repository's file-size limit"),
     ("CIFAR_TEST = dict(test_input_size=(16, 16, 3))", None),
     ('UPSTREAM_ISSUE = "keras-team/keras#20585"', None),
+    ("A lent GPU machine starts bare (its Python has PyTorch and JAX with CUDA)", "the development GPU machine"),
+    ("# then through the device tool, carry [\".whl\", \".gpu-carry\"], from the repository root:",
+     "the development GPU machine"),
+    ('help="every file to keep ($OUT on a lent machine)"', "the development GPU machine"),
+    ("so that a machine lent by the hour ends with its results written", None),
     ('    """Remove a registered network (for tests and interactive sessions)."""', None),
 ])
 @pytest.mark.parametrize("where", ["keras_preact/x.py", "benchmarks/x.py", "reproduction/run/README.md",
@@ -235,6 +242,20 @@ def test_the_product_names_no_development_machine_path_or_issue():
     library's, the apps', the benchmarks' or the reproductions' code, messages, comments and registry metadata, nor
     in the docs: a user has none of them."""
     assert workshop_traces() == []
+
+
+def test_the_serving_tests_share_one_images_helper():
+    """The serving tests' random images come from ``support.images``: no test file builds its own copy (four did)."""
+    copies = [path.name for path in sorted((REPO / "tests" / "serving").glob("*.py"))
+              if re.search(r"^def images\(|default_rng\(\d*\)\.integers\(0, 256, \(", path.read_text(), re.M)]
+    assert copies == []
+
+
+def test_the_product_uses_no_asyncio_event_loop_policy():
+    """asyncio's event loop policies are deprecated in Python 3.14 and removed in 3.16: no product code uses them."""
+    policy = re.compile(r"event_loop_policy|EventLoopPolicy")
+    assert [str(path.relative_to(REPO)) for path in product_files() if path.suffix == ".py"
+            and policy.search(path.read_text())] == []
 
 
 def test_no_checkpoint_file_is_committed():

@@ -454,7 +454,7 @@ def test_backend_fastest_times_the_quickest_to_start_first_and_stops_at_an_inval
         return {"torch": (41.0, None), "tensorflow": (None, "exit 1: no result")}[backend]
 
     assert backend_probe.measure_in_children(config, 3, 1, child) == ({"torch": 41.0}, {"tensorflow": "exit 1: no result"})
-    assert started == ["torch", "tensorflow"]
+    assert started == ["torch", "tensorflow", "torch"]  # rounds in turn; a backend that failed is not asked again
     started.clear()
 
     def invalid(backend, config, steps, warmup):
@@ -533,9 +533,11 @@ def test_backend_fastest_measures_every_installed_backend_then_trains_on_the_fas
                           cwd=REPO, env=environ, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-3000:]
     lines = done.stdout.splitlines()
-    measured = next(line for line in lines if line.startswith("[measure] ") and "ms/step" in line)
+    assert lines[0].startswith("[measure] timing "), done.stdout  # what it times, said first
+    measured = next(line for line in lines if line.startswith("[measure] ") and "median of" in line)  # each's best round
     figures = {name: int(ms) for name, ms in re.findall(r"(tensorflow|jax|torch) (\d+)", measured)}
     assert sorted(figures) == sorted(b for b in backends.BACKENDS if importlib.util.find_spec(b)), measured
+    assert len([line for line in lines if line.startswith("[measure] round ")]) == 2, done.stdout
     fastest = min(figures, key=figures.get)
     assert next(line for line in lines if line.startswith("[backend] ")).startswith(
         f"[backend] {fastest} (--backend fastest: the fastest measured;"), done.stdout

@@ -17,9 +17,11 @@ Examples::
 import dataclasses
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 from .machine import backends
@@ -27,6 +29,9 @@ from .machine import backends
 MEASURE_STEPS = 5  # timed training steps per backend (--measure-steps)
 MEASURE_WARMUP_STEPS = 2  # untimed first steps: compilation, allocator warm-up
 MEASURE_TIMEOUT_S = 600
+ROUNDS = 2  # --backend fastest: timed rounds per backend, taken in turn (A B A B)
+NOISE_FRACTION = 0.1  # the fastest two closer than this are said to be within the noise
+START_SECONDS = {"tensorflow": 30, "jax": 15, "torch": 15}  # a child's import and first steps, quiet 2-core CPU
 INVALID_CONFIG = 2  # the child's exit status where the config on stdin is invalid (its ValueError, one line)
 
 
@@ -39,9 +44,10 @@ def num_classes_of(config):
     return 100 if "100" in f"{config.dataset} {config.normalization}" else 10
 
 
-def median_step_ms(config, steps, warmup):
-    """Median ms of ``steps`` calls of ``train_on_batch`` after ``warmup`` untimed ones, on the model and
-    input the run would use (``pipeline="device"``: uint8 images normalized in the step; else float)."""
+def step_timer(config, warmup):
+    """(timer, pipeline): the run's model and input built and ``warmup`` untimed ``train_on_batch`` calls made;
+    ``timer(steps)`` is then the median ms of ``steps`` more (``pipeline="device"``: uint8 images normalized in the
+    step; else float)."""
     import keras
     import numpy as np
 
@@ -54,7 +60,7 @@ def median_step_ms(config, steps, warmup):
     num_classes = num_classes_of(config)
     pipeline = pipelines.resolve_pipeline(config)
     batch = config.batch_size
-    resolved = schedules.resolve(config, batch * (steps + warmup))
+    resolved = schedules.resolve(config, batch * (MEASURE_STEPS + warmup))
     stats_data = sources.synthetic(batch, batch, num_classes=num_classes, image_size=tuple(config.image_size))
     mean, std = pipelines.pixel_stats(config, stats_data)
     rng = np.random.default_rng(config.seed)
@@ -65,13 +71,25 @@ def median_step_ms(config, steps, warmup):
         _, model = build_model(config, num_classes, resolved, pipeline=pipeline)
         images = ((images.astype("float32") - mean) / std).astype("float32")
     labels = rng.integers(0, num_classes, (batch,)).astype("int32")
-    times = []
-    for step in range(warmup + steps):
-        start = time.perf_counter()
-        model.train_on_batch(images, labels)  # returns host floats: the step has finished
-        if step >= warmup:
+    for _ in range(warmup):
+        model.train_on_batch(images, labels)
+
+    def timer(steps):
+        times = []
+        for _ in range(steps):
+            start = time.perf_counter()
+            model.train_on_batch(images, labels)  # returns host floats: the step has finished
             times.append((time.perf_counter() - start) * 1000)
-    return statistics.median(times), pipeline
+        return statistics.median(times)
+
+    return timer, pipeline
+
+
+def median_step_ms(config, steps, warmup):
+    """(median ms of ``steps`` calls of ``train_on_batch`` after ``warmup`` untimed ones, pipeline), on the model
+    and input the run would use (``step_timer``)."""
+    timer, pipeline = step_timer(config, warmup)
+    return timer(steps), pipeline
 
 
 def run_child(backend, config, steps, warmup, timeout=MEASURE_TIMEOUT_S):
@@ -127,19 +145,158 @@ def measure(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_
     return _time_each([here, *(b for b in backends.BACKENDS if b != here and backends.installed(b))], time_one)
 
 
-def measure_in_children(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=run_child):
+class ChildPool:
+    """A child process per backend (``python -m keras_preact_training.backend_probe --rounds N``), all started at
+    once: each imports Keras, builds the run's model, takes its untimed steps and says it is ready; then
+    ``time_round(backend, ...)`` has one of them time its steps while the others wait, so that no child's start
+    runs beside a timed round. ``time_round`` is ``measure_in_children``'s ``child``."""
+
+    def __init__(self, names, config, steps, warmup, rounds, timeout=MEASURE_TIMEOUT_S):
+        self.timeout, self.processes, self.errors, self.gone, self.ready = timeout, {}, {}, {}, False
+        self.starting = list(names)  # not yet ready
+        env = {**os.environ}
+        env.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+        payload = json.dumps(dataclasses.asdict(config)) + "\n"
+        for backend in names:
+            self.errors[backend] = tempfile.TemporaryFile("w+")
+            self.processes[backend] = subprocess.Popen(
+                [sys.executable, "-m", "keras_preact_training.backend_probe", "--steps", str(steps), "--warmup",
+                 str(warmup), "--rounds", str(rounds)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                stderr=self.errors[backend], text=True, env={**env, "KERAS_BACKEND": backend})
+            self.processes[backend].stdin.write(payload)
+            self.processes[backend].stdin.flush()
+
+    def _reply(self, backend):
+        """The child's next JSON line, or None with why in ``self.gone`` (its exit and last line, or the timeout)."""
+        process = self.processes[backend]
+        if backend not in self.gone:
+            readable, _, _ = select.select([process.stdout], [], [], self.timeout)
+            line = process.stdout.readline() if readable else None
+            if line:
+                return json.loads(line)
+            if line is None:
+                process.kill()
+                self.gone[backend] = f"timed out after {self.timeout} s"
+            else:
+                process.wait()
+                self.errors[backend].seek(0)
+                last = (self.errors[backend].read().strip().splitlines() or ["no message"])[-1][:200]
+                self.gone[backend] = f"exit {process.returncode}: {last}"
+        return None
+
+    def time_round(self, backend, config, steps, warmup):
+        """(ms/step, None) of one round of ``backend``'s steps, or (None, why); the first call waits until every
+        child is ready, or one finds the config invalid."""
+        while not self.ready and self.starting:
+            name = self.starting[0]
+            self._reply(name)
+            self.starting.pop(0)
+            self.ready = self.gone.get(name, "").startswith(f"exit {INVALID_CONFIG}: ")
+        self.ready = True
+        if backend not in self.gone:
+            try:
+                self.processes[backend].stdin.write("go\n")
+                self.processes[backend].stdin.flush()
+            except OSError:
+                pass  # the child has gone: _reply says how
+        reply = self._reply(backend)
+        return (float(reply["ms_per_step"]), None) if reply else (None, self.gone[backend])
+
+    def close(self):
+        for backend, process in self.processes.items():
+            if backend in self.starting:  # stopped before it was ready: nothing to wait for
+                process.kill()
+            try:
+                process.stdin.close()
+                process.wait(timeout=30)
+            except (OSError, subprocess.TimeoutExpired):
+                process.kill()
+                process.wait()
+            process.stdout.close()
+            self.errors[backend].close()
+
+
+def rough_seconds(config, names, steps, warmup, rounds):
+    """About how long ``measure_in_children`` takes on a quiet machine: the slowest backend's start, then every
+    step, each guessed from a ResNet-8 step at batch 128 on 32x32 images on a 2-core CPU (about 0.15 s)."""
+    size = config.depth / 8 * config.batch_size / 128 * config.image_size[0] * config.image_size[1] / 1024
+    scale = 50 if config.architecture == "imagenet" else 1
+    return max(START_SECONDS.get(b, 15) for b in names) + len(names) * (warmup + rounds * steps) * 0.15 * size * scale
+
+
+def within_noise(times):
+    """Whether the fastest two of ``times`` ({backend: [ms or s of each round]}) are within the noise of each
+    other: the runner-up's best round is not slower than the fastest's slowest, or by under ``NOISE_FRACTION``.
+
+    Examples:
+        >>> within_noise({"torch": [41.0, 48.0], "jax": [45.0, 52.0]})  # the rounds overlap
+        True
+        >>> within_noise({"torch": [41.0, 42.0], "tensorflow": [60.0, 61.0]})
+        False
+    """
+    ranked = sorted(times.items(), key=lambda item: min(item[1]))
+    if len(ranked) < 2:
+        return False
+    (_, first), (_, second) = ranked[:2]
+    return min(second) <= max(first) or min(second) < min(first) * (1 + NOISE_FRACTION)
+
+
+def _plan_line(config, names, steps, warmup, rounds):
+    order = " ".join(names)
+    return (f"[measure] timing {', '.join(names)} on {config.architecture} ResNet-{config.depth} (image "
+            f"{config.image_size[0]}x{config.image_size[1]}, batch {config.batch_size}) to train on the fastest: "
+            f"each started in a child process, {warmup} untimed steps, then {rounds} rounds of {steps} timed steps "
+            f"taken in turn ({' | '.join([order] * rounds)}); about "
+            f"{rough_seconds(config, names, steps, warmup, rounds):.0f} s on a quiet machine")
+
+
+def _round_line(index, rounds, times, seconds):
+    figures = ", ".join(f"{name} {ms[index]:.0f}" for name, ms in times.items() if len(ms) > index)
+    return f"[measure] round {index + 1}/{rounds}: {figures or 'no figures'} ms/step ({seconds:.0f} s)"
+
+
+def _noise_line(times):
+    ranked = sorted(times.items(), key=lambda item: min(item[1]))
+    (first, a), (second, b) = ranked[:2]
+    return (f"[measure] {first} and {second} are within the noise of each other ({first} {min(a):.0f}-{max(a):.0f} "
+            f"ms/step over the rounds, {second} {min(b):.0f}-{max(b):.0f}): either trains about as fast here; taking "
+            f"{first}")
+
+
+def measure_in_children(config, steps=MEASURE_STEPS, warmup=MEASURE_WARMUP_STEPS, child=None, rounds=ROUNDS,
+                        say=None):
     """``measure`` before Keras loads (``--backend fastest``): every installed backend timed in a child process,
-    the quickest to start first. The children check ``config``: ValueError with the first one's message where it
-    is invalid (exit ``INVALID_CONFIG``), the other backends not started."""
-
-    def time_one(backend):
-        ms, why = child(backend, config, steps, warmup)
-        if ms is None and why.startswith(f"exit {INVALID_CONFIG}: "):
-            raise ValueError(why.split(": ", 1)[1])
-        return ms, why
-
+    ``rounds`` rounds taken in turn (A B A B), each backend's figure its best round. What it does is said
+    (``say``, default print) before it starts, each round's figures as they come, and whether the fastest two are
+    within the noise (``within_noise``). ``child(backend, config, steps, warmup) -> (ms or None, why)`` times
+    one round (default: a ``ChildPool``). The children check ``config``: ValueError with the first one's message
+    where it is invalid (exit ``INVALID_CONFIG``), the other backends not timed."""
+    say = say or (lambda line: print(line, flush=True))
     present = [b for b in backends.QUICKEST_IMPORT_FIRST if backends.installed(b)]
-    return _time_each(present if len(present) > 1 else (), time_one)  # one installed: nothing to choose between
+    if len(present) < 2:  # one installed: nothing to choose between
+        return {}, {}
+    say(_plan_line(config, present, steps, warmup, rounds))
+    pool = ChildPool(present, config, steps, warmup, rounds) if child is None else None
+    times, failed = {b: [] for b in present}, {}
+    try:
+        for index in range(rounds):
+            start = time.monotonic()
+            for backend in (b for b in present if b not in failed):
+                ms, why = (pool.time_round if pool else child)(backend, config, steps, warmup)
+                if ms is None and why.startswith(f"exit {INVALID_CONFIG}: "):
+                    raise ValueError(why.split(": ", 1)[1])
+                if ms is None:
+                    failed[backend] = why
+                else:
+                    times[backend].append(ms)
+            say(_round_line(index, rounds, times, time.monotonic() - start))
+    finally:
+        if pool:
+            pool.close()
+    times = {b: ms for b, ms in times.items() if ms and b not in failed}
+    if within_noise(times):
+        say(_noise_line(times))
+    return {b: min(ms) for b, ms in times.items()}, failed
 
 
 def report(config, figures, failed, steps, warmup):
@@ -163,29 +320,37 @@ def main(argv=None):
     import argparse
 
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m keras_preact_training.backend_probe",
         description="Time training steps of the run config on stdin (JSON) on KERAS_BACKEND.",
     )
     parser.add_argument("--steps", type=int, default=MEASURE_STEPS, help="timed steps")
     parser.add_argument("--warmup", type=int, default=MEASURE_WARMUP_STEPS, help="untimed steps first (compilation)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="rounds of --steps: above 1, the child says it is ready after the untimed steps, then "
+                        "times a round for each line 'go' on stdin (ChildPool)")
     args = parser.parse_args(argv)
-    if args.steps < 1 or args.warmup < 0:
-        parser.error(f"--steps {args.steps} --warmup {args.warmup}: at least 1 and 0 are required")
+    if args.steps < 1 or args.warmup < 0 or args.rounds < 1:
+        parser.error(f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds}: at least 1, 0 and 1 are "
+                     "required")
     import keras
 
     from .recipe import configs
 
     try:  # a ValueError names the argument at fault (the config's checks, the model's builder)
-        config = configs.from_dict(json.loads(sys.stdin.read()), "the run config on stdin")
+        config = configs.from_dict(json.loads(sys.stdin.readline()), "the run config on stdin")
         backends.xla_flags_for_remat(keras.backend.backend(), config.remat)
-        ms, pipeline = median_step_ms(config, args.steps, args.warmup)
+        timer, pipeline = step_timer(config, args.warmup)
     except ValueError as error:
         print(str(error).strip().splitlines()[0] if str(error).strip() else repr(error), file=sys.stderr)
         return INVALID_CONFIG
-    print(
-        json.dumps({"backend": keras.backend.backend(), "ms_per_step": ms, "pipeline": pipeline, "steps": args.steps}),
-        flush=True,
-    )
+    if args.rounds > 1:
+        print(json.dumps({"ready": True}), flush=True)
+    for _ in range(args.rounds):
+        if args.rounds > 1 and not sys.stdin.readline():
+            return 0  # the parent stopped the measurement
+        figures = {"backend": keras.backend.backend(), "ms_per_step": timer(args.steps), "pipeline": pipeline}
+        print(json.dumps({**figures, "steps": args.steps}), flush=True)
     return 0
 
 

@@ -117,7 +117,8 @@ def carry(run_dir, dest, part_bytes=None):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.carry", description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(prog="python -m keras_preact_training.carry", description=__doc__.splitlines()[0],
+                                     allow_abbrev=False)
     parser.add_argument("run_dir", help="the run directory of a keras-preact-train run (running or stopped)")
     parser.add_argument("dest", help="the folder to write (replaced when it exists)")
     parser.add_argument("--part-mb", type=float, default=None,

@@ -76,6 +76,7 @@ def build_parser():
         "ResNet-8 on built-in synthetic data for a few CPU minutes, then export to saved_models/.",
         epilog="presets (one per experiment of the paper):\n" + _preset_table(),
         formatter_class=argparse.RawDescriptionHelpFormatter,
+        allow_abbrev=False,  # --epoch is an error, not --epochs
     )
     p.add_argument("preset_name", nargs="?", metavar="PRESET", help="same as --preset")
     p.add_argument("--preset", choices=sorted(configs.PRESETS), metavar="NAME",
@@ -135,6 +136,31 @@ def config_from_args(args, parser, check=True):
     return config
 
 
+def check_paths(args, parser):
+    """The run's paths and the values that need no Keras, said in one line (exit 2) before Keras loads: a missing
+    ``--config`` file, a folder dataset without ``--data-dir`` (``--dry-run`` reads no data) or with one that is
+    not a directory, ``--measure-steps`` below 1."""
+
+    def fail(message):
+        parser.exit(2, f"{parser.prog}: error: {message}\n")
+
+    if args.measure_steps < 1:
+        fail(f"argument --measure-steps: {args.measure_steps} given, at least 1 is required")
+    if args.config:
+        if args.backend != FASTEST and not os.path.exists(args.config):  # choose_fastest refuses --config
+            fail(f"Invalid --config={args.config!r}: no such file or directory (a run's config.json, or its run "
+                 "directory)")
+        return
+    config = config_from_args(args, parser, check=False)
+    if config.dataset != "folder" or args.dry_run:
+        return
+    if not config.data_dir:
+        fail(f"Invalid --data-dir: dataset 'folder' (preset {config.name}) needs --data-dir DIR, a folder with "
+             "train/ and test/ (or val/) sub-folders holding one folder of images per class")
+    if not os.path.isdir(config.data_dir):
+        fail(f"Invalid --data-dir={config.data_dir!r}: {config.data_dir} is not a directory")
+
+
 def choose_fastest(args, parser):
     """``--backend fastest``: the installed backend whose training step of this run's model is the fastest,
     each timed in a child process before Keras loads here (``backend_probe.measure_in_children``); the figures
@@ -181,9 +207,14 @@ def main(argv=None):
     # before Keras loads.
     parser = build_parser()
     args = parser.parse_args(argv)
+    check_paths(args, parser)
+    # TensorFlow's start-up settings and PyTorch's threads, before Keras loads here or in a child that times it
+    start_up.launch()
     reason = "--backend"
     if args.backend == FASTEST:
-        args.backend, reason = choose_fastest(args, parser), "--backend fastest: the fastest measured"
+        timed = sum(map(backends.installed, backends.BACKENDS)) > 1
+        args.backend = choose_fastest(args, parser)
+        reason = "--backend fastest: " + ("the fastest measured" if timed else "the one installed")
         if args.backend is None:
             return 1
     try:
@@ -192,7 +223,6 @@ def main(argv=None):
     except ValueError as e:
         print(f"keras-preact-train: error: {e}", file=sys.stderr)
         return 2
-    start_up.launch()  # the backend chosen, Keras loads: TensorFlow's start-up settings first
     from .run import run_state
     from .train import TrainingDiverged, TrainingFailed, train
 

@@ -411,6 +411,7 @@ def _memory_limit(text):
 
 def build_parser():
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,  # --data is an error, not --data-dir
         prog="keras-preact-evaluate",
         description="Top-1 (and top-5) of a model on a test split, with training's evaluation preprocessing.",
     )

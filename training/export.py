@@ -180,6 +180,7 @@ def _format_list(text):
 
 def build_parser():
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,  # --form is an error, not --format
         prog="keras-preact-export",
         description="Export a training run to EXPORT_DIR/NAME/VERSION/: a SavedModel in TF Serving layout and/or "
                     "ONNX, LiteRT, OpenVINO side by side.",

@@ -97,6 +97,7 @@ def registry_entry(path, manifest, metrics, dataset, source):
 
 def build_parser():
     parser = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m keras_preact_training.publish", description=__doc__.splitlines()[0]
     )
     parser.add_argument("run_dir", help="a finished keras-preact-train run directory")

@@ -275,6 +275,7 @@ def reproduce(table, budget="scaled", *, out_dir="reproduction", rows=None, seed
 
 def build_parser():
     p = argparse.ArgumentParser(
+        allow_abbrev=False,
         prog="python -m keras_preact_training.reproduce",
         description="Run the experiments of one table of He et al. 2016 and write our numbers next "
         "to the paper's (markdown table, JSON, training-curve figure).",

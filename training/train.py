@@ -496,11 +496,32 @@ def is_out_of_memory(error):
     return bool(names & set(OUT_OF_MEMORY_TYPES)) or any(text in str(error) for text in OUT_OF_MEMORY_MESSAGES)
 
 
+def export_here_line(run_dir):
+    """The command that exports ``run_dir`` without TensorFlow in this environment (ONNX and OpenVINO, those this
+    backend writes), with the install line of those not installed; None where this backend writes neither."""
+    from keras_preact.export import check_formats
+
+    formats, installs = [], []
+    for name in ("onnx", "openvino"):
+        try:
+            check_formats([name])
+        except ValueError:  # not written from this backend
+            continue
+        except ImportError as error:
+            installs.append(str(error).rsplit(": ", 1)[-1])
+        formats.append(name)
+    if not formats:
+        return None
+    command = f"keras-preact-export {run_dir} --format {','.join(formats)}"
+    return " && ".join([*dict.fromkeys(installs), command])
+
+
 def export(run_dir, export_dir):
     if not export_lib.has_tensorflow():
+        here = export_here_line(run_dir)
         print("[train] export skipped: SavedModel export needs TensorFlow (pip install tensorflow); "
               f"model.keras is saved. Export later with: keras-preact-export {run_dir} (where TensorFlow is "
-              f"installed), or here: keras-preact-export {run_dir} --format onnx,openvino")
+              f"installed)" + (f", or here: {here}" if here else ""))
         return None
     from keras_preact.export import FORMATS
 

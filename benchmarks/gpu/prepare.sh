@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
-# Run here, once, before a GPU session (benchmarks/gpu/README.md): what run.sh needs on the bare machine, in two
-# git-ignored folders that the device tool carries (carry: [".whl", ".gpu-carry"]; about 22 MiB of its 64).
+# Run once where pip reaches PyPI, for a GPU machine that does not (benchmarks/gpu/README.md): what run.sh needs
+# there, in two git-ignored folders to copy beside the checkout on it (about 22 MiB).
 #   bash benchmarks/gpu/prepare.sh PATH/TO/cifar10-jpeg.tar.gz
 # .whl/: the wheels the machine image lacks (Keras and the two of its requirements not in the image, namex and
 # optree), for its Python 3.12 on x86-64, at the versions this environment runs (KERAS_VERSION etc. to override).

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One command for a lent GPU machine (benchmarks/gpu/README.md):
+# One command for a GPU machine (benchmarks/gpu/README.md):
 #   bash benchmarks/gpu/run.sh {throughput|paper-run|all} [session.py flags]
 # 1. installs what the bare machine image lacks (keras, namex, optree) from the carried wheels in .whl/, unless
 #    `import keras` already works (GPU_INSTALL=always forces it, never skips it);
@@ -13,7 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PYTHON=${PYTHON:-python3}
-: "${OUT:?set OUT, the folder that keeps the results (the device tool sets it)}"
+: "${OUT:?set OUT, the folder that keeps the results (copy it off afterwards)}"
 WORK=${GPU_WORK:-/tmp/keras-preact-gpu}
 WHEELS=${GPU_WHEELS:-.whl}
 mkdir -p "$OUT" "$WORK"

@@ -29,7 +29,7 @@ continues the run where it stopped.
 
 ``all``: the table, then the paper run in the time left.
 
-Everything goes under ``--out`` as at most 8 files, none in a sub-folder (what a lent machine hands back):
+Everything goes under ``--out`` as at most 8 files, none in a sub-folder (easy to copy off):
 ``summary.md`` (the table, the paper runs' state and the command that continues each), ``results.json`` (every
 run's figures, the machine), ``gpu-util.csv`` (the samples), ``session.log`` (every child's output) and, per paper
 run, ``paper-<name>.tar.gz`` and ``paper-<name>-curves.png``.
@@ -457,7 +457,7 @@ def summary(args, info, table, paper):
 
 
 def check_out(out):
-    """The lent machine hands back at most 8 plain files, none deeper than two folders: say so loudly here."""
+    """``--out`` is copied off as at most 8 plain files, none deeper than two folders: say so loudly here."""
     files = [p for p in out.rglob("*") if p.is_file()]
     problems = [f"{len(files)} files under --out, the machine returns {MAX_OUT_FILES}"] * (len(files) > MAX_OUT_FILES)
     problems += [
@@ -471,7 +471,7 @@ def parse_args(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("task", choices=["throughput", "paper-run", "all"])
     p.add_argument("--data-dir", type=pathlib.Path, required=True, help="the image folder (train/, test/)")
-    p.add_argument("--out", type=pathlib.Path, required=True, help="every file to keep ($OUT on a lent machine)")
+    p.add_argument("--out", type=pathlib.Path, required=True, help="every file to keep (run.sh: $OUT)")
     p.add_argument("--work-dir", type=pathlib.Path, default=pathlib.Path(tempfile.gettempdir()) / "keras-preact-gpu",
                    help="run folders and caches (not kept)")
     p.add_argument("--tiny", action="store_true",

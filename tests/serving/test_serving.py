@@ -19,7 +19,7 @@ tf = pytest.importorskip("tensorflow", reason="needs TensorFlow")
 
 from keras_preact_serving.server import main as server_main
 from keras_preact_serving.server import make_server
-from support import CLASS_NAMES
+from support import CLASS_NAMES, images
 
 MAX_BATCH = 16
 MAX_BODY = 1_000_000
@@ -73,10 +73,6 @@ def request(port, method, path, body=None, connection=None):
     if connection is None:
         conn.close()
     return response.status, reply
-
-
-def images(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
 
 def expected(signatures, batch):

@@ -16,6 +16,7 @@ pytest.importorskip("tensorflow_serving", reason="needs the grpc extra")
 
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
+import support  # noqa: E402
 from keras_preact.export import load  # noqa: E402
 from keras_preact_serving.server import make_server  # noqa: E402
 
@@ -25,10 +26,8 @@ CLIENTS = 8  # per API: 8 REST and 8 gRPC clients at once
 ROUNDS = 6  # requests per client
 
 
-@pytest.fixture(scope="module")
-def images():
-    """One distinct image per client and API (uint8 [2 * CLIENTS, 32, 32, 3])."""
-    return np.random.default_rng(7).integers(0, 256, (2 * CLIENTS, 32, 32, 3), dtype=np.uint8)
+# One distinct image per client and API (uint8 [2 * CLIENTS, 32, 32, 3]).
+IMAGES = support.images(2 * CLIENTS, seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -62,33 +61,33 @@ def grpc_predict(stub, name, image):
 
 @pytest.mark.parametrize("batching", [False, True], ids=["unbatched", "batched"])
 @pytest.mark.parametrize("runtime", RUNTIMES)
-def test_concurrent_clients_each_get_their_own_images_answer(exported, images, runtime, batching):
+def test_concurrent_clients_each_get_their_own_images_answer(exported, runtime, batching):
     """8 REST and 8 gRPC clients at once, each sending its own image 6 times: all 96 replies are 200 with that
     image's probabilities (within 1e-5 of the runtime's answer for the image alone)."""
     if runtime in MODULES:
         pytest.importorskip(MODULES[runtime], reason=f"needs {runtime}")
     version = exported[runtime]
     runner = load(version, runtime)
-    expected = [runner.predict(image[None])["probabilities"][0] for image in images]
+    expected = [runner.predict(image[None])["probabilities"][0] for image in IMAGES]
     server = make_server(version.parent, port=0, grpc_port=0, runtime=runtime, enable_batching=batching,
                          batching_threads=4)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port, name = server.server_address[1], runtime
     channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")
     stub = prediction_service_pb2_grpc.PredictionServiceStub(channel)
-    replies = {index: [] for index in range(len(images))}
+    replies = {index: [] for index in range(len(IMAGES))}
     start = threading.Barrier(2 * CLIENTS)
 
     def client(index):
         start.wait()
         for _ in range(ROUNDS):
             if index < CLIENTS:
-                replies[index].append(rest_predict(port, name, images[index]))
+                replies[index].append(rest_predict(port, name, IMAGES[index]))
             else:
-                replies[index].append(grpc_predict(stub, name, images[index]))
+                replies[index].append(grpc_predict(stub, name, IMAGES[index]))
 
     try:
-        threads = [threading.Thread(target=client, args=(index,)) for index in range(len(images))]
+        threads = [threading.Thread(target=client, args=(index,)) for index in range(len(IMAGES))]
         for thread in threads:
             thread.start()
         for thread in threads:
@@ -108,7 +107,7 @@ def test_concurrent_clients_each_get_their_own_images_answer(exported, images, r
     assert sum(map(len, replies.values())) == 2 * CLIENTS * ROUNDS
 
 
-def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported, images):
+def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported):
     """A REST upload holding the whole --max-bodies-in-flight-bytes (its Content-Length, stalled) leaves none to another
     REST request (503) or a gRPC one (RESOURCE_EXHAUSTED); once it is gone both are answered."""
     import socket
@@ -128,13 +127,13 @@ def test_bodies_in_flight_are_bounded_across_rest_and_grpc(exported, images):
         while server.state.bodies.held == 0 and time.monotonic() < deadline:
             time.sleep(0.01)
         assert server.state.bodies.held == 99_000
-        status, reply = rest_predict(port, "onnx", images[0])
+        status, reply = rest_predict(port, "onnx", IMAGES[0])
         assert status == 503 and "--max-bodies-in-flight-bytes" in reply["error"], reply
-        assert grpc_predict(stub, "onnx", images[0])[0] == "RESOURCE_EXHAUSTED"
+        assert grpc_predict(stub, "onnx", IMAGES[0])[0] == "RESOURCE_EXHAUSTED"
         held.close()
         while server.state.bodies.held and time.monotonic() < deadline:
             time.sleep(0.01)
-        assert rest_predict(port, "onnx", images[0])[0] == 200 and grpc_predict(stub, "onnx", images[0])[0] == 200
+        assert rest_predict(port, "onnx", IMAGES[0])[0] == 200 and grpc_predict(stub, "onnx", IMAGES[0])[0] == 200
         assert server.state.bodies.held == 0
     finally:
         channel.close()

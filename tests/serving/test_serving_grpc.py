@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from keras_preact_serving.server import DRAIN_TIMEOUT
+from support import images
 
 HAS_GRPC = all(importlib.util.find_spec(m) is not None for m in ("tensorflow", "grpc", "tensorflow_serving"))
 needs_grpc = pytest.mark.skipif(not HAS_GRPC, reason="needs TensorFlow and the grpc extra")
@@ -139,10 +140,6 @@ def test_the_documented_client_runs_against_this_server(served, tmp_path):
                                       "instances": [{"b64": base64.b64encode(jpeg).decode()}]})
     top3 = re.findall(r"b'(\w+)'", printed.getvalue())
     assert top3 == rest["class_names"] and set(top3) <= set(CLASS_NAMES), printed.getvalue()
-
-
-def images(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
 
 def jpegs(batch):

@@ -22,7 +22,7 @@ from keras_preact.export import load  # noqa: E402
 from keras_preact_serving import servable  # noqa: E402
 from keras_preact_serving.server import main as server_main  # noqa: E402
 from keras_preact_serving.server import make_server  # noqa: E402
-from support import CLASS_NAMES, our_lines  # noqa: E402
+from support import CLASS_NAMES, images, our_lines  # noqa: E402
 
 ARTIFACTS = ("onnx", "litert", "openvino")
 
@@ -50,10 +50,6 @@ def post(port, name, body):
     reply = json.loads(response.read())
     conn.close()
     return response.status, reply
-
-
-def images(n, seed=0):
-    return np.random.default_rng(seed).integers(0, 256, (n, 32, 32, 3), dtype=np.uint8)
 
 
 def test_formats_and_the_fastest_installed_runtime_are_found(exported):

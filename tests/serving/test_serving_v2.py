@@ -501,10 +501,10 @@ def test_tritonclients_class_count_gets_tritons_score_index_label_strings(tf_ser
     """Triton's classification extension (``InferRequestedOutput(..., class_count=k)``): the top k of each
     row of probabilities as BYTES "score:index:label", highest first, labels from the export's class names;
     a class_count over the classes is capped at them, as Triton does."""
-    from support import CLASS_NAMES
+    from support import CLASS_NAMES, images
 
     running, client = tf_served
-    batch = np.random.default_rng(6).integers(0, 256, (2, 32, 32, 3), dtype=np.uint8)
+    batch = images(2, seed=6)
     probabilities = np.asarray(rest_predict(running, {"inputs": batch.tolist()})["probabilities"], np.float32)
     for binary, class_count in ((True, 3), (False, 3), (True, 40)):
         result = client.infer("cifar", [x_input(batch, "UINT8", name="images")], outputs=[
@@ -539,7 +539,9 @@ def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(t
         "class_names": ("TYPE_STRING", [3]), "classes": ("TYPE_INT32", [3]), "probabilities": ("TYPE_FP32", [10]),
         "scores": ("TYPE_FP32", [3])}
 
-    batch = np.random.default_rng(5).integers(0, 256, (3, 32, 32, 3), dtype=np.uint8)
+    from support import images
+
+    batch = images(3, seed=5)
     encoded = jpegs(batch)
     cases = [
         ("serving_default", x_input(batch, "UINT8", name="images"), {"inputs": batch.tolist()}),

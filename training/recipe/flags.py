@@ -28,6 +28,37 @@ ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
 METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB"}  # other fields: their name in capitals
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
+    "architecture": "network family: cifar (3 stages, 16-64 channels, 32x32 input) or imagenet (4 stages, "
+    "the ImageNet stem)",
+    "drop_path_rate": "stochastic depth: the largest rate at which a unit's residual branch is dropped in "
+    "training (0: none)",
+    "image_size": "training image height and width, in pixels",
+    "eval_image_size": "evaluation image height and width (ImageNet: 224 or 320; default --image-size)",
+    "synthetic_train_size": "dataset synthetic: training images generated",
+    "synthetic_test_size": "dataset synthetic: test images generated",
+    "synthetic_num_classes": "dataset synthetic: classes",
+    "augmentation": "training augmentation: cifar (pad 4, random crop, flip), imagenet or imagenet_aspect (the "
+    "ImageNet recipes' random-size crops, flip), none",
+    "normalization": "the per-channel mean and std the pixels are normalized with: cifar10, cifar100, imagenet, "
+    "centered, pixel_mean (the mean training image, the paper's) or model (the init weights' own)",
+    "reference_batch_size": "the batch the schedule's iterations are counted at (the paper's 128)",
+    "total_steps": "the schedule's iterations at --reference-batch-size (the paper's 64000 on CIFAR)",
+    "warmup_steps": "iterations at --warmup-lr before the peak learning rate (paper: ResNet-110 and deeper)",
+    "boundaries": "iterations where the learning rate is multiplied by --lr-decay (piecewise schedule)",
+    "schedule": "learning-rate schedule: piecewise (the paper's steps at --boundaries) or cosine",
+    "warmup_lr": "learning rate of the warm-up iterations",
+    "lr_decay": "the factor at each of --boundaries",
+    "lr_scaling": "scale --lr with the batch: none, or linear in --batch-size / --reference-batch-size",
+    "momentum": "SGD momentum (default 0.9)",
+    "weight_decay": "L2 weight decay, coupled as the official trainer's (default 1e-4)",
+    "steps_per_epoch": "iterations per epoch (default: the training images / --batch-size)",
+    "seed": "random seed of the weights, the data order and the augmentation",
+    "deterministic": "deterministic kernels where the backend has them (slower on some)",
+    "precision": "Keras dtype policy: float32, mixed_float16 or mixed_bfloat16",
+    "distribute": "several devices: mirrored, multiworker (TensorFlow), data-parallel (JAX) or none "
+    "(docs/training.md)",
+    "export_dir": "where --export writes the SavedModel (default saved_models/)",
+    "verbose": "Keras fit's progress output: auto, 0 (silent), 1 (bar), 2 (a line per epoch)",
     "dataset": "a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'",
     "data_dir": "TFDS data_dir, or the image-folder root (train/ and test/ or val/)",
     "manual_dir": "TFDS manual_dir (e.g. the imagenet2012 archives)",
