@@ -19,7 +19,6 @@ import json
 import os
 import pathlib
 import socket
-import tempfile
 import urllib.parse
 
 from keras_preact.models.class_names import ClassNames
@@ -205,7 +204,8 @@ def _keras_h5_classes(path):
 
 
 def convert(origin, source_path, depth, num_classes=None):
-    """The converted model of a fetched or local checkpoint (``origin``: keras, timm, keras_hub)."""
+    """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
+    keras, timm, keras_hub)."""
     from keras_preact.applications import convert_resnetv2
 
     if origin == "keras":
@@ -220,14 +220,14 @@ def convert(origin, source_path, depth, num_classes=None):
             )
         classes = num_classes or _keras_h5_classes(source_path)
         source = getattr(keras.applications, KERAS_IMAGENET_WEIGHTS[depth])(weights=str(source_path), classes=classes)
-        return from_keras_applications(source, classifier_activation=None)
+        return from_keras_applications(source, classifier_activation=None), "keras"
     if origin == "timm":
         state = read_state_dict(source_path)
         arch = convert_resnetv2.timm_architecture(state)
         _check_depth(arch["depth"], depth, source_path)
         model = _build(depth, arch["num_classes"] or 1000, arch["layout"])
         convert_resnetv2.load_timm_state_dict(model, state)
-        return model
+        return model, arch["layout"]
     import keras_hub
 
     classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
@@ -235,7 +235,7 @@ def convert(origin, source_path, depth, num_classes=None):
     _check_depth(arch["depth"], depth, source_path)
     model = _build(depth, classifier.output_dense.units, "timm")
     convert_resnetv2.load_keras_hub_backbone(model, classifier.backbone, classifier)
-    return model
+    return model, "keras_hub"
 
 
 def _check_depth(found, depth, path):
@@ -244,35 +244,31 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def _write(model, path):
-    """``model.save_weights`` through a temporary file in the same folder, then renamed (nothing half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(suffix=".weights.h5", dir=path.parent)
-    os.close(fd)
-    try:
-        model.save_weights(part)
-        os.replace(part, path)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
-    return path
-
-
-def converted_path(model_name, spec):
-    """The converted ``.weights.h5`` of a published or local checkpoint: fetched, checked, converted once."""
+def converted(model_name, spec):
+    """(the converted ``.weights.h5`` of a published or local checkpoint, its cache record: ``layout``,
+    ``num_classes``): fetched, checked, converted once (``keras_preact.pretrained.cache``: keyed by the content of
+    every source file, verified against its recorded sha256 on every load)."""
     from keras_preact.models.registry import model_spec
+    from keras_preact.pretrained import cache
 
     depth = model_spec(model_name).arguments["depth"]
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
-        return source
-    fingerprint = _digest(source)[:16] if source.is_file() else _digest(source / "config.json")[:16]
-    target = keras_home() / "keras_preact" / f"{model_name}-{spec.name}-{fingerprint}.weights.h5"
-    if not target.is_file():
-        _write(convert(kind, source / "model.safetensors" if kind == "timm" and source.is_dir() else source, depth,
-                       spec.num_classes), target)
-    return target
+        return source, None
+    read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
+
+    def conversion():
+        model, layout = convert(kind, read, depth, spec.num_classes)
+        return model, {"layout": layout, "num_classes": int(model.num_classes)}
+
+    entry = cache.entry_path(f"{model_name}-{spec.name}", source, kind, depth, spec.num_classes)
+    return entry, cache.cached(entry, conversion)
+
+
+def converted_path(model_name, spec):
+    """The converted ``.weights.h5`` of a published or local checkpoint (``converted``)."""
+    return converted(model_name, spec)[0]
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
@@ -404,34 +400,14 @@ def checkpoint_input_config(spec):
 
 
 def resolve(model_name, spec):
-    """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes)."""
-    path = spec.checked_path(model_name) if spec.origin != "file" else converted_path(model_name, spec)
+    """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes), the
+    layout and classes those the conversion recorded."""
+    if spec.origin == "package":
+        return spec.checked_path(model_name), spec
+    path, record = converted(model_name, spec)
     if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
         spec = dataclasses.replace(spec, input_config=checkpoint_input_config(spec))
-    if spec.origin == "file" and spec.source != "package":
-        import h5py
-
-        with h5py.File(path, "r") as f:  # the converted head's size and the layout it was converted into
-            classes = _head_classes(f)
-        layout = _layout_of(spec, path)
-        spec = dataclasses.replace(spec, num_classes=classes, arguments={**LAYOUT_ARGUMENTS[layout], **spec.arguments})
+    if spec.origin == "file" and record is not None:
+        spec = dataclasses.replace(spec, num_classes=record["num_classes"],
+                                   arguments={**LAYOUT_ARGUMENTS[record["layout"]], **spec.arguments})
     return path, spec
-
-
-def _head_classes(h5):
-    found = []
-    h5.visititems(lambda name, obj: found.append(obj.shape) if name.endswith("dense/vars/0") else None)
-    return int(found[-1][-1]) if found else None
-
-
-def _layout_of(spec, path):
-    if spec.source == "keras":
-        return "keras"
-    if spec.source == "keras_hub":
-        return "keras_hub"
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        names = []
-        f.visit(names.append)
-    return "bit" if any("group_normalization" in n for n in names) else "timm"
