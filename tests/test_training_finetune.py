@@ -82,9 +82,10 @@ def test_a_run_of_only_the_head_phase_keeps_the_backbone(tmp_path, flowers, sour
 @pytest.mark.any_backend
 @pytest.mark.notf
 @pytest.mark.parametrize("flag, value, message", [
-    ("--init-weights", "imagenet", "Invalid init_weights='imagenet' for cifar_resnet20. Allowed values: None, "
+    ("--init-weights", "imagenet", "Invalid --init-weights 'imagenet' for cifar_resnet20. Allowed values: None, "
                                    "'cifar10'"),
-    ("--init-weights", "/nowhere/x.keras", "Invalid init_weights='/nowhere/x.keras': no such file"),
+    ("--init-weights", "/nowhere/x.keras", "Invalid --init-weights '/nowhere/x.keras' of cifar_resnet20: no such "
+                                           "file"),
     ("--label-smoothing", "1.5", "Invalid label_smoothing=1.5: a fraction in \\[0, 1\\)"),
     ("--validation-split", "1", "Invalid validation_split=1.0"),
     ("--decoded-budget-mib", "-1", "Invalid decoded_budget_mib=-1.0: a finite number of MiB >= 0 is required"),
@@ -143,19 +144,20 @@ def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phase
 
 
 @pytest.mark.notf
-def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path):
+def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path, monkeypatch):
     """--init-weights a timm folder (config.json + model.safetensors): not taken for an unfinished run (a run's
-    folder holds a config.json too); --normalization model uses the checkpoint's pretrained_cfg."""
+    folder holds a config.json too); --normalization model uses the checkpoint's pretrained_cfg. The checkpoint
+    is read (converted) when the config is validated, before any data."""
+    pytest.importorskip("safetensors")
+    import pretrained_reference as ref
+    from test_pretrained_convert import write_timm_folder
+
     from keras_preact_training.recipe import configs
     from keras_preact_training.recipe.model import init_input_config
 
-    folder = tmp_path / "resnetv2_18"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "architecture": "resnetv2_18", "num_classes": 1000,
-        "pretrained_cfg": {"input_size": [3, 224, 224], "mean": [0.5] * 3, "std": [0.25] * 3, "crop_pct": 0.95,
-                           "interpolation": "bicubic"}}))
-    (folder / "model.safetensors").write_bytes(b"")  # read only when the network is built
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", ref.random_state(18, num_classes=3),
+                               mean=[0.5] * 3, std=[0.25] * 3)
     config = configs.get_config("finetune-folder", architecture="imagenet", depth=18, image_size=(224, 224),
                                 init_weights=str(folder), data_dir=str(tmp_path))
     input_config = init_input_config(config)

@@ -8,14 +8,12 @@ are written once, as a ``.weights.h5`` file named after the source's digest, und
 ``$KERAS_HOME/keras_preact/``; later loads read that file. Without a network each loader's cache is used,
 and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
 
-A local checkpoint works as ``weights=PATH`` (``local_spec``): a timm ``.safetensors``/``.pth`` state dict or
-a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ``.h5``, a keras-hub preset
-folder, or a keras-preact ``.weights.h5``.
+A local checkpoint works as ``weights=PATH`` (``keras_preact.pretrained.loader`` decides what it is): a timm
+``.safetensors``/``.pth`` state dict or a timm folder (``config.json`` + ``model.safetensors``), a
+keras.applications ``.h5``, a keras-hub preset folder.
 """
 
-import dataclasses
 import hashlib
-import json
 import os
 import pathlib
 import socket
@@ -244,14 +242,13 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def converted(model_name, spec):
-    """(the converted ``.weights.h5`` of a published or local checkpoint, its cache record: ``layout``,
-    ``num_classes``): fetched, checked, converted once (``keras_preact.pretrained.cache``: keyed by the content of
-    every source file, verified against its recorded sha256 on every load)."""
-    from keras_preact.models.registry import model_spec
+def converted(model_name, spec, depth):
+    """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
+    ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
+    (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
+    sha256 on every load)."""
     from keras_preact.pretrained import cache
 
-    depth = model_spec(model_name).arguments["depth"]
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
@@ -267,8 +264,10 @@ def converted(model_name, spec):
 
 
 def converted_path(model_name, spec):
-    """The converted ``.weights.h5`` of a published or local checkpoint (``converted``)."""
-    return converted(model_name, spec)[0]
+    """The converted ``.weights.h5`` of a published or local checkpoint for the registered ``model_name``."""
+    from keras_preact.models.registry import model_spec
+
+    return converted(model_name, spec, model_spec(model_name).arguments["depth"])[0]
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
@@ -336,58 +335,6 @@ def timm_crop_fraction(size, crop_pct):
     return fraction
 
 
-CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another library's checkpoint files
-
-
-def is_checkpoint(weights):
-    """Whether ``weights`` is an existing checkpoint of another library (``local_spec`` reads it): a
-    keras.applications ``.h5`` (not a keras-preact ``.weights.h5``), a timm ``.safetensors``/``.pth`` file, a
-    timm folder (``config.json`` with its ``architecture``) or a keras-hub preset folder (its ``class_name``)."""
-    path = pathlib.Path(weights)
-    if path.is_file():
-        return path.suffix in CHECKPOINT_SUFFIXES and not path.name.endswith(".weights.h5")
-    config = path / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        keys = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(keys, dict) and ("architecture" in keys or "class_name" in keys)
-
-
-def local_spec(model_name, weights):
-    """A ``WeightsSpec`` (``origin="file"``) for a local checkpoint, its kind read from what it is; the
-    network's depth is checked against the checkpoint's when it is converted."""
-    from keras_preact.models.presets import IMAGENET_INPUT
-    from keras_preact.models.weights import WeightsSpec
-
-    path = pathlib.Path(weights)
-    if not path.exists():
-        raise ValueError(f"Invalid weights={str(weights)!r} for {model_name}: no such file or folder.")
-    config_json = path / "config.json"
-    extra = {}
-    if path.is_dir() and config_json.is_file() and "architecture" in json.loads(config_json.read_text()):
-        config = json.loads(config_json.read_text())
-        kind, extra["input_config"] = "timm", _timm_input_config(config.get("pretrained_cfg", {}))
-    elif path.is_dir() and config_json.is_file():
-        kind, extra["input_config"] = "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT)
-    elif path.name.endswith(".weights.h5"):
-        kind = "package"
-    elif path.suffix == ".h5":
-        from keras_preact.applications.preact_resnet import KERAS_RESNET_V2_INPUT
-
-        kind, extra["input_config"] = "keras", KERAS_RESNET_V2_INPUT
-    elif path.suffix in (".safetensors", ".pth", ".pt", ".bin"):
-        kind, extra["input_config"] = "timm", _timm_input_config({})
-    else:
-        raise ValueError(
-            f"Invalid weights={str(weights)!r} for {model_name}: a .weights.h5, .h5, .safetensors, .pth "
-            "file, a timm folder (config.json + model.safetensors) or a keras-hub preset folder is expected."
-        )
-    return WeightsSpec(name="local", file=str(path), origin="file", source=kind, **extra)
-
-
 def checkpoint_input_config(spec):
     """The preprocessing ``spec``'s checkpoint was trained with: a registered keras-hub preset's image converter
     (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache), else the
@@ -397,17 +344,3 @@ def checkpoint_input_config(spec):
 
         return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or IMAGENET_INPUT)
     return spec.input_config
-
-
-def resolve(model_name, spec):
-    """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes), the
-    layout and classes those the conversion recorded."""
-    if spec.origin == "package":
-        return spec.checked_path(model_name), spec
-    path, record = converted(model_name, spec)
-    if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
-        spec = dataclasses.replace(spec, input_config=checkpoint_input_config(spec))
-    if spec.origin == "file" and record is not None:
-        spec = dataclasses.replace(spec, num_classes=record["num_classes"],
-                                   arguments={**LAYOUT_ARGUMENTS[record["layout"]], **spec.arguments})
-    return path, spec
