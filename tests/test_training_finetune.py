@@ -230,3 +230,33 @@ def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_an
     if sources.has_tensorflow():  # the SavedModel export: what serving reads
         (version,) = (tmp_path / "exported" / "finetune-folder").iterdir()
         assert json.loads((version / "assets" / "preprocessing.json").read_text()) == expected
+
+
+@pytest.mark.notf
+def test_offline_init_weights_fail_in_one_line_naming_the_flag_before_any_data(tmp_path, flowers, monkeypatch, capsys):
+    """--init-weights timm_a1h_in1k offline (an unreachable Hub, empty caches): exit 2 with one line that names
+    --init-weights (not weights=) and says what to download, before a single image is decoded."""
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+
+    from keras_preact.models import sources
+    from keras_preact_training.data import sources as data_sources
+
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.invalid")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", "https://keras-weights.invalid/resnet/")
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("images decoded before the weights were checked")
+
+    monkeypatch.setattr(data_sources, "_decode_files", no_decoding)
+    monkeypatch.setattr(data_sources, "folder_stream", no_decoding)
+    argv = ["finetune-folder", "--architecture", "imagenet", "--depth", "50", "--init-weights", "timm_a1h_in1k",
+            "--data-dir", str(flowers), "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--init-weights" in error and "unreachable" in error and "weights=" not in error, error
+    assert not (tmp_path / "run").exists()
