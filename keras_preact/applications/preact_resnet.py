@@ -6,13 +6,9 @@ import os
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
 from keras_preact.models.presets import KERAS_RESNET_V2_INPUT  # noqa: F401 - what Keras' ResNetV2 weights expect
+from keras_preact.models.sources import KERAS_IMAGENET_WEIGHTS  # depths with Keras' published ResNetV2 weights
 
-# Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
-KERAS_IMAGENET_WEIGHTS = {
-    50: "ResNet50V2",
-    101: "ResNet101V2",
-    152: "ResNet152V2",
-}
+
 def _input_shape(input_shape, input_tensor, include_top, weights):
     """keras.applications' rules: 224x224 by default with the top, any size >= 32 without it."""
     if input_tensor is not None and input_shape is None:

@@ -25,6 +25,8 @@ from keras_preact.preprocessing import InputConfig
 ORIGINS = ("keras", "timm", "keras_hub")
 LICENCES = {"keras": "Apache-2.0", "timm": "Apache-2.0", "keras_hub": "Apache-2.0"}
 KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+# Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
+KERAS_IMAGENET_WEIGHTS = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}
 HF_ENDPOINT = "https://huggingface.co"
 KAGGLE_ENDPOINT = "https://www.kaggle.com"
 CONNECT_TIMEOUT_S = 5  # a probe of the source's host before any download: offline fails in seconds, not minutes
@@ -184,12 +186,6 @@ def read_state_dict(path):
     return {k: v.detach().float().numpy() if v.is_floating_point() else v.numpy() for k, v in state.items()}
 
 
-def _build(depth, num_classes, layout):
-    from keras_preact.models.imagenet import imagenet_resnet
-
-    return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
-
-
 def _keras_h5_classes(path):
     """The classes of a keras.applications ResNetV2 ``.h5`` file's ``predictions`` layer (1000 if none found)."""
     import h5py
@@ -201,16 +197,16 @@ def _keras_h5_classes(path):
     return int(found[0][-1]) if found else 1000
 
 
-def convert(origin, source_path, depth, num_classes=None):
+def convert(origin, source_path, depth, num_classes, build):
     """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
-    keras, timm, keras_hub)."""
+    keras, timm, keras_hub); ``build(depth, num_classes, layout)`` builds the network a state dict is loaded into
+    (the loader's: this module imports no network)."""
     from keras_preact.applications import convert_resnetv2
 
     if origin == "keras":
         import keras
 
         from keras_preact.applications.convert import from_keras_applications
-        from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
 
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
@@ -223,7 +219,7 @@ def convert(origin, source_path, depth, num_classes=None):
         state = read_state_dict(source_path)
         arch = convert_resnetv2.timm_architecture(state)
         _check_depth(arch["depth"], depth, source_path)
-        model = _build(depth, arch["num_classes"] or 1000, arch["layout"])
+        model = build(depth, arch["num_classes"] or 1000, arch["layout"])
         convert_resnetv2.load_timm_state_dict(model, state)
         return model, arch["layout"]
     import keras_hub
@@ -231,7 +227,7 @@ def convert(origin, source_path, depth, num_classes=None):
     classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
     arch = convert_resnetv2.keras_hub_architecture(classifier.backbone)
     _check_depth(arch["depth"], depth, source_path)
-    model = _build(depth, classifier.output_dense.units, "timm")
+    model = build(depth, classifier.output_dense.units, "timm")
     convert_resnetv2.load_keras_hub_backbone(model, classifier.backbone, classifier)
     return model, "keras_hub"
 
@@ -242,11 +238,11 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def converted(model_name, spec, depth):
+def converted(model_name, spec, depth, build):
     """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
     ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
     (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
-    sha256 on every load)."""
+    sha256 on every load); ``build`` as ``convert``'s."""
     from keras_preact.pretrained import cache
 
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
@@ -256,18 +252,11 @@ def converted(model_name, spec, depth):
     read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
 
     def conversion():
-        model, layout = convert(kind, read, depth, spec.num_classes)
+        model, layout = convert(kind, read, depth, spec.num_classes, build)
         return model, {"layout": layout, "num_classes": int(model.num_classes)}
 
     entry = cache.entry_path(f"{model_name}-{spec.name}", source, kind, depth, spec.num_classes)
     return entry, cache.cached(entry, conversion)
-
-
-def converted_path(model_name, spec):
-    """The converted ``.weights.h5`` of a published or local checkpoint for the registered ``model_name``."""
-    from keras_preact.models.registry import model_spec
-
-    return converted(model_name, spec, model_spec(model_name).arguments["depth"])[0]
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
@@ -335,12 +324,10 @@ def timm_crop_fraction(size, crop_pct):
     return fraction
 
 
-def checkpoint_input_config(spec):
+def checkpoint_input_config(spec, default):
     """The preprocessing ``spec``'s checkpoint was trained with: a registered keras-hub preset's image converter
-    (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache), else the
-    ``input_config`` the spec names (None: the network's own)."""
+    (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache; ``default`` where
+    the preset has none and the spec names none), else the ``input_config`` the spec names (None: the network's)."""
     if spec.origin == "keras_hub":
-        from keras_preact.models.presets import IMAGENET_INPUT
-
-        return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or IMAGENET_INPUT)
+        return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or default)
     return spec.input_config

@@ -66,12 +66,11 @@ class WeightsSpec:
         return path if path.is_absolute() else WEIGHTS_DIR / path
 
     def checked_path(self, model_name):
-        """The file, after checking it exists and has the registered sha256; one ValueError otherwise. A
-        published checkpoint is fetched (or found in its loader's cache) and converted first."""
+        """The package's file, after checking it exists and has the registered sha256; one ValueError otherwise
+        (a published checkpoint is fetched and converted by ``keras_preact.pretrained.loader.get_loader``)."""
         if self.origin != "package":
-            from keras_preact.models import sources
-
-            return sources.converted_path(model_name, self)
+            raise ValueError(f"Invalid weights={self.name!r} of {model_name}: a published checkpoint, fetched and "
+                             "converted by keras_preact.pretrained.loader.get_loader, not a file to check.")
         path, what = self.path, f"weights={self.name!r} of {model_name}"
         todo = ("reinstall keras-preact (the weights are package data), or, for a model you registered, point "
                 "its weights entry at the right file and sha256")

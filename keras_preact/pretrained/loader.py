@@ -215,10 +215,19 @@ def _registered(spec, trained):
         path = trained.checked_path(spec.name)
         return Loader(spec.name, repr(trained.name), trained.num_classes, names, trained.input_config,
                       _arguments(trained.arguments, trained.input_config), path, spec=trained)
-    path, _ = sources.converted(spec.name, trained, spec.arguments["depth"])
-    input_config = sources.checkpoint_input_config(trained)
+    from keras_preact.models.presets import IMAGENET_INPUT
+
+    path, _ = sources.converted(spec.name, trained, spec.arguments["depth"], build_for_conversion)
+    input_config = sources.checkpoint_input_config(trained, IMAGENET_INPUT)
     return Loader(spec.name, repr(trained.name), trained.num_classes, names, input_config,
                   _arguments(trained.arguments, input_config), path, spec=trained)
+
+
+def build_for_conversion(depth, num_classes, layout):
+    """The network a checkpoint is converted into: ``imagenet_resnet`` in its layout, any input size, logits."""
+    from keras_preact.models.imagenet import imagenet_resnet
+
+    return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
 
 
 def _arguments(arguments, input_config):
@@ -283,7 +292,7 @@ def _converted(spec, path, weights, kind, input_config):
     from keras_preact.models.weights import WeightsSpec
 
     local = WeightsSpec(name="local", file=str(path), origin="file", source=kind, input_config=input_config)
-    converted, record = sources.converted(spec.name, local, spec.arguments["depth"])
+    converted, record = sources.converted(spec.name, local, spec.arguments["depth"], build_for_conversion)
     layout = record["layout"]
     if input_config is None:
         input_config = architecture_input_config(spec, layout, record["num_classes"])
