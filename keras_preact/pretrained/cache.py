@@ -181,10 +181,8 @@ def _reserve(entry, needed):
     fd, reservation = tempfile.mkstemp(suffix=".reserve", dir=entry.parent)
     try:
         os.posix_fallocate(fd, 0, needed)
-    except OSError as error:
-        if error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
-            raise
-        return False
+    except OSError as error:  # a file system that cannot allocate ahead (EINVAL, EOPNOTSUPP) proves nothing
+        return error.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
     finally:
         os.close(fd)
         os.remove(reservation)
