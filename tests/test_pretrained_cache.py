@@ -11,7 +11,6 @@ import os
 import pathlib
 import subprocess
 import sys
-import textwrap
 
 import keras
 import numpy as np
@@ -118,12 +117,12 @@ def test_a_full_disk_while_caching_is_one_line_naming_keras_home(home, tmp_path,
 
 
 FULL_DISK_SCRIPT = """
-import shutil, sys
+import sys, types
 from keras_preact.models import create_model
 from keras_preact.pretrained import cache
 for lie in (False, True):  # the free space checked; then misreported, and the allocation refused
     if lie:
-        cache.shutil = type("Lying", (), {"disk_usage": staticmethod(lambda p: shutil._ntuple_diskusage(1, 0, 1 << 40))})
+        cache.shutil = types.SimpleNamespace(disk_usage=lambda path: types.SimpleNamespace(free=1 << 40))
     try:
         create_model("imagenet_resnet18", weights=sys.argv[1], input_shape=(64, 64, 3))
     except OSError as error:
@@ -220,3 +219,24 @@ def test_the_key_covers_every_file_of_a_folder_by_content(tmp_path):
     copy = tmp_path / "copy.safetensors"
     copy.write_bytes(b"a")
     assert cache.source_digest(copy) == cache.source_digest(folder / "model.safetensors")
+
+
+@pytest.mark.hub
+def test_a_keras_hub_preset_folder_whose_weights_change_loads_the_new_weights(home, tmp_path):
+    """A keras-hub preset folder saved again with other weights (its config.json unchanged): the next load
+    converts the new weights."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from test_pretrained_convert import randomize
+
+    backbone = keras_hub.models.ResNetBackbone(
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[2, 2, 2, 2],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(backbone=backbone, num_classes=3, activation=None)
+    preset, x = tmp_path / "preset", images()
+    for seed in (8, 9):
+        randomize(backbone, seed)
+        classifier.save_to_preset(str(preset))
+        model = create_model("imagenet_resnet18", weights=str(preset), input_shape=SIZE, classifier_activation=None)
+        assert np.abs(to_numpy(model(x)) - to_numpy(classifier(x))).max() <= 1e-4, f"seed {seed}"
+    assert len(entries(home)) == 2
