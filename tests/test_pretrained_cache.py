@@ -98,6 +98,7 @@ def test_a_truncated_cached_conversion_is_converted_again(home, tmp_path):
     assert entry.stat().st_size == size
 
 
+@pytest.mark.any_backend  # the cache's files, locks and disk space: the same on every backend
 def test_a_full_disk_while_caching_is_one_line_naming_keras_home(home, tmp_path, monkeypatch):
     """The write fails with ENOSPC half-way (faked: the file half-written, then the OS error): one OSError line
     naming KERAS_HOME and the space needed; no partial file is left, and nothing is served."""
@@ -130,6 +131,7 @@ for lie in (False, True):  # the free space checked; then misreported, and the a
 """
 
 
+@pytest.mark.any_backend  # the cache's files, locks and disk space: the same on every backend
 def test_a_full_tmpfs_as_keras_home_is_one_line_and_no_crash(tmp_path):
     """KERAS_HOME on a 2 MB tmpfs (a ResNet-18 conversion needs ~45 MB): refused by its free space, then (the
     free space misreported) by the file system itself; each is one line naming KERAS_HOME, the process ends
@@ -173,6 +175,7 @@ print("LOADED", cache.sha256_of(entry), flush=True)
 """
 
 
+@pytest.mark.any_backend  # the cache's files, locks and disk space: the same on every backend
 def test_two_processes_converting_the_same_checkpoint_end_with_one_whole_file(home, tmp_path):
     """Two processes load the same new checkpoint at once (both released by one line on their stdin after both
     imported everything): the checkpoint is converted once, both read the same whole file, its record matches."""
@@ -201,6 +204,7 @@ def test_two_processes_converting_the_same_checkpoint_end_with_one_whole_file(ho
     assert error_against(folder, state) <= TOLERANCE
 
 
+@pytest.mark.any_backend  # the cache's files, locks and disk space: the same on every backend
 def test_the_key_covers_every_file_of_a_folder_by_content(tmp_path):
     """Any file of a checkpoint folder changed (its config included) changes the key; a renamed copy of the same
     bytes does not; hidden files (a download tool's .cache/) do not."""
