@@ -76,11 +76,16 @@ def test_weights_from_file(tmp_path, rng):
 
 
 def test_imagenet_weights_offline_fail_fast(tmp_path, monkeypatch):
+    """Offline (an unreachable host), PreActResNet50(weights="imagenet") fails fast in create_model's one line:
+    the same fetcher of Keras' file."""
+    from keras_preact.models import sources
+
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
+    monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", "https://keras-weights.invalid/resnet/")
     import time
 
     start = time.monotonic()
-    with pytest.raises(OSError, match="ImageNet weights"):
+    with pytest.raises(OSError, match="Cannot fetch Keras' resnet50v2_weights_tf_dim_ordering_tf_kernels.h5"):
         applications.PreActResNet50(weights="imagenet", include_top=False, input_shape=(32, 32, 3))
     assert time.monotonic() - start < 60
 

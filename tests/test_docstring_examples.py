@@ -45,6 +45,8 @@ MODULES = [
     "keras_preact.models.finetune",
     "keras_preact.models.imagenet",
     "keras_preact.models.registry",
+    "keras_preact.pretrained.cache",
+    "keras_preact.pretrained.loader",
     "keras_preact.applications",
     "keras_preact.applications.convert",
     "keras_preact.applications.preact_resnet",

@@ -103,7 +103,10 @@ def test_bad_local_weights_are_refused_naming_them(trained, tmp_path):
     (tmp_path / "empty").mkdir()
     unfinished = tmp_path / "unfinished"
     unfinished.mkdir()
-    (unfinished / "config.json").write_text("{}")
+    (unfinished / "config.json").write_text('{"format": "keras-preact-run/2"}')  # a run's, written at its start
+    not_a_run = tmp_path / "not_a_run"  # any other config.json: not called a run
+    not_a_run.mkdir()
+    (not_a_run / "config.json").write_text('{"model_type": "vit"}')
     (tmp_path / "notes.txt").write_text("x")
     other = keras.Sequential([keras.Input((4,)), keras.layers.Dense(2)])
     other.save(tmp_path / "other.keras")
@@ -112,6 +115,7 @@ def test_bad_local_weights_are_refused_naming_them(trained, tmp_path):
         (tmp_path / "missing.weights.h5", "no such file or directory"),
         (tmp_path / "empty", "is no run directory \\(no model.keras\\)"),
         (unfinished, "is an unfinished run \\(resume it to write model.keras\\)"),
+        (not_a_run, "is no run directory \\(no model.keras\\)"),
         (tmp_path / "notes.txt", "unknown file type"),
         (tmp_path / "other.keras", "not a keras-preact classifier"),
     ]

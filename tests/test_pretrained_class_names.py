@@ -89,12 +89,14 @@ def test_keras_applications_entry_points_with_imagenet_weights_carry_the_names(m
 
     def network(depth, classes, **arguments):
         built.update(arguments, depth=depth, classes=classes)
-        return types.SimpleNamespace(set_weights=lambda weights: built.update(weights=weights))
+        return types.SimpleNamespace()
 
+    keras_weights = types.SimpleNamespace(  # the loader of imagenet_resnet50's registered "imagenet" weights
+        num_classes=1000, class_names=imagenet_class_names(), input_config=None, arguments={"layout": "tf_slim"},
+        load=lambda model: built.update(weights="keras weights"),
+        load_backbone=lambda backbone: built.update(weights="keras backbone"))
     monkeypatch.setattr(preact_resnet, "imagenet_resnet", network)
-    monkeypatch.setattr(preact_resnet, "_keras_imagenet_source", lambda *arguments: "keras")
-    monkeypatch.setattr(preact_resnet, "from_keras_applications", lambda source: types.SimpleNamespace(
-        get_weights=lambda: f"{source} weights"))
+    monkeypatch.setattr(preact_resnet, "_loader", lambda depth, weights: keras_weights)
     PreActResNet50(weights="imagenet")
     assert (built["depth"], built["classes"], built["weights"]) == (50, 1000, "keras weights")
     assert built["class_names"] == imagenet_class_names()

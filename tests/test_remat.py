@@ -90,12 +90,12 @@ def test_imagenet_weights_take_remat(monkeypatch):
 
     seen = {}
 
-    def keras_source(depth, include_top, input_shape, timeout=None):
+    def loader(depth, weights):  # Keras' weights, stubbed: their loader puts them into the backbone built
         seen["depth"] = depth
-        return module.imagenet_resnet(50, layout="tf_slim", input_shape=input_shape, include_top=include_top)
+        return types.SimpleNamespace(num_classes=1000, class_names=None, input_config=None,
+                                     arguments={"layout": "tf_slim"}, load_backbone=lambda backbone: backbone)
 
-    monkeypatch.setattr(module, "_keras_imagenet_source", keras_source)
-    monkeypatch.setattr(module, "from_keras_applications", lambda source: source)
+    monkeypatch.setattr(module, "_loader", loader)
     model = applications.PreActResNet50(weights="imagenet", include_top=False, input_shape=(32, 32, 3),
                                         remat="stages")
     assert seen == {"depth": 50} and model.remat == "stages"

@@ -82,9 +82,10 @@ def test_a_run_of_only_the_head_phase_keeps_the_backbone(tmp_path, flowers, sour
 @pytest.mark.any_backend
 @pytest.mark.notf
 @pytest.mark.parametrize("flag, value, message", [
-    ("--init-weights", "imagenet", "Invalid init_weights='imagenet' for cifar_resnet20. Allowed values: None, "
+    ("--init-weights", "imagenet", "Invalid --init-weights 'imagenet' for cifar_resnet20. Allowed values: None, "
                                    "'cifar10'"),
-    ("--init-weights", "/nowhere/x.keras", "Invalid init_weights='/nowhere/x.keras': no such file"),
+    ("--init-weights", "/nowhere/x.keras", "Invalid --init-weights '/nowhere/x.keras' of cifar_resnet20: no such "
+                                           "file"),
     ("--label-smoothing", "1.5", "Invalid label_smoothing=1.5: a fraction in \\[0, 1\\)"),
     ("--validation-split", "1", "Invalid validation_split=1.0"),
     ("--decoded-budget-mib", "-1", "Invalid decoded_budget_mib=-1.0: a finite number of MiB >= 0 is required"),
@@ -143,19 +144,20 @@ def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phase
 
 
 @pytest.mark.notf
-def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path):
+def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path, monkeypatch):
     """--init-weights a timm folder (config.json + model.safetensors): not taken for an unfinished run (a run's
-    folder holds a config.json too); --normalization model uses the checkpoint's pretrained_cfg."""
+    folder holds a config.json too); --normalization model uses the checkpoint's pretrained_cfg. The checkpoint
+    is read (converted) when the config is validated, before any data."""
+    pytest.importorskip("safetensors")
+    import pretrained_reference as ref
+    from test_pretrained_convert import write_timm_folder
+
     from keras_preact_training.recipe import configs
     from keras_preact_training.recipe.model import init_input_config
 
-    folder = tmp_path / "resnetv2_18"
-    folder.mkdir()
-    (folder / "config.json").write_text(json.dumps({
-        "architecture": "resnetv2_18", "num_classes": 1000,
-        "pretrained_cfg": {"input_size": [3, 224, 224], "mean": [0.5] * 3, "std": [0.25] * 3, "crop_pct": 0.95,
-                           "interpolation": "bicubic"}}))
-    (folder / "model.safetensors").write_bytes(b"")  # read only when the network is built
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", ref.random_state(18, num_classes=3),
+                               mean=[0.5] * 3, std=[0.25] * 3)
     config = configs.get_config("finetune-folder", architecture="imagenet", depth=18, image_size=(224, 224),
                                 init_weights=str(folder), data_dir=str(tmp_path))
     input_config = init_input_config(config)
@@ -228,3 +230,33 @@ def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_an
     if sources.has_tensorflow():  # the SavedModel export: what serving reads
         (version,) = (tmp_path / "exported" / "finetune-folder").iterdir()
         assert json.loads((version / "assets" / "preprocessing.json").read_text()) == expected
+
+
+@pytest.mark.notf
+def test_offline_init_weights_fail_in_one_line_naming_the_flag_before_any_data(tmp_path, flowers, monkeypatch, capsys):
+    """--init-weights timm_a1h_in1k offline (an unreachable Hub, empty caches): exit 2 with one line that names
+    --init-weights (not weights=) and says what to download, before a single image is decoded."""
+    pytest.importorskip("huggingface_hub")
+    import huggingface_hub.constants
+
+    from keras_preact.models import sources
+    from keras_preact_training.data import sources as data_sources
+
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))
+    monkeypatch.setenv("HF_ENDPOINT", "https://huggingface.invalid")
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path / "hf"))
+    monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", "https://keras-weights.invalid/resnet/")
+
+    def no_decoding(*args, **kwargs):
+        raise AssertionError("images decoded before the weights were checked")
+
+    monkeypatch.setattr(data_sources, "_decode_files", no_decoding)
+    monkeypatch.setattr(data_sources, "folder_stream", no_decoding)
+    argv = ["finetune-folder", "--architecture", "imagenet", "--depth", "50", "--init-weights", "timm_a1h_in1k",
+            "--data-dir", str(flowers), "--run-dir", str(tmp_path / "run"), "--cache-dir", str(tmp_path / "cache")]
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(argv)
+    assert exit_.value.code == 2
+    error = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--init-weights" in error and "unreachable" in error and "weights=" not in error, error
+    assert not (tmp_path / "run").exists()

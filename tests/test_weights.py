@@ -70,7 +70,8 @@ def test_a_changed_or_missing_file_names_it_and_both_digests(trained):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(weights="imagenet"), r"Invalid weights='imagenet' for test_trained\. Allowed values: None, 'toy'\.$"),
+    (dict(weights="imagenet"), r"Invalid weights='imagenet' for test_trained\. Allowed values: None, 'toy', or the "
+                               r"path of a keras-preact "),
     (dict(weights=["toy"]), "Invalid weights"),
     (dict(weights="toy", include_top=False), "Invalid include_top"),
     (dict(weights="toy", depth=20), "does not fit the model built"),

@@ -96,7 +96,6 @@ def resolve_model(model, weights):
 
 def _registry_target(name, weights):
     from keras_preact.models import create_model, list_models, model_spec
-    from keras_preact.models import weights as weights_lib
 
     if name not in list_models():
         raise ValueError(f"Invalid model={name!r}: not a run directory, a .keras file or a registry name "
@@ -106,15 +105,13 @@ def _registry_target(name, weights):
         allowed = ", ".join(map(repr, spec.weights)) or "none are registered for it yet"
         raise ValueError(f"Invalid --weights: a registry model is evaluated with its trained weights, "
                          f"--weights NAME; for {name}: {allowed}.")
-    trained = weights_lib.choose(name, spec.weights, weights)
-    from keras_preact.models import sources
+    from keras_preact.pretrained.loader import get_loader
 
-    _, trained = sources.resolve(
-        name, trained
-    )  # the sha256 (a published checkpoint: fetched, converted), before anything is built
-    return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=weights),
-                  trained.input_config or spec.input_config, trained.class_names,  # a checkpoint's own preprocessing
-                  {"top1_accuracy": trained.top1, "top5_accuracy": trained.top5})
+    loader = get_loader(name, weights)  # checked (a published checkpoint: fetched, converted) before anything is built
+    trained = loader.spec
+    return Target(f"{name} (weights {weights})", lambda: create_model(name, weights=loader),
+                  loader.input_config or spec.input_config, loader.class_names,  # a checkpoint's own preprocessing
+                  {"top1_accuracy": getattr(trained, "top1", None), "top5_accuracy": getattr(trained, "top5", None)})
 
 
 def _run_target(path):

@@ -1,35 +1,12 @@
 """Keras-Applications-style entry points: ``PreActResNet18`` ... ``PreActResNet200`` (He et al. 2016,
 "Identity Mappings in Deep Residual Networks"), with keras.applications' arguments."""
 
-import hashlib
 import os
-import urllib.request
 
-import keras
-
-from keras_preact.applications.convert import from_keras_applications
 from keras_preact.layers import options as opt
-from keras_preact.models.class_names import imagenet_class_names
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
-from keras_preact.models.presets import KERAS_RESNET_V2_INPUT
-
-# Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
-KERAS_IMAGENET_WEIGHTS = {
-    50: "ResNet50V2",
-    101: "ResNet101V2",
-    152: "ResNet152V2",
-}
-# Where keras.applications' ResNetV2 downloads them, and their md5 (with the top, without): keras'
-# applications/resnet.py BASE_WEIGHTS_PATH and WEIGHTS_HASHES.
-KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
-KERAS_WEIGHTS_MD5 = {
-    50: ("3ef43a0b657b3be2300d5770ece849e0", "fac2f116257151a9d068a22e544a4917"),
-    101: ("6343647c601c52e1368623803854d971", "c0ed64b8031c3730f411d2eb4eea35b5"),
-    152: ("a49b44d1979771252814e80f8ec446f9", "ed17cf2e0169df9d443503ef94b23b33"),
-}
-# What Keras' ResNetV2 weights expect: pixels scaled to [-1, 1] (``preprocess_input_resnet_v2``), the
-# standard ImageNet evaluation crop (the registry's entry, presets.KERAS_RESNET_V2_INPUT).
-DOWNLOAD_TIMEOUT_S = 30
+from keras_preact.models.presets import KERAS_RESNET_V2_INPUT  # noqa: F401 - what Keras' ResNetV2 weights expect
+from keras_preact.models.sources import KERAS_IMAGENET_WEIGHTS  # depths with Keras' published ResNetV2 weights
 
 
 def _input_shape(input_shape, input_tensor, include_top, weights):
@@ -54,49 +31,27 @@ def keras_weights_file(depth, include_top):
     return f"resnet{depth}v2_weights_tf_dim_ordering_tf_kernels{'' if include_top else '_notop'}.h5"
 
 
-def _md5(path):
-    digest = hashlib.md5(usedforsecurity=False)
-    with open(path, "rb") as f:
-        while block := f.read(1 << 20):
-            digest.update(block)
-    return digest.hexdigest()
+def _loader(depth, weights):
+    """The ``keras_preact.pretrained.loader.Loader`` of ``weights`` for ``imagenet_resnet{depth}`` (``"imagenet"``:
+    its registered keras.applications weights, fetched with Keras' md5 and converted once; another library's
+    checkpoint by path), or None for None and a keras-preact ``.weights.h5`` (loaded as it is)."""
+    if weights is None or str(weights).endswith(".weights.h5"):
+        return None
+    from keras_preact.pretrained.loader import get_loader
+
+    return get_loader(f"imagenet_resnet{depth}", weights)
 
 
-def _download(url, path, md5, timeout):
-    """``url`` to ``path`` through a ``.part`` file, every socket operation under ``timeout`` seconds;
-    the md5 checked before the file takes its name."""
-    part = f"{path}.part"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as response, open(part, "wb") as f:
-            while block := response.read(1 << 20):
-                f.write(block)
-        if _md5(part) != md5:
-            raise OSError(f"{url} gave a file whose md5 is not {md5}")
-        os.replace(part, path)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
-
-
-def _keras_imagenet_source(depth, include_top, input_shape, timeout=DOWNLOAD_TIMEOUT_S):
-    """keras.applications ResNet{depth}V2 with Keras' ImageNet weights, from keras' cache
-    (``$KERAS_HOME/models``) or downloaded there with a ``timeout``: offline it fails fast, saying what to do."""
-    name, file = KERAS_IMAGENET_WEIGHTS[depth], keras_weights_file(depth, include_top)
-    md5 = KERAS_WEIGHTS_MD5[depth][0 if include_top else 1]
-    cache = os.path.join(os.environ.get("KERAS_HOME", os.path.expanduser("~/.keras")), "models")
-    path = os.path.join(cache, file)
-    if not (os.path.isfile(path) and _md5(path) == md5):
-        try:
-            os.makedirs(cache, exist_ok=True)
-            _download(KERAS_WEIGHTS_URL + file, path, md5, timeout)
-        except Exception as e:  # URLError, timeouts, a refused or short download
-            raise OSError(
-                f"Could not load the Keras ImageNet weights of {name}: downloading {KERAS_WEIGHTS_URL + file} "
-                f"failed within {timeout} s per read ({type(e).__name__}: {e}). On an offline machine, copy "
-                f"{file} (from keras-applications' releases, md5 {md5}) into {cache} and retry."
-            ) from e
-    builder = getattr(keras.applications, name)
-    return builder(weights=path, include_top=include_top, input_shape=input_shape)
+def _load(model, loader, weights, include_top):
+    """The weights into the model built: a loader's whole classifier (its backbone without the top), or a
+    keras-preact ``.weights.h5`` file."""
+    if loader is None:
+        model.load_weights(weights)
+    elif include_top:
+        loader.load(model)
+    else:
+        loader.load_backbone(getattr(model, "backbone", model))
+    return model
 
 
 def _check_weights(weights, depth, layout, include_top, classes, unit_options):
@@ -167,10 +122,14 @@ def preact_resnet(
     opt.check_choice("layout", layout, (None, *LAYOUTS))
     _check_weights(weights, depth, layout, include_top, classes, unit_options)
     input_shape = _input_shape(input_shape, input_tensor, include_top, weights)
-    layout = layout or ("tf_slim" if weights == "imagenet" else "fb")
-    extra = {"input_config": KERAS_RESNET_V2_INPUT} if weights == "imagenet" else {}
-    if weights == "imagenet" and include_top:  # the 1,000 ImageNet-1k classes of Keras' heads
-        extra["class_names"] = imagenet_class_names()
+    loader = _loader(depth, weights)  # checked, fetched and converted before the network is built
+    if loader is not None and include_top and loader.num_classes != classes:
+        raise ValueError(f"Invalid classes={classes}: weights={weights!r} has {loader.num_classes} classes; "
+                         "use include_top=False for another head.")
+    layout = layout or (loader.arguments.get("layout", "fb") if loader is not None else "fb")
+    extra = {"input_config": loader.input_config} if loader is not None and loader.input_config else {}
+    if loader is not None and include_top and loader.class_names:  # e.g. the ImageNet-1k classes of Keras' heads
+        extra["class_names"] = loader.class_names
     model = imagenet_resnet(
         depth,
         classes,
@@ -186,12 +145,7 @@ def preact_resnet(
         **extra,
         **unit_options,
     )
-    if weights == "imagenet":
-        source = _keras_imagenet_source(depth, include_top, input_shape)
-        model.set_weights(from_keras_applications(source).get_weights())
-    elif weights is not None:
-        model.load_weights(weights)
-    return model
+    return model if weights is None else _load(model, loader, weights, include_top)
 
 
 # keras.applications' signature, one function per depth; the paper's depths (Table 5 and fb.resnet.torch).

@@ -1,11 +1,11 @@
 """Fine-tuning: a trained backbone under a new head, and freezing the backbone up to a point.
 
-``create_model(name, weights=W, num_classes=K)`` reads W (a registered weights name, or a local
-``.weights.h5``/``.keras`` file or training run directory, ``source_of``) and, when K or the class names
-differ from W's, keeps W's backbone under a freshly initialised head (timm's ``reset_classifier``,
-keras-hub's ``from_preset(num_classes=K)``). ``set_trainable`` freezes the backbone up to a stage: a
-frozen ``BatchNormalization`` runs in inference mode (Keras 3 semantics, as in Keras' transfer-learning
-guide), so its moving statistics stay those of the source.
+``create_model(name, weights=W, num_classes=K)`` reads W (``keras_preact.pretrained.loader.get_loader``: a
+registered weights name, a local ``.weights.h5``/``.keras`` file or training run directory, another library's
+checkpoint) and, when K or the class names differ from W's, loads W's backbone under a freshly initialised
+head (timm's ``reset_classifier``, keras-hub's ``from_preset(num_classes=K)``). ``set_trainable`` freezes the
+backbone up to a stage: a frozen ``BatchNormalization`` runs in inference mode (Keras 3 semantics, as in Keras'
+transfer-learning guide), so its moving statistics stay those of the source.
 
 The two-phase recipe (Keras' "Transfer learning & fine-tuning" guide; Kornblith et al. 2019 for the
 lower rate) with plain ``model.fit``::
@@ -20,91 +20,15 @@ lower rate) with plain ``model.fit``::
 Images go in as the model's ``input_config`` says (``keras_preact.applications.preprocess_input``).
 """
 
-import dataclasses
-import os
-import pathlib
-
 import keras
 
-from keras_preact.preprocessing import InputConfig
-from keras_preact.pretrained import reading
-
-LOCAL_SUFFIXES = (".weights.h5", ".keras")
-RUN_MODEL = "model.keras"  # the trained classifier a keras-preact-train run directory ends with
-RUN_CONFIG = "config.json"  # written at a run's start
-HEAD_ARGUMENTS = ("num_classes", "class_names", "dropout", "classifier_activation", "input_config")
 # Normalization layers whose parameters (and statistics) ``freeze_norm`` keeps fixed.
 NORMALIZATIONS = (keras.layers.BatchNormalization, keras.layers.GroupNormalization, keras.layers.LayerNormalization)
 
 
-@dataclasses.dataclass(frozen=True)
-class Source:
-    """Trained weights to start from: a ``.weights.h5`` file (``path``, loaded into a model built like its
-    own) or a loaded classifier (``model``); their classes, class names and input config (None: unknown)."""
-
-    label: str
-    num_classes: int
-    class_names: tuple = None
-    input_config: InputConfig = None
-    path: pathlib.Path = None
-    model: keras.Model = None
-
-
-def is_local(weights):
-    """Whether ``weights`` names a local file or run directory rather than a registered weights name."""
-    if isinstance(weights, os.PathLike):
-        return True
-    if not isinstance(weights, str):
-        return False
-    return weights.endswith(LOCAL_SUFFIXES) or os.sep in weights or "/" in weights or os.path.isdir(weights)
-
-
-def local_source(weights, model_name):
-    """A ``Source`` for a local ``.weights.h5`` file (a keras-preact classifier's ``save_weights``), a
-    ``.keras`` file (a keras-preact classifier) or a run directory (its final ``model.keras``); checked
-    before anything is built, one ValueError otherwise."""
-    path = pathlib.Path(weights).expanduser()
-    what = f"Invalid weights={str(weights)!r} of {model_name}"
-    allowed = (f"a registered weights name, a {LOCAL_SUFFIXES[0]} or {LOCAL_SUFFIXES[1]} file, a keras-preact-train "
-               f"run directory (holding {RUN_MODEL}), or another library's checkpoint (a keras.applications .h5, a "
-               "timm .safetensors/.pth file or folder, a keras-hub preset folder)")
-    if path.is_dir():
-        if not (path / RUN_MODEL).is_file():
-            state = "an unfinished run (resume it to write" if (path / RUN_CONFIG).is_file() else "no run directory (no"
-            raise ValueError(f"{what}: {path} is {state} {RUN_MODEL}); expected {allowed}.")
-        path = path / RUN_MODEL
-    elif not path.is_file():
-        raise ValueError(f"{what}: no such file or directory; expected {allowed}.")
-    if path.name.endswith(LOCAL_SUFFIXES[0]):
-        return Source(repr(str(weights)), _classes_in_weights_file(path, what), path=path)
-    if not path.name.endswith(LOCAL_SUFFIXES[1]):
-        raise ValueError(f"{what}: unknown file type; expected {allowed}.")
-    try:
-        model = keras.saving.load_model(path, compile=False)
-    except Exception as error:  # noqa: BLE001 - any reader error, in one line
-        first = (str(error).strip().splitlines() or [type(error).__name__])[0]
-        raise ValueError(f"{what}: {path} does not load as a Keras model: {first}") from None
-    if not hasattr(model, "backbone") or not isinstance(getattr(model, "num_classes", None), int):
-        raise ValueError(f"{what}: {path} holds {type(model).__name__} {model.name!r}, not a keras-preact classifier "
-                         "(PreActResNetClassifier with a dense head).")
-    return Source(repr(str(weights)), model.num_classes, model.class_names, model.input_config, model=model)
-
-
-def _classes_in_weights_file(path, what):
-    """The classes of the classifier whose ``save_weights`` wrote ``path`` (its dense kernel's columns)."""
-    with reading.keras_h5(path) as f:  # checked: not empty, HDF5, Keras weights; one line otherwise
-        dense = [name for name in f.get("layers", ()) if name == "dense" or name.startswith("dense_")]
-        kernel = f[f"layers/{dense[0]}/vars/0"] if len(dense) == 1 else None
-        classes = int(kernel.shape[-1]) if kernel is not None and len(kernel.shape) == 2 else None
-    if classes is None:
-        raise ValueError(f"{what}: {path} holds no classifier with one dense head (a keras-preact classifier's "
-                         "save_weights is expected).")
-    return classes
-
-
 def head_plan(source, overrides):
     """(the classes, whether the head is new): a new head when ``num_classes`` or ``class_names`` differ
-    from the source's; ``num_classes`` defaults to the number of ``class_names``, else the source's."""
+    from the source's (a ``Loader``'s); ``num_classes`` defaults to the number of ``class_names``, else the source's."""
     class_names = overrides.get("class_names")
     num_classes = overrides.get("num_classes")
     if num_classes is None:
@@ -114,52 +38,16 @@ def head_plan(source, overrides):
     return num_classes, num_classes != source.num_classes or names_differ
 
 
-def source_model(source, build, overrides, model_name):
-    """The source as a model: a ``.keras`` file's, or one built like the ``.weights.h5`` file's classifier
-    (``build(**overrides)`` with the source's classes and the default head) with the file loaded."""
-    if source.model is not None:
-        return source.model
-    arguments = {k: v for k, v in overrides.items() if k not in HEAD_ARGUMENTS}
-    model = build(**arguments, num_classes=source.num_classes)
-    load_file(model, source, model_name)
-    return model
-
-
-def load_file(model, source, model_name):
-    """``model.load_weights(source.path)``; a file that does not fit, in one line."""
-    try:
-        model.load_weights(source.path)
-    except ValueError as error:
-        first = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
-        raise ValueError(f"Invalid weights={source.label} of {model_name}: {source.path} does not fit "
-                         f"the model built (were its architecture arguments overridden?): {first}") from None
-
-
-def copy_weights(target, source, label, model_name):
-    """Assign ``source``'s variables to ``target``'s, in order, after checking every shape."""
-    targets, sources = target.weights, source.weights
-    mismatch = next(((t.path, tuple(t.shape), tuple(s.shape)) for t, s in zip(targets, sources)
-                     if tuple(t.shape) != tuple(s.shape)), None)
-    if len(targets) != len(sources) or mismatch:
-        detail = (f"{mismatch[0]} is {mismatch[1]} there, {mismatch[2]} in the weights" if mismatch
-                  else f"{len(targets)} variables there, {len(sources)} in the weights")
-        raise ValueError(f"Invalid weights={label} of {model_name}: they do not fit the {target.name} built "
-                         f"({detail}; were its architecture arguments overridden?).")
-    for t, s in zip(targets, sources):
-        t.assign(keras.ops.cast(s, t.dtype))
-
-
 def trainable_points(backbone):
-    """``{point: index in the backbone's layer chain}`` (its ``group_matcher`` groups, in order): ``"stem"`` (0),
-    ``"stage<s>"`` and ``"stage<s>_unit<u>"`` (that unit), ``"final"`` (the ordering's final ops) and ``"head"``
-    (the end)."""
-    points, index = {}, 0
-    for group, names in backbone.group_matcher().items():
-        points[group] = index
-        if group.startswith("stage"):
-            points.update({name: index + i for i, name in enumerate(names)})
-        index += len(names)
-    points["head"] = index
+    """``{point: index in the backbone's layer chain}``: ``"stem"`` (0), ``"stage<s>"`` and
+    ``"stage<s>_unit<u>"`` (that unit), ``"final"`` (the ordering's final ops) and ``"head"`` (the end)."""
+    chain = list(backbone._chain_names)
+    points = {"stem": 0}
+    for s, names in enumerate(backbone.stage_unit_names):
+        points[f"stage{s + 1}"] = chain.index(names[0])
+        points.update({name: chain.index(name) for name in names})
+    points["final"] = chain.index(backbone.stage_unit_names[-1][-1]) + 1
+    points["head"] = len(chain)
     return points
 
 
@@ -189,7 +77,7 @@ def set_trainable(model, trainable_from="stem", *, freeze_norm=False):
         2
     """
     backbone = getattr(model, "backbone", model)
-    if not hasattr(backbone, "group_matcher"):
+    if not hasattr(backbone, "_chain_names"):
         raise ValueError(
             f"Invalid model={model!r:.100}: a keras-preact classifier or PreActResNetBackbone is required."
         )
@@ -202,8 +90,7 @@ def set_trainable(model, trainable_from="stem", *, freeze_norm=False):
     # __setattr__), so ``trainable = True`` on a model already True would not reach the layers frozen inside.
     model.trainable = False
     model.trainable = True
-    chain = [name for names in backbone.group_matcher().values() for name in names]
-    for name in chain[:points[trainable_from]]:
+    for name in backbone._chain_names[:points[trainable_from]]:
         backbone.get_layer(name).trainable = False
     if trainable_from == "head":
         backbone.trainable = False

@@ -18,7 +18,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Callable
 
-from keras_preact.models import finetune, sources
+from keras_preact.models import finetune
 from keras_preact.models import weights as weights_lib
 from keras_preact.models.cifar import cifar_resnet
 from keras_preact.models.imagenet import imagenet_resnet
@@ -57,18 +57,17 @@ class ModelSpec:
     def build(self, weights=None, trainable_from=None, **overrides):
         """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
         ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
-        ``weights``: a name of ``self.weights`` (the package's own or a published checkpoint, fetched, checked and
-        converted: ``sources.resolve``), a local checkpoint of another library (``sources.is_checkpoint``), or a
-        keras-preact ``.weights.h5``/``.keras`` file or run directory (``finetune.local_source``), checked before
-        anything is built, or None. The network is built as the checkpoint needs (its layout). With the weights'
+        ``weights``: what ``keras_preact.pretrained.loader.get_loader`` takes (a registered weights name, a
+        keras-preact file or run directory, another library's checkpoint), decided, checked and converted once
+        before the network is built, then built once as the checkpoint needs (its layout). With the weights'
         classes the model is their classifier and carries their ``class_names``; with other
-        ``num_classes``/``class_names`` it is their backbone under a new head. ``trainable_from``:
-        ``finetune.set_trainable`` on the model built."""
-        source, needs = self._source(weights)
-        if source is None:
-            model = self._builder(**overrides)
-        else:
-            model = self._build_from(source, needs, overrides)
+        ``num_classes``/``class_names`` it is their backbone under a new head (the head's tensors dropped).
+        ``trainable_from``: ``finetune.set_trainable`` on the model built."""
+        # The one lazy import of the library: the loader sits above the models it builds and loads into.
+        from keras_preact.pretrained.loader import get_loader
+
+        loader = get_loader(self, weights)
+        model = self._builder(**overrides) if loader is None else self._build_from(loader, overrides)
         if trainable_from is not None:
             finetune.set_trainable(model, trainable_from)
         return model
@@ -77,43 +76,20 @@ class ModelSpec:
         return self.builder(**{"input_shape": tuple(self.input_config.input_size), "input_config": self.input_config,
                                **self.arguments, **overrides})
 
-    def _source(self, weights):
-        """(the ``finetune.Source`` of ``weights``, the builder arguments the checkpoint needs: its layout and
-        input size); (None, {}) for none. A keras-preact model's own weights fit any input size."""
-        if finetune.is_local(weights) and not sources.is_checkpoint(weights):
-            return finetune.local_source(weights, self.name), {}
-        spec = weights_lib.choose(self.name, self.weights, weights)
-        if spec is None:
-            return None, {}
-        path, spec = sources.resolve(self.name, spec)  # fetched, checked and converted before the network is built
-        label = repr(spec.name if spec.origin != "file" else str(weights))
-        needs = dict(spec.arguments)
-        if spec.input_config is not None:
-            needs["input_shape"] = tuple(spec.input_config.input_size)
-        names = tuple(spec.class_names) if spec.class_names else None  # shipped names are read here, on first use
-        return finetune.Source(label, spec.num_classes, names, spec.input_config, path), needs
-
-    def _build_from(self, source, needs, overrides):
-        """The source's classifier (its classes), or its backbone under a new head (other classes)."""
+    def _build_from(self, loader, overrides):
+        """The loader's classifier (its classes), or its backbone under a new head (other classes): built once."""
         if not overrides.get("include_top", True) or "input_tensor" in overrides:
-            raise ValueError(f"Invalid include_top/input_tensor with weights={source.label}: the weights are a whole "
+            raise ValueError(f"Invalid include_top/input_tensor with weights={loader.label}: the weights are a whole "
                              "classifier's; build it with its head and use model.backbone.")
+        needs = dict(loader.arguments)
+        if loader.input_config is not None:
+            needs["input_config"] = loader.input_config
         overrides = {**needs, **overrides}
-        num_classes, new_head = finetune.head_plan(source, overrides)
-        if source.input_config is not None:
-            overrides = {"input_config": source.input_config, **overrides}
+        num_classes, new_head = finetune.head_plan(loader, overrides)
         if not new_head:
-            overrides = {**overrides, "num_classes": num_classes,
-                         "class_names": overrides.get("class_names", source.class_names)}
+            overrides["class_names"] = overrides.get("class_names", loader.class_names)
         model = self._builder(**{**overrides, "num_classes": num_classes})
-        if new_head:
-            trained = finetune.source_model(source, self._builder, overrides, self.name)
-            finetune.copy_weights(model.backbone, trained.backbone, source.label, self.name)
-        elif source.model is not None:
-            finetune.copy_weights(model, source.model, source.label, self.name)
-        else:
-            finetune.load_file(model, source, self.name)
-        return model
+        return loader.load(model, head=not new_head)
 
 
 _REGISTRY = {}

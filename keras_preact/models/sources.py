@@ -8,28 +8,27 @@ are written once, as a ``.weights.h5`` file named after the source's digest, und
 ``$KERAS_HOME/keras_preact/``; later loads read that file. Without a network each loader's cache is used,
 and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
 
-A local checkpoint works as ``weights=PATH`` (``local_spec``): a timm ``.safetensors``/``.pth`` state dict or
-a timm folder (``config.json`` + ``model.safetensors``), a keras.applications ResNetV2's ``.h5``,
-``.weights.h5`` or ``.keras``, a keras-hub preset folder, or a keras-preact ``.weights.h5``. Each file is checked
-before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
+A local checkpoint works as ``weights=PATH`` (``keras_preact.pretrained.loader`` decides what it is): a timm
+``.safetensors``/``.pth`` state dict or a timm folder (``config.json`` + ``model.safetensors``), a
+keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras``, a keras-hub preset folder. Each file is
+checked before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
 """
 
-import dataclasses
 import hashlib
-import json
 import os
 import pathlib
 import socket
-import tempfile
 import urllib.parse
 
 from keras_preact.models.class_names import ClassNames
-from keras_preact.preprocessing import InputConfig
+from keras_preact.preprocessing import InputConfig, input_config_from_image_converter
 from keras_preact.pretrained import reading
 
 ORIGINS = ("keras", "timm", "keras_hub")
 LICENCES = {"keras": "Apache-2.0", "timm": "Apache-2.0", "keras_hub": "Apache-2.0"}
 KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
+# Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
+KERAS_IMAGENET_WEIGHTS = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}
 HF_ENDPOINT = "https://huggingface.co"
 KAGGLE_ENDPOINT = "https://www.kaggle.com"
 CONNECT_TIMEOUT_S = 5  # a probe of the source's host before any download: offline fails in seconds, not minutes
@@ -173,41 +172,36 @@ def read_state_dict(path, **options):
     return reading.read_state_dict(path, **options)
 
 
-def _build(depth, num_classes, layout):
-    from keras_preact.models.imagenet import imagenet_resnet
-
-    return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
-
-
-def convert(origin, source_path, depth, num_classes=None):
-    """The converted model of a fetched or local checkpoint (``origin``: keras, timm, keras_hub)."""
+def convert(origin, source_path, depth, num_classes, build):
+    """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
+    keras, timm, keras_hub); ``build(depth, num_classes, layout)`` builds the network a state dict is loaded into
+    (the loader's: this module imports no network)."""
     from keras_preact.applications import convert_resnetv2
 
     if origin == "keras":
         from keras_preact.applications.convert import from_keras_applications, keras_applications_model
-        from keras_preact.applications.preact_resnet import KERAS_IMAGENET_WEIGHTS
 
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
         source = keras_applications_model(source_path, depth=depth)  # the file checked, registered or not
-        return from_keras_applications(source, classifier_activation=None)
+        return from_keras_applications(source, classifier_activation=None), "keras"
     if origin == "timm":
         state = read_state_dict(source_path)
         arch = convert_resnetv2.timm_architecture(state, source_path)
         _check_depth(arch["depth"], depth, source_path)
-        model = _build(depth, arch["num_classes"] or 1000, arch["layout"])
+        model = build(depth, arch["num_classes"] or 1000, arch["layout"])
         convert_resnetv2.load_timm_state_dict(model, state)
-        return model
+        return model, arch["layout"]
     import keras_hub
 
     classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
     arch = convert_resnetv2.keras_hub_architecture(classifier.backbone)
     _check_depth(arch["depth"], depth, source_path)
-    model = _build(depth, classifier.output_dense.units, "timm")
+    model = build(depth, classifier.output_dense.units, "timm")
     convert_resnetv2.load_keras_hub_backbone(model, classifier.backbone, classifier)
-    return model
+    return model, "keras_hub"
 
 
 def _check_depth(found, depth, path):
@@ -216,35 +210,25 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def _write(model, path):
-    """``model.save_weights`` through a temporary file in the same folder, then renamed (nothing half-written)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, part = tempfile.mkstemp(suffix=".weights.h5", dir=path.parent)
-    os.close(fd)
-    try:
-        model.save_weights(part)
-        os.replace(part, path)
-    finally:
-        if os.path.exists(part):
-            os.remove(part)
-    return path
+def converted(model_name, spec, depth, build):
+    """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
+    ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
+    (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
+    sha256 on every load); ``build`` as ``convert``'s."""
+    from keras_preact.pretrained import cache
 
-
-def converted_path(model_name, spec):
-    """The converted ``.weights.h5`` of a published or local checkpoint: fetched, checked, converted once."""
-    from keras_preact.models.registry import model_spec
-
-    depth = model_spec(model_name).arguments["depth"]
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
-        return source
-    fingerprint = _digest(source)[:16] if source.is_file() else _digest(source / "config.json")[:16]
-    target = keras_home() / "keras_preact" / f"{model_name}-{spec.name}-{fingerprint}.weights.h5"
-    if not target.is_file():
-        _write(convert(kind, source / "model.safetensors" if kind == "timm" and source.is_dir() else source, depth,
-                       spec.num_classes), target)
-    return target
+        return source, None
+    read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
+
+    def conversion():
+        model, layout = convert(kind, read, depth, spec.num_classes, build)
+        return model, {"layout": layout, "num_classes": int(model.num_classes)}
+
+    entry = cache.entry_path(f"{model_name}-{spec.name}", source, kind, depth, spec.num_classes)
+    return entry, cache.cached(entry, conversion)
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
@@ -281,21 +265,12 @@ def keras_hub_input_config(preset, default):
     if not any((preset / name).is_file() for name in KERAS_HUB_CONVERTER_FILES):
         return default
     import keras_hub
-    import numpy as np
 
     converter = keras_hub.models.ImageClassifierPreprocessor.from_preset(str(preset)).image_converter
     if converter is None:
         return default
-    config = converter.get_config()
-    scale = np.broadcast_to(np.asarray(1.0 if config.get("scale") is None else config["scale"], "float64"), (3,))
-    offset = np.broadcast_to(np.asarray(0.0 if config.get("offset") is None else config["offset"], "float64"), (3,))
-    size = config.get("image_size")
     try:
-        if not np.all(scale > 0):
-            raise ValueError(f"scale={config['scale']!r} must be positive")
-        return InputConfig(input_size=(*size, 3) if size is not None else default.input_size,
-                           mean=tuple(float(v) for v in -offset / scale), std=tuple(float(v) for v in 1.0 / scale),
-                           crop_fraction=1.0, interpolation=config.get("interpolation", "bilinear"))
+        return input_config_from_image_converter(converter.get_config(), default)
     except ValueError as error:
         raise ValueError(f"Invalid weights={str(preset)!r}: its keras-hub image converter does not give an input "
                          f"config ({error}).") from None
@@ -312,99 +287,10 @@ def timm_crop_fraction(size, crop_pct):
     return fraction
 
 
-CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another library's checkpoint files
-
-
-def is_checkpoint(weights):
-    """Whether ``weights`` is an existing checkpoint of another library (``local_spec`` reads it): a
-    keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras`` (not a keras-preact one), a timm
-    ``.safetensors``/``.pth`` file, a
-    timm folder (``config.json`` with its ``architecture``) or a keras-hub preset folder (its ``class_name``)."""
-    path = pathlib.Path(weights)
-    if path.is_file() and path.name.endswith((".weights.h5", ".keras")):  # Keras 3's, keras.applications' or ours
-        return reading.keras_resnet_v2_file(path) is not None
-    if path.is_file():
-        return path.suffix in CHECKPOINT_SUFFIXES
-    config = path / "config.json"
-    if not config.is_file():
-        return False
-    try:
-        keys = json.loads(config.read_text())
-    except (OSError, ValueError):
-        return False
-    return isinstance(keys, dict) and ("architecture" in keys or "class_name" in keys)
-
-
-def local_spec(model_name, weights):
-    """A ``WeightsSpec`` (``origin="file"``) for a local checkpoint, its kind read from what it is; the
-    network's depth is checked against the checkpoint's when it is converted."""
-    from keras_preact.models.presets import IMAGENET_INPUT
-    from keras_preact.models.weights import WeightsSpec
-
-    path = pathlib.Path(weights)
-    if not path.exists():
-        raise ValueError(f"Invalid weights={str(weights)!r} for {model_name}: no such file or folder.")
-    config_json = path / "config.json"
-    extra = {}
-    if path.is_dir() and config_json.is_file() and "architecture" in json.loads(config_json.read_text()):
-        config = json.loads(config_json.read_text())
-        kind, extra["input_config"] = "timm", _timm_input_config(config.get("pretrained_cfg", {}))
-    elif path.is_dir() and config_json.is_file():
-        kind, extra["input_config"] = "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT)
-    elif path.name.endswith(".weights.h5") and reading.keras_resnet_v2_file(path) is None:
-        kind = "package"
-    elif path.suffix in (".h5", ".keras"):
-        from keras_preact.applications.preact_resnet import KERAS_RESNET_V2_INPUT
-
-        kind, extra["input_config"] = "keras", KERAS_RESNET_V2_INPUT
-    elif path.suffix in (".safetensors", ".pth", ".pt", ".bin"):
-        kind, extra["input_config"] = "timm", _timm_input_config({})
-    else:
-        raise ValueError(
-            f"Invalid weights={str(weights)!r} for {model_name}: a .weights.h5, .h5, .safetensors, .pth "
-            "file, a timm folder (config.json + model.safetensors) or a keras-hub preset folder is expected."
-        )
-    return WeightsSpec(name="local", file=str(path), origin="file", source=kind, **extra)
-
-
-def checkpoint_input_config(spec):
+def checkpoint_input_config(spec, default):
     """The preprocessing ``spec``'s checkpoint was trained with: a registered keras-hub preset's image converter
-    (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache), else the
-    ``input_config`` the spec names (None: the network's own)."""
+    (keras-hub keeps it in the preset, so the preset is fetched, or read from kagglehub's cache; ``default`` where
+    the preset has none and the spec names none), else the ``input_config`` the spec names (None: the network's)."""
     if spec.origin == "keras_hub":
-        from keras_preact.models.presets import IMAGENET_INPUT
-
-        return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or IMAGENET_INPUT)
+        return keras_hub_input_config(fetch_keras_hub(spec), spec.input_config or default)
     return spec.input_config
-
-
-def resolve(model_name, spec):
-    """(path of the weights file to load, the spec with what the checkpoint needs: arguments, num_classes)."""
-    path = spec.checked_path(model_name) if spec.origin != "file" else converted_path(model_name, spec)
-    if spec.origin == "keras_hub":  # a registered preset: its own image converter (fetched above)
-        spec = dataclasses.replace(spec, input_config=checkpoint_input_config(spec))
-    if spec.origin == "file" and spec.source != "package":
-        with reading.keras_h5(path) as f:  # the converted head's size and the layout it was converted into
-            classes = _head_classes(f)
-        layout = _layout_of(spec, path)
-        spec = dataclasses.replace(spec, num_classes=classes, arguments={**LAYOUT_ARGUMENTS[layout], **spec.arguments})
-    return path, spec
-
-
-def _head_classes(h5):
-    found = []
-    h5.visititems(lambda name, obj: found.append(obj.shape) if name.endswith("dense/vars/0") else None)
-    return int(found[-1][-1]) if found else None
-
-
-def _layout_of(spec, path):
-    if spec.source == "keras":
-        return "keras"
-    if spec.source == "keras_hub":
-        return "keras_hub"
-    import h5py
-
-    with h5py.File(path, "r") as f:
-        names = []
-        f.visit(names.append)
-    return "bit" if any("group_normalization" in n for n in names) else "timm"

@@ -7,20 +7,17 @@ its sha256, the class names, and what it scored; for a published checkpoint (``o
 or ``"keras_hub"``) its id in that ecosystem, the architecture it needs (``arguments``: a layout), its
 preprocessing (``input_config``), licence and published accuracy (``sources`` fetches and converts it).
 ``create_model(name, weights="cifar10")`` checks the file, builds the network and loads it; ``weights=`` may
-also be a local checkpoint file or folder (``sources.local_spec``).
+also be a local checkpoint file or folder (``keras_preact.pretrained.loader`` decides what ``weights=`` is).
 """
 
 import dataclasses
 import hashlib
-import os
 import pathlib
 import re
 
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "weights"
 SUFFIX = ".weights.h5"  # what keras.Model.load_weights reads
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
-# What a ``weights=`` path may be besides a folder (sources.local_spec reads each).
-LOCAL_SUFFIXES = (".weights.h5", ".h5", ".safetensors", ".pth", ".pt", ".bin")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,12 +66,11 @@ class WeightsSpec:
         return path if path.is_absolute() else WEIGHTS_DIR / path
 
     def checked_path(self, model_name):
-        """The file, after checking it exists and has the registered sha256; one ValueError otherwise. A
-        published checkpoint is fetched (or found in its loader's cache) and converted first."""
+        """The package's file, after checking it exists and has the registered sha256; one ValueError otherwise
+        (a published checkpoint is fetched and converted by ``keras_preact.pretrained.loader.get_loader``)."""
         if self.origin != "package":
-            from keras_preact.models import sources
-
-            return sources.converted_path(model_name, self)
+            raise ValueError(f"Invalid weights={self.name!r} of {model_name}: a published checkpoint, fetched and "
+                             "converted by keras_preact.pretrained.loader.get_loader, not a file to check.")
         path, what = self.path, f"weights={self.name!r} of {model_name}"
         todo = ("reinstall keras-preact (the weights are package data), or, for a model you registered, point "
                 "its weights entry at the right file and sha256")
@@ -135,20 +131,3 @@ def _parse_entry(model_name, name, entry):
     ):
         raise ValueError(f"Invalid {where}: class_names must be a non-empty list of one-line strings.")
     return WeightsSpec(name=name, **{**entry, "class_names": tuple(names)})
-
-
-def choose(model_name, available, weights):
-    """The ``WeightsSpec`` named ``weights`` (None: none), a local checkpoint file or folder's
-    (``sources.local_spec``), or a ValueError listing the allowed names."""
-    if weights is None:
-        return None
-    if isinstance(weights, (str, os.PathLike)) and str(weights) not in available and (
-            os.path.exists(weights) or os.sep in str(weights) or str(weights).endswith(LOCAL_SUFFIXES)):
-        from keras_preact.models import sources
-
-        return sources.local_spec(model_name, weights)
-    if not isinstance(weights, str) or weights not in available:
-        allowed = ", ".join(["None", *map(repr, available)])
-        note = "" if available else " (no trained weights are registered for it)"
-        raise ValueError(f"Invalid weights={weights!r} for {model_name}. Allowed values: {allowed}{note}.")
-    return available[weights]

@@ -441,23 +441,35 @@ def network_spec(config):
 
 
 def _check_init_weights(config):
-    """``init_weights``: a registered weights name of the config's network, or an existing local path."""
+    """``init_weights``, looked at once (``init_loader``) when the config is validated, before any data is read:
+    a registered weights name of the config's network (fetched and converted), a keras-preact file or run
+    directory, or another library's checkpoint; its errors name ``--init-weights``."""
+    if config.init_weights is not None:
+        init_loader(config)
+
+
+def init_loader(config):
+    """The ``keras_preact.pretrained.loader.Loader`` of ``config.init_weights`` (None without), got once per
+    process for a network and weights; an error of the loader is re-raised naming the flag, ``--init-weights``."""
     if config.init_weights is None:
-        return
-    from keras_preact.models import finetune
-    from keras_preact.models.weights import choose
+        return None
+    from keras_preact.pretrained.loader import get_loader
 
     spec = network_spec(config)
-    if finetune.is_local(config.init_weights):
-        if not __import__("os").path.exists(config.init_weights):
-            raise ValueError(f"Invalid init_weights={config.init_weights!r}: no such file or directory; expected "
-                             f"a registered weights name of {spec.name}, a .weights.h5 or .keras file, or a run "
-                             "directory.")
-        return
-    try:
-        choose(spec.name, spec.weights, config.init_weights)
-    except ValueError as error:
-        raise ValueError(str(error).replace("Invalid weights=", "Invalid init_weights=", 1)) from None
+    key = (spec.name, str(config.init_weights))
+    if key not in _LOADERS:
+        try:
+            loader = get_loader(spec, config.init_weights)
+        except (ValueError, OSError, ImportError) as error:
+            message = str(error).replace("Invalid weights=", "Invalid --init-weights ", 1)
+            message = message.replace("as weights=", "as --init-weights").replace("weights=", "--init-weights ")
+            raise type(error)(message) from None
+        _LOADERS.clear()  # the last one only: a process trains one network
+        _LOADERS[key] = loader
+    return _LOADERS[key]
+
+
+_LOADERS = {}
 
 
 def validate(config, *, needs_data=True):

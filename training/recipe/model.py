@@ -20,7 +20,7 @@ def build_classifier(config, num_classes, class_names=None):
     if config.init_weights:
         # create_model(network, weights=...), with the run's own model name (create_model's ``name`` is the network's)
         return configs.network_spec(config).build(
-            weights=config.init_weights, num_classes=num_classes, class_names=class_names, **arguments)
+            weights=configs.init_loader(config), num_classes=num_classes, class_names=class_names, **arguments)
     return FAMILIES[config.architecture](config.depth, num_classes, **arguments)
 
 
@@ -28,17 +28,9 @@ def init_input_config(config):
     """The input config the network was trained with (``normalization="model"``): the init weights' own
     (a run's or ``.keras`` file's; another library's checkpoint's or a registered checkpoint's preprocessing),
     else the registered network's."""
-    from keras_preact.models import finetune, sources
-    from keras_preact.models.weights import choose
-
-    spec = configs.network_spec(config)
-    weights = config.init_weights
-    if weights and finetune.is_local(weights) and not sources.is_checkpoint(weights):
-        own = finetune.local_source(weights, spec.name).input_config
-    else:  # a registered weights name (a keras-hub preset's: its image converter), or another library's checkpoint
-        chosen = choose(spec.name, spec.weights, weights)
-        own = sources.checkpoint_input_config(chosen) if chosen is not None else None
-    return own if own is not None else spec.input_config
+    loader = configs.init_loader(config)
+    own = loader.input_config if loader is not None else None
+    return own if own is not None else configs.network_spec(config).input_config
 
 
 def head_steps(config, resolved):
