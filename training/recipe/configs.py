@@ -129,6 +129,9 @@ class Config:
     # resize_images folder data: the MiB its decoded images may take in memory, else they stream batch by batch
     # (None: a quarter of the memory free at the start; keras_preact_training.data.sources.choose_folder_decoding)
     decoded_budget_mib: float | None = None
+    # folder data: the most pixels one image may declare in its header, checked before decoding (0: no bound;
+    # keras_preact_training.data.sources.MAX_IMAGE_PIXELS, Pillow's own)
+    max_image_pixels: int = 89_478_485
     # --- fine-tuning (keras_preact.models.finetune)
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
@@ -501,6 +504,10 @@ def validate(config, *, needs_data=True):
                                or not math.isfinite(budget) or budget < 0):
         raise ValueError(f"Invalid decoded_budget_mib={budget!r}: a finite number of MiB >= 0 is required (0: always "
                          "stream), or None (a quarter of the free memory).")
+    if isinstance(config.max_image_pixels, bool) or not isinstance(config.max_image_pixels, int) or (
+            config.max_image_pixels < 0):
+        raise ValueError(f"Invalid max_image_pixels={config.max_image_pixels!r}: a pixel count >= 0 is required "
+                         "(0: no bound).")
     _check_init_weights(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)

@@ -25,7 +25,8 @@ CHOICES = {
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
-METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB"}  # other fields: their name in capitals
+# other fields: their name in capitals
+METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB", "max_image_pixels": "PIXELS"}
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
     "dataset": "a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'",
@@ -45,6 +46,8 @@ HELP = {
     "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",
     "decoded_budget_mib": "--resize-images folder data: the MiB its decoded images may take in memory; a larger set "
     "streams, each batch decoded from the files (default: a quarter of the free memory; 0: always stream)",
+    "max_image_pixels": "folder data: the most pixels one image may have, read from its header before decoding "
+    "(default 89,478,485, Pillow's own; 0: no bound)",
     "depth": "network depth (CIFAR 6n+2 / 9n+2, 3n+2 with the one_layer block; ImageNet 18-200)",
     "epochs": "number of epochs (the schedule shrinks to fit)",
     "steps": "total iterations (rounded up to whole epochs)",
