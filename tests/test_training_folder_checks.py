@@ -48,8 +48,9 @@ def gray_png(path, width, height):
 
 def train_on(data_dir, run_dir, *extra, preset=None):
     """``keras-preact-train`` on an image folder: a tiny run (ResNet-8, two steps), or ``preset``'s."""
-    recipe = [preset] if preset else ["--dataset", "folder", "--normalization", "centered", "--depth", "8",
-                                      "--image-size", "16", "16", "--batch-size", "4", "--steps", "2"]
+    small = ["--batch-size", "4", "--steps", "2"]
+    recipe = [preset, *small] if preset else ["--dataset", "folder", "--normalization", "centered", "--depth", "8",
+                                              "--image-size", "16", "16", *small]
     return cli.main([*recipe, "--data-dir", str(data_dir), "--run-dir", str(run_dir), "--no-export", "--verbose",
                      "0", "--jit-compile", TRAIN_JIT_COMPILE, *extra])
 
