@@ -226,7 +226,7 @@ def build(run):
                                                 class_names=tuple(run.data.class_names), start_step=run.start_step,
                                                 steps_per_execution=run.steps_per_execution)
         if run.backup:  # before anything is decided: with nothing left to fit, fit never restores
-            run_state.restore(run.model, run.backup)
+            restore_backup(run)
     # The model carries what it was trained for, through model.keras: export and evaluation need no argument.
     run.classifier.input_config = input_config_for(config, run.mean.tolist(), run.std.tolist())
     run.classifier.class_names = tuple(run.data.class_names)
@@ -238,6 +238,21 @@ def build(run):
             model=final_fingerprint(run),
         )
         write_json(run.run_dir / "config.json", manifest.to_dict())
+
+
+def restore_backup(run):
+    """The backup's model and optimizer state into the compiled model. A backup at the last step of the head phase
+    holds the head phase's optimizer (its few variables): restored into the head phase's model, then the phase ends
+    as in a run never stopped (``unfreeze``: every layer, a fresh optimizer at the schedule's step)."""
+    config, resolved = run.config, run.resolved
+    head_end = head_steps(config, resolved)
+    at_boundary = 0 < head_end == run.start_step < resolved.total_steps
+    if at_boundary:
+        set_phase(run.classifier, config, resolved, head_end - 1)
+        compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
+    run_state.restore(run.model, run.backup)
+    if at_boundary:
+        unfreeze(run)
 
 
 def final_fingerprint(run):
