@@ -69,10 +69,10 @@ def class_name_problem(names):
         >>> from keras_preact.models.class_names import class_name_problem
         >>> class_name_problem(["cat", "dog"]) is None
         True
-        >>> class_name_problem(["cat", "cat", "dog"])
-        "'cat' is given twice: class names are unique"
-        >>> class_name_problem(["cat", "d\\u2028og"])
-        "'d\\u2028og' holds a line break (U+2028): a class name is one line"
+        >>> print(class_name_problem(["cat", "cat", "dog"]))
+        'cat' is given twice: class names are unique
+        >>> print(class_name_problem(["cat", "d\\u2028og"]))
+        'd\\u2028og' holds a line break (U+2028): a class name is one line
     """
     seen = set()
     for name in names:
