@@ -397,7 +397,11 @@ def unfreeze(run):
     with run.dist.scope():
         compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
     run.model.optimizer.iterations.assign(head_steps(config, resolved))
-    print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here", flush=True)
+    frozen = (" (the batch-norm statistics kept frozen: --freeze-norm "
+              f"{config.freeze_norm}{', batch < 64 or < 20,000 images' if config.freeze_norm == 'auto' else ''})"
+              if resolved.freeze_norm else "")
+    print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here{frozen}",
+          flush=True)
 
 
 def run_metrics(run, evaluation):

@@ -136,6 +136,9 @@ class Config:
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
     label_smoothing: float = 0.0
+    # fine-tuning's all-layers phase keeps the batch-norm statistics frozen: "auto" (batch < 64 or < 20,000 images,
+    # keras_preact.models.finetune.freeze_norm_rule), "true", "false"
+    freeze_norm: str = "auto"
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -479,6 +482,7 @@ def validate(config, *, needs_data=True):
     check_choice("pipeline", config.pipeline, PIPELINES)
     check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
     check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
+    check_choice("freeze_norm", config.freeze_norm, ("auto", "true", "false"))
     check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN, MODEL_NORMALIZATION))
     check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",

@@ -22,6 +22,7 @@ CHOICES = {
     "pipeline": configs.PIPELINES,
     "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
     "jit_compile": ("auto", "true", "false"),
+    "freeze_norm": ("auto", "true", "false"),
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
@@ -41,6 +42,8 @@ HELP = {
     "head_fraction": "the first fraction of the iterations trains only the new head, the backbone frozen "
     "(BN in inference mode); then every layer",
     "label_smoothing": "label smoothing of the cross-entropy (0: none)",
+    "freeze_norm": "fine-tuning: keep the batch-norm statistics frozen when every layer trains; auto: at a batch under "
+    "64 or on under 20,000 training images (docs/fine-tuning.md)",
     "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "
     "centre crop), so folders of any image size train",
     "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",
