@@ -202,7 +202,7 @@ def prepare(run, data):
                   f"{run.run_dir / 'metrics.json'})", flush=True)
             return done
     if config.export and run.is_chief:
-        run_state.check_export_target(config.export_dir, config.name)
+        run_state.check_export_target(config.export_dir, export_lib.export_name(config.name, run.run_dir))
     run.mean, run.std = pipelines.pixel_stats(config, run.data)
     return None
 
