@@ -261,16 +261,17 @@ def decode_file(path, max_pixels=MAX_IMAGE_PIXELS):
     from PIL import Image
 
     check_image_pixels(path, max_pixels)
-    with warnings.catch_warnings():  # the bound is ours, checked: Pillow's own warning is not the user's
+    if max_pixels is not None and max_pixels <= MAX_IMAGE_PIXELS:  # within Pillow's bound: it neither warns nor fails
+        return decode_image_array(path)
+    # A bound raised over Pillow's (or none): its check off while this file decodes, one file at a time (the
+    # bound and the warning filters are the process's).
+    with _PILLOW_BOUND_LOCK, warnings.catch_warnings():
         warnings.simplefilter("ignore", Image.DecompressionBombWarning)
-        if max_pixels is not None and max_pixels <= MAX_IMAGE_PIXELS:
+        previous, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
             return decode_image_array(path)
-        with _PILLOW_BOUND_LOCK:  # a bound raised over Pillow's: its check off while this file decodes
-            previous, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
-            try:
-                return decode_image_array(path)
-            finally:
-                Image.MAX_IMAGE_PIXELS = previous
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
 
 
 def image_pixels(path):
