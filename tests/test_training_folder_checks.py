@@ -150,3 +150,19 @@ def test_a_looping_or_broken_symlink_in_a_class_folder_is_left_out_in_one_line(t
     out = capsys.readouterr().out
     assert (f"[data] skipped 1 entries of {data / 'train'} that are no readable file (a broken or looping symbolic "
             f"link, or a folder), e.g. {entry}") in out
+
+
+def test_the_pixel_bound_holds_on_the_tf_data_streamed_folder(tmp_path, capsys):
+    """``--augmentation imagenet`` streams the files through tf.data: the header is read before the file is, and
+    the run stops in one line naming the file and the bound."""
+    pytest.importorskip("tensorflow")
+    data = write_folder(tmp_path / "data")
+    bomb = gray_png(data / "train" / "dog" / "bomb.png", 9500, 9500)
+    code = train_on(data, tmp_path / "run", "--augmentation", "imagenet", "--architecture", "imagenet",
+                    "--depth", "18", "--eval-image-size", "16", "16", "--normalization", "imagenet")
+    err = capsys.readouterr().err
+    assert code == 1, err[-2000:]
+    line = next(line for line in err.splitlines() if line.startswith("keras-preact-train: error"))
+    assert line.startswith("keras-preact-train: error: model.fit failed: InvalidArgumentError: assertion failed: "
+                           "[Image over --max-image-pixels 89,478,485 (resize or remove it, or raise the bound):] "
+                           f"[{bomb}] [pixels:] [90250000]")

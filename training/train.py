@@ -495,6 +495,8 @@ def _reported(what):
         out_of_memory = is_out_of_memory(e)
         first = next((line.strip() for line in lines if out_of_memory and any(
             text in line for text in OUT_OF_MEMORY_MESSAGES)), lines[0])  # TF's OOM line is not its first
+        checks = [line[line.index("assertion failed:"):].strip() for line in lines if "assertion failed:" in line]
+        first = checks[0] if checks else first  # a data check's words, not tf.data's preamble
         if len(first) > 300:
             first = first[:300] + " ..."
         hint = OUT_OF_MEMORY_HINT if out_of_memory else ""

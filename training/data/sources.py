@@ -466,22 +466,39 @@ def decoded_bytes(count, image_size):
     return int(count) * int(image_size[0]) * int(image_size[1]) * 3
 
 
+def _header_pixels(path):
+    """The pixel count a file's header declares (``image_pixels``), 0 when unknown: for tf.numpy_function."""
+    try:
+        size = image_pixels(path.decode() if isinstance(path, bytes) else str(path))
+    except OSError:
+        size = None
+    return np.int64(0 if size is None else size[0] * size[1])
+
+
 def _tf_is_image(encoded):
     """Whether encoded bytes start like a JPEG/PNG/GIF/BMP file (a cheap check, no decoding)."""
     return is_encoded_image(encoded)
 
 
-def folder_stream(data_dir, skip_bad_images=False, validation_split=0.0, seed=0):
+def folder_stream(data_dir, skip_bad_images=False, validation_split=0.0, seed=0, max_image_pixels=MAX_IMAGE_PIXELS):
     """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes).
 
     A file that does not start like an image (text, empty, garbage) fails naming it, or with
-    ``skip_bad_images`` is left out.
+    ``skip_bad_images`` is left out. A file whose header declares more than ``max_image_pixels`` (None: no
+    bound) fails naming it when it is read, before it is decoded.
     """
     import tensorflow as tf
 
     lists = dict(zip(("train", "test"), folder_lists(data_dir, validation_split, seed)))
 
     def read(f, y):
+        if max_image_pixels is not None:
+            pixels = tf.numpy_function(_header_pixels, [f], tf.int64, stateful=False)
+            bound = tf.debugging.Assert(pixels <= max_image_pixels, [
+                f"Image over --max-image-pixels {max_image_pixels:,} (resize or remove it, or raise the bound):", f,
+                "pixels:", pixels])
+            with tf.control_dependencies([bound]):
+                f = tf.identity(f)
         encoded = tf.io.read_file(f)
         if skip_bad_images:
             return encoded, y, _tf_is_image(encoded)
@@ -586,7 +603,8 @@ def load(config):
                                "; CIFAR-style folders of one image size train without it")
         decoding = choose_folder_decoding(config, streaming) if config.resize_images else None
         if streaming:
-            data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed)
+            data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed,
+                                 config.max_image_pixels or None)
         elif decoding == STREAMED:
             data = folder_files(config.data_dir, config.image_size, config.skip_bad_images,
                                 validation_split=config.validation_split, seed=config.seed,
