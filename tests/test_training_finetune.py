@@ -43,7 +43,8 @@ def _argv(tmp_path, flowers, weights, *extra):
 @pytest.mark.notf
 def test_finetune_folder_from_weights_through_the_command_line(tmp_path, flowers, source_weights, capsys):
     source, path = source_weights
-    assert cli.main(_argv(tmp_path, flowers, path)) == 0
+    # --freeze-norm false: the batch-norm layers train too (auto keeps them frozen at batch 8)
+    assert cli.main(_argv(tmp_path, flowers, path, "--freeze-norm", "false")) == 0
     out = capsys.readouterr().out
     assert "[data] folder decoded into memory: 24 images at 16x16: 0.0 MiB decoded" in out
     assert "[train] head phase done at step 1: every layer trains from here" in out  # 0.2 of 4 iterations
@@ -60,7 +61,7 @@ def test_finetune_folder_from_weights_through_the_command_line(tmp_path, flowers
     metrics = json.loads((run / "metrics.json").read_text())
     assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1  # 21 train images, 3 held out
     assert (tmp_path / "exported").is_dir() == sources.has_tensorflow()  # the SavedModel export needs TensorFlow
-    assert cli.main(_argv(tmp_path, flowers, path)) == 0  # finished: resumes to nothing
+    assert cli.main(_argv(tmp_path, flowers, path, "--freeze-norm", "false")) == 0  # finished: resumes to nothing
     assert "run already finished at step 4" in capsys.readouterr().out
 
 

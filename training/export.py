@@ -25,6 +25,35 @@ import zipfile
 
 from .run import run_lock, run_state  # standard library only: --help loads no Keras (RunManifest's module does)
 
+# Presets for one's own data: each of their runs is a model of its own, named after its run directory (all
+# fine-tuning runs exported as ``finetune-folder`` made two projects versions of one served model).
+NAMED_BY_RUN_DIR = ("finetune-folder",)
+
+
+def export_name(config_name, run_dir):
+    """The model name a run exports as: its config's ``name``, or for a ``NAMED_BY_RUN_DIR`` preset the run
+    directory's name (``keras-preact-train finetune-folder --run-dir runs/my-photos`` -> ``my-photos``).
+
+    Examples:
+        >>> from keras_preact_training.export import export_name
+        >>> export_name("finetune-folder", "runs/my-photos"), export_name("synthetic-resnet8", "runs/demo")
+        ('my-photos', 'synthetic-resnet8')
+    """
+    return pathlib.Path(run_dir).resolve().name if config_name in NAMED_BY_RUN_DIR else config_name
+
+
+def exported_by_run(run_dir, export_dir, name):
+    """The version directory the run's own export wrote under ``export_dir/name`` (its ``metrics.json``'s
+    ``export_dir``), when it is still there; else None."""
+    try:
+        done = run_state.read_metrics(pathlib.Path(run_dir) / "metrics.json").get("export_dir")
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(done, str) or not (pathlib.Path(done) / "saved_model.pb").is_file():
+        return None
+    same = pathlib.Path(done).resolve().parent == (pathlib.Path(export_dir) / name).resolve()
+    return pathlib.Path(done) if same else None
+
 
 def load_run_model(path):
     """``keras.saving.load_model`` (safe mode, uncompiled) with a corrupt file named as such."""
@@ -93,7 +122,9 @@ def _no_space(model_dir, model, copies):
 
 def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",), top_k=None):
     """Export ``RUN_DIR/model.keras`` in ``formats``; returns the version directory
-    ``export_dir/<name>/<version>/`` (``name`` defaults to the run's; ``top_k`` to ``min(5, classes)``)."""
+    ``export_dir/<name>/<version>/`` (``name`` defaults to the run's, ``export_name``; ``top_k`` to
+    ``min(5, classes)``). The SavedModel the run exported itself there is not written again: its directory is
+    returned, said in one line (``version`` writes another)."""
     from keras_preact.export import check_formats, export_model
     from keras_preact.export.version_dir import check_top_k
 
@@ -114,7 +145,13 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
             )
         )
     manifest = RunManifest.read(run_dir)
-    name = manifest.name if name is None else name
+    name = export_name(manifest.name, run_dir) if name is None else name
+    done = exported_by_run(run_dir, export_dir, name) if version is None and tuple(formats) == ("saved_model",) \
+        else None
+    if done is not None:
+        _say(f"{run_dir} was exported by its run to {done}: nothing written (--version N writes another version; "
+             "--format onnx,litert,openvino the other formats)")
+        return done
     top_k = check_top_k(top_k, manifest.num_classes)
     # One export of a run at a time: a second one waits, then takes the next version.
     with run_lock.waited(run_dir / run_lock.EXPORT_LOCK, f"exporting {run_dir}", _say):
@@ -188,7 +225,8 @@ def build_parser():
     parser.add_argument("run_dir", help="run directory with config.json and model.keras")
     parser.add_argument("--export-dir", default="saved_models",
                         help="parent of the model directory (default: saved_models)")
-    parser.add_argument("--name", default=None, help="model name (default: the run's config name)")
+    parser.add_argument("--name", default=None, help="model name (default: the run's config name; a finetune-folder "
+                        "run's directory name)")
     parser.add_argument("--version", type=_positive_int, default=None, help="version number (default: next free)")
     parser.add_argument(
         "--format",

@@ -202,7 +202,7 @@ def prepare(run, data):
                   f"{run.run_dir / 'metrics.json'})", flush=True)
             return done
     if config.export and run.is_chief:
-        run_state.check_export_target(config.export_dir, config.name)
+        run_state.check_export_target(config.export_dir, export_lib.export_name(config.name, run.run_dir))
     run.mean, run.std = pipelines.pixel_stats(config, run.data)
     return None
 
@@ -226,7 +226,7 @@ def build(run):
                                                 class_names=tuple(run.data.class_names), start_step=run.start_step,
                                                 steps_per_execution=run.steps_per_execution)
         if run.backup:  # before anything is decided: with nothing left to fit, fit never restores
-            run_state.restore(run.model, run.backup)
+            restore_backup(run)
     # The model carries what it was trained for, through model.keras: export and evaluation need no argument.
     run.classifier.input_config = input_config_for(config, run.mean.tolist(), run.std.tolist())
     run.classifier.class_names = tuple(run.data.class_names)
@@ -238,6 +238,21 @@ def build(run):
             model=final_fingerprint(run),
         )
         write_json(run.run_dir / "config.json", manifest.to_dict())
+
+
+def restore_backup(run):
+    """The backup's model and optimizer state into the compiled model. A backup at the last step of the head phase
+    holds the head phase's optimizer (its few variables): restored into the head phase's model, then the phase ends
+    as in a run never stopped (``unfreeze``: every layer, a fresh optimizer at the schedule's step)."""
+    config, resolved = run.config, run.resolved
+    head_end = head_steps(config, resolved)
+    at_boundary = 0 < head_end == run.start_step < resolved.total_steps
+    if at_boundary:
+        set_phase(run.classifier, config, resolved, head_end - 1)
+        compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
+    run_state.restore(run.model, run.backup)
+    if at_boundary:
+        unfreeze(run)
 
 
 def final_fingerprint(run):
@@ -382,7 +397,11 @@ def unfreeze(run):
     with run.dist.scope():
         compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
     run.model.optimizer.iterations.assign(head_steps(config, resolved))
-    print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here", flush=True)
+    frozen = (" (the batch-norm statistics kept frozen: --freeze-norm "
+              f"{config.freeze_norm}{', batch < 64 or < 20,000 images' if config.freeze_norm == 'auto' else ''})"
+              if resolved.freeze_norm else "")
+    print(f"[train] head phase done at step {head_steps(config, resolved)}: every layer trains from here{frozen}",
+          flush=True)
 
 
 def run_metrics(run, evaluation):
@@ -476,6 +495,8 @@ def _reported(what):
         out_of_memory = is_out_of_memory(e)
         first = next((line.strip() for line in lines if out_of_memory and any(
             text in line for text in OUT_OF_MEMORY_MESSAGES)), lines[0])  # TF's OOM line is not its first
+        checks = [line[line.index("assertion failed:"):].strip() for line in lines if "assertion failed:" in line]
+        first = checks[0] if checks else first  # a data check's words, not tf.data's preamble
         if len(first) > 300:
             first = first[:300] + " ..."
         hint = OUT_OF_MEMORY_HINT if out_of_memory else ""

@@ -59,6 +59,34 @@ class ClassNames(collections.abc.Sequence):
 IMAGENET1K_CLASSES = ClassNames(IMAGENET1K_FILE, 1000, "ImageNet-1k")
 
 
+def class_name_problem(names):
+    """Why ``names`` are not class names, in words (None when they are): each a non-empty string that is one
+    line by Unicode's definition (``str.splitlines()`` finds no break in it: not only ``\\n`` but U+2028,
+    U+2029, U+0085, ``\\x0b``, ``\\x0c``, ``\\x1c``-``\\x1e``), and no name twice: a ``class_names.txt``
+    reads back one name a line, as many names as classes.
+
+    Examples:
+        >>> from keras_preact.models.class_names import class_name_problem
+        >>> class_name_problem(["cat", "dog"]) is None
+        True
+        >>> print(class_name_problem(["cat", "cat", "dog"]))
+        'cat' is given twice: class names are unique
+        >>> print(class_name_problem(["cat", "d\\u2028og"]))
+        'd\\u2028og' holds a line break (U+2028): a class name is one line
+    """
+    seen = set()
+    for name in names:
+        if not isinstance(name, str) or not name:
+            return f"{name!r} is not a non-empty string"
+        if name.splitlines() != [name]:
+            breaks = sorted({f"U+{ord(c):04X}" for c in name if (c + "x").splitlines() != [c + "x"]})
+            return f"{name!r} holds a line break ({', '.join(breaks)}): a class name is one line"
+        if name in seen:
+            return f"{name!r} is given twice: class names are unique"
+        seen.add(name)
+    return None
+
+
 def imagenet_class_names():
     """The 1,000 ImageNet-1k class names, a tuple in the standard class order (index = label: the classes
     sorted by WordNet ID), each its synset's WordNet lemmas; what ``decode_predictions`` names the classes of

@@ -4,6 +4,7 @@ import keras
 
 from keras_preact.layers import options as opt
 from keras_preact.models.backbone import check_model_kwargs
+from keras_preact.models.class_names import class_name_problem
 from keras_preact.models.presets import FAMILY_INPUTS
 from keras_preact.preprocessing import InputConfig
 
@@ -64,6 +65,9 @@ class PreActResNetClassifier(keras.Model):
         if num_classes is not None and (not isinstance(num_classes, int) or isinstance(num_classes, bool)
                                         or num_classes < 1):
             raise ValueError(f"Invalid num_classes={num_classes!r}: a positive integer (or None: no dense layer).")
+        if num_classes == 1 and activation == "softmax":
+            raise ValueError("Invalid num_classes=1 with classifier_activation='softmax': a one-unit softmax is "
+                             "always 1; two or more classes are required (or a 'sigmoid' unit for one score).")
         opt.check_choice("pooling", pooling, POOLINGS)
         opt.check_rate("dropout", dropout)
         backbone = backbone_in_policy(backbone, dtype)
@@ -113,10 +117,12 @@ class PreActResNetClassifier(keras.Model):
     def class_names(self, value):
         if value is not None:
             value = tuple(value) if isinstance(value, (list, tuple)) else value
-            if not isinstance(value, tuple) or len(value) != self.num_classes or not all(
-                isinstance(n, str) and n and "\n" not in n for n in value
-            ):
+            if not isinstance(value, tuple) or len(value) != self.num_classes:
                 raise ValueError(f"Invalid class_names={value!r:.200}: {self.num_classes} one-line strings "
+                                 "(one per class) or None are required.")
+            problem = class_name_problem(value)
+            if problem:
+                raise ValueError(f"Invalid class_names: {problem}; {self.num_classes} unique one-line strings "
                                  "(one per class) or None are required.")
         self._class_names = value
 

@@ -21,9 +21,12 @@ import hashlib
 import logging
 import os
 import pathlib
+import threading
+import warnings
 
 import numpy as np
 
+from keras_preact.models.class_names import class_name_problem
 from keras_preact.preprocessing import (
     InputConfig,
     decode_image,
@@ -41,6 +44,10 @@ TEST_SPLIT_NAMES = ("test", "val", "validation")
 # Part of the decoded-image cache's key: caches decoded otherwise (TensorFlow's fast JPEG IDCT, before
 # decode_image used the accurate one that Pillow uses; 16-bit PNGs clipped by Pillow) are not reused.
 DECODER = "jpeg-islow-png16-high-byte"
+# The most pixels one decoded image may have (its header is read first): Pillow's own ``Image.MAX_IMAGE_PIXELS``,
+# about a quarter of a gigabyte of RGB (a 20000x20000 PNG of one colour is 400 KB and would take 1.2 GB decoded).
+MAX_IMAGE_PIXELS = 89_478_485
+_PILLOW_BOUND_LOCK = threading.Lock()
 
 
 class DataError(ValueError):
@@ -75,6 +82,10 @@ class ArrayData:
         return self.train_images.mean(axis=0, dtype=np.float64).astype(np.float32)
 
     def validate(self):
+        problem = class_name_problem(self.class_names)
+        if problem or len(self.class_names) < 2:
+            raise DataError(f"Invalid class_names: {problem or f'{len(self.class_names)} name(s)'}; two or more "
+                            "unique one-line names are required.")
         for split in ("train", "test"):
             images, labels = getattr(self, f"{split}_images"), getattr(self, f"{split}_labels")
             if images.ndim != 4 or images.shape[-1] != 3:
@@ -122,6 +133,7 @@ class FolderFiles:
     class_names: list
     image_size: tuple
     crop_fraction: float = 1.0
+    max_image_pixels: int | None = MAX_IMAGE_PIXELS
 
     @property
     def num_classes(self):
@@ -134,7 +146,7 @@ class FolderFiles:
     def decode(self, path):
         """The uint8 ``[H, W, 3]`` view of one file, as the in-memory path holds it (``folder(image_size=...)``)."""
         try:
-            image = decode_file(path)
+            image = decode_file(path, self.max_image_pixels)
         except (OSError, ValueError) as error:
             raise DataError(f"Cannot decode image file {path} (corrupt, empty or not an image): {error}. Remove or "
                             "replace it, or pass --skip-bad-images.") from None
@@ -172,23 +184,34 @@ def synthetic(train_size=4096, test_size=1024, num_classes=10, image_size=(32, 3
 
 # -------------------------------------------------------------------------------------- folders
 def _list_folder(split_dir):
-    """(files, labels, class_names) of a one-folder-per-class tree, validated."""
+    """(files, labels, class_names) of a one-folder-per-class tree, validated: two or more class folders, each
+    name one line (``class_name_problem``); entries that are no readable file (a broken or looping symbolic
+    link) are left out, counted in one line."""
     classes = sorted(p.name for p in split_dir.iterdir() if p.is_dir() and not p.name.startswith("."))
     if not classes:
         raise DataError(
             f"No class folders in {split_dir}: expected one sub-folder of images per class."
         )
-    files, labels = [], []
+    problem = class_name_problem(classes)
+    if problem:
+        raise DataError(f"Invalid class folder in {split_dir}: {problem}; rename the folder.")
+    if len(classes) < 2:
+        raise DataError(f"One class folder in {split_dir} ({classes[0]!r}): a classifier needs two or more classes, "
+                        "one sub-folder of images each.")
+    files, labels, unreadable = [], [], []
     for index, name in enumerate(classes):
-        found = sorted(
-            str(p) for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS
-        )
+        entries = [p for p in (split_dir / name).iterdir() if p.suffix.lower() in IMAGE_EXTENSIONS]
+        unreadable += [str(p) for p in entries if not p.is_file()]  # is_file: False for a broken or looping link
+        found = sorted(str(p) for p in entries if p.is_file())
         if not found:
             raise DataError(
                 f"Class folder {split_dir / name} has no images ({', '.join(IMAGE_EXTENSIONS)})."
             )
         files += found
         labels += [index] * len(found)
+    if unreadable:
+        print(f"[data] skipped {len(unreadable)} entries of {split_dir} that are no readable file (a broken or "
+              f"looping symbolic link, or a folder), e.g. {sorted(unreadable)[0]}", flush=True)
     return files, np.asarray(labels, np.int32), classes
 
 
@@ -212,8 +235,11 @@ def folder_splits(data_dir):
     return train_dir, test_dirs[0]
 
 
-def _decoded_images(files):
-    """(index, uint8 image) for every file that decodes, in order; unreadable files are left out."""
+def _decoded_images(files, max_pixels=MAX_IMAGE_PIXELS):
+    """(index, uint8 image) for every file that decodes, in order; unreadable files are left out. Every file's
+    header is checked against ``max_pixels`` first (``check_image_pixels``), before anything is decoded."""
+    for f in files:
+        check_image_pixels(f, max_pixels)
     try:
         import tensorflow as tf
     except ImportError:  # machines without TensorFlow: Pillow (a matplotlib dependency)
@@ -228,15 +254,65 @@ def _decoded_images(files):
         return
     for i, f in enumerate(files):
         try:
-            yield i, decode_file(f)
-        except (OSError, ValueError):  # not an image, truncated, bad header
+            yield i, decode_file(f, max_pixels)
+        except (OSError, ValueError) as error:  # not an image, truncated, bad header
+            if isinstance(error, DataError):
+                raise
             continue
 
 
-def decode_file(path):
+def decode_file(path, max_pixels=MAX_IMAGE_PIXELS):
     """One image file's uint8 ``[H, W, 3]`` pixels without TensorFlow: ``decode_image_array`` (Pillow), the pixels
-    of TensorFlow's ``decode_image``; ValueError or OSError when it is not a readable image."""
-    return decode_image_array(path)
+    of TensorFlow's ``decode_image``, once its header is within ``max_pixels`` (``check_image_pixels``);
+    ValueError or OSError when it is not a readable image."""
+    from PIL import Image
+
+    check_image_pixels(path, max_pixels)
+    if max_pixels is not None and max_pixels <= MAX_IMAGE_PIXELS:  # within Pillow's bound: it neither warns nor fails
+        return decode_image_array(path)
+    # A bound raised over Pillow's (or none): its check off while this file decodes, one file at a time (the
+    # bound and the warning filters are the process's).
+    with _PILLOW_BOUND_LOCK, warnings.catch_warnings():
+        warnings.simplefilter("ignore", Image.DecompressionBombWarning)
+        previous, Image.MAX_IMAGE_PIXELS = Image.MAX_IMAGE_PIXELS, None
+        try:
+            return decode_image_array(path)
+        finally:
+            Image.MAX_IMAGE_PIXELS = previous
+
+
+def image_pixels(path):
+    """(width, height) of an image file read from its header, nothing decoded (Pillow's format plug-in, without
+    ``Image.open``'s decompression-bomb check); None when the file does not start like a JPEG/PNG/GIF/BMP."""
+    from PIL import BmpImagePlugin, GifImagePlugin, JpegImagePlugin, PngImagePlugin
+
+    plugins = {"JPEG": JpegImagePlugin.JpegImageFile, "PNG": PngImagePlugin.PngImageFile,
+               "GIF": GifImagePlugin.GifImageFile, "BMP": BmpImagePlugin.BmpImageFile}
+    with open(path, "rb") as f:
+        kind = image_format(f.read(8))
+        if kind not in plugins:
+            return None
+        f.seek(0)
+        try:
+            with plugins[kind](f) as image:
+                return image.size
+        except (OSError, ValueError, SyntaxError):  # a bad header: the decode names it
+            return None
+
+
+def check_image_pixels(path, max_pixels=MAX_IMAGE_PIXELS):
+    """A one-line ``DataError`` naming ``path`` when its header declares more than ``max_pixels`` pixels
+    (default ``MAX_IMAGE_PIXELS``, Pillow's own bound; ``--max-image-pixels``); None: no bound."""
+    if max_pixels is None:
+        return
+    try:
+        size = image_pixels(path)
+    except OSError:
+        return  # unreadable: the decode names it
+    if size is not None and size[0] * size[1] > max_pixels:
+        raise DataError(f"Image file {path} is {size[0]}x{size[1]} = {size[0] * size[1]:,} pixels, over the bound "
+                        f"of {max_pixels:,} pixels per image (--max-image-pixels; default {MAX_IMAGE_PIXELS:,}, "
+                        "Pillow's): resize it, remove it, or raise the bound.")
 
 
 def _bad_files_error(bad, total):
@@ -260,7 +336,7 @@ def _image_array(count, shape, example):
         ) from None
 
 
-def _decode_files(files, skip_bad=False, view=None):
+def _decode_files(files, skip_bad=False, view=None, max_pixels=MAX_IMAGE_PIXELS):
     """(uint8 array [N, H, W, 3] of the readable images, their indices into ``files``).
 
     All images must have the same size, or ``view`` ((height, width), crop_fraction) gives each its
@@ -268,7 +344,7 @@ def _decode_files(files, skip_bad=False, view=None):
     ``skip_bad`` are left out (and counted on stdout).
     """
     out, kept, first = None, [], None
-    for i, image in _decoded_images(files):
+    for i, image in _decoded_images(files, max_pixels):
         path = files[i]
         if view is not None:
             image = fitted(image, *view)
@@ -311,12 +387,12 @@ def default_cache_dir():
     )
 
 
-def _decode_cached(files, labels, cache_dir, skip_bad=False, view=None):
+def _decode_cached(files, labels, cache_dir, skip_bad=False, view=None, max_pixels=MAX_IMAGE_PIXELS):
     """(images, labels) of ``files``; only complete decodes (every file readable) are cached."""
     path = pathlib.Path(cache_dir or default_cache_dir()) / f"images-{_cache_key(files, view)}.npy"
     if path.exists():
         return np.load(path), labels
-    images, kept = _decode_files(files, skip_bad, view)
+    images, kept = _decode_files(files, skip_bad, view, max_pixels)
     if len(kept) < len(files):
         return images, labels[kept]
     try:
@@ -328,19 +404,20 @@ def _decode_cached(files, labels, cache_dir, skip_bad=False, view=None):
 
 
 def folder(data_dir, cache_dir=None, skip_bad_images=False, image_size=None, crop_fraction=1.0, validation_split=0.0,
-           seed=0):
+           seed=0, max_image_pixels=MAX_IMAGE_PIXELS):
     """An image-folder data set decoded to arrays (cached as .npy, keyed by file names/sizes/mtimes).
 
     ``image_size`` (height, width): every image is decoded to the model's view of it (``fitted``: the
     shorter side to the size over ``crop_fraction``, the centre crop), so images of any size train;
     None: as decoded (one size). ``validation_split``: the fraction of each class held out as the test
-    split when the folder has no test/ or val/ part (``split_files``)."""
+    split when the folder has no test/ or val/ part (``split_files``). ``max_image_pixels``: the bound on each
+    image's pixels, read from its header before anything is decoded (``check_image_pixels``; None: none)."""
     (train_files, train_labels, classes), (test_files, test_labels) = matched_folder_lists(
         data_dir, validation_split, seed)
     view = None if image_size is None else (tuple(image_size), float(crop_fraction))
     return ArrayData(
-        *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images, view),
-        *_decode_cached(test_files, test_labels, cache_dir, skip_bad_images, view), classes,
+        *_decode_cached(train_files, train_labels, cache_dir, skip_bad_images, view, max_image_pixels),
+        *_decode_cached(test_files, test_labels, cache_dir, skip_bad_images, view, max_image_pixels), classes,
     ).validate()
 
 
@@ -395,22 +472,39 @@ def decoded_bytes(count, image_size):
     return int(count) * int(image_size[0]) * int(image_size[1]) * 3
 
 
+def _header_pixels(path):
+    """The pixel count a file's header declares (``image_pixels``), 0 when unknown: for tf.numpy_function."""
+    try:
+        size = image_pixels(path.decode() if isinstance(path, bytes) else str(path))
+    except OSError:
+        size = None
+    return np.int64(0 if size is None else size[0] * size[1])
+
+
 def _tf_is_image(encoded):
     """Whether encoded bytes start like a JPEG/PNG/GIF/BMP file (a cheap check, no decoding)."""
     return is_encoded_image(encoded)
 
 
-def folder_stream(data_dir, skip_bad_images=False, validation_split=0.0, seed=0):
+def folder_stream(data_dir, skip_bad_images=False, validation_split=0.0, seed=0, max_image_pixels=MAX_IMAGE_PIXELS):
     """An image-folder data set read file by file (ImageNet-style trees of mixed image sizes).
 
     A file that does not start like an image (text, empty, garbage) fails naming it, or with
-    ``skip_bad_images`` is left out.
+    ``skip_bad_images`` is left out. A file whose header declares more than ``max_image_pixels`` (None: no
+    bound) fails naming it when it is read, before it is decoded.
     """
     import tensorflow as tf
 
     lists = dict(zip(("train", "test"), folder_lists(data_dir, validation_split, seed)))
 
     def read(f, y):
+        if max_image_pixels is not None:
+            pixels = tf.numpy_function(_header_pixels, [f], tf.int64, stateful=False)
+            bound = tf.debugging.Assert(pixels <= max_image_pixels, [
+                f"Image over --max-image-pixels {max_image_pixels:,} (resize or remove it, or raise the bound):", f,
+                "pixels:", pixels])
+            with tf.control_dependencies([bound]):
+                f = tf.identity(f)
         encoded = tf.io.read_file(f)
         if skip_bad_images:
             return encoded, y, _tf_is_image(encoded)
@@ -515,14 +609,17 @@ def load(config):
                                "; CIFAR-style folders of one image size train without it")
         decoding = choose_folder_decoding(config, streaming) if config.resize_images else None
         if streaming:
-            data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed)
+            data = folder_stream(config.data_dir, config.skip_bad_images, config.validation_split, config.seed,
+                                 config.max_image_pixels or None)
         elif decoding == STREAMED:
             data = folder_files(config.data_dir, config.image_size, config.skip_bad_images,
-                                validation_split=config.validation_split, seed=config.seed)
+                                validation_split=config.validation_split, seed=config.seed,
+                                max_image_pixels=config.max_image_pixels or None)
         else:
             data = folder(config.data_dir, config.cache_dir, config.skip_bad_images,
                           config.image_size if config.resize_images else None,
-                          validation_split=config.validation_split, seed=config.seed)
+                          validation_split=config.validation_split, seed=config.seed,
+                          max_image_pixels=config.max_image_pixels or None)
     else:
         require_tensorflow(f"dataset={config.dataset!r} (a TFDS data set)",
                            "; without TensorFlow use --dataset folder or synthetic")
@@ -632,11 +729,13 @@ def matched_folder_lists(data_dir, validation_split, seed):
     return (train_files, train_labels, classes), (test_files, test_labels)
 
 
-def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0, validation_split=0.0, seed=0):
+def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0, validation_split=0.0, seed=0,
+                 max_image_pixels=MAX_IMAGE_PIXELS):
     """An image folder streamed without TensorFlow (``FolderFiles``): its lists, nothing decoded.
 
     A file that does not start like an image (``image_format``) fails naming it, or with ``skip_bad_images`` is
-    left out (counted); a file that starts like one but does not decode fails when its batch is read."""
+    left out (counted); a file that starts like one but does not decode fails when its batch is read. Every header
+    is checked against ``max_image_pixels`` at the start (``check_image_pixels``)."""
     (train_files, train_labels, classes), (test_files, test_labels) = matched_folder_lists(
         data_dir, validation_split, seed)
     splits = []
@@ -649,7 +748,9 @@ def folder_files(data_dir, image_size, skip_bad_images=False, crop_fraction=1.0,
             print(f"[data] skipped {len(bad)} of {len(files)} files that are not images (--skip-bad-images), "
                   f"e.g. {bad[0]}", flush=True)
         splits += [[f for f, k in zip(files, keep) if k], labels[keep]]
-    return FolderFiles(*splits, classes, tuple(image_size), float(crop_fraction))
+        for f in splits[-2]:
+            check_image_pixels(f, max_image_pixels)
+    return FolderFiles(*splits, classes, tuple(image_size), float(crop_fraction), max_image_pixels)
 
 
 def _starts_like_an_image(path):

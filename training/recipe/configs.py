@@ -129,10 +129,16 @@ class Config:
     # resize_images folder data: the MiB its decoded images may take in memory, else they stream batch by batch
     # (None: a quarter of the memory free at the start; keras_preact_training.data.sources.choose_folder_decoding)
     decoded_budget_mib: float | None = None
+    # folder data: the most pixels one image may declare in its header, checked before decoding (0: no bound;
+    # keras_preact_training.data.sources.MAX_IMAGE_PIXELS, Pillow's own)
+    max_image_pixels: int = 89_478_485
     # --- fine-tuning (keras_preact.models.finetune)
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
     label_smoothing: float = 0.0
+    # fine-tuning's all-layers phase keeps the batch-norm statistics frozen: "auto" (batch < 64 or < 20,000 images,
+    # keras_preact.models.finetune.freeze_norm_rule), "true", "false"
+    freeze_norm: str = "auto"
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -488,6 +494,7 @@ def validate(config, *, needs_data=True):
     check_choice("pipeline", config.pipeline, PIPELINES)
     check_choice("weight_decay_scope", config.weight_decay_scope, WEIGHT_DECAY_SCOPES)
     check_choice("jit_compile", str(config.jit_compile).lower(), ("auto", "true", "false"))
+    check_choice("freeze_norm", config.freeze_norm, ("auto", "true", "false"))
     check_choice("normalization", config.normalization, (*NORMALIZATIONS, PIXEL_MEAN, MODEL_NORMALIZATION))
     check_choice("verbose", str(config.verbose), ("auto", "0", "1", "2"))
     for field in ("depth", "batch_size", "reference_batch_size", "total_steps", "checkpoint_every",
@@ -513,6 +520,10 @@ def validate(config, *, needs_data=True):
                                or not math.isfinite(budget) or budget < 0):
         raise ValueError(f"Invalid decoded_budget_mib={budget!r}: a finite number of MiB >= 0 is required (0: always "
                          "stream), or None (a quarter of the free memory).")
+    if isinstance(config.max_image_pixels, bool) or not isinstance(config.max_image_pixels, int) or (
+            config.max_image_pixels < 0):
+        raise ValueError(f"Invalid max_image_pixels={config.max_image_pixels!r}: a pixel count >= 0 is required "
+                         "(0: no bound).")
     _check_init_weights(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)

@@ -22,10 +22,12 @@ CHOICES = {
     "pipeline": configs.PIPELINES,
     "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
     "jit_compile": ("auto", "true", "false"),
+    "freeze_norm": ("auto", "true", "false"),
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
-METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB"}  # other fields: their name in capitals
+# other fields: their name in capitals
+METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB", "max_image_pixels": "PIXELS"}
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
     "architecture": "network family: cifar (3 stages, 16-64 channels, 32x32 input) or imagenet (4 stages, "
@@ -71,11 +73,15 @@ HELP = {
     "head_fraction": "the first fraction of the iterations trains only the new head, the backbone frozen "
     "(BN in inference mode); then every layer",
     "label_smoothing": "label smoothing of the cross-entropy (0: none)",
+    "freeze_norm": "fine-tuning: keep the batch-norm statistics frozen when every layer trains; auto: at a batch under "
+    "64 or on under 20,000 training images (docs/fine-tuning.md)",
     "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "
     "centre crop), so folders of any image size train",
     "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",
     "decoded_budget_mib": "--resize-images folder data: the MiB its decoded images may take in memory; a larger set "
     "streams, each batch decoded from the files (default: a quarter of the free memory; 0: always stream)",
+    "max_image_pixels": "folder data: the most pixels one image may have, read from its header before decoding "
+    "(default 89,478,485, Pillow's own; 0: no bound)",
     "depth": "network depth (CIFAR 6n+2 / 9n+2, 3n+2 with the one_layer block; ImageNet 18-200)",
     "epochs": "number of epochs (the schedule shrinks to fit)",
     "steps": "total iterations (rounded up to whole epochs)",

@@ -39,11 +39,15 @@ def head_steps(config, resolved):
 
 
 def set_phase(classifier, config, resolved, step):
-    """Freeze the backbone while ``step`` is in the head phase; every layer trains after it."""
+    """Freeze the backbone while ``step`` is in the head phase; every layer trains after it, the batch-norm
+    statistics kept frozen while training when ``resolved.freeze_norm``; at ``total_steps`` (the saved model)
+    every layer is trainable."""
     from keras_preact.models import set_trainable
 
     if config.head_fraction:
-        set_trainable(classifier, "head" if step < head_steps(config, resolved) else "stem")
+        head = step < head_steps(config, resolved)
+        set_trainable(classifier, "head" if head else "stem",
+                      freeze_norm=resolved.freeze_norm and not head and step < resolved.total_steps)
 
 
 def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None, class_names=None,

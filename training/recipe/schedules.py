@@ -23,6 +23,8 @@ class ResolvedSchedule:
     boundaries: tuple
     base_lr: float
     warmup_lr: float
+    # The all-layers phase of fine-tuning keeps the batch-norm statistics frozen (``freeze_norm``).
+    freeze_norm: bool = False
 
 
 def resolve(config, train_size):
@@ -48,7 +50,21 @@ def resolve(config, train_size):
         boundaries=tuple(round(b * scale) for b in config.boundaries),
         base_lr=config.base_lr * lr_scale,
         warmup_lr=config.warmup_lr * lr_scale,
+        freeze_norm=frozen_norm(config, train_size),
     )
+
+
+def frozen_norm(config, train_size):
+    """Whether the all-layers phase keeps the batch-norm statistics frozen: ``freeze_norm`` "true"/"false", or
+    "auto": when fine-tuning (``init_weights``, ``head_fraction``) at a batch under 64 or on under 20,000 training
+    images (``keras_preact.models.finetune.freeze_norm_rule``)."""
+    if config.freeze_norm != "auto":
+        return config.freeze_norm == "true"
+    if not (config.init_weights and config.head_fraction):
+        return False
+    from keras_preact.models.finetune import freeze_norm_rule
+
+    return freeze_norm_rule(batch_size=config.batch_size, num_images=max(1, int(train_size)))
 
 
 def piecewise(s, decay):
