@@ -43,6 +43,7 @@ MODULES = [
     "keras_preact.models.class_names",
     "keras_preact.models.classifier",
     "keras_preact.models.finetune",
+    "keras_preact.models.levers",
     "keras_preact.models.imagenet",
     "keras_preact.models.registry",
     "keras_preact.applications",
