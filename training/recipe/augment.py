@@ -88,18 +88,19 @@ def pad_crop_flip(images, offsets, flip, padding):
 AUGMENTATION_LAYERS = {"cifar": lambda seed: PadCropFlip(4, seed=seed, name="pad_crop_flip")}
 
 
-def device_training_model(classifier, *, augmentation, mean, std, seed):
+def device_training_model(classifier, *, augmentation, mean, std, seed, mixed=False):
     """uint8 pixels -> (x - mean) / std -> augmentation (training only) -> ``classifier``.
 
     ``augmentation``: ``"cifar"`` (pad 4 with the mean, crop, flip) or ``"none"``; ``mean``/``std`` per
-    channel in 0-255 units, or a mean image. The classifier's variables are shared.
+    channel in 0-255 units, or a mean image. The classifier's variables are shared. ``mixed``: float32
+    pixels in (mixup and cutmix blend uint8 images on the host: ``keras_preact_training.data.mixing``).
     """
     if augmentation not in (*AUGMENTATION_LAYERS, "none"):
         raise ValueError(
             f"Invalid augmentation={augmentation!r} for pipeline='device': allowed "
             f"{sorted((*AUGMENTATION_LAYERS, 'none'))} (ImageNet augmentation streams through tf.data)."
         )
-    images = keras.Input(classifier.input_shape[1:], dtype="uint8", name="images")
+    images = keras.Input(classifier.input_shape[1:], dtype="float32" if mixed else "uint8", name="images")
     mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
     axis = (1, 2, 3) if mean.ndim == 3 else -1  # a mean image (per-pixel mean) or per-channel statistics
     x = keras.layers.Normalization(mean=mean, variance=np.broadcast_to(std * std, mean.shape), axis=axis,

@@ -58,6 +58,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
 PIPELINES = ("auto", "tf_data", "device", "numpy")
 WEIGHT_DECAY_SCOPES = ("all", "kernels")
+RECIPES = ("fixed", "auto")  # auto: keras_preact_training.recipe.hyperrule
 INT32_MAX = 2**31 - 1
 
 
@@ -133,6 +134,14 @@ class Config:
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
     label_smoothing: float = 0.0
+    # --- fine-tuning levers (keras_preact.models.levers; docs/fine-tuning.md, "Levers")
+    recipe: str = "fixed"  # "auto": steps, warm-up, resolution, mixup and frozen BN from the folder (recipe.hyperrule)
+    freeze_norm: bool = False  # keep every normalization layer frozen (inference mode) in the all-layers phase
+    ema_momentum: float = 0.0  # weight EMA (Keras optimizers' use_ema); evaluated and saved from it; 0: off
+    layer_decay: float = 1.0  # layer-wise learning-rate decay per stage (keras_preact.models.levers); 1: off
+    gradient_accumulation: int = 1  # batches per optimizer update (Keras' gradient_accumulation_steps); 1: off
+    mixup: float = 0.0  # mixup's Beta(alpha, alpha) (Zhang et al. 2018), labels mixed alike; 0: off
+    cutmix: float = 0.0  # cutmix's Beta(alpha, alpha) (Yun et al. 2019); with mixup, one of the two per batch
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -376,6 +385,7 @@ EXTRA_PRESETS.append(
         warmup_lr=0.01,
         head_fraction=0.2,
         label_smoothing=0.1,
+        recipe="auto",
         export=True,
     )
 )
@@ -460,6 +470,29 @@ def _check_init_weights(config):
         raise ValueError(str(error).replace("Invalid weights=", "Invalid init_weights=", 1)) from None
 
 
+def _check_levers(config):
+    """The fine-tuning levers: each in its range, one line naming it (docs/fine-tuning.md, "Levers")."""
+    from keras_preact.layers.options import check_choice
+
+    check_choice("recipe", config.recipe, RECIPES)
+    for field, low, high, rule in (("ema_momentum", 0, 1, "in [0, 1) (0: off)"),
+                                   ("mixup", 0, math.inf, ">= 0 (0: off)"), ("cutmix", 0, math.inf, ">= 0 (0: off)")):
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+            raise ValueError(f"Invalid {field}={value!r}: a number {rule} is required.")
+    decay = config.layer_decay
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        raise ValueError(f"Invalid layer_decay={decay!r}: a number in (0, 1] is required (1: off).")
+    _check_positive("gradient_accumulation", config.gradient_accumulation, allow_none=False)
+    if config.mixup or config.cutmix:
+        from ..data.sources import resolve_pipeline
+
+        if resolve_pipeline(config) == "tf_data":
+            raise ValueError(f"Invalid pipeline={config.pipeline!r} (tf.data here) with mixup={config.mixup}, "
+                             f"cutmix={config.cutmix}: the labels are mixed on the host; use --pipeline device or "
+                             "numpy.")
+
+
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
@@ -502,6 +535,7 @@ def validate(config, *, needs_data=True):
         raise ValueError(f"Invalid decoded_budget_mib={budget!r}: a finite number of MiB >= 0 is required (0: always "
                          "stream), or None (a quarter of the free memory).")
     _check_init_weights(config)
+    _check_levers(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

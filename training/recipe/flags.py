@@ -21,6 +21,7 @@ CHOICES = {
     "distribute": configs.DISTRIBUTIONS,
     "pipeline": configs.PIPELINES,
     "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
+    "recipe": configs.RECIPES,
     "jit_compile": ("auto", "true", "false"),
     "verbose": ("auto", "0", "1", "2"),
 }
@@ -40,6 +41,17 @@ HELP = {
     "head_fraction": "the first fraction of the iterations trains only the new head, the backbone frozen "
     "(BN in inference mode); then every layer",
     "label_smoothing": "label smoothing of the cross-entropy (0: none)",
+    "recipe": "auto (the finetune-folder preset's): steps, warm-up, resolution, mixup and frozen BN chosen from the "
+    "folder's image count and size after BiT's HyperRule, printed before any work; fixed: the preset's and flags'",
+    "freeze_norm": "keep every BatchNormalization frozen (inference mode) in the all-layers phase",
+    "ema_momentum": "weight EMA (Keras' use_ema), e.g. 0.999: evaluated, saved and exported from the averaged "
+    "weights; 0: off",
+    "layer_decay": "layer-wise learning-rate decay: stage k of D trains at lr * decay**(D-k), the head at lr; 1: off",
+    "gradient_accumulation": "batches whose gradients are averaged per optimizer update (a larger effective batch "
+    "in the memory of one); 1: off",
+    "mixup": "mixup alpha (images and one-hot labels mixed, Beta(alpha, alpha)); 0: off",
+    "cutmix": "cutmix alpha (a box of another image pasted, labels by its area); 0: off. With --mixup: one of the "
+    "two per batch",
     "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "
     "centre crop), so folders of any image size train",
     "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",

@@ -1,0 +1,130 @@
+"""Fine-tuning levers through ``keras-preact-train``: weight EMA (evaluated and saved from the averages, training
+on from the raw weights across fits), gradient accumulation (the update of one large batch), mixup and cutmix
+(labels mixed alike, draws a function of seed and step), layer-wise decay, all together in one run."""
+
+import json
+
+import keras
+import numpy as np
+import pytest
+
+from keras_preact.models import create_model
+from keras_preact_training import cli
+from keras_preact_training.data import mixing
+from support import TRAIN_JIT_COMPILE, to_numpy, write_flower_folder
+
+pytestmark = [pytest.mark.core, pytest.mark.notf]
+
+
+@pytest.fixture
+def folder(tmp_path):
+    return write_flower_folder(tmp_path / "flowers", (16, 16))
+
+
+@pytest.fixture
+def weights(tmp_path):
+    keras.utils.set_random_seed(3)
+    path = tmp_path / "source.weights.h5"
+    create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(16, 16, 3)).save_weights(path)
+    return path
+
+
+def _train(tmp_path, folder, weights, name, *extra):
+    run = tmp_path / name
+    argv = ["finetune-folder", "--recipe", "fixed", "--init-weights", str(weights), "--depth", "8", "--image-size",
+            "16", "16", "--data-dir", str(folder), "--batch-size", "8", "--run-dir", str(run), "--no-export",
+            "--cache-dir", str(tmp_path / "cache"), "--verbose", "0", "--jit-compile", TRAIN_JIT_COMPILE,
+            "--schedule", "piecewise", *extra]
+    assert cli.main(argv) == 0
+    return keras.saving.load_model(run / "model.keras")
+
+
+def _trainable(model):
+    return [to_numpy(v) for v in model.trainable_weights]
+
+
+def test_ema_run_saves_the_averages_of_the_raw_trajectory(tmp_path, folder, weights):
+    """3 steps at a constant rate, the head alone for the first (two fits, the all-layers phase's optimizer
+    fresh): the saved weights are Keras' EMA (momentum 0.5) from the weights at the phase's start, w1/4 + w2/4 +
+    w3/2, of the weights w1, w2, w3 of runs of 1, 2 and 3 steps without EMA: training went on from the raw
+    weights, not from the head phase's averages that Keras writes in at the end of its fit."""
+    def run(name, steps, head_fraction, *extra):
+        return _trainable(_train(tmp_path, folder, weights, name, "--epochs", str(steps), "--steps-per-epoch", "1",
+                                 "--head-fraction", head_fraction, "--augmentation", "none", *extra))
+
+    raw = [run("raw1", 1, "0.6"), run("raw2", 2, "0.5"), run("raw3", 3, "0.34")]  # the head alone for step 1
+    averaged = run("ema", 3, "0.34", "--ema-momentum", "0.5")
+    for w1, w2, w3, got in zip(*raw, averaged):
+        np.testing.assert_allclose(got, w1 / 4 + w2 / 4 + w3 / 2, rtol=1e-5, atol=1e-6)
+    assert any(np.abs(w3 - got).max() > 1e-4 for w3, got in zip(raw[2], averaged))
+
+
+def test_gradient_accumulation_is_the_update_of_the_whole_batch(tmp_path, folder, weights):
+    """The head phase (BN in inference mode, no augmentation): 2 batches of 4 accumulated make the step of one
+    batch of the same 8 images."""
+    common = ("--epochs", "1", "--head-fraction", "0.9", "--augmentation", "none")
+    whole = _train(tmp_path, folder, weights, "whole", "--steps-per-epoch", "1", *common)
+    accumulated = _train(tmp_path, folder, weights, "accumulated", "--steps-per-epoch", "2", "--batch-size", "4",
+                         "--gradient-accumulation", "2", *common)
+    for a, b in zip(_trainable(whole), _trainable(accumulated)):
+        np.testing.assert_allclose(b, a, rtol=1e-5, atol=1e-6)
+    single = _train(tmp_path, folder, weights, "single", "--steps-per-epoch", "1", "--batch-size", "4", *common)
+    assert not np.allclose(to_numpy(single.get_layer("logits").kernel), to_numpy(whole.get_layer("logits").kernel))
+
+
+def test_every_lever_together_trains_and_resumes_finished(tmp_path, folder, weights, capsys):
+    model = _train(tmp_path, folder, weights, "all", "--epochs", "2", "--steps-per-epoch", "2", "--head-fraction", "0.5", "--layer-decay",
+                   "0.5", "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup", "0.2", "--cutmix", "1",
+                   "--freeze-norm", "--pipeline", "device")
+    assert model.output_shape == (None, 3)
+    metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
+    assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1
+    assert "head phase done at step 2" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("flag, value, message", [
+    ("--ema-momentum", "1", "Invalid ema_momentum=1.0: a number in [0, 1) (0: off) is required."),
+    ("--layer-decay", "0", "Invalid layer_decay=0.0: a number in (0, 1] is required (1: off)."),
+    ("--gradient-accumulation", "0", "Invalid gradient_accumulation=0: a positive integer is required."),
+    ("--mixup", "-1", "Invalid mixup=-1.0: a number >= 0 (0: off) is required."),
+    ("--recipe", "bit", "argument --recipe: invalid choice: 'bit'"),
+])
+def test_bad_lever_flags_exit_2_naming_them(tmp_path, folder, flag, value, message, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        cli.main(["finetune-folder", "--data-dir", str(folder), "--run-dir", str(tmp_path / "run"), flag, value])
+    assert exit_.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "run").exists()
+
+
+def test_mixup_mixes_images_and_labels_alike():
+    x = np.random.default_rng(0).uniform(0, 255, (6, 8, 8, 3)).astype("float32")
+    y = np.array([0, 1, 2, 0, 1, 2])
+    images, labels = mixing.mix_batch(x, y, 3, mixup=0.4, cutmix=0, rng=np.random.default_rng(1))
+    rng = np.random.default_rng(1)
+    lam, perm = rng.beta(0.4, 0.4), rng.permutation(6)
+    np.testing.assert_allclose(images, lam * x + (1 - lam) * x[perm], rtol=1e-6)
+    np.testing.assert_allclose(labels, lam * np.eye(3)[y] + (1 - lam) * np.eye(3)[y][perm], rtol=1e-6)
+
+
+def test_cutmix_labels_are_the_pasted_area():
+    x = np.stack([np.full((10, 10, 1), float(i)) for i in range(4)]).astype("float32")
+    y = np.arange(4) % 2
+    images, labels = mixing.mix_batch(x, y, 2, mixup=0, cutmix=1.0, rng=np.random.default_rng(5))
+    for i in range(4):
+        own = np.mean(images[i] == i) if np.any(images[i] != i) else 1.0
+        kept = labels[i, y[i]] if not np.allclose(labels[i], np.eye(2)[y[i]]) else 1.0
+        assert np.isclose(own, kept) or np.allclose(labels[i], np.eye(2)[y[i]])
+    np.testing.assert_allclose(labels.sum(-1), 1, rtol=1e-6)
+
+
+def test_the_draws_of_a_step_do_not_depend_on_where_the_stream_started():
+    data = [(np.full((4, 4, 4, 3), s, np.float32), np.arange(4) % 2) for s in range(5)]
+
+    def from_step(step):
+        return mixing.mixed_train(iter(data[step:]), 2, mixup=0.3, cutmix=1.0, seed=9, start_step=step)
+
+    whole = list(from_step(0))
+    resumed = list(from_step(3))
+    for (a, la), (b, lb) in zip(whole[3:], resumed):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(la, lb)
