@@ -73,9 +73,9 @@ def test_gradient_accumulation_is_the_update_of_the_whole_batch(tmp_path, folder
 
 
 def test_every_lever_together_trains_and_resumes_finished(tmp_path, folder, weights, capsys):
-    model = _train(tmp_path, folder, weights, "all", "--epochs", "2", "--steps-per-epoch", "2", "--head-fraction", "0.5", "--layer-decay",
-                   "0.5", "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup", "0.2", "--cutmix", "1",
-                   "--freeze-norm", "--pipeline", "device")
+    model = _train(tmp_path, folder, weights, "all", "--epochs", "2", "--steps-per-epoch", "2", "--head-fraction",
+                   "0.5", "--layer-decay", "0.5", "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup",
+                   "0.2", "--cutmix", "1", "--freeze-norm", "--pipeline", "device")
     assert model.output_shape == (None, 3)
     metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
     assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1
@@ -128,3 +128,33 @@ def test_the_draws_of_a_step_do_not_depend_on_where_the_stream_started():
     for (a, la), (b, lb) in zip(whole[3:], resumed):
         np.testing.assert_array_equal(a, b)
         np.testing.assert_array_equal(la, lb)
+
+
+@pytest.mark.parametrize("count, size, architecture, expected", [
+    (3_900, (32, 32), "cifar", "3,900 images of 32x32: 500 steps at 32 px (warm-up 100), mixup off, BN frozen"),
+    (45_000, (32, 32), "cifar", "45,000 images of 32x32: 10000 steps at 32 px (warm-up 500), mixup 0.1, BN trained"),
+    (600_000, (64, 64), "imagenet", "600,000 images of 64x64: 20000 steps at 128 px (warm-up 500), mixup 0.1"),
+    (600_000, (300, 400), "imagenet", "600,000 images of 300x400: 20000 steps at 224 px (warm-up 500), mixup 0.1"),
+])
+def test_hyperrule_plans_from_the_folder(count, size, architecture, expected):
+    from keras_preact_training.recipe import configs, hyperrule
+
+    base = configs.PRESETS["finetune-folder"].replace(
+        architecture=architecture, image_size=(224, 224) if architecture == "imagenet" else (32, 32))
+    config, line = hyperrule.apply(base, count, size)
+    assert expected in line
+    from keras_preact_training.recipe import schedules
+
+    resolved = schedules.resolve(config, count)
+    assert resolved.total_steps == int(line.split(": ")[2].split(" steps")[0])
+    assert config.mixup == (0.1 if count >= 20_000 else 0.0)
+    given, _ = hyperrule.apply(base, count, size, given={"epochs", "mixup"})
+    assert given.epochs == base.epochs and given.mixup == 0.0  # flags given win
+
+
+def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):
+    assert cli.main(["finetune-folder", "--data-dir", str(folder), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    line = "[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100), mixup off, BN frozen in phase 2"
+    assert line in out and out.index(line) < out.index("preset finetune-folder")  # before the recipe's work
+    assert "iterations: 500 = " in out

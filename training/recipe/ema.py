@@ -43,25 +43,31 @@ class EvaluateAverages(keras.callbacks.Callback):
             variable.assign(value)
 
 
-def use_averages(model):
-    """Write the optimizer's moving averages into ``model``'s trainable weights (when it keeps them)."""
+def averaging_parts(model):
+    """The optimizers of ``model`` (itself, or a ``MultiOptimizer``'s inner ones) that hold moving averages."""
     optimizer = model.optimizer
-    parts = [optimizer, *getattr(optimizer, "optimizers", ())]
-    if optimizer is not None and optimizer.built and any(getattr(p, "use_ema", False) for p in parts):
-        optimizer.finalize_variable_values(model.trainable_weights)
+    parts = [optimizer, *getattr(optimizer, "optimizers", ())] if optimizer is not None else []
+    return [p for p in parts if getattr(p, "use_ema", False) and getattr(p, "_model_variables_moving_average", None)]
+
+
+def use_averages(model):
+    """Write the optimizer's moving averages into ``model``'s trainable weights (when it keeps them), as Keras'
+    ``finalize_variable_values``, but as copies: on JAX a weight sharing its average's buffer would take the
+    average with it when a step donates the weights (Keras' own store of the averages, as ``SwapEMAWeights``)."""
+    for part in averaging_parts(model):
+        for variable, average in zip(part._trainable_variables, part._model_variables_moving_average):
+            variable.assign(keras.ops.convert_to_numpy(average))
 
 
 def start_averages(model):
-    """A fresh optimizer in the middle of a run (the all-layers phase): built, its moving averages set to the
-    weights now. Keras starts them at zero and takes the first update whole only at iteration 0, which a
+    """A fresh optimizer in the middle of a run (the all-layers phase): built, its moving averages set to (copies
+    of) the weights now. Keras starts them at zero and takes the first update whole only at iteration 0, which a
     phase that goes on along the schedule is not."""
     optimizer = model.optimizer
-    parts = [optimizer, *getattr(optimizer, "optimizers", ())]
-    if not any(getattr(p, "use_ema", False) for p in parts):
+    if not any(getattr(p, "use_ema", False) for p in [optimizer, *getattr(optimizer, "optimizers", ())]):
         return
     if not optimizer.built:
         optimizer.build(model.trainable_variables)
-    for part in parts:
-        if getattr(part, "use_ema", False):  # Keras' own store of the averages (SwapEMAWeights reads it too)
-            for variable, average in zip(part._trainable_variables, part._model_variables_moving_average):
-                average.assign(variable)
+    for part in averaging_parts(model):
+        for variable, average in zip(part._trainable_variables, part._model_variables_moving_average):
+            average.assign(keras.ops.convert_to_numpy(variable))
