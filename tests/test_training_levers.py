@@ -75,7 +75,7 @@ def test_gradient_accumulation_is_the_update_of_the_whole_batch(tmp_path, folder
 def test_every_lever_together_trains_and_resumes_finished(tmp_path, folder, weights, capsys):
     model = _train(tmp_path, folder, weights, "all", "--epochs", "2", "--steps-per-epoch", "2", "--head-fraction",
                    "0.5", "--layer-decay", "0.5", "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup",
-                   "0.2", "--cutmix", "1", "--freeze-norm", "--pipeline", "device")
+                   "0.2", "--cutmix", "1", "--rand-augment", "0.5", "--freeze-norm", "--pipeline", "device")
     assert model.output_shape == (None, 3)
     metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
     assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1
@@ -88,6 +88,7 @@ def test_every_lever_together_trains_and_resumes_finished(tmp_path, folder, weig
     ("--gradient-accumulation", "0", "Invalid gradient_accumulation=0: a positive integer is required."),
     ("--mixup", "-1", "Invalid mixup=-1.0: a number >= 0 (0: off) is required."),
     ("--recipe", "bit", "argument --recipe: invalid choice: 'bit'"),
+    ("--rand-augment", "2", "Invalid rand_augment=2.0: a magnitude in [0, 1] is required (0: off)."),
 ])
 def test_bad_lever_flags_exit_2_naming_them(tmp_path, folder, flag, value, message, capsys):
     with pytest.raises(SystemExit) as exit_:
@@ -158,3 +159,45 @@ def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):
     line = "[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100), mixup off, BN frozen in phase 2"
     assert line in out and out.index(line) < out.index("preset finetune-folder")  # before the recipe's work
     assert "iterations: 500 = " in out
+
+
+def test_rand_augment_draws_are_a_function_of_seed_and_call():
+    """Call k of ``StepRandAugment`` draws from (seed, k) only: a fresh layer with its counter at 1 repeats the
+    second call of one that ran twice; inference returns the images."""
+    from keras_preact_training.recipe.augment import StepRandAugment
+
+    x = np.random.default_rng(0).uniform(0, 255, (4, 16, 16, 3)).astype("float32")
+    layer = StepRandAugment(0.8, seed=3)
+    first, second = (to_numpy(layer(x, training=True)) for _ in range(2))
+    assert not np.allclose(first, second) and not np.allclose(first, x)
+    again = StepRandAugment(0.8, seed=3)
+    again.build(x.shape)
+    again.iterations.assign(1)
+    np.testing.assert_allclose(to_numpy(again(x, training=True)), second, rtol=1e-5, atol=1e-3)
+    np.testing.assert_array_equal(to_numpy(layer(x, training=False)), x)
+
+
+def test_linear_probe_run_fits_the_head_alone_without_training(tmp_path, folder, weights, capsys):
+    """``--linear-probe``: one forward pass and the closed-form head; no ``model.fit`` (no history), the backbone
+    (BN statistics included) exactly the source's, the head the ridge regression on the training features."""
+    from keras_preact.models import levers
+    from keras_preact_training.data import sources
+    from keras_preact_training.recipe import configs
+
+    model = _train(tmp_path, folder, weights, "probe", "--linear-probe")
+    assert "[train] linear probe: the head in closed form on the features of 21 training images" in (
+        capsys.readouterr().out)
+    assert not (tmp_path / "probe" / "history.csv").exists()
+    source = create_model("cifar_resnet20", depth=8, num_classes=10, input_shape=(16, 16, 3))
+    source.load_weights(weights)
+    for a, b in zip(model.backbone.weights, source.backbone.weights):
+        np.testing.assert_array_equal(to_numpy(a), to_numpy(b))
+    config = configs.get_config("finetune-folder", data_dir=str(folder), depth=8, image_size=(16, 16),
+                                init_weights=None, cache_dir=str(tmp_path / "cache"))
+    data = sources.load(config)
+    mean, std = np.asarray(model.input_config.mean, "float32"), np.asarray(model.input_config.std, "float32")
+    kernel, bias = levers.ridge_head(levers.features(model, (data.train_images - mean) / std), data.train_labels, 3)
+    np.testing.assert_allclose(to_numpy(model.get_layer("logits").kernel), kernel, rtol=1e-4, atol=1e-5)
+    np.testing.assert_allclose(to_numpy(model.get_layer("logits").bias), bias, rtol=1e-4, atol=1e-5)
+    metrics = json.loads((tmp_path / "probe" / "metrics.json").read_text())
+    assert metrics["steps"] == 0 and 0 <= metrics["test_accuracy"] <= 1

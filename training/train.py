@@ -120,7 +120,7 @@ def train(config, data=None):
         if done is not None:
             return done
         build(run)
-        fit(run)
+        probe(run) if config.linear_probe else fit(run)
         return finalise(run)
 
 
@@ -377,6 +377,27 @@ def fit(run):
     if history is not None:  # the last epoch's validation ran on the final weights: the test evaluation
         run.last_validation = {key[len("val_"):]: values[-1] for key, values in history.history.items()
                                if key.startswith("val_") and values}
+
+
+def probe(run):
+    """``linear_probe``: the head fitted in closed form on the frozen backbone's features of the training images
+    (``keras_preact.models.levers.linear_probe``), one forward pass in the order of the files; no ``model.fit``."""
+    from keras_preact.models import levers
+
+    config, data = run.config, run.data
+    _, run.test_stream = input_streams(run)
+    run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
+                                       run.start_step, run.backup)
+    if isinstance(data, sources.ArrayData):
+        batches = pipelines.ArrayBatches(data.train_images, data.train_labels, config.batch_size, mean=run.mean,
+                                         std=run.std)
+    else:
+        batches = pipelines.FolderBatches(data, "train", config.batch_size, mean=run.mean, std=run.std, raw=False)
+    print(f"[train] linear probe: the head in closed form on the features of {len(batches.labels)} training "
+          "images (one forward pass, no training)", flush=True)
+    started = time.time()
+    levers.linear_probe(run.classifier, batches, batches.labels)
+    run.wall_s = time.time() - started
 
 
 def unfreeze(run):

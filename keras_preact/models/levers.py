@@ -124,15 +124,17 @@ def layerwise_decay(model, optimizer, decay):
 
 
 def features(model, images, batch_size=256):
-    """The pooled backbone features of ``images`` (preprocessed as the model expects), one forward pass in
-    inference mode: ``[N, channels]`` float32."""
+    """The pooled backbone features of ``images`` (preprocessed as the model expects: an array, or batches as
+    ``model.predict`` takes them, e.g. a ``keras.utils.PyDataset``), one forward pass in inference mode:
+    ``[N, channels]`` float32."""
     backbone = getattr(model, "backbone", None)
     if backbone is None or not getattr(model, "head_layers", None):
         raise ValueError(f"Invalid model={model!r:.100}: a keras-preact classifier (create_model) is required.")
     pool = model.head_layers[0]
     inputs = keras.Input(backbone.image_shape)
     extractor = keras.Model(inputs, pool(backbone(inputs, training=False)))
-    return np.asarray(extractor.predict(images, batch_size=batch_size, verbose=0), np.float32)
+    sized = {"batch_size": batch_size} if isinstance(images, np.ndarray) else {}
+    return np.asarray(extractor.predict(images, verbose=0, **sized), np.float32)
 
 
 def ridge_head(features_, labels, num_classes, l2=1e-3):
@@ -160,7 +162,8 @@ def linear_probe(model, images, labels, *, l2=1e-3, batch_size=256):
 
     Args:
         model: a keras-preact classifier with a dense head (``create_model(..., num_classes=K)``).
-        images: the training images, preprocessed as the model expects (``applications.preprocess_input``).
+        images: the training images, preprocessed as the model expects (``applications.preprocess_input``): an
+            array, or batches in order (``features``).
         labels: integer class labels, one per image.
         l2: the ridge penalty per image (0: least squares).
         batch_size: images per forward pass.

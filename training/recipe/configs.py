@@ -142,6 +142,8 @@ class Config:
     gradient_accumulation: int = 1  # batches per optimizer update (Keras' gradient_accumulation_steps); 1: off
     mixup: float = 0.0  # mixup's Beta(alpha, alpha) (Zhang et al. 2018), labels mixed alike; 0: off
     cutmix: float = 0.0  # cutmix's Beta(alpha, alpha) (Yun et al. 2019); with mixup, one of the two per batch
+    linear_probe: bool = False  # no training: the head in closed form on frozen features (keras_preact.models.levers)
+    rand_augment: float = 0.0  # Keras' RandAugment (2 ops) at this magnitude in [0, 1], pipeline device; 0: off
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -480,13 +482,19 @@ def _check_levers(config):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
             raise ValueError(f"Invalid {field}={value!r}: a number {rule} is required.")
+    if isinstance(config.rand_augment, bool) or not isinstance(config.rand_augment, (int, float)) or not (
+            0 <= config.rand_augment <= 1):
+        raise ValueError(f"Invalid rand_augment={config.rand_augment!r}: a magnitude in [0, 1] is required (0: off).")
     decay = config.layer_decay
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
         raise ValueError(f"Invalid layer_decay={decay!r}: a number in (0, 1] is required (1: off).")
     _check_positive("gradient_accumulation", config.gradient_accumulation, allow_none=False)
-    if config.mixup or config.cutmix:
-        from ..data.sources import resolve_pipeline
+    from ..data.sources import resolve_pipeline
 
+    if config.rand_augment and resolve_pipeline(config) != "device":
+        raise ValueError(f"Invalid pipeline={config.pipeline!r} ({resolve_pipeline(config)} here) with rand_augment="
+                         f"{config.rand_augment}: RandAugment runs in the training step; use --pipeline device.")
+    if config.mixup or config.cutmix:
         if resolve_pipeline(config) == "tf_data":
             raise ValueError(f"Invalid pipeline={config.pipeline!r} (tf.data here) with mixup={config.mixup}, "
                              f"cutmix={config.cutmix}: the labels are mixed on the host; use --pipeline device or "

@@ -50,6 +50,11 @@ HELP = {
     "gradient_accumulation": "batches whose gradients are averaged per optimizer update (a larger effective batch "
     "in the memory of one); 1: off",
     "mixup": "mixup alpha (images and one-hot labels mixed, Beta(alpha, alpha)); 0: off",
+    "linear_probe": "no training: the backbone's features of the training images computed once (no backpropagation) "
+    "and the head fitted in closed form (ridge regression to the one-hot labels); evaluated, saved and exported as a "
+    "run",
+    "rand_augment": "RandAugment (Keras' layer: 2 ops per batch) at this magnitude in [0, 1], e.g. 0.5, in the "
+    "training step (--pipeline device); 0: off",
     "cutmix": "cutmix alpha (a box of another image pasted, labels by its area); 0: off. With --mixup: one of the "
     "two per batch",
     "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "

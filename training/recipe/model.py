@@ -69,7 +69,8 @@ def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None,
     set_phase(classifier, config, resolved, start_step)
     if pipeline == "device":
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
-                                              std=std, seed=config.seed, mixed=bool(config.mixup or config.cutmix))
+                                              std=std, seed=config.seed, mixed=bool(config.mixup or config.cutmix),
+                                              rand_augment=config.rand_augment)
     else:
         images = keras.Input(classifier.input_shape[1:], name="images")
         model = keras.Model(images, classifier(images), name=f"{classifier.name}_training")
