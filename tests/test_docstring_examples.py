@@ -62,6 +62,7 @@ MODULES = [
     "keras_preact.analysis.jacobian",
     "keras_preact.analysis.plots",
     "keras_preact.analysis.signals",
+    "keras_preact_training.data.mixing",
     "keras_preact_training.data.pipelines",
     "keras_preact_training.evaluate",
     "keras_preact_training.recipe.augment",

@@ -101,11 +101,11 @@ def layerwise_decay(model, optimizer, decay):
 
     Examples:
         >>> import keras
-        >>> from keras_preact.models import create_model
+        >>> from keras_preact.models import cifar_resnet
         >>> model = cifar_resnet(8, num_classes=3)
         >>> optimizer = layerwise_decay(model, keras.optimizers.SGD(0.1), 0.5)
-        >>> [round(float(o.learning_rate), 4) for o in optimizer.optimizers]
-        [0.0125, 0.025, 0.05, 0.1]
+        >>> [round(float(o.learning_rate), 5) for o in optimizer.optimizers]  # stem, stage 1, 2, 3, head
+        [0.00625, 0.0125, 0.025, 0.05, 0.1]
     """
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
     if multi is None:
@@ -178,7 +178,7 @@ def linear_probe(model, images, labels, *, l2=1e-3, batch_size=256):
         >>> x = np.random.default_rng(0).normal(size=(32, 8, 8, 3)).astype("float32")
         >>> _ = linear_probe(model, x, np.arange(32) % 2)
         >>> model.get_layer("logits").kernel.shape
-        (16, 2)
+        (64, 2)
     """
     dense = model.get_layer("logits") if any(layer.name == "logits" for layer in model.layers) else None
     if dense is None:
