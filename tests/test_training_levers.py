@@ -44,19 +44,20 @@ def _trainable(model):
 
 
 def test_ema_run_saves_the_averages_of_the_raw_trajectory(tmp_path, folder, weights):
-    """3 steps at a constant rate, the head alone for the first (two fits, the all-layers phase's optimizer
-    fresh): the saved weights are Keras' EMA (momentum 0.5) from the weights at the phase's start, w1/4 + w2/4 +
-    w3/2, of the weights w1, w2, w3 of runs of 1, 2 and 3 steps without EMA: training went on from the raw
-    weights, not from the head phase's averages that Keras writes in at the end of its fit."""
+    """4 steps at a constant rate, the head alone for the first 2 (two fits, the all-layers phase's optimizer
+    fresh): the saved weights are Keras' EMA (momentum 0.5) started at the weights the head phase ended with,
+    w2/4 + w3/4 + w4/2, of the weights w2, w3, w4 of runs of 2, 3 and 4 steps without EMA. So the all-layers phase
+    trained on from the raw weights, not from the head phase's averages (w1/2 + w2/2) that Keras writes in at the
+    end of a fit, and its averages started at w2, not at Keras' zeros."""
     def run(name, steps, head_fraction, *extra):
         return _trainable(_train(tmp_path, folder, weights, name, "--epochs", str(steps), "--steps-per-epoch", "1",
                                  "--head-fraction", head_fraction, "--augmentation", "none", *extra))
 
-    raw = [run("raw1", 1, "0.6"), run("raw2", 2, "0.5"), run("raw3", 3, "0.34")]  # the head alone for step 1
-    averaged = run("ema", 3, "0.34", "--ema-momentum", "0.5")
-    for w1, w2, w3, got in zip(*raw, averaged):
-        np.testing.assert_allclose(got, w1 / 4 + w2 / 4 + w3 / 2, rtol=1e-5, atol=1e-6)
-    assert any(np.abs(w3 - got).max() > 1e-4 for w3, got in zip(raw[2], averaged))
+    raw = [run("raw2", 2, "0.9"), run("raw3", 3, "0.6"), run("raw4", 4, "0.5")]  # the head alone for steps 1-2
+    averaged = run("ema", 4, "0.5", "--ema-momentum", "0.5")
+    for w2, w3, w4, got in zip(*raw, averaged):
+        np.testing.assert_allclose(got, w2 / 4 + w3 / 4 + w4 / 2, rtol=1e-5, atol=1e-6)
+    assert any(np.abs(w4 - got).max() > 1e-4 for w4, got in zip(raw[2], averaged))
 
 
 def test_gradient_accumulation_is_the_update_of_the_whole_batch(tmp_path, folder, weights):
