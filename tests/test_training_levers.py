@@ -13,7 +13,7 @@ from keras_preact_training import cli
 from keras_preact_training.data import mixing
 from support import TRAIN_JIT_COMPILE, to_numpy, write_flower_folder
 
-pytestmark = [pytest.mark.core, pytest.mark.notf]
+pytestmark = [pytest.mark.notf]  # notf: JAX and PyTorch without TensorFlow; CI runs it on TensorFlow too
 
 
 @pytest.fixture

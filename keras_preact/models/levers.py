@@ -109,8 +109,8 @@ def layerwise_decay(model, optimizer, decay):
     """
     multi = getattr(keras.optimizers, "MultiOptimizer", None)
     if multi is None:
-        raise ImportError(f"layerwise_decay needs keras.optimizers.MultiOptimizer (Keras 3.14 or later); this is "
-                          f"Keras {keras.__version__}: pip install -U keras")
+        raise ImportError(f"layerwise_decay needs keras.optimizers.MultiOptimizer, which Keras {keras.__version__} "
+                          "lacks (3.15 has it): pip install -U keras")
     if not isinstance(optimizer, keras.optimizers.Optimizer) or isinstance(optimizer, multi):
         raise ValueError(f"Invalid optimizer={optimizer!r:.100}: a Keras optimizer (not a MultiOptimizer) is "
                          "required.")

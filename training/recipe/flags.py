@@ -26,7 +26,9 @@ CHOICES = {
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
-METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB"}  # other fields: their name in capitals
+METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB", "ema_momentum": "MOMENTUM",
+            "layer_decay": "DECAY", "gradient_accumulation": "K", "mixup": "ALPHA", "cutmix": "ALPHA",
+            "rand_augment": "MAGNITUDE"}  # other fields: their name in capitals
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
     "dataset": "a TFDS name (cifar10, cifar100, imagenet2012, ...), 'folder' or 'synthetic'",
