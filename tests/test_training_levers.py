@@ -150,8 +150,10 @@ def test_hyperrule_plans_from_the_folder(count, size, architecture, expected):
     resolved = schedules.resolve(config, count)
     assert resolved.total_steps == int(line.split(": ")[2].split(" steps")[0])
     assert config.mixup == (0.1 if count >= 20_000 else 0.0)
-    given, _ = hyperrule.apply(base, count, size, given={"epochs", "mixup"})
-    assert given.epochs == base.epochs and given.mixup == 0.0  # flags given win
+    given, line = hyperrule.apply(base.replace(mixup=0.2, epochs=3), count, size, given={"epochs", "mixup"})
+    assert given.epochs == 3 and given.mixup == 0.2  # flags given win, and the line says what the run does
+    steps = schedules.resolve(given, count).total_steps
+    assert f"{steps} steps at" in line and "mixup 0.2" in line and "given: --epochs, --mixup)" in line
 
 
 def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):

@@ -14,7 +14,8 @@ to 160 and cropped to 128; else 512 and 480). For this project's networks:
   the run takes ``--pipeline device`` (the labels are mixed on the host);
 - frozen BN in the all-layers phase: ``freeze_norm_for(batch_size, num_images)``.
 
-Flags given on the command line win over the rule (``apply(..., given=...)``).
+Flags given on the command line win over the rule (``apply(..., given=...)``); the line printed says what the
+run will do, and which flags were given.
 """
 
 import dataclasses
@@ -34,10 +35,9 @@ def freeze_norm_for(batch_size, num_images):
 
 @dataclasses.dataclass(frozen=True)
 class Plan:
-    """What ``--recipe auto`` chose, and the line that says it."""
+    """What ``--recipe auto`` chose: the config fields."""
 
     fields: dict
-    line: str
 
 
 def plan(config, num_images, image_size):
@@ -52,21 +52,27 @@ def plan(config, num_images, image_size):
     fields = dict(steps=steps, epochs=None, steps_per_epoch=None, total_steps=steps,
                   reference_batch_size=config.batch_size, warmup_steps=warmup, warmup_lr=config.base_lr / 10,
                   boundaries=(), image_size=size, mixup=mixup, freeze_norm=frozen)
-    line = (f"[recipe] auto: {num_images:,} images of {image_size[0]}x{image_size[1]}: {steps} steps at {size[0]} px "
-            f"(warm-up {warmup}), mixup {'0.1' if mixup else 'off'}, BN "
-            f"{'frozen' if frozen else 'trained'} in phase 2 (BiT's HyperRule; flags given win)")
-    return Plan(fields, line)
+    return Plan(fields)
 
 
 def apply(config, num_images, image_size, given=()):
-    """(``config`` with the plan's fields, except those ``given``; the plan's line)."""
+    """(``config`` with the plan's fields, except those ``given``; the line that says what the run will do)."""
+    from . import schedules
+
     chosen = plan(config, num_images, image_size)
     length = {"steps", "epochs", "steps_per_epoch", "total_steps"}
     fields = {k: v for k, v in chosen.fields.items()
               if k not in given and not (k in length and length & set(given))}
     if fields.get("mixup") and config.pipeline == "auto":
         fields["pipeline"] = "device"
-    return config.replace(**fields), chosen.line
+    config = config.replace(**fields)
+    resolved = schedules.resolve(config, num_images)
+    kept = sorted(set(given) & set(chosen.fields))
+    line = (f"[recipe] auto: {num_images:,} images of {image_size[0]}x{image_size[1]}: {resolved.total_steps} steps at "
+            f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}), mixup {config.mixup or 'off'}, BN "
+            f"{'frozen' if config.freeze_norm else 'trained'} in phase 2 (BiT's HyperRule"
+            + (f"; given: {', '.join('--' + k.replace('_', '-') for k in kept)})" if kept else ")"))
+    return config, line
 
 
 def folder_images(config, sample=32):
