@@ -73,14 +73,35 @@ def test_gradient_accumulation_is_the_update_of_the_whole_batch(tmp_path, folder
     assert not np.allclose(to_numpy(single.get_layer("logits").kernel), to_numpy(whole.get_layer("logits").kernel))
 
 
-def test_every_lever_together_trains_and_resumes_finished(tmp_path, folder, weights, capsys):
-    model = _train(tmp_path, folder, weights, "all", "--epochs", "2", "--steps-per-epoch", "2", "--head-fraction",
-                   "0.5", "--layer-decay", "0.5", "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup",
-                   "0.2", "--cutmix", "1", "--rand-augment", "0.5", "--freeze-norm", "--pipeline", "device")
-    assert model.output_shape == (None, 3)
+LEVERS = ("--epochs", "2", "--steps-per-epoch", "2", "--head-fraction", "0.5", "--layer-decay", "0.5",
+          "--ema-momentum", "0.9", "--gradient-accumulation", "2", "--mixup", "0.2", "--cutmix", "1",
+          "--rand-augment", "0.5", "--freeze-norm", "--pipeline", "device", "--checkpoint-every", "1")
+
+
+def test_every_lever_together_trains_and_resumes_exactly(tmp_path, folder, weights, capsys, monkeypatch):
+    """Every lever on: the run trains; stopped after the backup of step 3 (inside the all-layers phase, half way
+    through an accumulation), the same command resumes to the weights of the run never stopped."""
+    from keras_preact_training.run import run_dir as run_files
+
+    whole = _train(tmp_path, folder, weights, "all", *LEVERS)
+    assert whole.output_shape == (None, 3)
     metrics = json.loads((tmp_path / "all" / "metrics.json").read_text())
     assert metrics["steps"] == 4 and 0 <= metrics["test_accuracy"] <= 1
     assert "head phase done at step 2" in capsys.readouterr().out
+    save = run_files.AtomicBackup._save_model
+
+    def stop_after_step_3(self):
+        save(self)
+        if self.step == 3:
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_files.AtomicBackup, "_save_model", stop_after_step_3)
+    with pytest.raises(KeyboardInterrupt):
+        _train(tmp_path, folder, weights, "stopped", *LEVERS)
+    monkeypatch.setattr(run_files.AtomicBackup, "_save_model", save)
+    resumed = _train(tmp_path, folder, weights, "stopped", *LEVERS)
+    for a, b in zip(resumed.weights, whole.weights):
+        np.testing.assert_allclose(to_numpy(a), to_numpy(b), rtol=0, atol=1e-6, err_msg=a.path)
 
 
 @pytest.mark.parametrize("flag, value, message", [
