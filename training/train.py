@@ -120,7 +120,10 @@ def train(config, data=None):
         if done is not None:
             return done
         build(run)
-        probe(run) if config.linear_probe else fit(run)
+        if config.linear_probe:  # the head in closed form, no model.fit
+            probe(run)
+        else:
+            fit(run)
         return finalise(run)
 
 
