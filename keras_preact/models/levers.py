@@ -177,7 +177,7 @@ def linear_probe(model, images, labels, *, l2=1e-3, batch_size=256):
         >>> model = cifar_resnet(8, num_classes=2, input_shape=(8, 8, 3))
         >>> x = np.random.default_rng(0).normal(size=(32, 8, 8, 3)).astype("float32")
         >>> _ = linear_probe(model, x, np.arange(32) % 2)
-        >>> model.get_layer("logits").kernel.shape
+        >>> tuple(model.get_layer("logits").kernel.shape)
         (64, 2)
     """
     dense = model.get_layer("logits") if any(layer.name == "logits" for layer in model.layers) else None
