@@ -33,7 +33,8 @@ def source_weights(tmp_path):
 
 
 def _argv(tmp_path, flowers, weights, *extra):
-    return ["finetune-folder", "--init-weights", str(weights), "--depth", "8", "--image-size", "16", "16",
+    return ["finetune-folder", "--recipe", "fixed", "--init-weights", str(weights), "--depth", "8", "--image-size",
+            "16", "16",
             "--data-dir", str(flowers), "--epochs", "2", "--batch-size", "8", "--run-dir", str(tmp_path / "run"),
             "--export-dir", str(tmp_path / "exported"), "--cache-dir", str(tmp_path / "cache"), "--verbose", "0",
             "--jit-compile", TRAIN_JIT_COMPILE, *extra]
@@ -136,7 +137,8 @@ def test_a_run_stopped_after_its_head_phase_resumes_to_the_same_weights(tmp_path
 @pytest.mark.any_backend
 @pytest.mark.notf
 def test_dry_run_counts_the_folder_without_its_held_out_part_and_names_the_phases(flowers, capsys):
-    assert cli.main(["finetune-folder", "--data-dir", str(flowers), "--dry-run", "--batch-size", "7"]) == 0
+    assert cli.main(["finetune-folder", "--recipe", "fixed", "--data-dir", str(flowers), "--dry-run", "--batch-size",
+                     "7"]) == 0
     out = capsys.readouterr().out
     assert "data: folder, 21 training images, batch 7" in out  # 24 less one per class held out (0.1 of 8)
     assert "iterations: 30 = 10 epochs x 3" in out

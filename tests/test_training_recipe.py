@@ -192,7 +192,7 @@ def test_dry_run_needs_no_folder(tmp_path, capsys):
     with pytest.raises(SystemExit) as e:  # training itself still needs the folder
         cli.main(["--preset", "cifar10-folder-resnet20-short", "--run-dir", str(tmp_path / "run")])
     assert e.value.code == 2
-    assert "needs data_dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
+    assert "needs --data-dir" in capsys.readouterr().err and not (tmp_path / "run").exists()
 
 
 @pytest.mark.skipif(importlib.util.find_spec("tensorflow") is None, reason="SavedModel export needs TensorFlow")

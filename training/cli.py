@@ -131,6 +131,8 @@ def config_from_args(args, parser, check=True):
         if args.ordering:
             config = configs.validate(config.replace(unit_options={**config.unit_options, "ordering": args.ordering}),
                                       needs_data=needs_data)
+        if config.recipe == "auto" and config.dataset == "folder" and config.data_dir and not args.config:
+            config = auto_recipe(config, overrides, needs_data)
     except (ValueError, OSError) as e:
         parser.error(str(e))
     return config
@@ -159,6 +161,17 @@ def check_paths(args, parser):
              "train/ and test/ (or val/) sub-folders holding one folder of images per class")
     if not os.path.isdir(config.data_dir):
         fail(f"Invalid --data-dir={config.data_dir!r}: {config.data_dir} is not a directory")
+
+
+def auto_recipe(config, overrides, needs_data):
+    """``--recipe auto``: the folder's plan (``recipe.hyperrule``) over the config, flags given winning; its line
+    printed before any work."""
+    from .recipe import configs, hyperrule
+
+    num_images, image_size = hyperrule.folder_images(config)
+    config, line = hyperrule.apply(config, num_images, image_size, given=set(overrides))
+    print(line, flush=True)
+    return configs.validate(config, needs_data=needs_data)
 
 
 def choose_fastest(args, parser):

@@ -324,11 +324,16 @@ def evaluation_data(target, data, batch_size):
 OUT_OF_MEMORY_HINT = " -- out of memory: evaluate with a smaller --batch-size"  # the memory guard's remedies
 
 
-def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
+TTA_CHOICES = ("none", "flip")  # --tta: flip averages the predictions on each image and its mirror image
+
+
+def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0, tta="none"):
     """``{"top1_accuracy", "top5_accuracy" (more than 5 classes), "loss", "images"}`` by ``model.evaluate``
     (Keras' progress bar); accuracies are fractions in [0, 1], as Keras' and the registry's.
     ``memory_limit``: the memory guard's fraction around ``model.evaluate`` (its line names this command's
-    flags: ``main`` passes ``--memory-limit``; 0, the default for other callers, is off).
+    flags: ``main`` passes ``--memory-limit``; 0, the default for other callers, is off). ``tta="flip"``
+    (``--tta flip``): each image's prediction is the mean of the model's on it and on its left-right mirror
+    image (``keras_preact.models.levers.flip_tta``).
 
     Examples:
         The shipped CIFAR-10 weights on a folder of ten grey test images, one per class:
@@ -352,7 +357,13 @@ def evaluate(target, data, batch_size=128, verbose=1, memory_limit=0):
     """
     import keras
 
+    if tta not in TTA_CHOICES:
+        raise ValueError(f"Invalid tta={tta!r}. Allowed values: {', '.join(map(repr, TTA_CHOICES))}.")
     model = target.load()
+    if tta == "flip":
+        from keras_preact.models.levers import flip_tta
+
+        model = flip_tta(model)
     num_classes = int(model.outputs[0].shape[-1])
     if num_classes != len(data.class_names):
         raise ValueError(f"Invalid --data-dir: {len(data.class_names)} classes, the model has {num_classes}.")
@@ -420,6 +431,9 @@ def build_parser():
     parser.add_argument("--batch-size", type=_positive_int, default=128, help="default 128")
     parser.add_argument("--cache-dir", default=None, help="where decoded folder images are cached (as training)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the metrics to PATH (JSON)")
+    parser.add_argument("--tta", choices=TTA_CHOICES, default="none",
+                        help="test-time augmentation: flip averages the predictions on each image and its mirror "
+                        "image (default none)")
     parser.add_argument("--memory-limit", type=_memory_limit, default=memory_guard.DEFAULT_FRACTION,
                         metavar="FRACTION",
                         help="stop with one line (exit 1) when the host memory in use reaches this fraction of "
@@ -445,7 +459,7 @@ def main(argv=None):
         fail(error)
     print(f"[evaluate] {target.label} on {data.label}", flush=True)
     try:
-        metrics = evaluate(target, data, args.batch_size, memory_limit=args.memory_limit)
+        metrics = evaluate(target, data, args.batch_size, memory_limit=args.memory_limit, tta=args.tta)
     except ValueError as error:
         fail(error)
     print(summary(target, data, metrics), flush=True)

@@ -40,10 +40,10 @@ import keras
 from keras_preact import scratch
 
 from . import export as export_lib
-from .data import pipelines, sources
+from .data import mixing, pipelines, sources
 from .machine import distribute, execution, memory_guard
 from .machine.memory_guard import OUT_OF_MEMORY_HINT
-from .recipe import configs, schedules
+from .recipe import configs, ema, optimizers, schedules
 from .recipe.model import build_model, compile_model, head_steps, set_phase
 from .run import plots, resume, run_lock, run_state, timing
 from .run.manifest import RunManifest, input_config_for, model_fingerprint
@@ -120,7 +120,10 @@ def train(config, data=None):
         if done is not None:
             return done
         build(run)
-        fit(run)
+        if config.linear_probe:  # the head in closed form, no model.fit
+            probe(run)
+        else:
+            fit(run)
         return finalise(run)
 
 
@@ -290,6 +293,9 @@ def input_streams(run):
 
     per_process_batch = config.batch_size // shard[1] if shard else config.batch_size
     _, test_stream = pipelines.pipelines(eval_data, config, per_process_batch, start_step=0)
+    if config.mixup or config.cutmix:  # one-hot labels, mixed in training (keras_preact_training.data.mixing)
+        return mixing.mixed_stream(train_stream, data.num_classes, config), mixing.OneHotBatches(
+            test_stream, data.num_classes)
     return train_stream, test_stream
 
 
@@ -309,6 +315,8 @@ def make_callbacks(run):
         keras.callbacks.CSVLogger(str(run.files_dir / "history.csv"), append=True),
         run.backup_callback,
     ]
+    if config.ema_momentum:  # validation on the averaged weights; every fit trains on from the raw ones
+        callbacks[:0] = [ema.EvaluateAverages(), ema.KeepTrainingWeights()]
     if config.health_every and isinstance(data, sources.ArrayData):
         # Before CSVLogger, so the health signals land in history.csv (keras_preact.analysis).
         from keras_preact.analysis import TrainingHealthCallback
@@ -389,6 +397,27 @@ def fit(run):
                                if key.startswith("val_") and values}
 
 
+def probe(run):
+    """``linear_probe``: the head fitted in closed form on the frozen backbone's features of the training images
+    (``keras_preact.models.levers.linear_probe``), one forward pass in the order of the files; no ``model.fit``."""
+    from keras_preact.models import levers
+
+    config, data = run.config, run.data
+    _, run.test_stream = input_streams(run)
+    run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
+                                       run.start_step, run.backup)
+    if isinstance(data, sources.ArrayData):
+        batches = pipelines.ArrayBatches(data.train_images, data.train_labels, config.batch_size, mean=run.mean,
+                                         std=run.std)
+    else:
+        batches = pipelines.FolderBatches(data, "train", config.batch_size, mean=run.mean, std=run.std, raw=False)
+    print(f"[train] linear probe: the head in closed form on the features of {len(batches.labels)} training "
+          "images (one forward pass, no training)", flush=True)
+    started = time.time()
+    levers.linear_probe(run.classifier, batches, batches.labels)
+    run.wall_s = time.time() - started
+
+
 def unfreeze(run):
     """The end of the head phase: every layer trains; compiled again (Keras fixes what trains at compile) with
     a fresh optimizer that goes on at the schedule's step (its iteration count set to the head phase's)."""
@@ -396,7 +425,8 @@ def unfreeze(run):
     set_phase(run.classifier, config, resolved, head_steps(config, resolved))
     with run.dist.scope():
         compile_model(run.model, config, resolved, run.data.num_classes, steps_per_execution=run.steps_per_execution)
-    run.model.optimizer.iterations.assign(head_steps(config, resolved))
+    optimizers.set_iterations(run.model.optimizer, head_steps(config, resolved))
+    ema.start_averages(run.model)
     frozen = (" (the batch-norm statistics kept frozen: --freeze-norm "
               f"{config.freeze_norm}{', batch < 64 or < 20,000 images' if config.freeze_norm == 'auto' else ''})"
               if resolved.freeze_norm else "")
@@ -437,6 +467,7 @@ def run_metrics(run, evaluation):
 def finalise(run):
     """Evaluate, save ``model.keras``; the chief writes metrics and curves, then exports."""
     config = run.config
+    ema.use_averages(run.model)  # evaluated, saved and exported from the averaged weights
     evaluation = run.last_validation
     if not evaluation or "loss" not in evaluation or "accuracy" not in evaluation:  # trained before this session
         if run.is_chief:

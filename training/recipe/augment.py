@@ -85,25 +85,63 @@ def pad_crop_flip(images, offsets, flip, padding):
     return ops.reshape(out, (-1, height, width, channels))
 
 
+class StepRandAugment(keras.layers.Layer):
+    """Keras' ``RandAugment`` (Cubuk et al. 2020; 2 ops at ``factor``, pixels in 0-255) with the draws of training
+    call ``k`` a function of ``seed`` and ``k`` only, as ``PadCropFlip``'s: its generator's state is set from the
+    call counter ``iterations``, a weight saved with the checkpoints, so a resumed run draws as an uninterrupted one.
+    Keras' layer picks the ops once per batch. Inference returns the input unchanged."""
+
+    STRIDE = 2**16  # draws a call may take from the generator before the next call's
+
+    def __init__(self, factor=0.5, seed=0, **kwargs):
+        super().__init__(**kwargs)
+        self.factor, self.seed = float(factor), int(seed)
+        self.augment = keras.layers.RandAugment(value_range=(0, 255), factor=self.factor, seed=self.seed)
+
+    def build(self, input_shape):
+        self.iterations = self.add_weight(shape=(), dtype="int32", initializer="zeros",
+                                          trainable=False, name="iterations")
+
+    def call(self, images, training=None):
+        if not training:
+            return images
+        state = self.augment.generator.state
+        state.assign(ops.cast(ops.stack([ops.convert_to_tensor(self.seed, "int32"), self.STRIDE * self.iterations]),
+                              state.dtype))
+        self.iterations.assign_add(ops.convert_to_tensor(1, "int32"))
+        return ops.cast(self.augment(images, training=True), images.dtype)
+
+    def compute_output_shape(self, input_shape):
+        return input_shape
+
+    def get_config(self):
+        return {**super().get_config(), "factor": self.factor, "seed": self.seed}
+
+
 AUGMENTATION_LAYERS = {"cifar": lambda seed: PadCropFlip(4, seed=seed, name="pad_crop_flip")}
 
 
-def device_training_model(classifier, *, augmentation, mean, std, seed):
-    """uint8 pixels -> (x - mean) / std -> augmentation (training only) -> ``classifier``.
+def device_training_model(classifier, *, augmentation, mean, std, seed, mixed=False, rand_augment=0.0):
+    """uint8 pixels -> RandAugment (``rand_augment`` > 0, training only) -> (x - mean) / std -> augmentation
+    (training only) -> ``classifier``.
 
     ``augmentation``: ``"cifar"`` (pad 4 with the mean, crop, flip) or ``"none"``; ``mean``/``std`` per
-    channel in 0-255 units, or a mean image. The classifier's variables are shared.
+    channel in 0-255 units, or a mean image. The classifier's variables are shared. ``mixed``: float32
+    pixels in (mixup and cutmix blend uint8 images on the host: ``keras_preact_training.data.mixing``).
     """
     if augmentation not in (*AUGMENTATION_LAYERS, "none"):
         raise ValueError(
             f"Invalid augmentation={augmentation!r} for pipeline='device': allowed "
             f"{sorted((*AUGMENTATION_LAYERS, 'none'))} (ImageNet augmentation streams through tf.data)."
         )
-    images = keras.Input(classifier.input_shape[1:], dtype="uint8", name="images")
+    images = keras.Input(classifier.input_shape[1:], dtype="float32" if mixed else "uint8", name="images")
     mean, std = np.asarray(mean, np.float32), np.asarray(std, np.float32)
     axis = (1, 2, 3) if mean.ndim == 3 else -1  # a mean image (per-pixel mean) or per-channel statistics
+    x = images
+    if rand_augment:  # on pixels in 0-255, before the normalization
+        x = StepRandAugment(rand_augment, seed=seed, name="rand_augment")(ops.cast(x, "float32"))
     x = keras.layers.Normalization(mean=mean, variance=np.broadcast_to(std * std, mean.shape), axis=axis,
-                                   dtype="float32", name="normalize")(images)
+                                   dtype="float32", name="normalize")(x)
     if augmentation != "none":  # after normalization: the padding is the mean, as fb.resnet.torch
         x = AUGMENTATION_LAYERS[augmentation](seed)(x)
     return keras.Model(images, classifier(x), name=f"{classifier.name}_device_input")

@@ -58,6 +58,7 @@ PRECISIONS = ("float32", "mixed_float16", "mixed_bfloat16")
 DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
 PIPELINES = ("auto", "tf_data", "device", "numpy")
 WEIGHT_DECAY_SCOPES = ("all", "kernels")
+RECIPES = ("fixed", "auto")  # auto: keras_preact_training.recipe.hyperrule
 INT32_MAX = 2**31 - 1
 
 
@@ -139,6 +140,15 @@ class Config:
     # fine-tuning's all-layers phase keeps the batch-norm statistics frozen: "auto" (batch < 64 or < 20,000 images,
     # keras_preact.models.finetune.freeze_norm_rule), "true", "false"
     freeze_norm: str = "auto"
+    # --- fine-tuning levers (keras_preact.models.levers; docs/fine-tuning.md, "Levers")
+    recipe: str = "fixed"  # "auto": steps, warm-up, resolution, mixup and frozen BN from the folder (recipe.hyperrule)
+    ema_momentum: float = 0.0  # weight EMA (Keras optimizers' use_ema); evaluated and saved from it; 0: off
+    layer_decay: float = 1.0  # layer-wise learning-rate decay per stage (keras_preact.models.levers); 1: off
+    gradient_accumulation: int = 1  # batches per optimizer update (Keras' gradient_accumulation_steps); 1: off
+    mixup: float = 0.0  # mixup's Beta(alpha, alpha) (Zhang et al. 2018), labels mixed alike; 0: off
+    cutmix: float = 0.0  # cutmix's Beta(alpha, alpha) (Yun et al. 2019); with mixup, one of the two per batch
+    linear_probe: bool = False  # no training: the head in closed form on frozen features (keras_preact.models.levers)
+    rand_augment: float = 0.0  # Keras' RandAugment (2 ops) at this magnitude in [0, 1], pipeline device; 0: off
     verbose: str = "auto"  # Keras fit verbosity: "auto", 0, 1, 2
     # Stop the run with one line when host memory in use reaches this fraction of the limit (0: off)
     memory_limit: float = memory_guard.DEFAULT_FRACTION  # 0.95
@@ -382,6 +392,7 @@ EXTRA_PRESETS.append(
         warmup_lr=0.01,
         head_fraction=0.2,
         label_smoothing=0.1,
+        recipe="auto",
         export=True,
     )
 )
@@ -478,6 +489,35 @@ def init_loader(config):
 _LOADERS = {}
 
 
+def _check_levers(config):
+    """The fine-tuning levers: each in its range, one line naming it (docs/fine-tuning.md, "Levers")."""
+    from keras_preact.layers.options import check_choice
+
+    check_choice("recipe", config.recipe, RECIPES)
+    for field, low, high, rule in (("ema_momentum", 0, 1, "in [0, 1) (0: off)"),
+                                   ("mixup", 0, math.inf, ">= 0 (0: off)"), ("cutmix", 0, math.inf, ">= 0 (0: off)")):
+        value = getattr(config, field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < high:
+            raise ValueError(f"Invalid {field}={value!r}: a number {rule} is required.")
+    if isinstance(config.rand_augment, bool) or not isinstance(config.rand_augment, (int, float)) or not (
+            0 <= config.rand_augment <= 1):
+        raise ValueError(f"Invalid rand_augment={config.rand_augment!r}: a magnitude in [0, 1] is required (0: off).")
+    decay = config.layer_decay
+    if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
+        raise ValueError(f"Invalid layer_decay={decay!r}: a number in (0, 1] is required (1: off).")
+    _check_positive("gradient_accumulation", config.gradient_accumulation, allow_none=False)
+    from ..data.sources import resolve_pipeline
+
+    if config.rand_augment and resolve_pipeline(config) != "device":
+        raise ValueError(f"Invalid pipeline={config.pipeline!r} ({resolve_pipeline(config)} here) with rand_augment="
+                         f"{config.rand_augment}: RandAugment runs in the training step; use --pipeline device.")
+    if config.mixup or config.cutmix:
+        if resolve_pipeline(config) == "tf_data":
+            raise ValueError(f"Invalid pipeline={config.pipeline!r} (tf.data here) with mixup={config.mixup}, "
+                             f"cutmix={config.cutmix}: the labels are mixed on the host; use --pipeline device or "
+                             "numpy.")
+
+
 def validate(config, *, needs_data=True):
     """Raise ValueError naming the field and its allowed values; returns the config. ``needs_data=False``
     (``--dry-run``, which reads no data): a folder dataset may leave ``data_dir`` unset."""
@@ -525,6 +565,7 @@ def validate(config, *, needs_data=True):
         raise ValueError(f"Invalid max_image_pixels={config.max_image_pixels!r}: a pixel count >= 0 is required "
                          "(0: no bound).")
     _check_init_weights(config)
+    _check_levers(config)
     for field in ("base_lr", "warmup_lr", "lr_decay", "momentum", "weight_decay", "drop_path_rate"):
         value = getattr(config, field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:

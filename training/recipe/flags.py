@@ -21,13 +21,15 @@ CHOICES = {
     "distribute": configs.DISTRIBUTIONS,
     "pipeline": configs.PIPELINES,
     "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
+    "recipe": configs.RECIPES,
     "jit_compile": ("auto", "true", "false"),
     "freeze_norm": ("auto", "true", "false"),
     "verbose": ("auto", "0", "1", "2"),
 }
 ALIASES = {"base_lr": ("--lr",)}  # short spellings kept from the first CLI
-# other fields: their name in capitals
-METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB", "max_image_pixels": "PIXELS"}
+METAVARS = {"memory_limit": "FRACTION", "decoded_budget_mib": "MIB", "max_image_pixels": "PIXELS",
+            "ema_momentum": "MOMENTUM", "layer_decay": "DECAY", "gradient_accumulation": "K", "mixup": "ALPHA",
+            "cutmix": "ALPHA", "rand_augment": "MAGNITUDE"}  # other fields: their name in capitals
 PAIRS = {"image_size": 2, "eval_image_size": 2}  # (height, width); other tuples take any length
 HELP = {
     "architecture": "network family: cifar (3 stages, 16-64 channels, 32x32 input) or imagenet (4 stages, "
@@ -75,6 +77,21 @@ HELP = {
     "label_smoothing": "label smoothing of the cross-entropy (0: none)",
     "freeze_norm": "fine-tuning: keep the batch-norm statistics frozen when every layer trains; auto: at a batch under "
     "64 or on under 20,000 training images (docs/fine-tuning.md)",
+    "recipe": "auto (the finetune-folder preset's): steps, warm-up, resolution, mixup and frozen BN chosen from the "
+    "folder's image count and size after BiT's HyperRule, printed before any work; fixed: the preset's and flags'",
+    "ema_momentum": "weight EMA (Keras' use_ema), e.g. 0.999: evaluated, saved and exported from the averaged "
+    "weights; 0: off",
+    "layer_decay": "layer-wise learning-rate decay: stage k of D trains at lr * decay**(D-k), the head at lr; 1: off",
+    "gradient_accumulation": "batches whose gradients are averaged per optimizer update (a larger effective batch "
+    "in the memory of one); 1: off",
+    "mixup": "mixup alpha (images and one-hot labels mixed, Beta(alpha, alpha)); 0: off",
+    "linear_probe": "no training: the backbone's features of the training images computed once (no backpropagation) "
+    "and the head fitted in closed form (ridge regression to the one-hot labels); evaluated, saved and exported as a "
+    "run",
+    "rand_augment": "RandAugment (Keras' layer: 2 ops per batch) at this magnitude in [0, 1], e.g. 0.5, in the "
+    "training step (--pipeline device); 0: off",
+    "cutmix": "cutmix alpha (a box of another image pasted, labels by its area); 0: off. With --mixup: one of the "
+    "two per batch",
     "resize_images": "folder data: give every image the network's view at --image-size (shorter side resized, "
     "centre crop), so folders of any image size train",
     "validation_split": "folder data without test/ or val/: the fraction of each class held out for testing",

@@ -48,6 +48,8 @@ def set_phase(classifier, config, resolved, step):
         head = step < head_steps(config, resolved)
         set_trainable(classifier, "head" if head else "stem",
                       freeze_norm=resolved.freeze_norm and not head and step < resolved.total_steps)
+    elif resolved.freeze_norm:  # fine-tuning without a head phase: every layer, the statistics frozen
+        set_trainable(classifier, "stem", freeze_norm=step < resolved.total_steps)
 
 
 def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None, std=None, class_names=None,
@@ -62,7 +64,8 @@ def build_model(config, num_classes, resolved, *, pipeline="tf_data", mean=None,
     set_phase(classifier, config, resolved, start_step)
     if pipeline == "device":
         model = augment.device_training_model(classifier, augmentation=config.augmentation, mean=mean,
-                                              std=std, seed=config.seed)
+                                              std=std, seed=config.seed, mixed=bool(config.mixup or config.cutmix),
+                                              rand_augment=config.rand_augment)
     else:
         images = keras.Input(classifier.input_shape[1:], name="images")
         model = keras.Model(images, classifier(images), name=f"{classifier.name}_training")
@@ -74,13 +77,19 @@ def compile_model(model, config, resolved, num_classes, *, steps_per_execution=N
     """Compile for training as the recipe says: ``TorchSGD`` on the schedule, cross-entropy, accuracy;
     ``steps_per_execution``: the app's choice (``keras_preact_training.machine.execution``), else the config's,
     else 1."""
-    optimizer = optimizers.from_config(config, schedules.make(config, resolved))
+    classifier = next((layer for layer in (model, *model.layers) if hasattr(layer, "backbone")), model)
+    optimizer = optimizers.from_config(config, schedules.make(config, resolved), classifier)
     metrics = ["accuracy"]
     if num_classes > 5:
         metrics.append(keras.metrics.SparseTopKCategoricalAccuracy(5, name="top5_accuracy"))
     jit = {"auto": "auto", "true": True, "false": False}[str(config.jit_compile).lower()]
     loss = "sparse_categorical_crossentropy"
-    if config.label_smoothing:
+    if config.mixup or config.cutmix:  # mixed one-hot labels (keras_preact_training.data.mixing)
+        loss = keras.losses.CategoricalCrossentropy(label_smoothing=config.label_smoothing)
+        metrics = [keras.metrics.CategoricalAccuracy(name="accuracy")]
+        if num_classes > 5:
+            metrics.append(keras.metrics.TopKCategoricalAccuracy(5, name="top5_accuracy"))
+    elif config.label_smoothing:
         loss = smoothed_cross_entropy(num_classes, config.label_smoothing)
     model.compile(optimizer=optimizer, loss=loss, metrics=metrics,
                   jit_compile=jit, steps_per_execution=steps_per_execution or config.steps_per_execution or 1)

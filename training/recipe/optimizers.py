@@ -120,7 +120,8 @@ def _torch_foreach_step(optimizer, grads, variables, learning_rate):
                 grads[i] = g
         if optimizer.momentum:
             buffers = [optimizer.momentum_buffers[index].value for index in indices]
-            if int(optimizer.iterations.value) == 0:  # optim.sgd: the first buffer is the gradient
+            # optim.sgd: the first buffer is the gradient (``iterations``: a tensor when gradients accumulate)
+            if int(keras.ops.convert_to_numpy(optimizer.iterations)) == 0:
                 torch._foreach_copy_(buffers, grads)
             else:
                 torch._foreach_mul_(buffers, optimizer.momentum)
@@ -130,8 +131,35 @@ def _torch_foreach_step(optimizer, grads, variables, learning_rate):
         torch._foreach_add_(params, grads, alpha=-lr)
 
 
-def from_config(config, learning_rate):
+def from_config(config, learning_rate, model=None):
     """The optimizer of a ``keras_preact_training.recipe.configs.Config``: ``TorchSGD`` with its momentum, Nesterov
-    flag, weight decay and scope."""
-    return TorchSGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=config.nesterov,
-                    coupled_weight_decay=config.weight_decay, weight_decay_scope=config.weight_decay_scope)
+    flag, weight decay and scope; Keras' weight EMA (``ema_momentum``) and gradient accumulation
+    (``gradient_accumulation``) when on; one copy per stage of ``model`` at a decayed rate with ``layer_decay`` < 1
+    (``keras_preact.models.levers.layerwise_decay``)."""
+    levers = {}
+    if config.ema_momentum:
+        levers.update(use_ema=True, ema_momentum=config.ema_momentum)
+    if config.gradient_accumulation > 1:
+        levers.update(gradient_accumulation_steps=config.gradient_accumulation)
+    optimizer = TorchSGD(learning_rate=learning_rate, momentum=config.momentum, nesterov=config.nesterov,
+                         coupled_weight_decay=config.weight_decay, weight_decay_scope=config.weight_decay_scope,
+                         **levers)
+    if config.layer_decay == 1:
+        return optimizer
+    from keras_preact.models.levers import layerwise_decay
+
+    return layerwise_decay(model, optimizer, config.layer_decay)
+
+
+def parts(optimizer):
+    """The optimizers that hold state: ``optimizer``, or a ``MultiOptimizer``'s own and its inner ones."""
+    return [optimizer, *getattr(optimizer, "optimizers", ())]
+
+
+def set_iterations(optimizer, step):
+    """Set the batch counter of ``optimizer`` (and of each inner one of a ``MultiOptimizer``) to ``step``: the
+    schedule's position. With gradient accumulation ``iterations`` is derived (counted batches // steps), so the
+    counter itself is set (Keras' ``_iterations``: there is no public setter)."""
+    for part in parts(optimizer):
+        counter = part._iterations if part.gradient_accumulation_steps else part.iterations
+        counter.assign(step)
