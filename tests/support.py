@@ -281,6 +281,22 @@ def encode_image(pixels, fmt="JPEG", **options):
     return buffer.getvalue()
 
 
+def write_image_folder(root, classes=("cat", "dog"), per_class=8, size=32):
+    """``root`` with ``train/`` and ``test/``, each holding ``per_class`` random PNGs of ``size`` x ``size`` pixels in
+    one folder per class (the image-folder layout ``keras-preact-train --dataset folder`` reads); the same pixels
+    for the same arguments."""
+    from PIL import Image
+
+    rng = np.random.default_rng(0)
+    for split in ("train", "test"):
+        for name in classes:
+            (root / split / name).mkdir(parents=True)
+            for i in range(per_class):
+                Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(
+                    root / split / name / f"{i:04d}.png")
+    return root
+
+
 FLOWER_CLASSES = ["daisy", "rose", "tulip"]
 
 

@@ -7,22 +7,13 @@ import numpy as np
 import pytest
 
 from keras_preact_training import cli
-from support import TRAIN_JIT_COMPILE
+from support import TRAIN_JIT_COMPILE, write_image_folder
 
 pytestmark = [pytest.mark.notf]
 
 
 def write_folder(root, classes=("cat", "dog"), per_class=8):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split in ("train", "test"):
-        for name in classes:
-            (root / split / name).mkdir(parents=True)
-            for i in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
-                    root / split / name / f"{i:04d}.png")
-    return root
+    return write_image_folder(root, classes, per_class)
 
 
 def moving_statistics(model):

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from keras_preact_training import cli
-from support import TRAIN_JIT_COMPILE
+from support import TRAIN_JIT_COMPILE, write_image_folder
 
 pytestmark = [pytest.mark.notf]
 
@@ -22,16 +22,7 @@ STEPS_PER_EPOCH, HEAD_STEPS = 2, 2  # the head phase is the first epoch
 
 
 def write_folder(root, classes=("cat", "dog", "emu"), per_class=8):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split in ("train", "test"):
-        for name in classes:
-            (root / split / name).mkdir(parents=True)
-            for i in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (32, 32, 3), dtype=np.uint8)).save(
-                    root / split / name / f"{i:04d}.png")
-    return root
+    return write_image_folder(root, classes, per_class)
 
 
 def arguments(data_dir, run_dir):

@@ -8,11 +8,10 @@ import os
 import struct
 import zlib
 
-import numpy as np
 import pytest
 
 from keras_preact_training import cli
-from support import TRAIN_JIT_COMPILE
+from support import TRAIN_JIT_COMPILE, write_image_folder
 
 pytestmark = [pytest.mark.notf]
 
@@ -21,16 +20,7 @@ LINE_BREAKS = ("\u2028", "\u2029", "\x85", "\x0b", "\x0c", "\x1c", "\x1d", "\x1e
 
 
 def write_folder(root, classes=("cat", "dog"), per_class=4, size=16):
-    from PIL import Image
-
-    rng = np.random.default_rng(0)
-    for split in ("train", "test"):
-        for name in classes:
-            (root / split / name).mkdir(parents=True)
-            for i in range(per_class):
-                Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(
-                    root / split / name / f"{i:04d}.png")
-    return root
+    return write_image_folder(root, classes, per_class, size)
 
 
 def gray_png(path, width, height):
