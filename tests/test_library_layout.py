@@ -21,18 +21,6 @@ RANKS = {"preprocessing": 0, "scratch": 0, "layers": 1, "models": 2, "pretrained
 # which sits above the networks it builds and loads into.
 LAZY_UPWARD = {("keras_preact.models.registry", "keras_preact.pretrained"),
                ("keras_preact.models.registry", "keras_preact.pretrained.loader")}
-# Known upward imports still to remove (the lead deletes each entry when its import is gone): models/sources.py (the
-# fetchers and converters' entry, which belongs in pretrained/) imports the cache in pretrained/ and the converters in
-# applications/convert.py and convert_resnetv2.py (which belong below pretrained/).
-KNOWN_UPWARD = {
-    ("keras_preact.models.sources", "keras_preact.pretrained"),
-    ("keras_preact.models.sources", "keras_preact.pretrained.cache"),
-    ("keras_preact.models.sources", "keras_preact.pretrained.reading"),
-    ("keras_preact.models.sources", "keras_preact.applications"),
-    ("keras_preact.models.sources", "keras_preact.applications.convert"),
-    ("keras_preact.models.sources", "keras_preact.applications.convert_resnetv2"),
-}
-KNOWN_CIRCLE = set()
 
 
 def modules():
@@ -93,12 +81,11 @@ def test_the_graph_sees_function_level_and_package_imports():
 
 def test_no_module_of_the_library_imports_one_that_imports_it_back():
     edges = graph()
-    cut = LAZY_UPWARD | KNOWN_UPWARD | KNOWN_CIRCLE
-    assert find_cycle({a: [b for b in targets if (a, b) not in cut] for a, targets in edges.items()}) is None
+    assert find_cycle({a: [b for b in targets if (a, b) not in LAZY_UPWARD] for a, targets in edges.items()}) is None
 
 
 def test_rooms_import_only_downwards_but_for_the_one_lazy_import():
-    assert upward_edges(graph()) - KNOWN_UPWARD == LAZY_UPWARD
+    assert upward_edges(graph()) == LAZY_UPWARD
 
 
 def test_the_lazy_import_is_in_a_function_under_a_comment():
@@ -107,10 +94,3 @@ def test_the_lazy_import_is_in_a_function_under_a_comment():
     found = [i for i, line in enumerate(lines) if "from keras_preact.pretrained.loader import" in line]
     assert len(found) == 1 and lines[found[0]].startswith("        ")  # indented: inside a method
     assert lines[found[0] - 1].strip().startswith("# The one lazy import of the library")
-
-
-def test_the_known_leftovers_are_still_there():
-    """Each allow-listed import still exists: when one is removed, its entry goes too (none is kept stale)."""
-    edges = graph()
-    present = {(a, b) for a, targets in edges.items() for b in targets}
-    assert (KNOWN_UPWARD | KNOWN_CIRCLE | LAZY_UPWARD) - present == set()

@@ -172,7 +172,7 @@ def test_init_weights_of_a_registered_keras_hub_preset_take_its_image_converter(
     the converter is read here, so a small keras-hub ResNet saved under the preset's handle stands in for it."""
     keras_hub = pytest.importorskip("keras_hub")
     from keras_preact.models import model_spec
-    from keras_preact.models import sources as weight_sources
+    from keras_preact.pretrained import sources as weight_sources
     from keras_preact_training.recipe import configs
     from keras_preact_training.recipe.model import init_input_config
 
@@ -211,7 +211,7 @@ def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_an
     import pretrained_reference as ref
     from test_pretrained_convert import write_timm_folder
 
-    from keras_preact.models.sources import timm_crop_fraction
+    from keras_preact.preprocessing import timm_crop_fraction
     from keras_preact_training import evaluate
 
     folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", ref.random_state(18, num_classes=10, seed=2),
@@ -239,7 +239,7 @@ def test_offline_init_weights_fail_in_one_line_naming_the_flag_before_any_data(t
     pytest.importorskip("huggingface_hub")
     import huggingface_hub.constants
 
-    from keras_preact.models import sources
+    from keras_preact.pretrained import sources
     from keras_preact_training.data import sources as data_sources
 
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))

@@ -5,7 +5,7 @@ built once.
 preset, and returns a ``Loader`` holding what the network must be built with (``arguments``: the checkpoint's
 layout; ``input_config``; ``num_classes`` and ``class_names``) and the weights themselves: a checked ``.weights.h5``
 file (the package's, yours, or another library's checkpoint fetched and converted once through
-``keras_preact.models.sources`` and ``keras_preact.pretrained.cache``) or a loaded ``.keras`` classifier.
+``keras_preact.pretrained.sources`` and ``keras_preact.pretrained.cache``) or a loaded ``.keras`` classifier.
 ``load(model, head=False)`` drops the head's tensors (timm's ``load_pretrained`` pops the classifier's keys when
 ``num_classes`` differs): no second network is built for a fine-tune.
 
@@ -39,7 +39,7 @@ import warnings
 import keras
 
 from keras_preact.preprocessing import InputConfig
-from keras_preact.pretrained import reading
+from keras_preact.pretrained import reading, sources
 
 KERAS_PREACT_SUFFIXES = (".weights.h5", ".keras")
 CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another library's checkpoint files
@@ -209,8 +209,6 @@ def _invalid(spec, weights):
 
 
 def _registered(spec, trained):
-    from keras_preact.models import sources
-
     names = tuple(trained.class_names) if trained.class_names else None  # shipped names are read on first use
     if trained.origin == "package":
         path = trained.checked_path(spec.name)
@@ -242,12 +240,11 @@ def _folder(spec, path, weights):
         return _keras_model(spec, path / RUN_MODEL, weights)
     config = _json_object(path / RUN_CONFIG)
     if config is not None and "architecture" in config:
-        return _converted(spec, path, weights, "timm", _timm_input_config(config.get("pretrained_cfg", {})))
+        return _converted(spec, path, weights, "timm", sources.timm_input_config(config.get("pretrained_cfg", {})))
     if config is not None and "class_name" in config:
         from keras_preact.models.presets import IMAGENET_INPUT
-        from keras_preact.models.sources import keras_hub_input_config
 
-        return _converted(spec, path, weights, "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT))
+        return _converted(spec, path, weights, "keras_hub", sources.keras_hub_input_config(path, IMAGENET_INPUT))
     if config is not None and is_run_config(config):
         raise ValueError(f"{what}: {path} is an unfinished run (resume it to write {RUN_MODEL}); expected "
                          f"{ALLOWED}.")
@@ -289,7 +286,6 @@ def _file(spec, path, weights):
 def _converted(spec, path, weights, kind, input_config):
     """Another library's checkpoint at ``path``, converted once; a bare timm file takes the input config of
     the registered timm checkpoint of its architecture (its layout and classes), as its folder would."""
-    from keras_preact.models import sources
     from keras_preact.models.weights import WeightsSpec
 
     local = WeightsSpec(name="local", file=str(path), origin="file", source=kind, input_config=input_config)
@@ -307,13 +303,7 @@ def architecture_input_config(spec, layout, num_classes):
     candidates = [w for w in spec.weights.values() if w.origin == "timm" and w.arguments.get("layout") == layout
                   and w.input_config is not None]
     candidates.sort(key=lambda w: w.num_classes != num_classes)
-    return candidates[0].input_config if candidates else _timm_input_config({})
-
-
-def _timm_input_config(pretrained_cfg):
-    from keras_preact.models.sources import _timm_input_config as from_pretrained_cfg
-
-    return from_pretrained_cfg(pretrained_cfg)
+    return candidates[0].input_config if candidates else sources.timm_input_config({})
 
 
 def _keras_model(spec, path, weights):

@@ -83,7 +83,7 @@ def timm_state_shapes(depth, layout, num_classes=None):
     (``"bit"``: GroupNorm) state dict, with its ``head.fc`` where ``num_classes`` is given.
 
     Examples:
-        >>> from keras_preact.applications.convert_resnetv2 import timm_state_shapes
+        >>> from keras_preact.pretrained.convert_timm import timm_state_shapes
         >>> shapes = timm_state_shapes(18, "timm", 1000)
         >>> shapes["stem.conv.weight"], shapes["stages.1.blocks.0.downsample.conv.weight"], shapes["head.fc.weight"]
         ((64, 3, 7, 7), (128, 64, 1, 1), (1000, 512, 1, 1))
@@ -133,7 +133,7 @@ def load_timm_state_dict(model, state):
         A checkpoint as ``safetensors.numpy.load_file`` reads it (a 100 MB download, so not run here):
 
         >>> from safetensors.numpy import load_file  # doctest: +SKIP
-        >>> from keras_preact.applications.convert_resnetv2 import load_timm_state_dict, timm_architecture
+        >>> from keras_preact.pretrained.convert_timm import load_timm_state_dict, timm_architecture
         >>> from keras_preact.models import imagenet_resnet
         >>> state = load_file("resnetv2_50.a1h_in1k/model.safetensors")  # doctest: +SKIP
         >>> arch = timm_architecture(state)  # {'depth': 50, 'layout': 'timm', 'num_classes': 1000}  # doctest: +SKIP
@@ -205,7 +205,7 @@ def load_keras_hub_backbone(model, source, classifier=None):
 
     Examples:
         >>> import keras_hub  # doctest: +SKIP
-        >>> from keras_preact.applications.convert_resnetv2 import keras_hub_architecture, load_keras_hub_backbone
+        >>> from keras_preact.pretrained.convert_timm import keras_hub_architecture, load_keras_hub_backbone
         >>> source = keras_hub.models.Backbone.from_preset("resnet_v2_50_imagenet")  # doctest: +SKIP
         >>> arch = keras_hub_architecture(source)  # doctest: +SKIP
         >>> from keras_preact.models import imagenet_resnet
