@@ -4,7 +4,10 @@ only downwards: preprocessing < layers < models < pretrained < applications < ex
 Read from the source with ``ast`` (every import, top-level or in a function), as ``test_training_layout`` reads the
 training app. Importing a package's module runs the package's ``__init__`` first, so ``from keras_preact.layers
 import options`` depends on ``keras_preact/layers/__init__.py`` too; a module's own enclosing packages are not
-counted (Python has run them before the module)."""
+counted (Python has run them before the module).
+
+No function of the library is over ``MAX_FUNCTION_LINES`` lines of code (blank lines, comments and docstrings
+aside), read with ``ast`` too."""
 
 import ast
 
@@ -94,3 +97,41 @@ def test_the_lazy_import_is_in_a_function_under_a_comment():
     found = [i for i, line in enumerate(lines) if "from keras_preact.pretrained.loader import" in line]
     assert len(found) == 1 and lines[found[0]].startswith("        ")  # indented: inside a method
     assert lines[found[0] - 1].strip().startswith("# The one lazy import of the library")
+
+
+MAX_FUNCTION_LINES = 70  # lines of code: neither blank nor comment nor docstring
+
+
+def code_lines(function, source_lines):
+    """The lines of code of ``function`` (an ``ast`` function node): its lines, nested functions' included, less
+    the blank ones, the comments and the docstrings (its own and its nested functions' and classes')."""
+    docstrings = set()
+    for node in ast.walk(function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+            first = node.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for number in range(function.lineno, function.end_lineno + 1)
+               if number not in docstrings and source_lines[number - 1].strip()
+               and not source_lines[number - 1].strip().startswith("#"))
+
+
+def long_functions(limit=MAX_FUNCTION_LINES):
+    found = {}
+    for name, path in modules().items():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, lines) > limit:
+                found[f"{name}:{node.lineno} {node.name}"] = code_lines(node, lines)
+    return found
+
+
+def test_code_lines_count_neither_blanks_nor_comments_nor_docstrings():
+    source = 'def f(x):\n    """Doc\n\n    string."""\n    # a comment\n\n    def g():\n        """Doc."""\n' \
+             '        return x\n    return g  # a trailing comment counts: code\n'
+    (function,) = ast.parse(source).body
+    assert code_lines(function, source.splitlines()) == 4  # def f, def g, return x, return g
+
+
+def test_no_function_of_the_library_is_over_70_lines_of_code():
+    assert long_functions() == {}
