@@ -46,10 +46,11 @@ def _conv_kernel(weight):
     return np.transpose(weight, (2, 3, 1, 0))
 
 
-def timm_architecture(state, path=None):
+def timm_architecture(state, path=None, *, allow_non_finite=False):
     """``{"depth", "layout", "num_classes"}`` of the timm ``resnetv2`` network a state dict belongs to
     (``num_classes`` None without a head), its tensors checked against that network's (``timm_state_shapes``,
-    ``reading.check_tensors``); a ``CheckpointError`` naming ``path`` (the file read) for anything else."""
+    ``reading.check_tensors``, with its ``allow_non_finite``); a ``CheckpointError`` naming ``path`` (the file
+    read) for anything else."""
     units, blocks = [], {}
     for key in state:
         match = re.match(r"stages\.(\d+)\.blocks\.(\d+)\.", key)
@@ -70,7 +71,7 @@ def timm_architecture(state, path=None):
     expected = timm_state_shapes(**arch)
     if head is not None and np.ndim(head) == 2:  # a Linear head's (classes, features), as a 1x1 conv's
         expected["head.fc.weight"] = expected["head.fc.weight"][:2]
-    check_tensors(state, expected, path=path)
+    check_tensors(state, expected, path=path, allow_non_finite=allow_non_finite)
     return arch
 
 

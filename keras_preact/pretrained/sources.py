@@ -141,20 +141,22 @@ def read_state_dict(path, **options):
     return reading.read_state_dict(path, **options)
 
 
-def convert(origin, source_path, depth, num_classes, build):
+def convert(origin, source_path, depth, num_classes, build, *, allow_non_finite=False):
     """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
     keras, timm, keras_hub); ``build(depth, num_classes, layout)`` builds the network a state dict is loaded into
-    (the loader's: this module imports no network)."""
+    (the loader's: this module imports no network); ``allow_non_finite``: NaN and infinite values are converted,
+    not refused (``reading.check_tensors``)."""
     if origin == "keras":
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
-        source = convert_keras.keras_applications_model(source_path, depth=depth)  # the file checked, registered or not
+        source = convert_keras.keras_applications_model(
+            source_path, depth=depth, allow_non_finite=allow_non_finite)  # the file checked, registered or not
         return convert_keras.from_keras_applications(source, classifier_activation=None), "keras"
     if origin == "timm":
-        state = read_state_dict(source_path)
-        arch = convert_timm.timm_architecture(state, source_path)
+        state = read_state_dict(source_path, allow_non_finite=allow_non_finite)
+        arch = convert_timm.timm_architecture(state, source_path, allow_non_finite=allow_non_finite)
         _check_depth(arch["depth"], depth, source_path)
         model = build(depth, arch["num_classes"] or 1000, arch["layout"])
         convert_timm.load_timm_state_dict(model, state)
@@ -175,11 +177,12 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def converted(model_name, spec, depth, build):
+def converted(model_name, spec, depth, build, *, allow_non_finite=False):
     """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
     ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
     (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
-    sha256 on every load); ``build`` as ``convert``'s."""
+    sha256 on every load); ``build`` and ``allow_non_finite`` as ``convert``'s (a conversion of non-finite values
+    is cached under its own key: a checked load never gets it)."""
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
@@ -187,10 +190,11 @@ def converted(model_name, spec, depth, build):
     read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
 
     def conversion():
-        model, layout = convert(kind, read, depth, spec.num_classes, build)
+        model, layout = convert(kind, read, depth, spec.num_classes, build, allow_non_finite=allow_non_finite)
         return model, {"layout": layout, "num_classes": int(model.num_classes)}
 
-    entry = cache.entry_path(f"{model_name}-{spec.name}", source, kind, depth, spec.num_classes)
+    context = (kind, depth, spec.num_classes) + (("allow_non_finite",) if allow_non_finite else ())  # checked: old keys
+    entry = cache.entry_path(f"{model_name}-{spec.name}", source, *context)
     return entry, cache.cached(entry, conversion)
 
 
