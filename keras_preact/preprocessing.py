@@ -288,6 +288,23 @@ def input_config_from_image_converter(converter_config, default):
                        crop_mode="keras", antialias=bool(converter_config.get("antialias", False)))
 
 
+def timm_crop_fraction(size, crop_pct):
+    """The crop fraction whose ``InputConfig.resize_size`` is timm's ``floor(size / crop_pct)`` (timm's
+    ``pretrained_cfg`` gives ``crop_pct``; ``resize_size`` rounds up, so ``size / floor(size / crop_pct)`` is nudged
+    to the largest fraction that still gives timm's size).
+
+    Examples:
+        >>> from keras_preact.preprocessing import InputConfig, timm_crop_fraction
+        >>> InputConfig(crop_fraction=timm_crop_fraction(224, 0.95)).resize_size  # timm: floor(224 / 0.95)
+        235
+    """
+    resize = math.floor(size / crop_pct)
+    fraction = size / resize
+    while math.ceil(size / fraction) > resize:  # float rounding: the largest fraction giving resize
+        fraction = math.nextafter(fraction, 2.0)
+    return fraction
+
+
 # ------------------------------------------------------------------------------- view geometry
 class ViewGeometry(collections.namedtuple("ViewGeometry", ["source_box", "resized", "crop_box"])):
     """Where the evaluation view of an image comes from (``view_geometry``): ``source_box``

@@ -78,7 +78,7 @@ def test_weights_from_file(tmp_path, rng):
 def test_imagenet_weights_offline_fail_fast(tmp_path, monkeypatch):
     """Offline (an unreachable host), PreActResNet50(weights="imagenet") fails fast in create_model's one line:
     the same fetcher of Keras' file."""
-    from keras_preact.models import sources
+    from keras_preact.pretrained import sources
 
     monkeypatch.setenv("KERAS_HOME", str(tmp_path))
     monkeypatch.setattr(sources, "KERAS_WEIGHTS_URL", "https://keras-weights.invalid/resnet/")

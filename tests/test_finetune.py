@@ -166,6 +166,20 @@ def test_trainable_from_a_stage_freezes_what_comes_before_it(trained):
         set_trainable(model, "stage4")
 
 
+def test_set_trainable_freezes_by_the_backbones_group_matcher(monkeypatch):
+    """set_trainable reads the backbone's public groups (``group_matcher``, timm's): a backbone whose stage 2 group
+    starts a unit later keeps that unit frozen with the stages before."""
+    model = create_model("cifar_resnet20", num_classes=2)  # three units per stage
+    backbone = model.backbone
+    groups = backbone.group_matcher()
+    assert groups["stage2"] == ("stage2_unit1", "stage2_unit2", "stage2_unit3")
+    regrouped = {**groups, "stage1": groups["stage1"] + groups["stage2"][:1], "stage2": groups["stage2"][1:]}
+    monkeypatch.setattr(type(backbone), "group_matcher", lambda self: regrouped)
+    set_trainable(model, "stage2")
+    assert [backbone.get_layer(n).trainable for n in ("stage1_unit3", "stage2_unit1", "stage2_unit2")] == [
+        False, False, True]
+
+
 def test_the_two_phase_recipe_trains_with_plain_fit(tmp_path):
     """Keras' transfer-learning recipe, as the fine-tuning guide writes it: the new head on a frozen backbone,
     then every layer at a 100x lower rate."""

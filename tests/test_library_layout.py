@@ -4,7 +4,10 @@ only downwards: preprocessing < layers < models < pretrained < applications < ex
 Read from the source with ``ast`` (every import, top-level or in a function), as ``test_training_layout`` reads the
 training app. Importing a package's module runs the package's ``__init__`` first, so ``from keras_preact.layers
 import options`` depends on ``keras_preact/layers/__init__.py`` too; a module's own enclosing packages are not
-counted (Python has run them before the module)."""
+counted (Python has run them before the module).
+
+No function of the library is over ``MAX_FUNCTION_LINES`` lines of code (blank lines, comments and docstrings
+aside), read with ``ast`` too."""
 
 import ast
 
@@ -21,18 +24,6 @@ RANKS = {"preprocessing": 0, "scratch": 0, "layers": 1, "models": 2, "pretrained
 # which sits above the networks it builds and loads into.
 LAZY_UPWARD = {("keras_preact.models.registry", "keras_preact.pretrained"),
                ("keras_preact.models.registry", "keras_preact.pretrained.loader")}
-# Known upward imports still to remove (the lead deletes each entry when its import is gone): models/sources.py (the
-# fetchers and converters' entry, which belongs in pretrained/) imports the cache in pretrained/ and the converters in
-# applications/convert.py and convert_resnetv2.py (which belong below pretrained/).
-KNOWN_UPWARD = {
-    ("keras_preact.models.sources", "keras_preact.pretrained"),
-    ("keras_preact.models.sources", "keras_preact.pretrained.cache"),
-    ("keras_preact.models.sources", "keras_preact.pretrained.reading"),
-    ("keras_preact.models.sources", "keras_preact.applications"),
-    ("keras_preact.models.sources", "keras_preact.applications.convert"),
-    ("keras_preact.models.sources", "keras_preact.applications.convert_resnetv2"),
-}
-KNOWN_CIRCLE = set()
 
 
 def modules():
@@ -93,12 +84,11 @@ def test_the_graph_sees_function_level_and_package_imports():
 
 def test_no_module_of_the_library_imports_one_that_imports_it_back():
     edges = graph()
-    cut = LAZY_UPWARD | KNOWN_UPWARD | KNOWN_CIRCLE
-    assert find_cycle({a: [b for b in targets if (a, b) not in cut] for a, targets in edges.items()}) is None
+    assert find_cycle({a: [b for b in targets if (a, b) not in LAZY_UPWARD] for a, targets in edges.items()}) is None
 
 
 def test_rooms_import_only_downwards_but_for_the_one_lazy_import():
-    assert upward_edges(graph()) - KNOWN_UPWARD == LAZY_UPWARD
+    assert upward_edges(graph()) == LAZY_UPWARD
 
 
 def test_the_lazy_import_is_in_a_function_under_a_comment():
@@ -109,8 +99,39 @@ def test_the_lazy_import_is_in_a_function_under_a_comment():
     assert lines[found[0] - 1].strip().startswith("# The one lazy import of the library")
 
 
-def test_the_known_leftovers_are_still_there():
-    """Each allow-listed import still exists: when one is removed, its entry goes too (none is kept stale)."""
-    edges = graph()
-    present = {(a, b) for a, targets in edges.items() for b in targets}
-    assert (KNOWN_UPWARD | KNOWN_CIRCLE | LAZY_UPWARD) - present == set()
+MAX_FUNCTION_LINES = 70  # lines of code: neither blank nor comment nor docstring
+
+
+def code_lines(function, source_lines):
+    """The lines of code of ``function`` (an ``ast`` function node): its lines, nested functions' included, less
+    the blank ones, the comments and the docstrings (its own and its nested functions' and classes')."""
+    docstrings = set()
+    for node in ast.walk(function):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)) and ast.get_docstring(node):
+            first = node.body[0]
+            docstrings.update(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for number in range(function.lineno, function.end_lineno + 1)
+               if number not in docstrings and source_lines[number - 1].strip()
+               and not source_lines[number - 1].strip().startswith("#"))
+
+
+def long_functions(limit=MAX_FUNCTION_LINES):
+    found = {}
+    for name, path in modules().items():
+        text = path.read_text()
+        lines = text.splitlines()
+        for node in ast.walk(ast.parse(text, str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and code_lines(node, lines) > limit:
+                found[f"{name}:{node.lineno} {node.name}"] = code_lines(node, lines)
+    return found
+
+
+def test_code_lines_count_neither_blanks_nor_comments_nor_docstrings():
+    source = 'def f(x):\n    """Doc\n\n    string."""\n    # a comment\n\n    def g():\n        """Doc."""\n' \
+             '        return x\n    return g  # a trailing comment counts: code\n'
+    (function,) = ast.parse(source).body
+    assert code_lines(function, source.splitlines()) == 4  # def f, def g, return x, return g
+
+
+def test_no_function_of_the_library_is_over_70_lines_of_code():
+    assert long_functions() == {}

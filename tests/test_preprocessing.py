@@ -47,8 +47,7 @@ def test_resize_sizes_on_both_sides_of_a_half():
     """Every size the view computes, at fractional parts below and above 0.5, where rounding differs from the
     ceiling (``resize_size``), from timm's floor (``floor(img_size / crop_pct)``) or from torchvision's truncated
     longer side."""
-    from keras_preact.models.sources import timm_crop_fraction
-    from keras_preact.preprocessing import torchvision_resized_size, view_geometry
+    from keras_preact.preprocessing import timm_crop_fraction, torchvision_resized_size, view_geometry
 
     assert InputConfig(input_size=(32, 32, 3), crop_fraction=0.875).resize_size == 37  # 36.57
     assert InputConfig(input_size=(40, 40, 3), crop_fraction=0.9).resize_size == 45  # 44.44

@@ -160,7 +160,8 @@ def test_a_full_tmpfs_as_keras_home_is_one_line_and_no_crash(tmp_path):
 
 CONCURRENT_SCRIPT = """
 import sys
-from keras_preact.models import create_model, sources
+from keras_preact.models import create_model
+from keras_preact.pretrained import sources
 from keras_preact.pretrained import cache
 convert = sources.convert
 def counted(*args, **kwargs):

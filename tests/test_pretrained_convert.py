@@ -15,8 +15,8 @@ import numpy as np
 import pretrained_reference as ref
 import pytest
 
-from keras_preact.applications import convert_resnetv2
-from keras_preact.applications.convert_resnetv2 import from_timm_state_dict
+from keras_preact.pretrained import convert_timm
+from keras_preact.pretrained.convert_timm import from_timm_state_dict
 from support import to_numpy
 
 pytestmark = pytest.mark.core
@@ -136,10 +136,10 @@ def test_keras_hub_resnet_v2_preset_matches(tmp_path):
     randomize(backbone, 3)
     classifier.save_to_preset(str(tmp_path / "preset"))
     loaded = keras_hub.models.ImageClassifier.from_preset(str(tmp_path / "preset"))
-    arch = convert_resnetv2.keras_hub_architecture(loaded.backbone)
+    arch = convert_timm.keras_hub_architecture(loaded.backbone)
     assert arch == {"depth": 50, "layout": "timm"}
     model = imagenet_resnet(50, 5, layout="timm", input_shape=SIZE, classifier_activation=None)
-    convert_resnetv2.load_keras_hub_backbone(model, loaded.backbone, loaded)
+    convert_timm.load_keras_hub_backbone(model, loaded.backbone, loaded)
     x = images(seed=3)
     assert_close(outputs(model, x), keras_hub_outputs(backbone, classifier, x), "keras-hub resnet_v2_50 preset")
 
@@ -163,9 +163,9 @@ def test_keras_applications_resnet50v2_matches():
 def test_a_wrong_mapping_fails_the_comparison(defect, monkeypatch):
     """The comparison catches a wrong mapping: swapped BN mean/variance, a kernel transposed (kh <-> kw)."""
     if defect == "swapped_bn_mean_var":
-        monkeypatch.setitem(convert_resnetv2.NORM_FIELDS, "batch", ("weight", "bias", "running_var", "running_mean"))
+        monkeypatch.setitem(convert_timm.NORM_FIELDS, "batch", ("weight", "bias", "running_var", "running_mean"))
     else:
-        monkeypatch.setattr(convert_resnetv2, "_conv_kernel", lambda w: np.transpose(w, (3, 2, 1, 0)))
+        monkeypatch.setattr(convert_timm, "_conv_kernel", lambda w: np.transpose(w, (3, 2, 1, 0)))
     state = ref.random_state(18)
     model = from_timm_state_dict(state, input_shape=SIZE, classifier_activation=None)
     x = images()

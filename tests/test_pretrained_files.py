@@ -164,6 +164,20 @@ def test_int8_nan_and_inf_tensors_are_refused_in_one_line(tmp_path, defect, word
         assert not np.isfinite(read_state_dict(path, allow_non_finite=True)[words[0].split()[0]]).all()
 
 
+
+def test_allow_non_finite_weights_loads_them_and_a_checked_load_still_refuses_them(tmp_path):
+    """create_model(..., allow_non_finite_weights=True) converts a checkpoint holding NaN (the logit of the
+    NaN bias is NaN, the others are not); the conversion it cached is never served to a load without the flag."""
+    tensors = state()
+    tensors["head.fc.bias"][2] = np.nan
+    path = save_safetensors(tmp_path / "nan.safetensors", tensors)
+    model = create_model("imagenet_resnet18", weights=str(path), allow_non_finite_weights=True, input_shape=SIZE,
+                         classifier_activation=None)
+    logits = to_numpy(model(np.zeros((1, *SIZE), "float32"), training=False))
+    assert np.isnan(logits[0, 2]) and np.isfinite(np.delete(logits[0], 2)).all()
+    refused(path, "head.fc.bias holds NaN or infinite values", "allow_non_finite=True")
+
+
 @pytest.mark.parametrize("defect, words", [
     ("missing", ("1 missing (stages.1.blocks.0.norm2.weight)",)),
     ("extra", ("1 unexpected (stages.0.blocks.0.attn.weight)",)),

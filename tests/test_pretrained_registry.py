@@ -20,9 +20,9 @@ from keras_preact.models import (
     model_spec,
     presets,
     register_model,
-    sources,
 )
 from keras_preact.models.registry import unregister_model
+from keras_preact.pretrained import sources
 from support import to_numpy
 
 pytestmark = [pytest.mark.core, pytest.mark.notf]

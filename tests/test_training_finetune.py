@@ -171,24 +171,26 @@ def test_init_weights_of_a_timm_folder_take_its_preprocessing(tmp_path, monkeypa
 def test_init_weights_of_a_registered_keras_hub_preset_take_its_image_converter(tmp_path, monkeypatch):
     """--init-weights keras_hub_imagenet (ResNet-50's registered keras-hub preset, found in kagglehub's cache): the
     preset's image converter (64 x 48, statistics 127.5/63.75, bicubic) is the run's input config under
-    --normalization model, not the ImageNet family's; keras-hub keeps it in the preset, not our registry. Only
-    the converter is read here, so a small keras-hub ResNet saved under the preset's handle stands in for it."""
+    --normalization model, not the ImageNet family's; keras-hub keeps it in the preset, not our registry. A
+    randomly initialised keras-hub ResNet-50 (pre-activation, the preset's architecture: --init-weights is converted
+    when the config is checked) saved under the preset's handle stands in for it."""
     keras_hub = pytest.importorskip("keras_hub")
     from keras_preact.models import model_spec
-    from keras_preact.models import sources as weight_sources
+    from keras_preact.pretrained import sources as weight_sources
     from keras_preact_training.recipe import configs
     from keras_preact_training.recipe.model import init_input_config
 
     monkeypatch.setenv("KAGGLEHUB_CACHE", str(tmp_path / "kaggle"))
+    monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))  # the conversion's cache
     monkeypatch.setattr(weight_sources, "KAGGLE_ENDPOINT", "https://kaggle.invalid")  # a cache miss fails fast
     mean, std = (127.5,) * 3, (63.75,) * 3
     converter = keras_hub.layers.ResNetImageConverter(
         image_size=(64, 48), scale=[1 / s for s in std], offset=[-m / s for m, s in zip(mean, std)],
         interpolation="bicubic")
     backbone = keras_hub.models.ResNetBackbone(
-        stackwise_num_filters=[64, 64, 64, 64], stackwise_num_blocks=[1, 1, 1, 1], stackwise_num_strides=[1, 2, 2, 2],
-        block_type="basic_block", use_pre_activation=True, input_conv_filters=[64], input_conv_kernel_sizes=[7],
-        image_shape=(None, None, 3))
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[3, 4, 6, 3],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="bottleneck_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
     classifier = keras_hub.models.ResNetImageClassifier(
         backbone=backbone, num_classes=3, preprocessor=keras_hub.models.ResNetImageClassifierPreprocessor(converter))
     handle = model_spec("imagenet_resnet50").weights["keras_hub_imagenet"].checkpoint
@@ -214,7 +216,7 @@ def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_an
     import pretrained_reference as ref
     from test_pretrained_convert import write_timm_folder
 
-    from keras_preact.models.sources import timm_crop_fraction
+    from keras_preact.preprocessing import timm_crop_fraction
     from keras_preact_training import evaluate
 
     folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", ref.random_state(18, num_classes=10, seed=2),
@@ -242,7 +244,7 @@ def test_offline_init_weights_fail_in_one_line_naming_the_flag_before_any_data(t
     pytest.importorskip("huggingface_hub")
     import huggingface_hub.constants
 
-    from keras_preact.models import sources
+    from keras_preact.pretrained import sources
     from keras_preact_training.data import sources as data_sources
 
     monkeypatch.setenv("KERAS_HOME", str(tmp_path / "keras"))

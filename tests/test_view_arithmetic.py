@@ -24,8 +24,7 @@ import pytest
 
 from keras_preact.layers import EvalView
 from keras_preact.models.presets import KERAS_RESNET_V2_INPUT, TIMM_A1H_INPUT, TIMM_RA4_INPUT
-from keras_preact.models.sources import timm_crop_fraction
-from keras_preact.preprocessing import InputConfig
+from keras_preact.preprocessing import InputConfig, timm_crop_fraction
 from support import to_numpy
 
 pytestmark = [pytest.mark.notf, pytest.mark.any_backend]

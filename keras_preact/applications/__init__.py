@@ -11,7 +11,6 @@ Examples:
     [[[[0.0, 0.0, 0.0]]]]
 """
 
-from keras_preact.applications.convert import from_keras_applications
 from keras_preact.applications.preact_resnet import (
     KERAS_IMAGENET_WEIGHTS,
     PreActResNet18,
@@ -23,6 +22,7 @@ from keras_preact.applications.preact_resnet import (
     preact_resnet,
 )
 from keras_preact.applications.processing import decode_predictions, preprocess_input, preprocess_input_resnet_v2
+from keras_preact.pretrained.convert_keras import from_keras_applications
 
 __all__ = [
     "KERAS_IMAGENET_WEIGHTS",

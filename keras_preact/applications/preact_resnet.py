@@ -6,7 +6,7 @@ import os
 from keras_preact.layers import options as opt
 from keras_preact.models.imagenet import LAYOUTS, imagenet_resnet
 from keras_preact.models.presets import KERAS_RESNET_V2_INPUT  # noqa: F401 - what Keras' ResNetV2 weights expect
-from keras_preact.models.sources import KERAS_IMAGENET_WEIGHTS  # depths with Keras' published ResNetV2 weights
+from keras_preact.pretrained.sources import KERAS_IMAGENET_WEIGHTS  # depths with Keras' published ResNetV2 weights
 
 
 def _input_shape(input_shape, input_tensor, include_top, weights):

@@ -39,15 +39,16 @@ def head_plan(source, overrides):
 
 
 def trainable_points(backbone):
-    """``{point: index in the backbone's layer chain}``: ``"stem"`` (0), ``"stage<s>"`` and
-    ``"stage<s>_unit<u>"`` (that unit), ``"final"`` (the ordering's final ops) and ``"head"`` (the end)."""
-    chain = list(backbone._chain_names)
-    points = {"stem": 0}
-    for s, names in enumerate(backbone.stage_unit_names):
-        points[f"stage{s + 1}"] = chain.index(names[0])
-        points.update({name: chain.index(name) for name in names})
-    points["final"] = chain.index(backbone.stage_unit_names[-1][-1]) + 1
-    points["head"] = len(chain)
+    """``{point: index in the backbone's layer chain}`` (its ``group_matcher`` groups, in order): ``"stem"`` (0),
+    ``"stage<s>"`` and ``"stage<s>_unit<u>"`` (that unit), ``"final"`` (the ordering's final ops) and ``"head"``
+    (the end)."""
+    points, index = {}, 0
+    for group, names in backbone.group_matcher().items():
+        points[group] = index
+        if group.startswith("stage"):
+            points.update({name: index + i for i, name in enumerate(names)})
+        index += len(names)
+    points["head"] = index
     return points
 
 
@@ -77,7 +78,7 @@ def set_trainable(model, trainable_from="stem", *, freeze_norm=False):
         2
     """
     backbone = getattr(model, "backbone", model)
-    if not hasattr(backbone, "_chain_names"):
+    if not hasattr(backbone, "group_matcher"):
         raise ValueError(
             f"Invalid model={model!r:.100}: a keras-preact classifier or PreActResNetBackbone is required."
         )
@@ -90,7 +91,8 @@ def set_trainable(model, trainable_from="stem", *, freeze_norm=False):
     # __setattr__), so ``trainable = True`` on a model already True would not reach the layers frozen inside.
     model.trainable = False
     model.trainable = True
-    for name in backbone._chain_names[:points[trainable_from]]:
+    chain = [name for names in backbone.group_matcher().values() for name in names]
+    for name in chain[:points[trainable_from]]:
         backbone.get_layer(name).trainable = False
     if trainable_from == "head":
         backbone.trainable = False

@@ -9,8 +9,7 @@ file in ``keras_preact/weights/``.
 """
 
 from keras_preact.models.class_names import IMAGENET1K_CLASSES
-from keras_preact.models.sources import timm_crop_fraction
-from keras_preact.preprocessing import InputConfig
+from keras_preact.preprocessing import InputConfig, timm_crop_fraction
 
 # fb.resnet.torch datasets/cifar10.lua and datasets/imagenet.lua statistics, in 0-255 pixel units.
 CIFAR_INPUT = InputConfig(
@@ -45,7 +44,7 @@ CIFAR_WEIGHTS = {
 }
 
 # Published ImageNet checkpoints of the pre-activation networks (``origin``: the ecosystem whose loader fetches
-# them, ``keras_preact.models.sources``). Each entry names the architecture it needs (``arguments``: the layout of
+# them, ``keras_preact.pretrained.sources``). Each entry names the architecture it needs (``arguments``: the layout of
 # imagenet_resnet), its preprocessing, licence and published accuracy (fractions; None where the source
 # publishes none). Class names: the ImageNet-1k heads carry the 1,000 shipped names (class_names.IMAGENET1K_CLASSES,
 # read on first use); the ImageNet-21k heads (21,843 classes) carry none: no names list of them is shipped.

@@ -54,7 +54,7 @@ class ModelSpec:
     test_input_size: tuple = None
     slow: bool = False
 
-    def build(self, weights=None, trainable_from=None, **overrides):
+    def build(self, weights=None, trainable_from=None, allow_non_finite_weights=False, **overrides):
         """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
         ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
         ``weights``: what ``keras_preact.pretrained.loader.get_loader`` takes (a registered weights name, a
@@ -62,11 +62,12 @@ class ModelSpec:
         before the network is built, then built once as the checkpoint needs (its layout). With the weights'
         classes the model is their classifier and carries their ``class_names``; with other
         ``num_classes``/``class_names`` it is their backbone under a new head (the head's tensors dropped).
-        ``trainable_from``: ``finetune.set_trainable`` on the model built."""
+        ``trainable_from``: ``finetune.set_trainable`` on the model built. ``allow_non_finite_weights``: another
+        library's checkpoint holding NaN or infinite values is loaded, not refused."""
         # The one lazy import of the library: the loader sits above the models it builds and loads into.
         from keras_preact.pretrained.loader import get_loader
 
-        loader = get_loader(self, weights)
+        loader = get_loader(self, weights, allow_non_finite=allow_non_finite_weights)
         model = self._builder(**overrides) if loader is None else self._build_from(loader, overrides)
         if trainable_from is not None:
             finetune.set_trainable(model, trainable_from)
@@ -175,7 +176,7 @@ def model_spec(name):
     return _REGISTRY[name]
 
 
-def create_model(name, weights=None, trainable_from=None, **overrides):
+def create_model(name, weights=None, trainable_from=None, allow_non_finite_weights=False, **overrides):
     """A registered network (He et al. 2016's pre-activation ResNets): its family builder
     (``cifar_resnet``/``imagenet_resnet``) called with its registered arguments and ``overrides`` (any
     argument of that builder: ``num_classes``, ``input_shape``, ``dtype``, unit options, ...).
@@ -192,7 +193,8 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
     freshly initialised head, for fine-tuning (``keras_preact.models.finetune``). The classifier carries the
     weights' input config (preprocessing), else the registry's, at its input size. ``trainable_from``: freeze
     the backbone before that point (``set_trainable``: ``"head"`` trains the head only, ``"stage3"`` from
-    stage 3 on).
+    stage 3 on). ``allow_non_finite_weights``: load another library's checkpoint (timm, keras.applications) that
+    holds NaN or infinite values, refused by default in one line (the network would output NaN).
 
     Examples:
         >>> from keras_preact.models import create_model
@@ -210,7 +212,8 @@ def create_model(name, weights=None, trainable_from=None, **overrides):
     """
     if isinstance(name, str) and "." in name and weights is None:  # list_models(pretrained=True)'s "name.weights"
         name, weights = name.split(".", 1)
-    return model_spec(name).build(weights=weights, trainable_from=trainable_from, **overrides)
+    return model_spec(name).build(weights=weights, trainable_from=trainable_from,
+                                  allow_non_finite_weights=allow_non_finite_weights, **overrides)
 
 
 def get_input_config(name):

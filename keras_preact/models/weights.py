@@ -5,7 +5,8 @@ A registry entry's ``weights`` maps a name (``"cifar10"``) to a ``WeightsSpec``:
 (``origin="package"``) the file (relative to ``keras_preact/weights/``, the package data, or an absolute path),
 its sha256, the class names, and what it scored; for a published checkpoint (``origin`` ``"keras"``, ``"timm"``
 or ``"keras_hub"``) its id in that ecosystem, the architecture it needs (``arguments``: a layout), its
-preprocessing (``input_config``), licence and published accuracy (``sources`` fetches and converts it).
+preprocessing (``input_config``), licence and published accuracy (``keras_preact.pretrained.sources`` fetches
+and converts it).
 ``create_model(name, weights="cifar10")`` checks the file, builds the network and loads it; ``weights=`` may
 also be a local checkpoint file or folder (``keras_preact.pretrained.loader`` decides what ``weights=`` is).
 """
@@ -15,9 +16,16 @@ import hashlib
 import pathlib
 import re
 
+from keras_preact.models.class_names import ClassNames
+from keras_preact.preprocessing import InputConfig
+
 WEIGHTS_DIR = pathlib.Path(__file__).resolve().parent.parent / "weights"
 SUFFIX = ".weights.h5"  # what keras.Model.load_weights reads
 _SHA256 = re.compile(r"^[0-9a-f]{64}$")
+# The published checkpoints' ecosystems (``keras_preact.pretrained.sources`` fetches each) and their entries' fields.
+ORIGINS = ("keras", "timm", "keras_hub")
+_FIELDS = ("origin", "checkpoint", "checksum", "num_classes", "class_names", "arguments", "input_config", "licence",
+           "dataset", "top1", "top5", "source")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,7 +40,7 @@ class WeightsSpec:
         dataset, top1, top5, source: what they were trained on, their test accuracy (fractions), and
             how they were made (a preset, a run); for documentation and ``keras-preact-evaluate``.
         origin: ``"package"`` (``file``/``sha256`` above), ``"keras"``, ``"timm"``, ``"keras_hub"`` (a published
-            checkpoint, ``sources.ORIGINS``) or ``"file"`` (a local checkpoint given as ``weights=``).
+            checkpoint, ``ORIGINS``) or ``"file"`` (a local checkpoint given as ``weights=``).
         checkpoint, checksum: the checkpoint's id in its ecosystem (a file URL, ``"timm/<model>.<tag>"``, a
             keras-hub preset) and its published checksum (``md5:``/``sha256:``) where the source publishes one.
         num_classes: the head's classes (from ``class_names`` where given). arguments: builder arguments the
@@ -115,9 +123,7 @@ def _parse_entry(model_name, name, entry):
         raise ValueError(f"Invalid {where}: unknown {unknown!r:.200}; the fields are {', '.join(fields)}.")
     origin = entry.get("origin", "package")
     if origin != "package":
-        from keras_preact.models import sources
-
-        return sources.parse_entry(where, name, entry, WeightsSpec)
+        return _parse_published(where, name, entry)
     missing = [f for f in ("file", "sha256", "class_names") if f not in entry]
     if missing:
         raise ValueError(f"Invalid {where}: {', '.join(missing)} missing.")
@@ -131,3 +137,29 @@ def _parse_entry(model_name, name, entry):
     ):
         raise ValueError(f"Invalid {where}: class_names must be a non-empty list of one-line strings.")
     return WeightsSpec(name=name, **{**entry, "class_names": tuple(names)})
+
+
+def _parse_published(where, name, entry):
+    """A registry entry of a published checkpoint, checked: origin, checkpoint id, num_classes, arguments."""
+    unknown = sorted(set(entry) - set(_FIELDS))
+    if unknown:
+        raise ValueError(
+            f"Invalid {where}: unknown {unknown!r}; a published checkpoint's fields are {', '.join(_FIELDS)}."
+        )
+    if entry["origin"] not in ORIGINS:
+        raise ValueError(f"Invalid {where}: origin={entry['origin']!r}. Allowed values: 'package', "
+                         f"{', '.join(map(repr, ORIGINS))}.")
+    if not isinstance(entry.get("checkpoint"), str) or not entry["checkpoint"]:
+        raise ValueError(f"Invalid {where}: checkpoint (the source's id of the checkpoint) is required.")
+    classes = entry.get("num_classes")
+    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
+        raise ValueError(f"Invalid {where}: num_classes={classes!r} must be a positive integer.")
+    config = entry.get("input_config")
+    if config is not None and not isinstance(config, InputConfig):
+        raise ValueError(f"Invalid {where}: input_config must be a keras_preact.preprocessing.InputConfig.")
+    names = entry.get("class_names")
+    if names and len(names) != classes:
+        raise ValueError(f"Invalid {where}: {len(names)} class_names for num_classes={classes}.")
+    entry = {**entry, "arguments": dict(entry.get("arguments") or {}),
+             "class_names": (names if isinstance(names, ClassNames) else tuple(names)) if names else None}
+    return WeightsSpec(name=name, **entry)

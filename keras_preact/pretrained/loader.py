@@ -5,7 +5,7 @@ built once.
 preset, and returns a ``Loader`` holding what the network must be built with (``arguments``: the checkpoint's
 layout; ``input_config``; ``num_classes`` and ``class_names``) and the weights themselves: a checked ``.weights.h5``
 file (the package's, yours, or another library's checkpoint fetched and converted once through
-``keras_preact.models.sources`` and ``keras_preact.pretrained.cache``) or a loaded ``.keras`` classifier.
+``keras_preact.pretrained.sources`` and ``keras_preact.pretrained.cache``) or a loaded ``.keras`` classifier.
 ``load(model, head=False)`` drops the head's tensors (timm's ``load_pretrained`` pops the classifier's keys when
 ``num_classes`` differs): no second network is built for a fine-tune.
 
@@ -39,7 +39,7 @@ import warnings
 import keras
 
 from keras_preact.preprocessing import InputConfig
-from keras_preact.pretrained import reading
+from keras_preact.pretrained import reading, sources
 
 KERAS_PREACT_SUFFIXES = (".weights.h5", ".keras")
 CHECKPOINT_SUFFIXES = (".h5", ".safetensors", ".pth", ".pt", ".bin")  # another library's checkpoint files
@@ -146,11 +146,12 @@ def copy_weights(target, source, label, model_name):
 
 
 # ----------------------------------------------------------------------------------------- the one look
-def get_loader(model_name, weights):
+def get_loader(model_name, weights, *, allow_non_finite=False):
     """The ``Loader`` of ``weights`` for the registered network ``model_name`` (or a ``ModelSpec``; None for
     ``weights=None``; a ``Loader`` of that network is returned as it is): what ``weights`` names is decided
     once, checked, fetched and converted before anything is built; a ValueError naming ``weights`` and what is
-    allowed otherwise.
+    allowed otherwise. ``allow_non_finite``: convert another library's checkpoint holding NaN or infinite values
+    (refused by default, ``reading.check_tensors``; such a conversion is cached apart from the checked ones).
 
     Examples:
         >>> from keras_preact.pretrained.loader import get_loader
@@ -168,11 +169,11 @@ def get_loader(model_name, weights):
         return weights  # a Loader got before: an entry point that checks the weights early looks once
     name = registered_name(spec, weights)
     if name is not None:
-        return _registered(spec, spec.weights[name])
+        return _registered(spec, spec.weights[name], allow_non_finite)
     path = pathlib.Path(weights).expanduser()
     if path.is_dir():
-        return _folder(spec, path, weights)
-    return _file(spec, path, weights)
+        return _folder(spec, path, weights, allow_non_finite)
+    return _file(spec, path, weights, allow_non_finite)
 
 
 def written_as_path(weights):
@@ -208,9 +209,7 @@ def _invalid(spec, weights):
                       f"path of {ALLOWED.removeprefix('a registered weights name, ')}.")
 
 
-def _registered(spec, trained):
-    from keras_preact.models import sources
-
+def _registered(spec, trained, allow_non_finite=False):
     names = tuple(trained.class_names) if trained.class_names else None  # shipped names are read on first use
     if trained.origin == "package":
         path = trained.checked_path(spec.name)
@@ -218,7 +217,8 @@ def _registered(spec, trained):
                       _arguments(trained.arguments, trained.input_config), path, spec=trained)
     from keras_preact.models.presets import IMAGENET_INPUT
 
-    path, _ = sources.converted(spec.name, trained, spec.arguments["depth"], build_for_conversion)
+    path, _ = sources.converted(spec.name, trained, spec.arguments["depth"], build_for_conversion,
+                                allow_non_finite=allow_non_finite)
     input_config = sources.checkpoint_input_config(trained, IMAGENET_INPUT)
     return Loader(spec.name, repr(trained.name), trained.num_classes, names, input_config,
                   _arguments(trained.arguments, input_config), path, spec=trained)
@@ -236,18 +236,19 @@ def _arguments(arguments, input_config):
     return {**arguments, **({"input_shape": tuple(input_config.input_size)} if input_config is not None else {})}
 
 
-def _folder(spec, path, weights):
+def _folder(spec, path, weights, allow_non_finite=False):
     what = f"Invalid weights={str(weights)!r} of {spec.name}"
     if (path / RUN_MODEL).is_file():
         return _keras_model(spec, path / RUN_MODEL, weights)
     config = _json_object(path / RUN_CONFIG)
     if config is not None and "architecture" in config:
-        return _converted(spec, path, weights, "timm", _timm_input_config(config.get("pretrained_cfg", {})))
+        return _converted(spec, path, weights, "timm", sources.timm_input_config(config.get("pretrained_cfg", {})),
+                          allow_non_finite)
     if config is not None and "class_name" in config:
         from keras_preact.models.presets import IMAGENET_INPUT
-        from keras_preact.models.sources import keras_hub_input_config
 
-        return _converted(spec, path, weights, "keras_hub", keras_hub_input_config(path, IMAGENET_INPUT))
+        return _converted(spec, path, weights, "keras_hub", sources.keras_hub_input_config(path, IMAGENET_INPUT),
+                          allow_non_finite)
     if config is not None and is_run_config(config):
         raise ValueError(f"{what}: {path} is an unfinished run (resume it to write {RUN_MODEL}); expected "
                          f"{ALLOWED}.")
@@ -269,7 +270,7 @@ def _json_object(path):
     return value if isinstance(value, dict) else None
 
 
-def _file(spec, path, weights):
+def _file(spec, path, weights, allow_non_finite=False):
     what = f"Invalid weights={str(weights)!r} of {spec.name}"
     if not path.is_file():
         raise ValueError(f"{what}: no such file or directory; expected {ALLOWED}.")
@@ -280,20 +281,20 @@ def _file(spec, path, weights):
     if path.suffix in (".h5", ".keras"):  # keras.applications' ResNetV2: a legacy .h5, Keras 3's .weights.h5, .keras
         from keras_preact.models.presets import KERAS_RESNET_V2_INPUT
 
-        return _converted(spec, path, weights, "keras", KERAS_RESNET_V2_INPUT)
+        return _converted(spec, path, weights, "keras", KERAS_RESNET_V2_INPUT, allow_non_finite)
     if path.suffix in CHECKPOINT_SUFFIXES:
-        return _converted(spec, path, weights, "timm", None)
+        return _converted(spec, path, weights, "timm", None, allow_non_finite)
     raise ValueError(f"{what}: unknown file type; expected {ALLOWED}.")
 
 
-def _converted(spec, path, weights, kind, input_config):
+def _converted(spec, path, weights, kind, input_config, allow_non_finite=False):
     """Another library's checkpoint at ``path``, converted once; a bare timm file takes the input config of
     the registered timm checkpoint of its architecture (its layout and classes), as its folder would."""
-    from keras_preact.models import sources
     from keras_preact.models.weights import WeightsSpec
 
     local = WeightsSpec(name="local", file=str(path), origin="file", source=kind, input_config=input_config)
-    converted, record = sources.converted(spec.name, local, spec.arguments["depth"], build_for_conversion)
+    converted, record = sources.converted(spec.name, local, spec.arguments["depth"], build_for_conversion,
+                                          allow_non_finite=allow_non_finite)
     layout = record["layout"]
     if input_config is None:
         input_config = architecture_input_config(spec, layout, record["num_classes"])
@@ -307,13 +308,7 @@ def architecture_input_config(spec, layout, num_classes):
     candidates = [w for w in spec.weights.values() if w.origin == "timm" and w.arguments.get("layout") == layout
                   and w.input_config is not None]
     candidates.sort(key=lambda w: w.num_classes != num_classes)
-    return candidates[0].input_config if candidates else _timm_input_config({})
-
-
-def _timm_input_config(pretrained_cfg):
-    from keras_preact.models.sources import _timm_input_config as from_pretrained_cfg
-
-    return from_pretrained_cfg(pretrained_cfg)
+    return candidates[0].input_config if candidates else sources.timm_input_config({})
 
 
 def _keras_model(spec, path, weights):

@@ -46,10 +46,11 @@ def _conv_kernel(weight):
     return np.transpose(weight, (2, 3, 1, 0))
 
 
-def timm_architecture(state, path=None):
+def timm_architecture(state, path=None, *, allow_non_finite=False):
     """``{"depth", "layout", "num_classes"}`` of the timm ``resnetv2`` network a state dict belongs to
     (``num_classes`` None without a head), its tensors checked against that network's (``timm_state_shapes``,
-    ``reading.check_tensors``); a ``CheckpointError`` naming ``path`` (the file read) for anything else."""
+    ``reading.check_tensors``, with its ``allow_non_finite``); a ``CheckpointError`` naming ``path`` (the file
+    read) for anything else."""
     units, blocks = [], {}
     for key in state:
         match = re.match(r"stages\.(\d+)\.blocks\.(\d+)\.", key)
@@ -70,7 +71,7 @@ def timm_architecture(state, path=None):
     expected = timm_state_shapes(**arch)
     if head is not None and np.ndim(head) == 2:  # a Linear head's (classes, features), as a 1x1 conv's
         expected["head.fc.weight"] = expected["head.fc.weight"][:2]
-    check_tensors(state, expected, path=path)
+    check_tensors(state, expected, path=path, allow_non_finite=allow_non_finite)
     return arch
 
 
@@ -83,7 +84,7 @@ def timm_state_shapes(depth, layout, num_classes=None):
     (``"bit"``: GroupNorm) state dict, with its ``head.fc`` where ``num_classes`` is given.
 
     Examples:
-        >>> from keras_preact.applications.convert_resnetv2 import timm_state_shapes
+        >>> from keras_preact.pretrained.convert_timm import timm_state_shapes
         >>> shapes = timm_state_shapes(18, "timm", 1000)
         >>> shapes["stem.conv.weight"], shapes["stages.1.blocks.0.downsample.conv.weight"], shapes["head.fc.weight"]
         ((64, 3, 7, 7), (128, 64, 1, 1), (1000, 512, 1, 1))
@@ -133,7 +134,7 @@ def load_timm_state_dict(model, state):
         A checkpoint as ``safetensors.numpy.load_file`` reads it (a 100 MB download, so not run here):
 
         >>> from safetensors.numpy import load_file  # doctest: +SKIP
-        >>> from keras_preact.applications.convert_resnetv2 import load_timm_state_dict, timm_architecture
+        >>> from keras_preact.pretrained.convert_timm import load_timm_state_dict, timm_architecture
         >>> from keras_preact.models import imagenet_resnet
         >>> state = load_file("resnetv2_50.a1h_in1k/model.safetensors")  # doctest: +SKIP
         >>> arch = timm_architecture(state)  # {'depth': 50, 'layout': 'timm', 'num_classes': 1000}  # doctest: +SKIP
@@ -205,7 +206,7 @@ def load_keras_hub_backbone(model, source, classifier=None):
 
     Examples:
         >>> import keras_hub  # doctest: +SKIP
-        >>> from keras_preact.applications.convert_resnetv2 import keras_hub_architecture, load_keras_hub_backbone
+        >>> from keras_preact.pretrained.convert_timm import keras_hub_architecture, load_keras_hub_backbone
         >>> source = keras_hub.models.Backbone.from_preset("resnet_v2_50_imagenet")  # doctest: +SKIP
         >>> arch = keras_hub_architecture(source)  # doctest: +SKIP
         >>> from keras_preact.models import imagenet_resnet

@@ -20,49 +20,18 @@ import pathlib
 import socket
 import urllib.parse
 
-from keras_preact.models.class_names import ClassNames
-from keras_preact.preprocessing import InputConfig, input_config_from_image_converter
-from keras_preact.pretrained import reading
+from keras_preact.preprocessing import InputConfig, input_config_from_image_converter, timm_crop_fraction
+from keras_preact.pretrained import cache, convert_keras, convert_timm, reading
 
-ORIGINS = ("keras", "timm", "keras_hub")
-LICENCES = {"keras": "Apache-2.0", "timm": "Apache-2.0", "keras_hub": "Apache-2.0"}
-KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
 # Depths with published Keras ImageNet weights (keras.applications ResNetV2, TF-slim layout).
-KERAS_IMAGENET_WEIGHTS = {50: "ResNet50V2", 101: "ResNet101V2", 152: "ResNet152V2"}
+KERAS_IMAGENET_WEIGHTS = convert_keras.KERAS_RESNET_V2
+KERAS_WEIGHTS_URL = "https://storage.googleapis.com/tensorflow/keras-applications/resnet/"
 HF_ENDPOINT = "https://huggingface.co"
 KAGGLE_ENDPOINT = "https://www.kaggle.com"
 CONNECT_TIMEOUT_S = 5  # a probe of the source's host before any download: offline fails in seconds, not minutes
 # The builder arguments each kind of checkpoint needs (imagenet_resnet's layouts).
 LAYOUT_ARGUMENTS = {"keras": {"layout": "tf_slim"}, "timm": {"layout": "timm"}, "bit": {"layout": "bit"},
                     "keras_hub": {"layout": "timm"}}
-_FIELDS = ("origin", "checkpoint", "checksum", "num_classes", "class_names", "arguments", "input_config", "licence",
-           "dataset", "top1", "top5", "source")
-
-
-def parse_entry(where, name, entry, spec_class):
-    """A registry entry of a published checkpoint, checked: origin, checkpoint id, num_classes, arguments."""
-    unknown = sorted(set(entry) - set(_FIELDS))
-    if unknown:
-        raise ValueError(
-            f"Invalid {where}: unknown {unknown!r}; a published checkpoint's fields are {', '.join(_FIELDS)}."
-        )
-    if entry["origin"] not in ORIGINS:
-        raise ValueError(f"Invalid {where}: origin={entry['origin']!r}. Allowed values: 'package', "
-                         f"{', '.join(map(repr, ORIGINS))}.")
-    if not isinstance(entry.get("checkpoint"), str) or not entry["checkpoint"]:
-        raise ValueError(f"Invalid {where}: checkpoint (the source's id of the checkpoint) is required.")
-    classes = entry.get("num_classes")
-    if not isinstance(classes, int) or isinstance(classes, bool) or classes < 1:
-        raise ValueError(f"Invalid {where}: num_classes={classes!r} must be a positive integer.")
-    config = entry.get("input_config")
-    if config is not None and not isinstance(config, InputConfig):
-        raise ValueError(f"Invalid {where}: input_config must be a keras_preact.preprocessing.InputConfig.")
-    names = entry.get("class_names")
-    if names and len(names) != classes:
-        raise ValueError(f"Invalid {where}: {len(names)} class_names for num_classes={classes}.")
-    entry = {**entry, "arguments": dict(entry.get("arguments") or {}),
-             "class_names": (names if isinstance(names, ClassNames) else tuple(names)) if names else None}
-    return spec_class(name=name, **entry)
 
 
 # ------------------------------------------------------------------------------------------ the network
@@ -172,35 +141,33 @@ def read_state_dict(path, **options):
     return reading.read_state_dict(path, **options)
 
 
-def convert(origin, source_path, depth, num_classes, build):
+def convert(origin, source_path, depth, num_classes, build, *, allow_non_finite=False):
     """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
     keras, timm, keras_hub); ``build(depth, num_classes, layout)`` builds the network a state dict is loaded into
-    (the loader's: this module imports no network)."""
-    from keras_preact.applications import convert_resnetv2
-
+    (the loader's: this module imports no network); ``allow_non_finite``: NaN and infinite values are converted,
+    not refused (``reading.check_tensors``)."""
     if origin == "keras":
-        from keras_preact.applications.convert import from_keras_applications, keras_applications_model
-
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
-        source = keras_applications_model(source_path, depth=depth)  # the file checked, registered or not
-        return from_keras_applications(source, classifier_activation=None), "keras"
+        source = convert_keras.keras_applications_model(
+            source_path, depth=depth, allow_non_finite=allow_non_finite)  # the file checked, registered or not
+        return convert_keras.from_keras_applications(source, classifier_activation=None), "keras"
     if origin == "timm":
-        state = read_state_dict(source_path)
-        arch = convert_resnetv2.timm_architecture(state, source_path)
+        state = read_state_dict(source_path, allow_non_finite=allow_non_finite)
+        arch = convert_timm.timm_architecture(state, source_path, allow_non_finite=allow_non_finite)
         _check_depth(arch["depth"], depth, source_path)
         model = build(depth, arch["num_classes"] or 1000, arch["layout"])
-        convert_resnetv2.load_timm_state_dict(model, state)
+        convert_timm.load_timm_state_dict(model, state)
         return model, arch["layout"]
     import keras_hub
 
     classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
-    arch = convert_resnetv2.keras_hub_architecture(classifier.backbone)
+    arch = convert_timm.keras_hub_architecture(classifier.backbone)
     _check_depth(arch["depth"], depth, source_path)
     model = build(depth, classifier.output_dense.units, "timm")
-    convert_resnetv2.load_keras_hub_backbone(model, classifier.backbone, classifier)
+    convert_timm.load_keras_hub_backbone(model, classifier.backbone, classifier)
     return model, "keras_hub"
 
 
@@ -210,13 +177,12 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def converted(model_name, spec, depth, build):
+def converted(model_name, spec, depth, build, *, allow_non_finite=False):
     """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
     ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
     (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
-    sha256 on every load); ``build`` as ``convert``'s."""
-    from keras_preact.pretrained import cache
-
+    sha256 on every load); ``build`` and ``allow_non_finite`` as ``convert``'s (a conversion of non-finite values
+    is cached under its own key: a checked load never gets it)."""
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
@@ -224,15 +190,16 @@ def converted(model_name, spec, depth, build):
     read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
 
     def conversion():
-        model, layout = convert(kind, read, depth, spec.num_classes, build)
+        model, layout = convert(kind, read, depth, spec.num_classes, build, allow_non_finite=allow_non_finite)
         return model, {"layout": layout, "num_classes": int(model.num_classes)}
 
-    entry = cache.entry_path(f"{model_name}-{spec.name}", source, kind, depth, spec.num_classes)
+    context = (kind, depth, spec.num_classes) + (("allow_non_finite",) if allow_non_finite else ())  # checked: old keys
+    entry = cache.entry_path(f"{model_name}-{spec.name}", source, *context)
     return entry, cache.cached(entry, conversion)
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
-def _timm_input_config(pretrained_cfg):
+def timm_input_config(pretrained_cfg):
     """An InputConfig from timm's ``pretrained_cfg`` (0-1 statistics scaled to 0-255, timm's resize size)."""
     size = tuple(pretrained_cfg.get("input_size", (3, 224, 224)))
     crop = float(pretrained_cfg.get("crop_pct", 0.875))
@@ -274,17 +241,6 @@ def keras_hub_input_config(preset, default):
     except ValueError as error:
         raise ValueError(f"Invalid weights={str(preset)!r}: its keras-hub image converter does not give an input "
                          f"config ({error}).") from None
-
-
-def timm_crop_fraction(size, crop_pct):
-    """The crop fraction whose ``InputConfig.resize_size`` is timm's ``floor(size / crop_pct)``."""
-    import math
-
-    resize = math.floor(size / crop_pct)
-    fraction = size / resize
-    while math.ceil(size / fraction) > resize:  # float rounding: the largest fraction giving resize
-        fraction = math.nextafter(fraction, 2.0)
-    return fraction
 
 
 def checkpoint_input_config(spec, default):

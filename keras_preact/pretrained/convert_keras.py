@@ -39,17 +39,17 @@ def _copy(src, dst, copied):
     copied.extend(dst.weights)
 
 
-def keras_applications_model(path, input_shape=None, *, depth=None):
+def keras_applications_model(path, input_shape=None, *, depth=None, allow_non_finite=False):
     """The keras.applications ResNet50V2/101V2/152V2 saved in ``path`` (of ``depth``, where given): a legacy
     ``.h5`` (keras.applications' own weights files, ``model.save("x.h5")``), Keras 3's ``save_weights``
     ``.weights.h5`` or ``model.save`` ``.keras`` (its weights: no layer of its config is deserialized). It is
     built by keras.applications with the file's depth and classes at ``input_shape`` (keras.applications'
     default where None), then loaded; the file is checked first (``reading.keras_resnet_v2_file``), one
-    ``CheckpointError`` line otherwise."""
+    ``CheckpointError`` line otherwise (NaN or infinite values too, unless ``allow_non_finite``)."""
     import keras
 
     path = pathlib.Path(path)
-    found = reading.keras_resnet_v2_file(path, values=True)
+    found = reading.keras_resnet_v2_file(path, values=True, allow_non_finite=allow_non_finite)
     if found is None or found["depth"] != (depth or found["depth"]):
         what = "another network's" if found is None else f"a depth-{found['depth']}"
         wanted = f"ResNet{depth}V2's" if depth else "ResNet50V2's, ResNet101V2's or ResNet152V2's"
