@@ -33,6 +33,8 @@ import warnings
 
 import numpy as np
 
+from keras_preact.models.weights import sha256_of
+
 CACHE_SUBDIR = "keras_preact"
 SUFFIX = ".weights.h5"
 RECORD_SUFFIX = ".json"
@@ -43,15 +45,6 @@ FORMAT = 2  # bumped when what a cached conversion holds changes: older entries 
 def keras_home():
     """``$KERAS_HOME`` (default ``~/.keras``), where Keras and keras-preact cache downloads and conversions."""
     return pathlib.Path(os.environ.get("KERAS_HOME", os.path.join(os.path.expanduser("~"), ".keras")))
-
-
-def sha256_of(path, chunk=1 << 20):
-    """The sha256 of a file's bytes, in lowercase hex."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def source_digest(path):

@@ -14,7 +14,6 @@ keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras``, a keras-hu
 checked before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
 """
 
-import hashlib
 import os
 import pathlib
 import socket
@@ -50,29 +49,17 @@ def reachable(url, timeout=CONNECT_TIMEOUT_S):
         return False
 
 
-def _digest(path, algorithm="sha256", chunk=1 << 20):
-    digest = hashlib.new(algorithm, usedforsecurity=False)
-    with open(path, "rb") as f:
-        while block := f.read(chunk):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def keras_home():
-    return pathlib.Path(os.environ.get("KERAS_HOME", os.path.join(os.path.expanduser("~"), ".keras")))
-
-
 def fetch_keras(spec):
     """keras.applications' ResNetV2 weights file, through ``keras.utils.get_file`` (its cache, its md5 check)."""
     import keras
 
     file = spec.checkpoint
     url = KERAS_WEIGHTS_URL + file
-    cached = keras_home() / "models" / file
+    cached = cache.keras_home() / "models" / file
     if not cached.is_file() and not reachable(url):
         raise _offline(f"Keras' {file}", url, cached)
     algorithm, _, value = (spec.checksum or "md5:").partition(":")
-    return pathlib.Path(keras.utils.get_file(file, url, cache_dir=str(keras_home()), cache_subdir="models",
+    return pathlib.Path(keras.utils.get_file(file, url, cache_dir=str(cache.keras_home()), cache_subdir="models",
                                              file_hash=value or None, hash_algorithm=algorithm))
 
 
@@ -96,13 +83,13 @@ def fetch_timm(spec):
         pass
     endpoint = os.environ.get("HF_ENDPOINT", HF_ENDPOINT)
     url = f"{endpoint}/{repo}/resolve/main/model.safetensors"
-    cache = os.environ.get("HF_HUB_CACHE") or hf.constants.HF_HUB_CACHE
+    hub_cache = os.environ.get("HF_HUB_CACHE") or hf.constants.HF_HUB_CACHE
     if hf.constants.HF_HUB_OFFLINE or not reachable(endpoint):
-        raise _offline(f"timm's {repo}", url, f"{cache} (hf download {repo} model.safetensors)")
+        raise _offline(f"timm's {repo}", url, f"{hub_cache} (hf download {repo} model.safetensors)")
     metadata = hf.get_hf_file_metadata(hf.hf_hub_url(repo, "model.safetensors"))
     path = pathlib.Path(hf.hf_hub_download(repo, "model.safetensors"))
     published = (metadata.etag or "").strip('"')
-    if len(published) == 64 and _digest(path) != published:
+    if len(published) == 64 and cache.sha256_of(path) != published:
         raise OSError(f"Invalid download of {repo}: {path} has not the Hub's sha256 {published}; delete it and retry.")
     return path
 
