@@ -166,9 +166,10 @@ def check_paths(args, parser):
 def auto_recipe(config, overrides, needs_data):
     """``--recipe auto``: the folder's plan (``recipe.hyperrule``) over the config, flags given winning; its line
     printed before any work."""
+    from .data import sources
     from .recipe import configs, hyperrule
 
-    num_images, image_size = hyperrule.folder_images(config)
+    num_images, image_size = sources.folder_images(config)
     config, line = hyperrule.apply(config, num_images, image_size, given=set(overrides))
     print(line, flush=True)
     return configs.validate(config, needs_data=needs_data)

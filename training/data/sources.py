@@ -37,6 +37,8 @@ from keras_preact.preprocessing import (
 )
 from keras_preact.scratch import atomic_path
 
+from ..recipe.configs import resolve_pipeline
+
 logger = logging.getLogger(__name__)
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
@@ -665,18 +667,6 @@ def _mib(size):
     return f"{size / 2**20:.1f} MiB ({size:,} bytes)"
 
 
-def resolve_pipeline(config):
-    """``auto``: tf.data on the TensorFlow backend (the fastest CPU path measured), else ``device``
-    (uint8 batches from numpy, augmentation and normalization in the compiled step)."""
-    import keras
-
-    if config.pipeline != "auto":
-        return config.pipeline
-    if keras.backend.backend() == "tensorflow" and has_tensorflow():
-        return "tf_data"
-    return "device" if config.augmentation in ("cifar", "none") else "tf_data"
-
-
 def decode_threads():
     """Threads a streamed folder decodes its batches on (``pipelines.FolderBatches``): one per core, at most 8."""
     return max(1, min(8, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()))
@@ -775,3 +765,20 @@ def require_tensorflow(what, alternative=""):
                         f"{' tensorflow-datasets' if 'TFDS' in what else ''}){alternative}.")
 
 
+def folder_images(config, sample=32):
+    """(training images, (height, width)) of ``config``'s folder, for ``--recipe auto`` (``recipe.hyperrule``): the
+    count of its training split and the median size of the first ``sample`` images, read from their headers (nothing
+    decoded)."""
+    from PIL import Image
+
+    files = folder_lists(config.data_dir, config.validation_split, config.seed)[0][0]
+    sizes = []
+    for file in files[:sample]:
+        try:
+            with Image.open(file) as image:
+                sizes.append(image.size[::-1])
+        except (OSError, ValueError, SyntaxError):
+            continue  # the data checks name it when the run reads it
+    height, width = (int(v) for v in (sorted(s[0] for s in sizes)[len(sizes) // 2],
+                                      sorted(s[1] for s in sizes)[len(sizes) // 2])) if sizes else config.image_size
+    return min(len(files), config.subset or len(files)), (height, width)

@@ -489,6 +489,18 @@ def init_loader(config):
 _LOADERS = {}
 
 
+def resolve_pipeline(config):
+    """``auto``: tf.data on the TensorFlow backend (the fastest CPU path measured), else ``device``
+    (uint8 batches from numpy, augmentation and normalization in the compiled step)."""
+    import keras
+
+    if config.pipeline != "auto":
+        return config.pipeline
+    if keras.backend.backend() == "tensorflow":
+        return "tf_data"
+    return "device" if config.augmentation in ("cifar", "none") else "tf_data"
+
+
 def _check_levers(config):
     """The fine-tuning levers: each in its range, one line naming it (docs/fine-tuning.md, "Levers")."""
     from keras_preact.layers.options import check_choice
@@ -506,8 +518,6 @@ def _check_levers(config):
     if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 < decay <= 1:
         raise ValueError(f"Invalid layer_decay={decay!r}: a number in (0, 1] is required (1: off).")
     _check_positive("gradient_accumulation", config.gradient_accumulation, allow_none=False)
-    from ..data.sources import resolve_pipeline
-
     if config.rand_augment and resolve_pipeline(config) != "device":
         raise ValueError(f"Invalid pipeline={config.pipeline!r} ({resolve_pipeline(config)} here) with rand_augment="
                          f"{config.rand_augment}: RandAugment runs in the training step; use --pipeline device.")

@@ -67,23 +67,3 @@ def apply(config, num_images, image_size, given=()):
             f"{'frozen' if resolved.freeze_norm else 'trained'} in phase 2 (BiT's HyperRule"
             + (f"; given: {', '.join('--' + k.replace('_', '-') for k in kept)})" if kept else ")"))
     return config, line
-
-
-def folder_images(config, sample=32):
-    """(training images, (height, width)) of ``config``'s folder: the count of its training split and the median
-    size of the first ``sample`` images, read from their headers (nothing decoded)."""
-    from PIL import Image
-
-    from ..data import sources
-
-    files = sources.folder_lists(config.data_dir, config.validation_split, config.seed)[0][0]
-    sizes = []
-    for file in files[:sample]:
-        try:
-            with Image.open(file) as image:
-                sizes.append(image.size[::-1])
-        except (OSError, ValueError, SyntaxError):
-            continue  # the data checks name it when the run reads it
-    height, width = (int(v) for v in (sorted(s[0] for s in sizes)[len(sizes) // 2],
-                                      sorted(s[1] for s in sizes)[len(sizes) // 2])) if sizes else config.image_size
-    return min(len(files), config.subset or len(files)), (height, width)
