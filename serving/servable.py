@@ -203,6 +203,7 @@ def _named_file(error, path, default):
     return default
 
 
+OPENVINO_WEIGHTS = "openvino/model.bin"
 # The last 8 bytes of a whole checkpoint index (a LevelDB table): its magic number, little-endian.
 TABLE_MAGIC = (0xdb4775248b80fb57).to_bytes(8, "little")
 # Each format's entries in a version folder: any of them there means the format was (being) written.
@@ -238,24 +239,44 @@ def check_version_files(path, formats):
     if not lines or not all(line.strip() for line in lines):
         return names, "an empty class name (one name per line, none blank)", "DATA_LOSS"
     try:
-        InputConfig.from_dict(json.loads((path / preprocessing).read_text(encoding="utf-8")))
+        config = InputConfig.from_dict(json.loads((path / preprocessing).read_text(encoding="utf-8")))
     except (ValueError, TypeError, KeyError) as error:
         return preprocessing, one_line(error), "DATA_LOSS"
     if "saved_model" in formats and not any((path / "variables").glob("variables.data-*")):
         return "variables/variables.data-*", "missing", "NOT_FOUND"
     if "saved_model" in formats and _footer(path / "variables/variables.index") != TABLE_MAGIC:
         return "variables/variables.index", "cut short (no table footer)", "DATA_LOSS"
-    if "openvino" in formats:
-        try:
-            root = ElementTree.parse(path / ARTIFACTS["openvino"]).getroot()
-        except ElementTree.ParseError as error:
-            return ARTIFACTS["openvino"], one_line(error), "DATA_LOSS"
-        needed = max((int(d.get("offset")) + int(d.get("size")) for d in root.iter("data")
-                      if (d.get("offset") or "").isdigit() and (d.get("size") or "").isdigit()), default=0)
-        size = (path / "openvino/model.bin").stat().st_size
-        if size < needed:
-            return "openvino/model.bin", f"{size} bytes; the IR reads {needed}", "DATA_LOSS"
+    return _check_openvino_files(path, config) if "openvino" in formats else None
+
+
+def _check_openvino_files(path, config):
+    """``(file, reason, code)`` of an OpenVINO IR that does not parse, a model.bin shorter than the IR reads, or a
+    preprocessing input size other than the IR's images; None when they fit."""
+    try:
+        root = ElementTree.parse(path / ARTIFACTS["openvino"]).getroot()
+    except ElementTree.ParseError as error:
+        return ARTIFACTS["openvino"], one_line(error), "DATA_LOSS"
+    needed = max((int(d.get("offset")) + int(d.get("size")) for d in root.iter("data")
+                  if (d.get("offset") or "").isdigit() and (d.get("size") or "").isdigit()), default=0)
+    size = (path / OPENVINO_WEIGHTS).stat().st_size
+    if size < needed:
+        return OPENVINO_WEIGHTS, f"{size} bytes; the IR reads {needed}", "DATA_LOSS"
+    shapes = [data.get("shape", "").split(",") for layer in root.iter("layer") if layer.get("type") == "Parameter"
+              for data in layer.iter("data")]
+    if shapes and len(shapes[0]) == 4 and all(d.isdigit() for d in shapes[0][1:3]):
+        model_size, size = tuple(int(d) for d in shapes[0][1:3]), tuple(config.crop_size)
+        if model_size != size:
+            return (f"{ASSETS}/{PREPROCESSING_ASSET}", f"input size {size[0]}x{size[1]} but the model takes "
+                    f"{model_size[0]}x{model_size[1]}", "DATA_LOSS")
     return None
+
+
+def _blame_artifact(error, path, fmt):
+    """The file of a ``fmt`` export an error loading it comes from: the one it names; OpenVINO's weights when a
+    node fails validation on a constant (the IR parsed, so model.bin's values are what is wrong); else the model."""
+    if fmt == "openvino" and "While validating node" in str(error) and "Constant" in str(error):
+        return OPENVINO_WEIGHTS
+    return _named_file(error, path, ARTIFACTS[fmt])
 
 
 def _blame_saved_model(error, path):
@@ -316,7 +337,7 @@ class Servable:
             try:
                 artifact = ArtifactSignature(path, choice["pixels"])  # loaded and warmed up
             except Exception as error:  # noqa: BLE001 - whatever the runtime raises for a damaged file
-                file = _named_file(error, path, ARTIFACTS[choice["pixels"]])
+                file = _blame_artifact(error, path, choice["pixels"])
                 raise VersionError(version, path, file, one_line(error)) from error
             self._runners[PIXELS_SIGNATURE], self.signatures[PIXELS_SIGNATURE] = artifact, choice["pixels"]
             self.input_specs[PIXELS_SIGNATURE] = artifact.input_spec

@@ -1,6 +1,8 @@
 """KServe's Open Inference Protocol (https://kserve.github.io/website/latest/modelserving/data_plane/v2_protocol/) with
 Triton's binary tensor data (``tritonclient.http``'s default), model configuration, statistics and repository index."""
 
+import base64
+import binascii
 import json
 import math
 import pathlib
@@ -8,6 +10,7 @@ import struct
 
 import numpy as np
 
+from keras_preact.preprocessing import IMAGE_FORMATS, image_format
 from keras_preact_serving import rest
 from keras_preact_serving.metrics import PHASES
 from keras_preact_serving.rest import RequestError
@@ -213,6 +216,28 @@ def _flatten(value, name):
     raise RequestError(f"Input '{name}': 'data' must be a list (flat or nested).")
 
 
+def _json_bytes(text):
+    """A JSON BYTES element's bytes: the image a base64 string encodes (what KServe's image examples send), else
+    the string's UTF-8."""
+    try:
+        decoded = base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):  # not base64 (ValueError: not ASCII)
+        return text.encode("utf-8")
+    return decoded if image_format(decoded) is not None else text.encode("utf-8")
+
+
+def _check_json_images(array, spec):
+    """A 400 naming the two ways to send an image, unless each JSON element of an encoded-image input is one."""
+    if spec.dtype != "string":
+        return
+    for index, item in enumerate(array.reshape(-1)):
+        if image_format(item) is None:
+            raise RequestError(
+                f"Input '{spec.name}'[{index}] is not a {'/'.join(IMAGE_FORMATS)} image: send the image's bytes as "
+                "binary tensor data (parameters.binary_data_size) or as a base64 string in 'data'."
+            )
+
+
 def decode_inputs(request, binary, specs):
     """``{name: array}`` of a parsed request's inputs, each checked: element count, values, shape."""
     arrays, offset = {}, 0
@@ -240,7 +265,8 @@ def decode_inputs(request, binary, specs):
             if datatype == "BYTES":
                 if not all(isinstance(item, str) for item in flat):
                     raise RequestError(f"Input '{name}': BYTES 'data' must be strings (send binary data for bytes).")
-                array = np.fromiter((item.encode("utf-8") for item in flat), object, count)
+                array = np.fromiter((_json_bytes(item) for item in flat), object, count)
+                _check_json_images(array, specs[name])
             else:
                 array = rest.to_array(flat, rest.TensorSpec(name, DATATYPES[datatype], (count,))) if count else \
                     np.zeros(0, DATATYPES[datatype])

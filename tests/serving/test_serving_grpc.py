@@ -128,7 +128,8 @@ def test_the_documented_client_runs_against_this_server(served, tmp_path):
 
     from support import CLASS_NAMES, encode_image, photo_like
 
-    [block] = [b for b in blocks("docs/export-and-serving.md") if b.marker == "run by"]
+    [block] = [b for b in blocks("docs/export-and-serving.md")
+               if b.marker == "run by" and b.reason == "tests/serving/test_serving_grpc.py"]
     assert 'grpc.insecure_channel("localhost:8500")' in block.code and 'name = "<name>"' in block.code
     code = block.code.replace("localhost:8500", f"localhost:{served[1]}").replace('"<name>"', '"cifar"')
     jpeg = encode_image(photo_like(32, 32))

@@ -10,6 +10,7 @@ import base64
 import http.client
 import io
 import json
+import re
 import struct
 import time
 
@@ -400,14 +401,20 @@ def pngs(*sizes):
     return np.array(encoded, dtype=object)
 
 
-@pytest.mark.notf
-def test_bytes_elements_round_trip_and_v2_requests_are_counted():
+def echo_model():
+    """The numpy model with an "echo" signature: encoded images ``s`` back as ``s_bytes``, and their lengths."""
     model = Model()
     model.input_specs = {**Model.input_specs, "echo": {"s": app.rest.TensorSpec("s", "string", (None,))}}
     model.signatures = {**Model.signatures, "echo": "numpy"}
     predict = model.predict
     model.predict = lambda name, inputs: ({"s_bytes": inputs["s"], "n": np.array([len(s) for s in inputs["s"]])}
                                           if name == "echo" else predict(name, inputs))
+    return model
+
+
+@pytest.mark.notf
+def test_bytes_elements_round_trip_and_v2_requests_are_counted():
+    model = echo_model()
     running = started(model)
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
@@ -426,7 +433,7 @@ def test_bytes_elements_round_trip_and_v2_requests_are_counted():
                                           "(outputs[].parameters.binary_data).")
         status, message = error_of(lambda: client.infer(
             "m", [x_input(np.array(["text"], dtype=object), "BYTES", binary=False, name="s")]))
-        assert (status, message) == (400, "Input 's'[0] is not a JPEG/PNG/GIF/BMP image.")
+        assert (status, message) == (400, NOT_AN_IMAGE)
         header = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [2],
                                          "parameters": {"binary_data_size": 9}}]}).encode()
         code, _, reply = raw(running.port, "POST", "/v2/models/m/infer",
@@ -447,6 +454,48 @@ def test_bytes_elements_round_trip_and_v2_requests_are_counted():
             (total, labels(model="m", api="v2:infer", signature="echo", code="200")): 2,
             (total, labels(model="m", api="v2:infer", signature="echo", code="400")): 4,
         }
+    finally:
+        running.close()
+
+
+NOT_AN_IMAGE = ("Input 's'[0] is not a JPEG/PNG/GIF/BMP image: send the image's bytes as binary tensor data "
+                "(parameters.binary_data_size) or as a base64 string in 'data'.")
+
+
+@pytest.mark.notf
+def test_v2_json_bytes_as_base64_strings_are_the_images_they_encode():
+    """KServe's image examples send an encoded image in JSON as a base64 string (``"datatype": "BYTES"``,
+    ``"data": ["<base64>"]``): the model gets the image's bytes, from curl's body and from ``tritonclient.http``'s
+    JSON tensors alike; a string that is neither an image nor base64 of one is refused in one line naming both ways."""
+    from PIL import Image
+
+    from support import images
+
+    encoded = []
+    for image, fmt in zip(images(3, seed=71), ("PNG", "JPEG", "BMP"), strict=True):
+        out = io.BytesIO()
+        Image.fromarray(image).save(out, format=fmt)
+        encoded.append(out.getvalue())
+    strings = [base64.b64encode(e).decode("ascii") for e in encoded]
+    running = started(echo_model())
+    try:
+        body = json.dumps({"inputs": [{"name": "s", "datatype": "BYTES", "shape": [3], "data": strings}],
+                           "outputs": [{"name": "s_bytes", "parameters": {"binary_data": True}},
+                                       {"name": "n"}]}).encode()
+        code, headers, reply = raw(running.port, "POST", "/v2/models/m/infer", body,
+                                   {"Content-Type": "application/json"})
+        assert code == 200, reply
+        result = httpclient.InferenceServerClient.parse_response_body(
+            reply, header_length=int({k.lower(): v for k, v in headers.items()}["inference-header-content-length"]))
+        assert result.as_numpy("s_bytes").tolist() == encoded
+        assert result.as_numpy("n").tolist() == [len(e) for e in encoded]
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{running.port}")
+        result = client.infer("m", [x_input(np.array(strings, dtype=object), "BYTES", binary=False, name="s")])
+        assert result.as_numpy("s_bytes").tolist() == encoded
+        for text in ("text", base64.b64encode(b"not an image").decode(), "%%%"):
+            status, message = error_of(lambda text=text: client.infer(
+                "m", [x_input(np.array([text], dtype=object), "BYTES", binary=False, name="s")]))
+            assert (status, message) == (400, NOT_AN_IMAGE), text
     finally:
         running.close()
 
@@ -524,6 +573,35 @@ def test_tritonclients_class_count_gets_tritons_score_index_label_strings(tf_ser
              "applies to the probabilities output.")
 
 
+def test_the_documented_v2_client_runs_against_this_server(tf_served, tmp_path):
+    """The ``tritonclient.http`` example of "docs/export-and-serving.md", as written, against this module's server:
+    only its port and the image file are this test's. It prints REST's top-3 class names and probabilities."""
+    import contextlib
+
+    from test_docs import blocks, working_directory
+
+    from support import encode_image, photo_like
+
+    running, _ = tf_served
+    [block] = [b for b in blocks("docs/export-and-serving.md")
+               if b.marker == "run by" and b.reason == "tests/serving/test_serving_v2.py"]
+    assert 'InferenceServerClient("localhost:8501")' in block.code
+    code = block.code.replace("localhost:8501", f"127.0.0.1:{running.port}")
+    jpeg = encode_image(photo_like(32, 32))
+    (tmp_path / "cat.jpg").write_bytes(jpeg)
+    printed = io.StringIO()
+    with working_directory(tmp_path), contextlib.redirect_stdout(printed):
+        exec(compile(code, block.where, "exec"), {"__name__": "docs_v2_client"})  # the documentation's own code
+    rest = rest_predict(running, {"signature_name": "serving_bytes",
+                                  "inputs": [{"b64": base64.b64encode(jpeg).decode()}]})
+    names, scores = printed.getvalue().split("]]", 1)  # numpy may wrap an array's line
+    assert re.findall(r"b'(\w+)'", names) == rest["class_names"][0], printed.getvalue()
+    top = [(float(score), int(index), label) for score, index, label in re.findall(r"b'([\d.]+):(\d+):(\w+)'", scores)]
+    assert [(index, label) for _, index, label in top] == list(zip(rest["classes"][0], rest["class_names"][0]))
+    np.testing.assert_allclose([score for score, _, _ in top],
+                               np.asarray(rest["probabilities"][0])[rest["classes"][0]], atol=1e-6)
+
+
 def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(tf_served):
     running, client = tf_served
     assert client.is_server_ready() and client.is_model_ready("cifar", "1")
@@ -549,6 +627,10 @@ def test_tritonclient_gets_rest_probabilities_for_pixels_floats_and_jpeg_bytes(t
         ("serving_float", x_input(batch.astype(np.float32), "FP32", name="images"),
          {"signature_name": "serving_float", "inputs": batch.astype(float).tolist()}),
         ("serving_bytes", x_input(np.array(encoded, dtype=object), "BYTES", name="image_bytes"),
+         {"signature_name": "serving_bytes", "inputs": [{"b64": base64.b64encode(e).decode()} for e in encoded]}),
+        # KServe's image examples: JSON "data" of base64 strings (the serving guide's example).
+        ("serving_bytes", x_input(np.array([base64.b64encode(e).decode() for e in encoded], dtype=object), "BYTES",
+                                  binary=False, name="image_bytes"),
          {"signature_name": "serving_bytes", "inputs": [{"b64": base64.b64encode(e).decode()} for e in encoded]}),
     ]
     for signature, tensor, rest_body in cases:

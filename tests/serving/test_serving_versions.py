@@ -46,6 +46,13 @@ def remove(path):
     shutil.rmtree(path) if path.is_dir() else path.unlink()
 
 
+def overwrite_with_random_bytes(path):
+    """The file's size kept, its bytes replaced (seeded): a copy whole in length but not in content."""
+    import numpy as np
+
+    path.write_bytes(np.random.default_rng(0).bytes(path.stat().st_size))
+
+
 # Damage done to a copy cut short (case 1), and the file the one line must name.
 DAMAGES = {
     "variables_removed": (lambda v: remove(v / "variables"), "variables/variables.index"),
@@ -54,6 +61,12 @@ DAMAGES = {
                                  "variables/variables.data-"),
     "openvino_xml_truncated": (lambda v: truncate(v / "openvino" / "model.xml"), "openvino/model.xml"),
     "openvino_bin_truncated": (lambda v: truncate(v / "openvino" / "model.bin"), "openvino/model.bin"),
+    # The weights of the right length, but not the IR's: OpenVINO fails validating a node, the .bin to blame.
+    "openvino_bin_random": (lambda v: overwrite_with_random_bytes(v / "openvino" / "model.bin"),
+                            "): openvino/model.bin: "),
+    # No input size: the default 224x224 is fed to a 32x32 model, the preprocessing file to blame.
+    "preprocessing_empty": (lambda v: (v / "assets" / "preprocessing.json").write_text("{}"),
+                            "assets/preprocessing.json: input size 224x224 but the model takes 32x32"),
     "assets_removed": (lambda v: remove(v / "assets"), "assets/class_names.txt"),
     "class_names_empty": (lambda v: (v / "assets" / "class_names.txt").write_text(""), "assets/class_names.txt"),
     "preprocessing_broken": (lambda v: (v / "assets" / "preprocessing.json").write_text('{"input_size": [32, 32'),
@@ -80,8 +93,8 @@ def lines_of(text):
 
 
 def test_half_copied_newer_versions_are_skipped_each_in_one_line_and_the_whole_one_served(whole, tmp_path):
-    """Version 1 whole; versions 2-9 each a copy cut short another way (``DAMAGES``): one start of the server
-    tries them newest first, skips each with one line naming its file, reports each in the model status
+    """Version 1 whole; versions 2-11 each a copy cut short or overwritten another way (``DAMAGES``): one start of
+    the server tries them newest first, skips each with one line naming its file, reports each in the model status
     (END, its error) and serves version 1."""
     base = tmp_path / "m"
     shutil.copytree(whole, base / "1")
