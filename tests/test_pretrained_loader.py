@@ -122,11 +122,10 @@ def test_a_bare_timm_file_takes_its_architectures_input_config(home, tmp_path):
     assert np.abs(to_numpy(model(x)) - ref.forward(state, x)[0]).max() <= 1e-4
 
 
-def test_preact_resnet50_loads_a_keras_applications_h5(home, tmp_path):
-    """PreActResNet50(weights=<keras.applications ResNet50V2 legacy .h5>) converts it as create_model does (the
-    TF-slim layout, Keras' outputs), instead of Keras' raw 'Layer count mismatch'."""
+def keras_applications_h5(tmp_path, seed):
+    """(a keras.applications ResNet50V2 of 5 classes with random weights and batch statistics, its legacy .h5)."""
     source = keras.applications.ResNet50V2(weights=None, input_shape=SIZE, classes=5, classifier_activation=None)
-    rng = np.random.default_rng(13)
+    rng = np.random.default_rng(seed)
     for layer in source.layers:
         if isinstance(layer, keras.layers.BatchNormalization):
             g, b, m, v = layer.get_weights()
@@ -134,6 +133,77 @@ def test_preact_resnet50_loads_a_keras_applications_h5(home, tmp_path):
                                rng.normal(0, 0.3, m.shape), rng.uniform(0.5, 2.0, v.shape)])
     file = tmp_path / "resnet50v2.h5"
     source.save(str(file))  # legacy HDF5: the format of keras-applications' weights files
+    return source, file
+
+
+def first_loads_build_one_network(name, weights, builds, home):
+    """(the fine-tuned model, the whole classifier) of a checkpoint not in the cache: a fine-tune first (3
+    classes: one network built, the backbone converted, nothing cached), then the whole classifier (one network
+    built, converted into it, the cache written from it), then the whole classifier again (one network, from the
+    cache: the same weights)."""
+    from keras_preact.pretrained import cache
+
+    builds.clear()
+    tuned = create_model(name, weights=weights, input_shape=SIZE, num_classes=3)
+    assert len(builds) == 1 and tuned.output_shape == (None, 3)
+    assert not list((home / "keras_preact").glob("*.weights.h5"))
+    builds.clear()
+    whole = create_model(name, weights=weights, input_shape=SIZE, classifier_activation=None)
+    assert len(builds) == 1
+    (entry,) = (home / "keras_preact").glob("*.weights.h5")
+    assert cache.read_record(entry)["sha256"] == cache.sha256_of(entry)
+    builds.clear()
+    again = create_model(name, weights=weights, input_shape=SIZE, classifier_activation=None)
+    assert len(builds) == 1 and same(again, whole)
+    assert same(tuned.backbone, whole.backbone)
+    return tuned, whole
+
+
+def test_the_first_load_of_a_timm_folder_builds_one_network(home, tmp_path, builds):
+    """A timm folder never converted: its first fine-tune and its first whole load each build one network (the
+    checkpoint converted into it), with timm's logits."""
+    pytest.importorskip("safetensors")
+    from test_pretrained_convert import write_timm_folder
+
+    state = ref.random_state(18, num_classes=5, seed=14)
+    folder = write_timm_folder(tmp_path / "resnetv2_18", "resnetv2_18", state)
+    _, whole = first_loads_build_one_network("imagenet_resnet18", str(folder), builds, home)
+    x = images(3)
+    assert np.abs(to_numpy(whole(x)) - ref.forward(state, x)[0]).max() <= 1e-4
+
+
+def test_the_first_load_of_a_keras_applications_h5_builds_one_network(home, tmp_path, builds):
+    """A keras.applications .h5 never converted: its first fine-tune and its first whole load each build one
+    network of ours (keras.applications' own network is the source read), with Keras' logits."""
+    source, file = keras_applications_h5(tmp_path, seed=15)
+    _, whole = first_loads_build_one_network("imagenet_resnet50", str(file), builds, home)
+    x = images(4)
+    assert np.abs(to_numpy(whole(x)) - to_numpy(source(x))).max() <= 1e-4
+
+
+@pytest.mark.hub
+def test_the_first_load_of_a_keras_hub_preset_folder_builds_one_network(home, tmp_path, builds):
+    """A keras-hub preset folder never converted: its first fine-tune and its first whole load each build one
+    network of ours (keras-hub's own classifier is the source read), with keras-hub's logits."""
+    keras_hub = pytest.importorskip("keras_hub")
+    from test_pretrained_convert import randomize
+
+    backbone = keras_hub.models.ResNetBackbone(
+        stackwise_num_filters=[64, 128, 256, 512], stackwise_num_blocks=[2, 2, 2, 2],
+        stackwise_num_strides=[1, 2, 2, 2], block_type="basic_block", use_pre_activation=True,
+        input_conv_filters=[64], input_conv_kernel_sizes=[7], image_shape=(None, None, 3))
+    classifier = keras_hub.models.ResNetImageClassifier(backbone=backbone, num_classes=5, activation=None)
+    randomize(backbone, 16)
+    classifier.save_to_preset(str(tmp_path / "preset"))
+    _, whole = first_loads_build_one_network("imagenet_resnet18", str(tmp_path / "preset"), builds, home)
+    x = images(5)
+    assert np.abs(to_numpy(whole(x)) - to_numpy(classifier(x))).max() <= 1e-4
+
+
+def test_preact_resnet50_loads_a_keras_applications_h5(home, tmp_path):
+    """PreActResNet50(weights=<keras.applications ResNet50V2 legacy .h5>) converts it as create_model does (the
+    TF-slim layout, Keras' outputs), instead of Keras' raw 'Layer count mismatch'."""
+    source, file = keras_applications_h5(tmp_path, seed=13)
     model = PreActResNet50(weights=str(file), input_shape=SIZE, classes=5, classifier_activation=None)
     x = images(2)
     assert model.input_config.mean == (127.5, 127.5, 127.5)  # Keras' [-1, 1] pixels: the weights' input config

@@ -58,8 +58,9 @@ class ModelSpec:
         """``builder(**arguments, **overrides)``, with the input shape (``input_config.input_size``) and the
         ``input_config`` the builder's classifier carries (at its input size) defaulting to the registry's.
         ``weights``: what ``keras_preact.pretrained.loader.get_loader`` takes (a registered weights name, a
-        keras-preact file or run directory, another library's checkpoint), decided, checked and converted once
-        before the network is built, then built once as the checkpoint needs (its layout). With the weights'
+        keras-preact file or run directory, another library's checkpoint), decided and checked before the network is
+        built, then built once as the checkpoint needs (its layout); a checkpoint not converted yet is converted
+        into that network (and cached from it when it is the whole classifier). With the weights'
         classes the model is their classifier and carries their ``class_names``; with other
         ``num_classes``/``class_names`` it is their backbone under a new head (the head's tensors dropped).
         ``trainable_from``: ``finetune.set_trainable`` on the model built. ``allow_non_finite_weights``: another

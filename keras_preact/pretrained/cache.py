@@ -75,9 +75,10 @@ def record_path(entry):
     return entry.with_name(entry.name.removesuffix(SUFFIX) + RECORD_SUFFIX)
 
 
-def read_record(entry):
+def read_record(entry, *, warn=True):
     """The record of the cached conversion ``entry`` when the file is whole and unchanged (its sha256 the
-    record's); None when there is none, or, with one warning line, when it does not match."""
+    record's); None when there is none, or, with one warning line (unless ``warn=False``: it was said before),
+    when it does not match."""
     entry = pathlib.Path(entry)
     record_file = record_path(entry)
     if not entry.exists() and not record_file.exists():
@@ -89,8 +90,9 @@ def read_record(entry):
         whole = False
     if whole:
         return record
-    warnings.warn(f"The cached conversion {entry} does not match its record (edited, truncated or half-written); "
-                  "converting the checkpoint again.", RuntimeWarning, stacklevel=2)
+    if warn:
+        warnings.warn(f"The cached conversion {entry} does not match its record (edited, truncated or "
+                      "half-written); converting the checkpoint again.", RuntimeWarning, stacklevel=2)
     return None
 
 
@@ -112,9 +114,10 @@ def _one_writer(entry):
             fcntl.flock(handle, fcntl.LOCK_UN)
 
 
-def cached(entry, convert):
+def cached(entry, convert, *, warn=True):
     """The record of the cached conversion ``entry``, verified; when missing or not matching, ``convert()``
-    (returning the converted model and a dict of what the conversion found) is called and written first.
+    (returning the converted model and a dict of what the conversion found) is called and written first (one
+    process at a time; ``warn`` as ``read_record``'s).
 
     Returns:
         The record: ``sha256`` and ``bytes`` of the file, and ``convert``'s dict.
@@ -125,7 +128,7 @@ def cached(entry, convert):
     except OSError as error:
         raise _unwritable(entry, error) from None
     with _one_writer(entry):
-        record = read_record(entry)
+        record = read_record(entry, warn=warn)
         if record is None:
             model, found = convert()
             record = write(model, entry, found)

@@ -39,22 +39,30 @@ def _copy(src, dst, copied):
     copied.extend(dst.weights)
 
 
-def keras_applications_model(path, input_shape=None, *, depth=None, allow_non_finite=False):
-    """The keras.applications ResNet50V2/101V2/152V2 saved in ``path`` (of ``depth``, where given): a legacy
-    ``.h5`` (keras.applications' own weights files, ``model.save("x.h5")``), Keras 3's ``save_weights``
-    ``.weights.h5`` or ``model.save`` ``.keras`` (its weights: no layer of its config is deserialized). It is
-    built by keras.applications with the file's depth and classes at ``input_shape`` (keras.applications'
-    default where None), then loaded; the file is checked first (``reading.keras_resnet_v2_file``), one
-    ``CheckpointError`` line otherwise (NaN or infinite values too, unless ``allow_non_finite``)."""
-    import keras
-
-    path = pathlib.Path(path)
+def checked_file(path, depth=None, *, allow_non_finite=False):
+    """``reading.keras_resnet_v2_file(path)`` of a keras.applications ResNetV2 file (of ``depth``, where given),
+    its tensors checked; one ``CheckpointError`` line for any other file (NaN or infinite values too, unless
+    ``allow_non_finite``)."""
     found = reading.keras_resnet_v2_file(path, values=True, allow_non_finite=allow_non_finite)
     if found is None or found["depth"] != (depth or found["depth"]):
         what = "another network's" if found is None else f"a depth-{found['depth']}"
         wanted = f"ResNet{depth}V2's" if depth else "ResNet50V2's, ResNet101V2's or ResNet152V2's"
         raise reading.CheckpointError(f"Invalid checkpoint {str(path)!r}: {what} Keras file, not a keras.applications "
                                       f"{wanted} (.h5, .weights.h5 or .keras).")
+    return found
+
+
+def keras_applications_model(path, input_shape=None, *, depth=None, allow_non_finite=False, found=None):
+    """The keras.applications ResNet50V2/101V2/152V2 saved in ``path`` (of ``depth``, where given): a legacy
+    ``.h5`` (keras.applications' own weights files, ``model.save("x.h5")``), Keras 3's ``save_weights``
+    ``.weights.h5`` or ``model.save`` ``.keras`` (its weights: no layer of its config is deserialized). It is
+    built by keras.applications with the file's depth and classes at ``input_shape`` (keras.applications'
+    default where None), then loaded; the file is checked first (``checked_file``; ``found``: what it gave
+    already)."""
+    import keras
+
+    path = pathlib.Path(path)
+    found = found or checked_file(path, depth, allow_non_finite=allow_non_finite)
     builder = getattr(keras.applications, KERAS_RESNET_V2[found["depth"]])
     top = {"classes": found["num_classes"]} if found["num_classes"] else {"include_top": False}
     shape = input_shape or (None if found["num_classes"] else (None, None, 3))
@@ -119,9 +127,20 @@ def from_keras_applications(model, *, classifier_activation=None, name=None, inp
         classifier_activation=classifier_activation,
         name=name or f"preact_resnet{depth}_from_{model.name}",
     )
-    backbone = getattr(converted, "backbone", converted)
+    return load_keras_applications(converted, model)
+
+
+def load_keras_applications(target, source):
+    """Copy the keras.applications ResNetV2 ``source`` into ``target``, an ``imagenet_resnet`` of its depth in the
+    ``"tf_slim"`` layout: a classifier of its classes (its head from ``predictions``), or a backbone or headless
+    network (``predictions`` dropped). Every variable of ``target`` comes from ``source``. Returns ``target``."""
+    names = {layer.name for layer in source.layers}
+    head = "logits" in [layer.name for layer in target.layers]
+    if head and "predictions" not in names:
+        raise ValueError(f"Invalid weights: {source.name} has no top (include_top=False); load it under a new head.")
+    backbone = getattr(target, "backbone", target)
     copied = []
-    _copy(model.get_layer("conv1_conv"), backbone.get_layer("stem_conv"), copied)
+    _copy(source.get_layer("conv1_conv"), backbone.get_layer("stem_conv"), copied)
     for s, stage in enumerate(backbone.residual_units):
         for b, unit in enumerate(stage):
             prefix = f"conv{s + 2}_block{b + 1}_"
@@ -130,12 +149,10 @@ def from_keras_applications(model, *, classifier_activation=None, name=None, inp
                     continue
                 if ours is None:
                     raise RuntimeError(f"{unit.name} has no counterpart of {prefix + theirs}: the layouts disagree.")
-                _copy(model.get_layer(prefix + theirs), ours, copied)
-    _copy(model.get_layer("post_bn"), backbone.get_layer("final_norm"), copied)
-    if include_top:
-        _copy(model.get_layer("predictions"), converted.get_layer("logits"), copied)
-    if len(copied) != len(converted.weights):  # every variable must come from the source
-        raise RuntimeError(
-            f"Converted {len(copied)} of {len(converted.weights)} variables: the layouts disagree."
-        )
-    return converted
+                _copy(source.get_layer(prefix + theirs), ours, copied)
+    _copy(source.get_layer("post_bn"), backbone.get_layer("final_norm"), copied)
+    if head:
+        _copy(source.get_layer("predictions"), target.get_layer("logits"), copied)
+    if len(copied) != len(target.weights):  # every variable must come from the source
+        raise RuntimeError(f"Converted {len(copied)} of {len(target.weights)} variables: the layouts disagree.")
+    return target

@@ -7,7 +7,10 @@ layout; ``input_config``; ``num_classes`` and ``class_names``) and the weights t
 file (the package's, yours, or another library's checkpoint fetched and converted once through
 ``keras_preact.pretrained.sources`` and ``keras_preact.pretrained.cache``) or a loaded ``.keras`` classifier.
 ``load(model, head=False)`` drops the head's tensors (timm's ``load_pretrained`` pops the classifier's keys when
-``num_classes`` differs): no second network is built for a fine-tune.
+``num_classes`` differs): no second network is built for a fine-tune. Another library's checkpoint that is not
+in the cache yet is read and checked by ``get_loader`` (its layout and classes known without building anything of
+ours) and converted by ``load`` into the model given: the first load builds one network too. A whole load writes
+the cache from that model; a fine-tune converts the backbone straight from the checkpoint and caches nothing.
 
 What ``weights`` may be:
 
@@ -63,8 +66,12 @@ class Loader:
         input_config: the preprocessing the weights were trained with (None: the network's).
         arguments: builder arguments the weights need (their layout; a checkpoint's input size: a keras-preact
             model's own weights fit any).
-        path: a ``.weights.h5`` file of the whole classifier, or None with ``model``: a loaded classifier.
+        path: a ``.weights.h5`` file of the whole classifier (for another library's checkpoint: its cache entry),
+            or None with ``model``: a loaded classifier.
         spec: the registered ``WeightsSpec`` (None for a path): its source, licence and accuracy.
+        conversion: another library's checkpoint that was not in the cache when ``get_loader`` looked
+            (``sources.Conversion``): ``load`` converts it into the model given (a whole classifier writes the
+            cache from itself, or loads the entry another process wrote meanwhile); None for a cached one.
     """
 
     model_name: str
@@ -76,16 +83,20 @@ class Loader:
     path: pathlib.Path = None
     model: keras.Model = None
     spec: object = None
+    conversion: object = None
 
     def load(self, model, head=True):
         """Put the weights into ``model`` (built with ``arguments``): the whole classifier, or with
-        ``head=False`` its backbone only, the head's tensors dropped (the model keeps its own new head).
+        ``head=False`` its backbone only, the head's tensors dropped (the model keeps its own new head). A
+        checkpoint not in the cache yet is converted into ``model``; a whole classifier then writes the cache.
 
         Returns:
             ``model``.
         """
         if not head:
             self.load_backbone(model.backbone)
+        elif self.conversion is not None and self.conversion.into(model, write=True):
+            return model  # converted into the model, and the cache written from it
         elif self.model is not None:
             copy_weights(model, self.model, self.label, self.model_name)
         else:
@@ -96,6 +107,9 @@ class Loader:
         """Put the backbone's part of the weights into ``backbone`` (a ``PreActResNetBackbone``)."""
         if self.model is not None:
             copy_weights(backbone, self.model.backbone, self.label, self.model_name)
+            return backbone
+        if self.conversion is not None:
+            self.conversion.into(backbone, write=False)
             return backbone
         with tempfile.TemporaryDirectory() as folder:
             self._load_file(backbone, backbone_file(self.path, pathlib.Path(folder)))
@@ -217,18 +231,11 @@ def _registered(spec, trained, allow_non_finite=False):
                       _arguments(trained.arguments, trained.input_config), path, spec=trained)
     from keras_preact.models.presets import IMAGENET_INPUT
 
-    path, _ = sources.converted(spec.name, trained, spec.arguments["depth"], build_for_conversion,
-                                allow_non_finite=allow_non_finite)
+    path, _, conversion = sources.prepare(spec.name, trained, spec.arguments["depth"],
+                                          allow_non_finite=allow_non_finite)
     input_config = sources.checkpoint_input_config(trained, IMAGENET_INPUT)
     return Loader(spec.name, repr(trained.name), trained.num_classes, names, input_config,
-                  _arguments(trained.arguments, input_config), path, spec=trained)
-
-
-def build_for_conversion(depth, num_classes, layout):
-    """The network a checkpoint is converted into: ``imagenet_resnet`` in its layout, any input size, logits."""
-    from keras_preact.models.imagenet import imagenet_resnet
-
-    return imagenet_resnet(depth, num_classes, layout=layout, input_shape=(None, None, 3), classifier_activation=None)
+                  _arguments(trained.arguments, input_config), path, spec=trained, conversion=conversion)
 
 
 def _arguments(arguments, input_config):
@@ -288,18 +295,19 @@ def _file(spec, path, weights, allow_non_finite=False):
 
 
 def _converted(spec, path, weights, kind, input_config, allow_non_finite=False):
-    """Another library's checkpoint at ``path``, converted once; a bare timm file takes the input config of
-    the registered timm checkpoint of its architecture (its layout and classes), as its folder would."""
+    """Another library's checkpoint at ``path``, converted once (by the first ``load``, into the model it is
+    given); a bare timm file takes the input config of the registered timm checkpoint of its architecture (its
+    layout and classes), as its folder would."""
     from keras_preact.models.weights import WeightsSpec
 
     local = WeightsSpec(name="local", file=str(path), origin="file", source=kind, input_config=input_config)
-    converted, record = sources.converted(spec.name, local, spec.arguments["depth"], build_for_conversion,
-                                          allow_non_finite=allow_non_finite)
-    layout = record["layout"]
+    entry, found, conversion = sources.prepare(spec.name, local, spec.arguments["depth"],
+                                               allow_non_finite=allow_non_finite)
+    layout = found["layout"]
     if input_config is None:
-        input_config = architecture_input_config(spec, layout, record["num_classes"])
-    return Loader(spec.name, repr(str(weights)), record["num_classes"], None, input_config,
-                  _arguments(sources.LAYOUT_ARGUMENTS[layout], input_config), converted)
+        input_config = architecture_input_config(spec, layout, found["num_classes"])
+    return Loader(spec.name, repr(str(weights)), found["num_classes"], None, input_config,
+                  _arguments(sources.LAYOUT_ARGUMENTS[layout], input_config), entry, conversion=conversion)
 
 
 def architecture_input_config(spec, layout, num_classes):

@@ -3,10 +3,12 @@
 Each ``origin`` has its loader and cache: ``"keras"`` (keras.applications ResNetV2: ``keras.utils.get_file``
 into ``$KERAS_HOME/models``, checked by Keras' published md5), ``"timm"`` (``huggingface_hub.hf_hub_download``
 of ``timm/<model>.<tag>``'s ``model.safetensors`` into the Hugging Face cache, checked against the Hub's
-sha256), ``"keras_hub"`` (keras-hub's preset loader, which caches through kagglehub). The converted weights
-are written once, as a ``.weights.h5`` file named after the source's digest, under
-``$KERAS_HOME/keras_preact/``; later loads read that file. Without a network each loader's cache is used,
-and a missing checkpoint fails within seconds with one line saying what to download and where to put it.
+sha256), ``"keras_hub"`` (keras-hub's preset loader, which caches through kagglehub). A checkpoint is read
+and checked without building a network of ours (``prepare``: its layout and classes), converted into the network
+its loader is given (``Conversion.into``), and written once from that network, as a ``.weights.h5`` file named
+after the source's digest, under ``$KERAS_HOME/keras_preact/``; later loads read that file. Without a network
+each loader's cache is used, and a missing checkpoint fails within seconds with one line saying what to download
+and where to put it.
 
 A local checkpoint works as ``weights=PATH`` (``keras_preact.pretrained.loader`` decides what it is): a timm
 ``.safetensors``/``.pth`` state dict or a timm folder (``config.json`` + ``model.safetensors``), a
@@ -14,6 +16,7 @@ keras.applications ResNetV2's ``.h5``, ``.weights.h5`` or ``.keras``, a keras-hu
 checked before it is used (``keras_preact.pretrained.reading``): a bad one is one ``CheckpointError`` line.
 """
 
+import dataclasses
 import os
 import pathlib
 import socket
@@ -128,34 +131,43 @@ def read_state_dict(path, **options):
     return reading.read_state_dict(path, **options)
 
 
-def convert(origin, source_path, depth, num_classes, build, *, allow_non_finite=False):
-    """(the converted model, its layout: ``LAYOUT_ARGUMENTS``' key) of a fetched or local checkpoint (``origin``:
-    keras, timm, keras_hub); ``build(depth, num_classes, layout)`` builds the network a state dict is loaded into
-    (the loader's: this module imports no network); ``allow_non_finite``: NaN and infinite values are converted,
-    not refused (``reading.check_tensors``)."""
-    if origin == "keras":
+def read_checkpoint(kind, source_path, depth, *, allow_non_finite=False):
+    """(what ``convert`` reads, ``{"layout", "num_classes"}``) of a fetched or local checkpoint (``kind``: keras,
+    timm, keras_hub; ``layout`` a ``LAYOUT_ARGUMENTS`` key), checked for the depth-``depth`` network without
+    building ours: timm's state dict (``convert_timm.timm_architecture``), a keras.applications file's path and
+    what ``reading.keras_resnet_v2_file`` finds in it, keras-hub's ``ImageClassifier`` (the source library's
+    network); ``allow_non_finite``: NaN and infinite values are accepted, not refused (``reading.check_tensors``)."""
+    if kind == "keras":
         if depth not in KERAS_IMAGENET_WEIGHTS:
             raise ValueError(
                 f"Invalid weights: a keras.applications ResNetV2 file has depth 50, 101 or 152, not {depth}."
             )
-        source = convert_keras.keras_applications_model(
-            source_path, depth=depth, allow_non_finite=allow_non_finite)  # the file checked, registered or not
-        return convert_keras.from_keras_applications(source, classifier_activation=None), "keras"
-    if origin == "timm":
+        found = convert_keras.checked_file(source_path, depth, allow_non_finite=allow_non_finite)
+        return (source_path, found), {"layout": "keras", "num_classes": found["num_classes"]}
+    if kind == "timm":
         state = read_state_dict(source_path, allow_non_finite=allow_non_finite)
         arch = convert_timm.timm_architecture(state, source_path, allow_non_finite=allow_non_finite)
         _check_depth(arch["depth"], depth, source_path)
-        model = build(depth, arch["num_classes"] or 1000, arch["layout"])
-        convert_timm.load_timm_state_dict(model, state)
-        return model, arch["layout"]
+        return state, {"layout": arch["layout"], "num_classes": arch["num_classes"] or 1000}
     import keras_hub
 
     classifier = keras_hub.models.ImageClassifier.from_preset(str(source_path))
-    arch = convert_timm.keras_hub_architecture(classifier.backbone)
-    _check_depth(arch["depth"], depth, source_path)
-    model = build(depth, classifier.output_dense.units, "timm")
-    convert_timm.load_keras_hub_backbone(model, classifier.backbone, classifier)
-    return model, "keras_hub"
+    _check_depth(convert_timm.keras_hub_architecture(classifier.backbone)["depth"], depth, source_path)
+    return classifier, {"layout": "keras_hub", "num_classes": int(classifier.output_dense.units)}
+
+
+def convert(kind, source, target):
+    """Convert ``source`` (``read_checkpoint``'s) into ``target``, a network of ours in the checkpoint's layout:
+    a classifier of its classes, or a backbone (the head's tensors dropped, as timm's ``load_pretrained`` pops the
+    classifier's keys for a new head). Returns ``target``."""
+    if kind == "keras":
+        path, found = source
+        convert_keras.load_keras_applications(target, convert_keras.keras_applications_model(path, found=found))
+    elif kind == "timm":
+        convert_timm.load_timm_state_dict(target, source)
+    else:
+        convert_timm.load_keras_hub_backbone(target, source.backbone, source)
+    return target
 
 
 def _check_depth(found, depth, path):
@@ -164,25 +176,63 @@ def _check_depth(found, depth, path):
                          f"use imagenet_resnet{found}.")
 
 
-def converted(model_name, spec, depth, build, *, allow_non_finite=False):
-    """(the converted ``.weights.h5`` of a published or local checkpoint for the depth-``depth`` network
-    ``model_name``, its cache record: ``layout``, ``num_classes``): fetched, checked, converted once
+@dataclasses.dataclass
+class Conversion:
+    """A checkpoint read and checked but not in the cache yet: converted into the network the caller builds (no
+    network of ours is built for the conversion alone).
+
+    Attributes:
+        kind: keras, timm or keras_hub. entry: its cache entry (``cache.entry_path``).
+        source: what ``convert`` reads (``read_checkpoint``'s). found: ``{"layout", "num_classes"}``.
+    """
+
+    kind: str
+    entry: pathlib.Path
+    source: object
+    found: dict
+
+    def into(self, target, *, write):
+        """Convert the checkpoint into ``target``; with ``write``, ``target`` is the whole classifier (the
+        checkpoint's classes) and the cache entry is written from it (``cache.cached``: one converter at a
+        time, written to a temporary file and renamed, its sha256 recorded). The weights do not depend on the
+        input shape nor the head's activation, so any classifier of the checkpoint's classes writes the same
+        file; one whose variables are not float32 (a ``dtype=`` override) is converted into, never cached.
+
+        Returns:
+            True when converted into ``target``; False when another process wrote the entry meanwhile (load it).
+        """
+        if not write or any(str(v.dtype) != "float32" for v in target.weights):
+            convert(self.kind, self.source, target)
+            return True
+        done = []
+
+        def conversion():
+            done.append(convert(self.kind, self.source, target))
+            return target, dict(self.found)
+
+        cache.cached(self.entry, conversion, warn=False)  # a mismatch was said when the loader looked
+        return bool(done)
+
+
+def prepare(model_name, spec, depth, *, allow_non_finite=False):
+    """(the cache entry of a published or local checkpoint for the depth-``depth`` network ``model_name``,
+    ``{"layout", "num_classes"}``, a ``Conversion`` or None): fetched, and either found converted in the cache
     (``keras_preact.pretrained.cache``: keyed by the content of every source file, verified against its recorded
-    sha256 on every load); ``build`` and ``allow_non_finite`` as ``convert``'s (a conversion of non-finite values
-    is cached under its own key: a checked load never gets it)."""
+    sha256; the Conversion None) or read and checked, its Conversion converting it into the network the caller
+    builds. ``allow_non_finite`` as ``read_checkpoint``'s (a conversion of non-finite values is cached under its
+    own key: a checked load never gets it). A package's own file is (its path, None, None)."""
     source = pathlib.Path(spec.file) if spec.origin == "file" else FETCHERS[spec.origin](spec)
     kind = spec.source if spec.origin == "file" else spec.origin
     if kind == "package":
-        return source, None
+        return source, None, None
     read = source / "model.safetensors" if kind == "timm" and source.is_dir() else source
-
-    def conversion():
-        model, layout = convert(kind, read, depth, spec.num_classes, build, allow_non_finite=allow_non_finite)
-        return model, {"layout": layout, "num_classes": int(model.num_classes)}
-
     context = (kind, depth, spec.num_classes) + (("allow_non_finite",) if allow_non_finite else ())  # checked: old keys
     entry = cache.entry_path(f"{model_name}-{spec.name}", source, *context)
-    return entry, cache.cached(entry, conversion)
+    record = cache.read_record(entry)
+    if record is not None:
+        return entry, {"layout": record["layout"], "num_classes": record["num_classes"]}, None
+    checkpoint, found = read_checkpoint(kind, read, depth, allow_non_finite=allow_non_finite)
+    return entry, found, Conversion(kind, entry, checkpoint, found)
 
 
 # ------------------------------------------------------------------------------------ local checkpoints
