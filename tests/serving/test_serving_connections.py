@@ -262,13 +262,18 @@ def test_sigterm_answers_the_requests_in_flight_then_exits_0(batching):
         replies[i] = exchange(port, predict_request([[i + 1.0, 1.0]], "close"), timeout=60)[0]
 
     threads = [threading.Thread(target=client, args=(i,)) for i in range(8)]
-    for thread in threads:
-        thread.start()
-    wait_for_entries(process, [i + 1.0 for i in range(8)])
-    process.send_signal(signal.SIGTERM)
-    for thread in threads:
-        thread.join(60)
-    assert process.wait(timeout=60) == 0
+    try:
+        for thread in threads:
+            thread.start()
+        wait_for_entries(process, [i + 1.0 for i in range(8)])
+        process.send_signal(signal.SIGTERM)
+        for thread in threads:
+            thread.join(60)
+        assert process.wait(timeout=60) == 0
+    finally:
+        if process.poll() is None:  # failed before the drain: no server outlives the test
+            process.kill()
+            process.wait()
     assert process.stdout.read().strip() == "exited"
     assert [(r[0], r[2]) for r in replies] == [(200, {"predictions": [i + 2.0]}) for i in range(8)]
     with pytest.raises(ConnectionRefusedError):
