@@ -233,7 +233,7 @@ def test_a_run_from_a_timm_checkpoint_is_evaluated_and_exported_with_its_crop_an
     assert keras.saving.load_model(run / "model.keras").input_config.to_dict() == expected
     assert evaluate.resolve_model(str(run), None).input_config.to_dict() == expected
     if sources.has_tensorflow():  # the SavedModel export: what serving reads
-        (version,) = (tmp_path / "exported" / "finetune-folder").iterdir()
+        (version,) = (tmp_path / "exported" / "run").iterdir()  # named after its run directory
         assert json.loads((version / "assets" / "preprocessing.json").read_text()) == expected
 
 

@@ -258,7 +258,7 @@ def test_cli_help_lists_presets(capsys):
     [
         (["--preset", "nope"], "invalid choice: 'nope'"),
         (["nope"], "invalid choice: 'nope'"),
-        (["--dataset", "folder"], "needs data_dir"),
+        (["--dataset", "folder"], "needs --data-dir"),
         (["--distribute", "horovod"], "invalid choice: 'horovod'"),
         (["--batch-size", "0"], "batch_size=0"),
         (["--ordering", "sideways"], "ordering='sideways'"),

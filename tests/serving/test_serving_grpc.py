@@ -475,9 +475,17 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
     RPC gets UNAVAILABLE while those in flight are answered."""
     from keras_preact_serving.server import make_server
 
-    # A batching timeout of a minute: the two RPCs stay in flight until the shutdown's flush answers them.
+    # A batching timeout of a minute: the two RPCs wait in the batcher's queue until the shutdown's flush runs them,
+    # and that model call waits for ``answer``: they are in flight until the test has seen the draining server refuse.
     server = make_server(exported.parent, port=0, grpc_port=0, max_connections=2, enable_batching=True,
                          batching_timeout_ms=60000, batching_max_size=64)
+    answer, model_predict = threading.Event(), server.batcher._predict
+
+    def held_predict(signature_name, inputs):
+        answer.wait(60)
+        return model_predict(signature_name, inputs)
+
+    server.batcher._predict = held_predict
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     port = server.grpc_address[1]
@@ -502,10 +510,12 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
         while (code := _code(lambda: predict(port, {"images": images(1)}))[0]) == grpc.StatusCode.RESOURCE_EXHAUSTED:
             assert time.monotonic() < deadline, "the server did not start draining"
         assert code == grpc.StatusCode.UNAVAILABLE, code
+        answer.set()
         for t in threads:
             t.join(60)
         stopping.join(60)
     finally:
+        answer.set()
         server.shutdown()
         server.server_close()
     assert [h["probabilities"].shape for h in held] == [(1, 10), (1, 10)]
