@@ -499,9 +499,8 @@ def test_rpcs_beyond_the_concurrency_limit_are_refused_and_a_draining_server_is_
         for t in threads:
             t.start()
         deadline = time.monotonic() + 60
-        while server.batcher.queued() < 2:  # both in flight, waiting in the batcher's queue
-            assert time.monotonic() < deadline, server.batcher.queued()
-            time.sleep(0.01)
+        with server.batcher._condition:  # notified by each request the batcher queues
+            assert server.batcher._condition.wait_for(lambda: server.batcher._queued >= 2, 60), "not both queued"
         code, details = _code(lambda: predict(port, {"images": images(1)}))
         assert code == grpc.StatusCode.RESOURCE_EXHAUSTED, details
         stopping = threading.Thread(target=server.shutdown)
