@@ -37,11 +37,7 @@ class PadCropFlip(keras.layers.Layer):
     def call(self, images, training=None):
         if not training:
             return images
-        state = self._rng.state
-        # Two draws per call: the generator's counter at call k is 2k.
-        state.assign(ops.cast(ops.stack([ops.convert_to_tensor(self.seed, "int32"), 2 * self.iterations]),
-                              state.dtype))
-        self.iterations.assign_add(ops.convert_to_tensor(1, "int32"))
+        next_call(self._rng, self.seed, self.iterations, 2)  # two draws per call: the counter at call k is 2k
         batch = ops.shape(images)[0]
         offsets = keras.random.randint((2, batch), 0, 2 * self.padding + 1, seed=self._rng, dtype="int32")
         flip = keras.random.uniform((batch,), seed=self._rng) < 0.5
@@ -105,10 +101,7 @@ class StepRandAugment(keras.layers.Layer):
     def call(self, images, training=None):
         if not training:
             return images
-        state = self.augment.generator.state
-        state.assign(ops.cast(ops.stack([ops.convert_to_tensor(self.seed, "int32"), self.STRIDE * self.iterations]),
-                              state.dtype))
-        self.iterations.assign_add(ops.convert_to_tensor(1, "int32"))
+        next_call(self.augment.generator, self.seed, self.iterations, self.STRIDE)
         return ops.cast(self.augment(images, training=True), images.dtype)
 
     def compute_output_shape(self, input_shape):
@@ -145,3 +138,11 @@ def device_training_model(classifier, *, augmentation, mean, std, seed, mixed=Fa
     if augmentation != "none":  # after normalization: the padding is the mean, as fb.resnet.torch
         x = AUGMENTATION_LAYERS[augmentation](seed)(x)
     return keras.Model(images, classifier(x), name=f"{classifier.name}_device_input")
+
+
+def next_call(generator, seed, iterations, draws):
+    """Set ``generator`` (a ``keras.random.SeedGenerator``) to ``(seed, draws * iterations)`` and count the call: a
+    layer's draws at call k depend on its seed and k alone, so a resumed run (``iterations`` restored) repeats them."""
+    state = generator.state
+    state.assign(ops.cast(ops.stack([ops.convert_to_tensor(seed, "int32"), draws * iterations]), state.dtype))
+    iterations.assign_add(ops.convert_to_tensor(1, "int32"))
