@@ -12,7 +12,7 @@ aside), read with ``ast`` too."""
 import ast
 
 import pytest
-from test_training_layout import REPO, find_cycle
+from test_training_layout import REPO, find_cycle, imported_names
 
 pytestmark = [pytest.mark.core, pytest.mark.notf, pytest.mark.any_backend]
 
@@ -37,24 +37,10 @@ def modules():
 
 def imports(name, path, known):
     """The modules of ``known`` that importing ``path`` (module ``name``) runs, its own packages aside."""
-    is_package = path.name == "__init__.py"
     targets = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            sources = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            if node.level:
-                base = name.split(".")
-                base = base[: len(base) - node.level + (1 if is_package else 0)]
-                source = ".".join(base + ([node.module] if node.module else []))
-            else:
-                source = node.module
-            sources = [source, *(f"{source}.{alias.name}" for alias in node.names)]
-        else:
-            continue
-        for source in sources:
-            parts = source.split(".")
-            targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # each package on the way
+    for source in imported_names(name, path):
+        parts = source.split(".")
+        targets.update(".".join(parts[:i]) for i in range(1, len(parts) + 1))  # each package on the way
     own = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 2)}
     return {t for t in targets if t in known and t not in own}
 
