@@ -154,10 +154,16 @@ def test_the_draws_of_a_step_do_not_depend_on_where_the_stream_started():
 
 
 @pytest.mark.parametrize("count, size, architecture, expected", [
-    (3_900, (32, 32), "cifar", "3,900 images of 32x32: 500 steps at 32 px (warm-up 100), mixup off, BN frozen"),
-    (45_000, (32, 32), "cifar", "45,000 images of 32x32: 10000 steps at 32 px (warm-up 500), mixup 0.1, BN trained"),
-    (600_000, (64, 64), "imagenet", "600,000 images of 64x64: 20000 steps at 128 px (warm-up 500), mixup 0.1"),
-    (600_000, (300, 400), "imagenet", "600,000 images of 300x400: 20000 steps at 224 px (warm-up 500), mixup 0.1"),
+    (3_900, (32, 32), "cifar", "3,900 images of 32x32: 500 steps at 32 px (warm-up 100, evaluated every 60), "
+                               "mixup off, BN frozen"),
+    # a pass over 500 images is 7 steps: evaluated every 50 (10 times), not 71 times
+    (500, (32, 32), "cifar", "500 images of 32x32: 500 steps at 32 px (warm-up 100, evaluated every 50), mixup off"),
+    (45_000, (32, 32), "cifar", "45,000 images of 32x32: 10000 steps at 32 px (warm-up 500, evaluated every 1000), "
+                                "mixup 0.1, BN trained"),
+    (600_000, (64, 64), "imagenet", "600,000 images of 64x64: 20000 steps at 128 px (warm-up 500, evaluated every "
+                                    "9375), mixup 0.1"),
+    (600_000, (300, 400), "imagenet", "600,000 images of 300x400: 20000 steps at 224 px (warm-up 500, evaluated "
+                                      "every 9375), mixup 0.1"),
 ])
 def test_hyperrule_plans_from_the_folder(count, size, architecture, expected):
     from keras_preact_training.recipe import configs, hyperrule
@@ -180,7 +186,8 @@ def test_hyperrule_plans_from_the_folder(count, size, architecture, expected):
 def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):
     assert cli.main(["finetune-folder", "--data-dir", str(folder), "--dry-run"]) == 0
     out = capsys.readouterr().out
-    line = "[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100), mixup off, BN frozen in phase 2"
+    line = ("[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100, evaluated every 50), mixup off, "
+            "BN frozen in phase 2")
     assert line in out and out.index(line) < out.index("preset finetune-folder")  # before the recipe's work
     assert "iterations: 500 = " in out
 

@@ -10,6 +10,9 @@ to 160 and cropped to 128; else 512 and 480). For this project's networks:
 - resolution: a CIFAR network (``architecture="cifar"``) keeps its own input size (the resolution its weights
   were trained at; BiT's 128 would cost 16 times the compute of a 32 x 32 network for features it never
   learned at that scale); an ImageNet network takes BiT's 128 for images under 96 x 96 pixels, else its own;
+- evaluation: at every pass over the training images, but at most ``EVALUATIONS`` times along the schedule
+  (a few hundred labelled images make a pass of a few steps; evaluating a large test split after each of
+  them would cost more than the training);
 - mixup: BiT's rule (0.1 from 20k images, else off); with mixup on the TensorFlow backend's default pipeline
   the run takes ``--pipeline device`` (the labels are mixed on the host);
 - frozen BN in the all-layers phase: the fine-tuning rule, ``--freeze-norm auto``
@@ -20,12 +23,14 @@ run will do, and which flags were given.
 """
 
 import dataclasses
+import math
 
 SMALL, MEDIUM = 20_000, 500_000  # BiT's dataset sizes
 STEPS = {"small": (500, 100), "medium": (10_000, 500), "large": (20_000, 500)}  # (steps, warm-up)
 SMALL_IMAGE = 96 * 96  # BiT: images with fewer pixels are upsampled
 BIT_SMALL_CROP = 128
 MIXUP_ALPHA = 0.1
+EVALUATIONS = 10  # the most held-out evaluations along the schedule (one per "epoch" of steps_per_epoch steps)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +48,8 @@ def plan(config, num_images, image_size):
     small_images = image_size[0] * image_size[1] < SMALL_IMAGE
     size = (BIT_SMALL_CROP,) * 2 if config.architecture == "imagenet" and small_images else own
     mixup = MIXUP_ALPHA if num_images >= SMALL else 0.0
-    fields = dict(steps=steps, epochs=None, steps_per_epoch=None, total_steps=steps,
+    steps_per_epoch = max(1, num_images // config.batch_size, math.ceil(steps / EVALUATIONS))
+    fields = dict(steps=steps, epochs=None, steps_per_epoch=steps_per_epoch, total_steps=steps,
                   reference_batch_size=config.batch_size, warmup_steps=warmup, warmup_lr=config.base_lr / 10,
                   boundaries=(), image_size=size, mixup=mixup)
     return Plan(fields)
@@ -63,7 +69,7 @@ def apply(config, num_images, image_size, given=()):
     resolved = schedules.resolve(config, num_images)
     kept = sorted(set(given) & set(chosen.fields))
     line = (f"[recipe] auto: {num_images:,} images of {image_size[0]}x{image_size[1]}: {resolved.total_steps} steps at "
-            f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}), mixup {config.mixup or 'off'}, BN "
+            f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}, evaluated every {resolved.steps_per_epoch}), mixup {config.mixup or 'off'}, BN "
             f"{'frozen' if resolved.freeze_norm else 'trained'} in phase 2 (BiT's HyperRule"
             + (f"; given: {', '.join('--' + k.replace('_', '-') for k in kept)})" if kept else ")"))
     return config, line
