@@ -36,7 +36,21 @@ import numpy as np
 HALF_A = ("airplane", "automobile", "bird", "cat", "deer")
 HALF_B = ("dog", "frog", "horse", "ship", "truck")
 SIZES = (500, 2500)
-METHODS = ("finetune", "scratch")
+# The table's rows. "today": the recipe of the first table (this script's loop, below); "scratch": the same
+# network from random initialisation for the default's 500 steps of batch 64 (this script's loop); the others
+# run the training app's fine-tuning preset, `keras-preact-train finetune-folder` (its default: --recipe auto),
+# with one lever added; "tta" evaluates the "auto" run with `keras-preact-evaluate --tta flip`.
+APP_ROWS = {
+    "auto": [],
+    "ema": ["--ema-momentum", "0.99"],
+    "mixup": ["--mixup", "0.1"],
+    "cutmix": ["--cutmix", "1.0"],
+    "randaugment": ["--rand-augment", "0.5"],
+    "layer-decay": ["--layer-decay", "0.7"],
+    "probe": ["--linear-probe"],
+}
+LOOP_ROWS = {"today": dict(steps=150, batch_size=128), "scratch": dict(steps=500, batch_size=64)}
+METHODS = ("today", *APP_ROWS, "tta", "scratch")
 HERE = Path(__file__).resolve().parent
 
 
@@ -56,11 +70,7 @@ def parse_args(argv=None):
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1])
     p.add_argument("--sizes", type=int, nargs="+", default=list(SIZES))
     p.add_argument("--methods", nargs="+", default=list(METHODS), choices=METHODS)
-    p.add_argument("--steps", type=int, default=150, help="training steps of every run (both methods)")
-    p.add_argument(
-        "--head-steps", type=int, default=30, help="fine-tuning: steps with the backbone frozen (of --steps)"
-    )
-    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--head-steps", type=int, default=30, help="today's recipe: steps with the backbone frozen")
     p.add_argument("--lr", type=float, default=0.1, help="peak rate: scratch and the head phase")
     p.add_argument("--finetune-lr", type=float, default=0.01, help="peak rate of the fine-tuning all-layers phase")
     p.add_argument("--weight-decay", type=float, default=5e-4)
@@ -70,8 +80,8 @@ def parse_args(argv=None):
                    help="curve points use the first N test images of a fixed shuffle; the final top-1 uses all")
     p.add_argument("--summarise-only", action="store_true", help="only rebuild results.md/json and curves.png")
     args = p.parse_args(argv)
-    if not 0 <= args.head_steps < args.steps:
-        p.error(f"--head-steps={args.head_steps}: 0 <= head steps < --steps={args.steps} is required")
+    if not 0 <= args.head_steps < LOOP_ROWS["today"]["steps"]:
+        p.error(f"--head-steps={args.head_steps}: 0 <= head steps < {LOOP_ROWS['today']['steps']} is required")
     for n in args.sizes:
         if n % len(HALF_B) or n <= 0:
             p.error(f"--sizes {n}: a positive multiple of {len(HALF_B)} (class-balanced) is required")
@@ -203,20 +213,21 @@ def one_run(args, name, method, size, seed, folder, run_dir, unit_options):
     curve_idx = np.random.default_rng(12345).permutation(len(data.test_labels))[: args.curve_test_images]
     curve_x, curve_y = data.test_images[curve_idx], data.test_labels[curve_idx]
 
-    how, model, set_phase = (build_finetune(run_dir, unit_options, seed) if method == "finetune"
+    steps, batch_size = LOOP_ROWS[method]["steps"], LOOP_ROWS[method]["batch_size"]
+    how, model, set_phase = (build_finetune(run_dir, unit_options, seed) if method == "today"
                              else build_scratch(unit_options, seed))
     config = model.input_config
     wrapper = augment.device_training_model(model, augmentation="cifar", mean=config.mean, std=config.std, seed=seed)
-    if method == "finetune":
+    if method == "today":
         phases = [Phase("head", args.head_steps, cosine(args.lr, args.head_steps, 0)),
-                  Phase("all", args.steps - args.head_steps,
-                        cosine(args.finetune_lr, args.steps - args.head_steps, args.warmup_steps))]
+                  Phase("all", steps - args.head_steps,
+                        cosine(args.finetune_lr, steps - args.head_steps, args.warmup_steps))]
         phases = [p for p in phases if p.steps]
     else:
-        phases = [Phase("all", args.steps, cosine(args.lr, args.steps, args.warmup_steps))]
+        phases = [Phase("all", steps, cosine(args.lr, steps, args.warmup_steps))]
 
     rng = np.random.default_rng(seed)
-    order = np.concatenate([rng.permutation(size) for _ in range(args.steps * args.batch_size // size + 2)])
+    order = np.concatenate([rng.permutation(size) for _ in range(steps * batch_size // size + 2)])
     history, curve, step, start = [], [], 0, time.time()
     curve.append({"step": 0, "test_top1_curve": top1(wrapper, curve_x, curve_y)})
     for phase in phases:
@@ -225,27 +236,69 @@ def one_run(args, name, method, size, seed, folder, run_dir, unit_options):
                                          weight_decay=args.weight_decay)
         wrapper.compile(optimizer=optimizer, loss="sparse_categorical_crossentropy", metrics=["accuracy"])
         for k in range(phase.steps):
-            idx = order[step * args.batch_size:(step + 1) * args.batch_size]
+            idx = order[step * batch_size:(step + 1) * batch_size]
             lr = float(keras.ops.convert_to_numpy(phase.schedule(k)))
             wrapper.reset_metrics()  # per-step loss and accuracy, not running means
             loss, acc = wrapper.train_on_batch(data.train_images[idx], data.train_labels[idx])
             step += 1
             history.append({"step": step, "phase": phase.name, "lr": lr, "loss": float(loss), "accuracy": float(acc)})
-            if step % args.eval_every == 0 or step == args.steps:
+            if step % args.eval_every == 0 or step == steps:
                 curve.append({"step": step, "test_top1_curve": top1(wrapper, curve_x, curve_y)})
-                print(f"  [{name}] step {step}/{args.steps} loss {float(loss):.3f} "
+                print(f"  [{name}] step {step}/{steps} loss {float(loss):.3f} "
                       f"curve top-1 {curve[-1]['test_top1_curve']:.4f} ({time.time() - start:.0f} s)", flush=True)
     train_seconds = time.time() - start
     final = top1(wrapper, data.test_images, data.test_labels)
     return {
         "name": name, "method": method, "size": size, "seed": seed, "how": how, "backend": keras.backend.backend(),
-        "steps": args.steps, "head_steps": args.head_steps if method == "finetune" else 0,
-        "batch_size": args.batch_size, "epochs_over_subset": args.steps * args.batch_size / size,
+        "steps": steps, "head_steps": args.head_steps if method == "today" else 0,
+        "batch_size": batch_size, "epochs_over_subset": steps * batch_size / size,
         "test_images": int(len(data.test_labels)), "test_top1": final, "curve_test_images": int(len(curve_y)),
         "curve": curve, "history": history, "wall_seconds": time.time() - start, "train_seconds": train_seconds,
         "recipe": {"lr": args.lr, "finetune_lr": args.finetune_lr, "weight_decay": args.weight_decay,
                    "warmup_steps": args.warmup_steps, "optimizer": "SGD momentum 0.9 Nesterov (Keras)",
                    "augmentation": "pad-4 crop + flip (keras_preact_training PadCropFlip)"},
+        "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
+
+
+def app_run(args, name, method, size, seed, folder, run_dir):
+    """One row through the training app: `keras-preact-train finetune-folder` (its default recipe, --recipe auto)
+    from the half-A run with the row's lever; test top-1 from the run's metrics.json (half B's 5,000 test images)."""
+    work = Path(args.work_dir)
+    run = work / "runs" / name
+    cmd = [str(Path(sys.executable).with_name("keras-preact-train")), "finetune-folder",
+           "--backend", os.environ.get("KERAS_BACKEND", "torch"), "--init-weights", str(run_dir),
+           "--data-dir", str(folder), "--cache-dir", str(work / "cache"), "--run-dir", str(run), "--seed", str(seed),
+           "--verbose", "2", "--no-export", *APP_ROWS[method]]
+    return subprocess_row(cmd, run.with_suffix(".log"), name, method, size, seed,
+                          lambda: json.loads((run / "metrics.json").read_text()), "test_accuracy")
+
+
+def tta_run(args, name, method, size, seed, folder):
+    """The "auto" run of the same size and seed evaluated with `keras-preact-evaluate --tta flip`."""
+    work = Path(args.work_dir)
+    run = work / "runs" / f"n{size}-auto-seed{seed}"
+    report = work / "runs" / f"{name}.json"
+    cmd = [str(Path(sys.executable).with_name("keras-preact-evaluate")), str(run), "--data-dir", str(folder),
+           "--tta", "flip", "--json", str(report)]
+    return subprocess_row(cmd, report.with_suffix(".log"), name, method, size, seed,
+                          lambda: json.loads(report.read_text()), "top1_accuracy")
+
+
+def subprocess_row(cmd, log, name, method, size, seed, read_metrics, key):
+    import keras
+
+    start = time.time()
+    with open(log, "w") as f:
+        subprocess.run(cmd, check=True, stdout=f, stderr=subprocess.STDOUT)
+    wall = time.time() - start
+    metrics = read_metrics()
+    recipe = [line.strip() for line in log.read_text().splitlines() if line.startswith(("[recipe]", "[train] "))]
+    return {
+        "name": name, "method": method, "size": size, "seed": seed, "how": shlex.join(cmd),
+        "backend": keras.backend.backend(), "steps": metrics.get("steps"), "head_steps": None, "batch_size": None,
+        "epochs_over_subset": None, "test_images": 5000, "test_top1": float(metrics[key]), "app_lines": recipe[:3],
+        "wall_seconds": wall, "train_seconds": metrics.get("wall_time_s"), "metrics": metrics,
         "finished_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
 
@@ -257,8 +310,11 @@ def summarise(out, pretrain_metrics, command):
     for r in runs:
         table.setdefault((r["size"], r["method"]), {})[r["seed"]] = r["test_top1"]
     seeds = sorted({r["seed"] for r in runs})
-    lines = ["| labelled images of half B | method | " + " | ".join(f"seed {s}" for s in seeds) + " | mean |",
-             "|---|---|" + "---|" * (len(seeds) + 1)]
+    walls = {}
+    for r in runs:
+        walls.setdefault((r["size"], r["method"]), []).append(r["wall_seconds"])
+    lines = ["| labelled images of half B | row | " + " | ".join(f"seed {s}" for s in seeds)
+             + " | mean | s per run |", "|---|---|" + "---|" * (len(seeds) + 2)]
     rows = []
     for (size, method), by_seed in sorted(table.items(), key=lambda kv: (kv[0][0], METHODS.index(kv[0][1]))):
         vals = [by_seed.get(s) for s in seeds]
@@ -266,7 +322,8 @@ def summarise(out, pretrain_metrics, command):
         mean = float(np.mean(got)) if got else None
         rows.append({"size": size, "method": method, "by_seed": {str(s): by_seed.get(s) for s in seeds}, "mean": mean})
         cells = " | ".join("-" if v is None else f"{100 * v:.2f}%" for v in vals)
-        lines.append(f"| {size} | {method} | {cells} | {'-' if mean is None else f'{100 * mean:.2f}%'} |")
+        lines.append(f"| {size} | {method} | {cells} | {'-' if mean is None else f'{100 * mean:.2f}%'} | "
+                     f"{np.mean(walls[(size, method)]):.0f} |")
     summary = {"pretraining": pretrain_metrics, "rows": rows, "command": command,
                "runs": [{k: r[k] for k in ("name", "method", "size", "seed", "how", "backend", "steps", "head_steps",
                                            "batch_size", "epochs_over_subset", "test_top1", "wall_seconds",
@@ -301,7 +358,7 @@ def summarise(out, pretrain_metrics, command):
         + "\n"
     )
     tmp.rename(out / "results.md")
-    plot(out, runs)
+    plot(out, [r for r in runs if r.get("curve")])
     return "\n".join(lines)
 
 
@@ -315,7 +372,7 @@ def plot(out, runs):
     if not sizes:
         return
     fig, axes = plt.subplots(2, len(sizes), figsize=(6 * len(sizes), 8), squeeze=False)
-    colours = {"finetune": "tab:blue", "scratch": "tab:red"}
+    colours = {"today": "tab:blue", "scratch": "tab:red"}
     for j, size in enumerate(sizes):
         for r in (r for r in runs if r["size"] == size):
             style = dict(color=colours[r["method"]], linestyle="-" if r["seed"] == 0 else "--",
@@ -329,13 +386,13 @@ def plot(out, runs):
         axes[0, j].set(title=f"{size} labelled images of half B", xlabel="step",
                        ylabel=f"test top-1 % (first {runs[0]['curve_test_images']} test images)")
         axes[1, j].set(xlabel="step", ylabel="training loss (mean of 5 steps)")
-        head = max((r["head_steps"] for r in runs), default=0)
+        head = max((r["head_steps"] or 0 for r in runs), default=0)
         for ax in axes[:, j] if head else ():
             ax.axvline(head, color="grey", linestyle=":", label="fine-tune: head -> all layers")
         for ax in axes[:, j]:
             ax.grid(alpha=0.3)
             ax.legend(fontsize=8)
-    fig.suptitle("Pre-act ResNet-20 on half B: fine-tuned from half A vs scratch")
+    fig.suptitle("Pre-act ResNet-20 on half B: today's fine-tuning recipe vs scratch")
     fig.tight_layout()
     fig.savefig(out / "curves.png.tmp.png", dpi=90)
     os.replace(out / "curves.png.tmp.png", out / "curves.png")
@@ -364,16 +421,22 @@ def main(argv=None):
     pretrain_metrics = json.loads(metrics_path.read_text()) if metrics_path.exists() else None
     unit_options = json.loads((run_dir / "config.json").read_text())["config"]["unit_options"]
     if not args.summarise_only:
-        for seed in args.seeds:
-            for size in args.sizes:
-                folder = subset_folder(half_b, work / f"halfB-n{size}-seed{seed}", size, seed)
-                for method in args.methods:
+        (work / "runs").mkdir(exist_ok=True)
+        for method in [m for m in METHODS if m in args.methods]:
+            for seed in args.seeds:
+                for size in args.sizes:
+                    folder = subset_folder(half_b, work / f"halfB-n{size}-seed{seed}", size, seed)
                     name = f"n{size}-{method}-seed{seed}"
                     path = out / "run-results" / f"{name}.json"
                     if path.exists():
                         continue
                     print(f"[run] {name}", flush=True)
-                    result = one_run(args, name, method, size, seed, folder, run_dir, unit_options)
+                    if method in LOOP_ROWS:
+                        result = one_run(args, name, method, size, seed, folder, run_dir, unit_options)
+                    elif method == "tta":
+                        result = tta_run(args, name, method, size, seed, folder)
+                    else:
+                        result = app_run(args, name, method, size, seed, folder, run_dir)
                     print(f"[run] {name}: test top-1 {100 * result['test_top1']:.2f}% "
                           f"({result['wall_seconds']:.0f} s)", flush=True)
                     path.with_suffix(".tmp").write_text(json.dumps(result, indent=1) + "\n")
