@@ -1,6 +1,6 @@
-"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its
-event loop, for the newest version that loads; it binds first and loads in the background
-(docs/export-and-serving.md)."""
+"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_server``
+(Triton's and TF Serving's gRPC APIs) on its event loop, for the newest version that loads; it binds first and loads
+in the background (docs/export-and-serving.md)."""
 
 import asyncio
 import dataclasses
@@ -23,7 +23,7 @@ from keras_preact_serving.servable import NoVersionLoads, Servable, check_runtim
 
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
-GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact_serving.grpc_service imports
+GRPC_MODULES = ("grpc", "tritonclient")  # keras_preact_serving.grpc_server's (TF Serving's API: TensorFlow too)
 
 
 class PortInUse(OSError):
@@ -87,11 +87,12 @@ class Server:
         self._stopped = threading.Event()
         self._loop = GuardedEventLoop(limits.max_connections, limits.request_timeout)
         self.grpc_address = self.grpc_server = None
+        self.grpc_services = []
         if grpc_port is not None:
-            from keras_preact_serving import grpc_service
+            from keras_preact_serving import grpc_server
 
             async def bind():  # a grpc.aio server belongs to the loop it is created in
-                return grpc_service.create_server(state, host, grpc_port)
+                return grpc_server.create_server(state, host, grpc_port)
 
             try:
                 if grpc_port and port_in_use(host, grpc_port, family):  # before gRPC's own bind logs a C++ line
@@ -101,7 +102,7 @@ class Server:
                 self.socket.close()
                 self._loop.close()
                 raise
-            self.grpc_address = (host, bound)
+            self.grpc_address, self.grpc_services = (host, bound), grpc_server.services()
 
     @property
     def model(self):
@@ -208,8 +209,9 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
             raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
     missing = [name for name in GRPC_MODULES if grpc_port is not None and importlib.util.find_spec(name) is None]
     if missing:
-        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
-                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
+        raise ImportError(f"--grpc-port (Triton's gRPC API; TF Serving's too with TensorFlow) needs grpcio and "
+                          f"tritonclient; not installed: {', '.join(missing)}. Install them with: pip install "
+                          f"'keras-preact[grpc]' (without TensorFlow: 'keras-preact[triton-grpc]')")
     name = model_name_or_default(model_base, model_name)
     check_runtime(model_base, runtime)  # one line (Value/ImportError) unless some version fits
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
@@ -272,7 +274,7 @@ def announce(server, prog):
     )
     if server.grpc_address is not None:
         grpc_host, grpc_port = server.grpc_address
-        print(f"gRPC (TF Serving's PredictionService and ModelService) at {grpc_host}:{grpc_port}", flush=True)
+        print(f"gRPC ({', '.join(server.grpc_services)}) at {grpc_host}:{grpc_port}", flush=True)
 
 
 if __name__ == "__main__":
