@@ -14,7 +14,6 @@ from keras_preact_serving.app import Call
 from keras_preact_serving.rest import RequestError
 
 TF_SERVING_MODULES = ("tensorflow", "tensorflow_serving")  # what TF Serving's gRPC API needs besides grpcio
-TRITON_MODULES = ("grpc", "tritonclient", "google.protobuf")  # Triton's: grpcio, tritonclient's generated code
 TF_SERVING = "TF Serving's PredictionService and ModelService"
 TRITON = "Triton's GRPCInferenceService"
 STATUS_CODES = {
@@ -43,18 +42,6 @@ def has_tf_serving():
     """Whether TF Serving's gRPC API can be served here (TensorFlow and tensorflow-serving-api installed)."""
     return all(importlib.util.find_spec(name) is not None for name in TF_SERVING_MODULES)
 
-
-def missing_modules():
-    """The modules ``--grpc-port`` needs that are not installed (Triton's service needs no TensorFlow)."""
-    missing = []
-    for name in TRITON_MODULES:
-        try:
-            found = importlib.util.find_spec(name) is not None
-        except ModuleNotFoundError:  # a dotted name whose parent is absent
-            found = False
-        if not found:
-            missing.append(name)
-    return missing
 
 
 def services():

@@ -119,6 +119,11 @@ def test_infer_raw_tensors_requested_outputs_and_request_id(numpy_served):
         "inputs": [{"name": "x", "datatype": "FP32", "shape": [3, 2], "data": values.ravel().tolist()}]})
     assert result.as_numpy("y").tolist() == rest["outputs"][0]["data"]
     assert client.infer("m", [x_input(values)]).get_response().outputs[0].name == "y"  # no outputs named: all
+    # gRPC's own compression (REST v2 refuses a compressed body: 415), headers and a client timeout.
+    for algorithm in ("gzip", "deflate"):
+        compressed = client.infer("m", [x_input(values)], compression_algorithm=algorithm, headers={"x-trace": "1"},
+                                  client_timeout=30)
+        np.testing.assert_array_equal(compressed.as_numpy("y"), values.sum(axis=1))
 
 
 @pytest.mark.notf
@@ -534,3 +539,23 @@ def test_concurrent_triton_and_tf_serving_grpc_clients_each_get_their_own_images
         assert len(replies[i]) == 3, i
         for reply in replies[i]:
             np.testing.assert_allclose(reply, alone[i], rtol=0, atol=1e-5, err_msg=str(i))
+
+
+@pytest.mark.notf
+@pytest.mark.once
+def test_a_model_that_failed_to_load_is_not_live():
+    """ServerLive is false once loading the model failed (REST's /v2/health/live: 503); ServerReady too."""
+    def load():
+        raise RuntimeError("broken export")
+
+    state = app.ServingState(load, app.RequestLimits(), load_in_background=True)
+    running = Running(state, server.Server(state, "127.0.0.1", 0, grpc_port=0))
+    try:
+        client = grpcclient.InferenceServerClient(f"127.0.0.1:{running.server.grpc_address[1]}")
+        import asyncio
+
+        assert asyncio.run(state.loaded(30)) is False and isinstance(state.load_error, RuntimeError)
+        assert not client.is_server_live() and not client.is_server_ready() and not client.is_model_ready("m")
+        assert running.request("GET", "/v2/health/live")[0] == 503
+    finally:
+        running.close()
