@@ -6,7 +6,6 @@ import asyncio
 import dataclasses
 import errno
 import functools
-import importlib.util
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ import threading
 
 import uvicorn
 
-from keras_preact_serving import batching, flags
+from keras_preact_serving import batching, flags, missing_grpc
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.connections import MAX_INCOMPLETE_EVENT_SIZE, GuardedEventLoop
 from keras_preact_serving.flags import DEFAULT_ENABLE_BATCHING
@@ -23,7 +22,6 @@ from keras_preact_serving.servable import NoVersionLoads, Servable, check_runtim
 
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
-GRPC_MODULES = ("grpc", "tritonclient")  # keras_preact_serving.grpc_server's (TF Serving's API: TensorFlow too)
 
 
 class PortInUse(OSError):
@@ -207,11 +205,8 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     for argument, value in (("port", port), ("grpc_port", 0 if grpc_port is None else grpc_port)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
             raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
-    missing = [name for name in GRPC_MODULES if grpc_port is not None and importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"--grpc-port (Triton's gRPC API; TF Serving's too with TensorFlow) needs grpcio and "
-                          f"tritonclient; not installed: {', '.join(missing)}. Install them with: pip install "
-                          f"'keras-preact[grpc]' (without TensorFlow: 'keras-preact[triton-grpc]')")
+    if grpc_port is not None and missing_grpc():
+        raise ImportError(missing_grpc())
     name = model_name_or_default(model_base, model_name)
     check_runtime(model_base, runtime)  # one line (Value/ImportError) unless some version fits
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
