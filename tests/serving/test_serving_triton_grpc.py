@@ -559,3 +559,54 @@ def test_a_model_that_failed_to_load_is_not_live():
         assert running.request("GET", "/v2/health/live")[0] == 503
     finally:
         running.close()
+
+
+RUNTIMES = {"saved_model": None, "onnx": "onnxruntime", "openvino": "openvino", "litert": "ai_edge_litert"}
+
+
+@pytest.mark.parametrize("runtime", list(RUNTIMES))
+def test_concurrent_triton_clients_on_every_runtime_each_get_their_own_answer(tmp_path_factory, export_copy, runtime):
+    """Eight tritonclient.grpc clients at once through the batcher, three rounds each of its own image, on each
+    runtime's export (the SavedModel's: four send UINT8 pixels and four JPEG bytes; the others' serve pixels alone):
+    every reply equals its request answered alone."""
+    from test_serving_v2 import jpegs
+
+    import support
+
+    pytest.importorskip("tensorflow", reason="the export is written with TensorFlow")
+    if RUNTIMES[runtime]:
+        pytest.importorskip(RUNTIMES[runtime], reason=f"needs {runtime}")
+    version = export_copy(tmp_path_factory.mktemp("saved_models"), runtime, formats=(runtime,))
+    served = server.make_server(version.parent, port=0, grpc_port=0, runtime=runtime, enable_batching=True,
+                                batching_threads=4)
+    running = Running(served.state, served)
+    pool = support.images(8, seed=31)
+    encoded = jpegs(pool)
+    with_bytes = "serving_bytes" in served.state.model.signatures  # the SavedModel's; the others take pixels alone
+    inputs = [(pool[i:i + 1], "UINT8", "images") if i < 4 or not with_bytes else
+              (np.array(encoded[i:i + 1], dtype=object), "BYTES", "image_bytes") for i in range(8)]
+    address = f"127.0.0.1:{served.grpc_address[1]}"
+    try:
+        alone = [grpcclient.InferenceServerClient(address).infer(runtime, [x_input(*args)]).as_numpy(
+            "probabilities") for args in inputs]
+        replies, start = [[] for _ in inputs], threading.Barrier(len(inputs))
+
+        def client(i):
+            own = grpcclient.InferenceServerClient(address)
+            start.wait(30)
+            for _ in range(3):
+                replies[i].append(own.infer(runtime, [x_input(*inputs[i])]).as_numpy("probabilities"))
+            own.close()
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(len(inputs))]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    finally:
+        running.close()
+    assert [len(r) for r in replies] == [3] * len(inputs)
+    wrong = [i for i, got in enumerate(replies) for reply in got
+             if not np.allclose(reply, alone[i], rtol=0, atol=1e-5)]
+    assert wrong == [], wrong
+    assert len({tuple(np.round(a[0], 4)) for a in alone}) == len(inputs)  # eight different answers to tell apart
