@@ -45,7 +45,14 @@ def check_model(model, name, version, call=None):
 
 
 def parameters_of(parameters):
-    """A map of ``InferParameter`` as ``{name: value}`` (the v2 JSON request's "parameters")."""
+    """A map of ``InferParameter`` as ``{name: value}`` (the v2 JSON request's "parameters").
+
+    Examples:
+        >>> request = service_pb2.ModelInferRequest()
+        >>> request.parameters["signature_name"].string_param = "serving_float"
+        >>> parameters_of(request.parameters)
+        {'signature_name': 'serving_float'}
+    """
     return {name: getattr(value, value.WhichOneof("parameter_choice")) for name, value in parameters.items()
             if value.WhichOneof("parameter_choice")}
 
@@ -65,7 +72,14 @@ def _check_header(tensor, max_values):
 
 
 def contents_array(tensor):
-    """An input's flat array from its typed ``contents`` (the field of its datatype alone, one value per element)."""
+    """An input's flat array from its typed ``contents`` (the field of its datatype alone, one value per element).
+
+    Examples:
+        >>> tensor = service_pb2.ModelInferRequest.InferInputTensor(
+        ...     name="images", datatype="UINT8", shape=[1, 2], contents={"uint_contents": [7, 255]})
+        >>> contents_array(tensor)
+        array([  7, 255], dtype=uint8)
+    """
     name, datatype, count = tensor.name, tensor.datatype, math.prod(tensor.shape)
     field = CONTENTS.get(datatype)
     if field is None:
