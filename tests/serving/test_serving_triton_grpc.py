@@ -610,3 +610,58 @@ def test_concurrent_triton_clients_on_every_runtime_each_get_their_own_answer(tm
              if not np.allclose(reply, alone[i], rtol=0, atol=1e-5)]
     assert wrong == [], wrong
     assert len({tuple(np.round(a[0], 4)) for a in alone}) == len(inputs)  # eight different answers to tell apart
+
+
+@pytest.mark.notf
+@pytest.mark.once
+def test_batched_infers_say_their_model_call_and_are_counted_in_the_batch_sizes(numpy_served):
+    """With batching, a ModelInfer runs through the batcher REST shares: its trailing metadata names the model call
+    (x-batch-id, x-batch-size), and every model call is in the batch-size histogram."""
+    import grpc
+
+    running, _ = numpy_served
+    channel = grpc.insecure_channel(f"127.0.0.1:{running.grpc_port}")
+    message = service_pb2.ModelInferRequest(model_name="m")
+    message.inputs.add(name="x", datatype="FP32", shape=[3, 2])
+    message.raw_input_contents.append(np.ones((3, 2), "<f4").tobytes())
+    calls = len(running.state.model.calls)
+    try:
+        _, call = service_pb2_grpc.GRPCInferenceServiceStub(channel).ModelInfer.with_call(message, timeout=30)
+    finally:
+        channel.close()
+    trailing = {key: value for key, value in call.trailing_metadata() if key.startswith("x-batch")}
+    batched = running.state.batching is not None
+    assert (sorted(trailing), trailing.get("x-batch-size")) == ((["x-batch-id", "x-batch-size"], "3") if batched
+                                                                else ([], None))
+    assert running.state.model.calls[calls:] == [3]
+
+
+@pytest.mark.notf
+@pytest.mark.once
+def test_a_model_infer_whose_message_never_arrives_ends_at_the_request_timeout():
+    """A ModelInfer whose client sends headers and never its message holds no slot past --request-timeout:
+    DEADLINE_EXCEEDED from the server (no client deadline), as for TF Serving's Predict."""
+    import grpc
+
+    state = app.ServingState(Model, app.RequestLimits(request_timeout=1.0))
+    state.start()
+    running = Running(state, server.Server(state, "127.0.0.1", 0, grpc_port=0))
+    channel = grpc.insecure_channel(f"127.0.0.1:{running.server.grpc_address[1]}")
+    release = threading.Event()
+
+    def nothing():  # the request message never comes (until the test ends)
+        release.wait(60)
+        yield from ()
+
+    open_stuck = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer",
+                                      request_serializer=service_pb2.ModelInferRequest.SerializeToString,
+                                      response_deserializer=service_pb2.ModelInferResponse.FromString).future
+    try:
+        stuck = open_stuck(nothing())
+        assert stuck.exception(10) is not None, "the stuck call was not ended by the server"
+        assert (stuck.code(), stuck.details()) == (grpc.StatusCode.DEADLINE_EXCEEDED,
+                                                   "The request did not arrive within 1 s.")
+    finally:
+        release.set()
+        channel.close()
+        running.close()
