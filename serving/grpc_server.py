@@ -14,6 +14,7 @@ from keras_preact_serving.app import Call
 from keras_preact_serving.rest import RequestError
 
 TF_SERVING_MODULES = ("tensorflow", "tensorflow_serving")  # what TF Serving's gRPC API needs besides grpcio
+MAX_DETAILS = 2000  # characters of an error's details at most: gRPC clients refuse metadata over 8 kB by default
 TF_SERVING = "TF Serving's PredictionService and ModelService"
 TRITON = "Triton's GRPCInferenceService"
 STATUS_CODES = {
@@ -67,6 +68,8 @@ async def answer(state, context, api, work, status_codes=None, needs_model=True)
         call.model, call.api, call.signature, code.name, time.perf_counter() - started, call.phases
     )
     if code != grpc.StatusCode.OK:
+        if len(details) > MAX_DETAILS:  # a client's long string quoted in it
+            details = f"{details[:MAX_DETAILS]}... ({len(details)} characters)"
         await context.abort(code, details)
     return reply
 

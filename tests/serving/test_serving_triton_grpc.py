@@ -204,6 +204,11 @@ def test_errors_are_tritons_status_codes_with_rest_v2s_messages_and_the_server_s
     code, message = error_of(lambda: client.infer("m", [x_input(np.ones((1, 2), np.float32)),
                                                         x_input(np.zeros(300_000, np.float32), name="pad")]))
     assert code == "RESOURCE_EXHAUSTED" and "larger than max" in message, message
+    # A client's long string (a 90 kB input name) is cut in the error, which would overflow gRPC's metadata limit.
+    code, message = error_of(lambda: client.infer("m", [x_input(values, name="i" * 90_000)]))
+    whole = f"No signature takes inputs {{'{'i' * 90_000}': 'FP32'}}; the signatures take {{'serving_default': " \
+            "{'x': 'FP32'}}."
+    assert (code, message) == ("INVALID_ARGUMENT", f"{whole[:2000]}... (90095 characters)"), message[-100:]
     np.testing.assert_array_equal(client.infer("m", [x_input(values)]).as_numpy("y"), [2.0, 2.0])
 
 
