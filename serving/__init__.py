@@ -30,6 +30,22 @@ def missing_extra(prog):
     return None
 
 
+GRPC_MODULES = ("grpc", "tritonclient")  # what --grpc-port needs (TF Serving's API: TensorFlow too)
+
+
+def missing_grpc():
+    """What ``--grpc-port`` lacks, in one line (None when grpcio and tritonclient are installed), found without
+    importing anything."""
+    import importlib.util
+
+    missing = [name for name in GRPC_MODULES if importlib.util.find_spec(name) is None]
+    if not missing:
+        return None
+    return (f"--grpc-port (Triton's gRPC API; TF Serving's too with TensorFlow) needs grpcio and tritonclient; not "
+            f"installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]' (without "
+            "TensorFlow: 'keras-preact[triton-grpc]')")
+
+
 def _run(prog, module, argv):
     """``keras_preact_serving.<module>.main(argv)``; exit status 2 and one line naming what to install if it cannot
     import."""

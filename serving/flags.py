@@ -141,9 +141,10 @@ def serve_parser():
     )
     BatchingOptions.add_arguments(batching_flags)
     parser.add_argument("--grpc-port", type=int, default=None,
-                        help="also serve TF Serving's gRPC API (PredictionService, ModelService) on this port (TF "
-                             "Serving's is 8500; 0: any free port; default: no gRPC). Needs TensorFlow and "
-                             "pip install 'keras-preact[grpc]'")
+                        help="also serve gRPC on this port: Triton's GRPCInferenceService (KServe v2, "
+                             "tritonclient.grpc) and, with TensorFlow, TF Serving's PredictionService and "
+                             "ModelService (TF Serving's port is 8500; 0: any free port; default: no gRPC). Needs "
+                             "pip install 'keras-preact[grpc]' ('keras-preact[triton-grpc]' without TensorFlow)")
     parser.add_argument("--verbose", action="store_true", help="log every request")
     return parser
 

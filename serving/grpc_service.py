@@ -1,8 +1,6 @@
 """TF Serving's gRPC API for ``keras-preact-serve --grpc-port``, on REST's event loop, ``ServingState`` and limits,
-with TF Serving's status codes (docs/export-and-serving.md, "TF Serving's gRPC API"); needs TensorFlow."""
-
-import asyncio
-import time
+with TF Serving's status codes (docs/export-and-serving.md, "TF Serving's gRPC API"); needs TensorFlow. Served by
+``keras_preact_serving.grpc_server`` beside Triton's gRPC API."""
 
 import grpc
 import tensorflow as tf
@@ -17,17 +15,13 @@ from tensorflow_serving.apis import (
 )
 
 from keras_preact_serving import rest
-from keras_preact_serving.app import Call, run_predict, timed
+from keras_preact_serving.app import run_predict, timed
+from keras_preact_serving.grpc_server import Abort as _Abort
+from keras_preact_serving.grpc_server import answer, create_server  # noqa: F401 - create_server: where it was
+from keras_preact_serving.grpc_server import short as _short
 from keras_preact_serving.rest import RequestError
 
 DEFAULT_SIGNATURE = "serving_default"
-STATUS_CODES = {
-    400: grpc.StatusCode.INVALID_ARGUMENT,
-    404: grpc.StatusCode.NOT_FOUND,
-    408: grpc.StatusCode.DEADLINE_EXCEEDED,
-    413: grpc.StatusCode.RESOURCE_EXHAUSTED,
-    503: grpc.StatusCode.UNAVAILABLE,
-}  # REST's HTTP status -> gRPC's
 # TF's AsProtoField: each dtype's typed repeated field (strings: string_val, as make_tensor_proto writes them)
 PROTO_FIELDS = {
     "float32": "float_val",
@@ -38,17 +32,6 @@ PROTO_FIELDS = {
     "bool": "bool_val",
     **dict.fromkeys(("int32", "int16", "int8", "uint16", "uint8"), "int_val"),
 }
-
-
-def _short(value, limit=40):
-    """A client's string in an error message, cut (a long one would overflow gRPC's metadata limit)."""
-    return value if len(value) <= limit else f"{value[:limit]!r}... ({len(value)} characters)"
-
-
-class _Abort(Exception):
-    def __init__(self, code, message):
-        super().__init__(message)
-        self.code = code
 
 
 def check_model_spec(model, model_spec, call):
@@ -151,23 +134,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
         self.state = state
 
     async def _answer(self, context, api, work):
-        """``work(model, call)``'s reply, or its error as a status; counted and timed in the metrics."""
-        call, started, code = Call(api), time.perf_counter(), grpc.StatusCode.OK
-        try:
-            if self.state.model is None:
-                raise _Abort(grpc.StatusCode.UNAVAILABLE, "The model is not loaded yet; retry later.")
-            reply = await work(self.state.model, call)
-        except _Abort as error:
-            code, details = error.code, str(error)
-        except Exception as error:  # noqa: BLE001 - the server answers and stays up
-            status, details = rest.error_status(error)
-            code = STATUS_CODES.get(status, grpc.StatusCode.INTERNAL)
-        self.state.metrics.observe_request(
-            call.model, call.api, call.signature, code.name, time.perf_counter() - started, call.phases
-        )
-        if code != grpc.StatusCode.OK:
-            await context.abort(code, details)
-        return reply
+        """``work(model, call)``'s reply, or its error as TF Serving's status (``grpc_server.answer``)."""
+        return await answer(self.state, context, api, work)
 
     async def Predict(self, request, context):  # noqa: N802 - the service's method names
         async def predict(model, call):
@@ -222,57 +190,8 @@ class _Service(prediction_service_pb2_grpc.PredictionServiceServicer, model_serv
     Classify = Regress = MultiInference = HandleReloadConfigRequest = _unimplemented
 
 
-class RequestDeadline(grpc.aio.ServerInterceptor):
-    """A unary RPC's message must arrive within ``request_timeout`` (else DEADLINE_EXCEEDED): gRPC bounds neither that
-    wait nor a call without a deadline. Each unary-unary handler is served as stream-unary, reading the message itself;
-    its bytes count in ``state.bodies`` until answered (RESOURCE_EXHAUSTED past the bound)."""
-
-    def __init__(self, state):
-        self.state, self.timeout = state, state.limits.request_timeout
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler.request_streaming or handler.response_streaming:
-            return handler
-
-        async def behavior(requests, context):
-            try:
-                request = await asyncio.wait_for(anext(requests), self.timeout)
-            except asyncio.TimeoutError:
-                self.state.metrics.observe_request("", "", "", grpc.StatusCode.DEADLINE_EXCEEDED.name, self.timeout)
-                await context.abort(
-                    grpc.StatusCode.DEADLINE_EXCEEDED, f"The request did not arrive within {self.timeout:g} s."
-                )
-            except StopAsyncIteration:
-                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "The call ended without a request message.")
-            with self.state.bodies.share() as share:  # the message's bytes held until the reply (REST's bound too)
-                try:
-                    share.take(request.ByteSize(), close=False)
-                except RequestError as error:
-                    self.state.metrics.observe_request("", "", "", grpc.StatusCode.RESOURCE_EXHAUSTED.name, 0.0)
-                    await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED, str(error))
-                return await handler.unary_unary(request, context)
-
-        return grpc.stream_unary_rpc_method_handler(behavior, handler.request_deserializer, handler.response_serializer)
-
-
-def create_server(state, host, port):
-    """(grpc.aio server of ``state``, port bound) on ``host:port``, not started; OSError if it cannot bind."""
-    limits = state.limits
-    server = grpc.aio.server(interceptors=[RequestDeadline(state)],
-                             maximum_concurrent_rpcs=limits.max_connections, options=[
-        ("grpc.max_receive_message_length", limits.max_body_bytes),
-        ("grpc.max_connection_idle_ms", int(limits.request_timeout * 1000)),
-        ("grpc.so_reuseport", 0),  # a port in use is an error, not shared
-    ])
+def add_to_server(state, server):
+    """Register TF Serving's ``PredictionService`` and ``ModelService`` of ``state`` on the grpc.aio ``server``."""
     service = _Service(state)
     prediction_service_pb2_grpc.add_PredictionServiceServicer_to_server(service, server)
     model_service_pb2_grpc.add_ModelServiceServicer_to_server(service, server)
-    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-    try:
-        bound = server.add_insecure_port(address)
-    except RuntimeError as error:
-        raise OSError(f"Cannot bind the gRPC port {address}: {error}") from None
-    if not bound:
-        raise OSError(f"Cannot bind the gRPC port {address}.")
-    return server, bound

@@ -7,12 +7,14 @@ import prometheus_client
 
 CONTENT_TYPE = prometheus_client.CONTENT_TYPE_LATEST
 PATH = "/monitoring/prometheus/metrics"  # TF Serving's (--monitoring_config_file's default path)
-# The routes counted: TF Serving REST ("v1:..."), the Open Inference Protocol ("v2:...") and TF Serving's gRPC
-# API ("grpc:...", whose ``code`` is the gRPC status name, e.g. "OK"); "" otherwise.
-API_NAMES = ("v1:status", "v1:metadata", "v1:predict", "v2:server_metadata", "v2:model_metadata", "v2:model_ready",
-             "v2:infer", "v2:model_config", "v2:model_stats", "v2:repository_index", "grpc:status", "grpc:metadata",
-             "grpc:predict", "")
-INFERENCE_APIS = ("v1:predict", "v2:infer", "grpc:predict")
+# The routes counted: TF Serving REST ("v1:..."), the Open Inference Protocol over HTTP ("v2:...") and over gRPC
+# (Triton's, "grpc:v2:..."), and TF Serving's gRPC API ("grpc:..."); a gRPC request's ``code`` is its status name
+# (e.g. "OK"); "" otherwise.
+V2_APIS = ("v2:server_metadata", "v2:model_metadata", "v2:model_ready", "v2:infer", "v2:model_config", "v2:model_stats",
+           "v2:repository_index")
+API_NAMES = ("v1:status", "v1:metadata", "v1:predict", *V2_APIS, "grpc:status", "grpc:metadata", "grpc:predict",
+             *(f"grpc:{name}" for name in V2_APIS), "")
+INFERENCE_APIS = ("v1:predict", "v2:infer", "grpc:predict", "grpc:v2:infer")
 # The phases of an inference request Triton's statistics extension times (``app.Call.phases``): each successful
 # request's count and seconds, beside its "success" (the whole request) and "fail".
 PHASES = ("queue", "compute_input", "compute_infer", "compute_output")

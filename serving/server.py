@@ -1,12 +1,11 @@
-"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_service`` on its
-event loop, for the newest version that loads; it binds first and loads in the background
-(docs/export-and-serving.md)."""
+"""``keras-preact-serve``: ``keras_preact_serving.app`` on uvicorn, and ``keras_preact_serving.grpc_server``
+(Triton's and TF Serving's gRPC APIs) on its event loop, for the newest version that loads; it binds first and loads
+in the background (docs/export-and-serving.md)."""
 
 import asyncio
 import dataclasses
 import errno
 import functools
-import importlib.util
 import os
 import signal
 import socket
@@ -15,7 +14,7 @@ import threading
 
 import uvicorn
 
-from keras_preact_serving import batching, flags
+from keras_preact_serving import batching, flags, missing_grpc
 from keras_preact_serving.app import RequestLimits, ServingState, create_app, model_name_or_default
 from keras_preact_serving.connections import MAX_INCOMPLETE_EVENT_SIZE, GuardedEventLoop
 from keras_preact_serving.flags import DEFAULT_ENABLE_BATCHING
@@ -23,7 +22,6 @@ from keras_preact_serving.servable import NoVersionLoads, Servable, check_runtim
 
 LISTEN_BACKLOG = 2048  # connections the kernel queues before accept (uvicorn's default)
 DRAIN_TIMEOUT = 30  # seconds requests in flight may take to finish once SIGTERM arrives
-GRPC_MODULES = ("tensorflow", "grpc", "tensorflow_serving")  # what keras_preact_serving.grpc_service imports
 
 
 class PortInUse(OSError):
@@ -87,11 +85,12 @@ class Server:
         self._stopped = threading.Event()
         self._loop = GuardedEventLoop(limits.max_connections, limits.request_timeout)
         self.grpc_address = self.grpc_server = None
+        self.grpc_services = []
         if grpc_port is not None:
-            from keras_preact_serving import grpc_service
+            from keras_preact_serving import grpc_server
 
             async def bind():  # a grpc.aio server belongs to the loop it is created in
-                return grpc_service.create_server(state, host, grpc_port)
+                return grpc_server.create_server(state, host, grpc_port)
 
             try:
                 if grpc_port and port_in_use(host, grpc_port, family):  # before gRPC's own bind logs a C++ line
@@ -101,7 +100,7 @@ class Server:
                 self.socket.close()
                 self._loop.close()
                 raise
-            self.grpc_address = (host, bound)
+            self.grpc_address, self.grpc_services = (host, bound), grpc_server.services()
 
     @property
     def model(self):
@@ -206,10 +205,8 @@ def make_server(model_base, *, model_name=None, host="127.0.0.1", port=8501, lim
     for argument, value in (("port", port), ("grpc_port", 0 if grpc_port is None else grpc_port)):
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= 65535:
             raise ValueError(f"Invalid {argument}={value!r}: expected a port 0-65535 (0: any free port).")
-    missing = [name for name in GRPC_MODULES if grpc_port is not None and importlib.util.find_spec(name) is None]
-    if missing:
-        raise ImportError(f"--grpc-port (TF Serving's gRPC API) needs TensorFlow, grpcio and tensorflow-serving-api; "
-                          f"not installed: {', '.join(missing)}. Install them with: pip install 'keras-preact[grpc]'")
+    if grpc_port is not None and missing_grpc():
+        raise ImportError(missing_grpc())
     name = model_name_or_default(model_base, model_name)
     check_runtime(model_base, runtime)  # one line (Value/ImportError) unless some version fits
     state = ServingState(functools.partial(Servable, name, model_base, runtime=runtime), limits,
@@ -272,7 +269,7 @@ def announce(server, prog):
     )
     if server.grpc_address is not None:
         grpc_host, grpc_port = server.grpc_address
-        print(f"gRPC (TF Serving's PredictionService and ModelService) at {grpc_host}:{grpc_port}", flush=True)
+        print(f"gRPC ({', '.join(server.grpc_services)}) at {grpc_host}:{grpc_port}", flush=True)
 
 
 if __name__ == "__main__":

@@ -238,6 +238,28 @@ def _check_json_images(array, spec):
             )
 
 
+def binary_array(name, datatype, shape, data, size_text):
+    """An input's flat array from its binary tensor data ``data`` (BYTES: each element a 4-byte little-endian length
+    and its bytes; else little-endian values filling ``shape``); ``size_text`` says how its size was given."""
+    count = math.prod(shape)
+    if datatype == "BYTES":  # the elements first: a shape's count alone allocates nothing
+        return np.fromiter(_bytes_elements(data, count, name), object, count)
+    dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
+    if count * dtype.itemsize != len(data):
+        raise RequestError(f"Input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} bytes; "
+                           f"{size_text}.")
+    return np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))
+
+
+def checked_input(array, shape, spec):
+    """The flat ``array`` as ``shape``, checked: finite values, the shape ``spec`` takes."""
+    array = array.reshape(shape)
+    if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
+        raise RequestError(f"Input '{spec.name}' holds non-finite values (NaN or infinity); send finite numbers.")
+    rest.check_shape(array.shape, spec)
+    return array
+
+
 def decode_inputs(request, binary, specs):
     """``{name: array}`` of a parsed request's inputs, each checked: element count, values, shape."""
     arrays, offset = {}, 0
@@ -250,14 +272,7 @@ def decode_inputs(request, binary, specs):
                 raise RequestError(f"Input '{name}': binary_data_size {size!r} runs past the body's binary data "
                                    f"({len(binary) - offset} bytes left).")
             data, offset = binary[offset:offset + size], offset + size
-            if datatype == "BYTES":  # the elements first: a shape's count alone allocates nothing
-                array = np.fromiter(_bytes_elements(data, count, name), object, count)
-            else:
-                dtype = np.dtype(DATATYPES[datatype]).newbyteorder("<")
-                if count * dtype.itemsize != size:
-                    raise RequestError(f"Input '{name}': shape {shape} of {datatype} needs {count * dtype.itemsize} "
-                                       f"bytes; binary_data_size is {size}.")
-                array = np.frombuffer(data, dtype).astype(dtype.newbyteorder("="))
+            array = binary_array(name, datatype, shape, data, f"binary_data_size is {size}")
         elif "data" in entry:
             flat = _flatten(entry.pop("data"), name)  # the JSON lists go before the model runs
             if len(flat) != count:
@@ -272,17 +287,14 @@ def decode_inputs(request, binary, specs):
                     np.zeros(0, DATATYPES[datatype])
         else:
             raise RequestError(f"Input '{name}' has neither 'data' nor parameters.binary_data_size.")
-        array = array.reshape(shape)
-        if array.dtype.kind == "f" and not np.all(np.isfinite(array)):
-            raise RequestError(f"Input '{name}' holds non-finite values (NaN or infinity); send finite numbers.")
-        rest.check_shape(array.shape, specs[name])
-        arrays[name] = array
+        arrays[name] = checked_input(array, shape, specs[name])
     if offset != len(binary):
         raise RequestError(f"{len(binary) - offset} bytes of binary data after the inputs' binary_data_size.")
     return arrays
 
 
-def _raw(array):
+def raw_bytes(array):
+    """An array as binary tensor data (BYTES: each element's 4-byte little-endian length, then its bytes)."""
     if datatype_of(array.dtype) == "BYTES":
         items = [item if isinstance(item, bytes) else str(item).encode("utf-8") for item in array.reshape(-1)]
         return b"".join(struct.pack("<I", len(item)) + item for item in items)
@@ -322,23 +334,33 @@ def classify(name, array, class_count, labels):
                      for row, indices in zip(array, top, strict=True)], dtype=object).reshape(top.shape)
 
 
+def reply_tensors(model, asked, outputs):
+    """[(output asked for, array)] of a reply: ``asked`` (``[{"name": ..., "parameters": {...}}]``; empty: every
+    output, by name), each checked to be an output; one asked with ``parameters.classification`` as Triton's top
+    classes (``classify``)."""
+    asked = asked or [{"name": name} for name in sorted(outputs)]
+    unknown = [o["name"] for o in asked if o["name"] not in outputs]
+    if unknown:
+        raise RequestError(f"Unknown outputs {unknown}; the signature's outputs are {sorted(outputs)}.")
+    tensors = []
+    for output in asked:
+        array = np.asarray(outputs[output["name"]])
+        if "classification" in output.get("parameters", {}):
+            array = classify(output["name"], array, output["parameters"]["classification"], class_labels(model))
+        tensors.append((output, array))
+    return tensors
+
+
 def encode_reply(model, request, outputs):
     """(body, headers) of the reply: the outputs asked for (all by default), in JSON or as binary data; an
     output asked for with ``parameters.classification`` (tritonclient's ``class_count``) as Triton's top classes."""
     binary_all = request.get("parameters", {}).get("binary_data_output", False) is True
-    asked = request.get("outputs") or [{"name": name} for name in sorted(outputs)]
-    unknown = [o["name"] for o in asked if o["name"] not in outputs]
-    if unknown:
-        raise RequestError(f"Unknown outputs {unknown}; the signature's outputs are {sorted(outputs)}.")
     entries, data = [], []
-    for output in asked:
+    for output, array in reply_tensors(model, request.get("outputs"), outputs):
         name = output["name"]
-        array = np.asarray(outputs[name])
-        if "classification" in output.get("parameters", {}):
-            array = classify(name, array, output["parameters"]["classification"], class_labels(model))
         entry = {"name": name, "datatype": datatype_of(array.dtype), "shape": list(array.shape)}
         if output.get("parameters", {}).get("binary_data", binary_all) is True:
-            raw = _raw(array)
+            raw = raw_bytes(array)
             entry["parameters"] = {"binary_data_size": len(raw)}
             data.append(raw)
         else:

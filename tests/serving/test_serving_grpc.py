@@ -617,7 +617,8 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
         assert "Serving model 'resnet' version 1" in line, line
         rest_port = int(line.split("http://127.0.0.1:", 1)[1].split("/")[0])
         line = process.stdout.readline()
-        assert line.startswith("gRPC (TF Serving's PredictionService and ModelService) at 127.0.0.1:"), line
+        assert line.startswith("gRPC (TF Serving's PredictionService and ModelService, Triton's GRPCInferenceService) "
+                               "at 127.0.0.1:"), line
         port = int(line.rsplit(":", 1)[1])
         pool = images(8, seed=21)
         replies = [None] * 8
@@ -660,12 +661,17 @@ def test_sigterm_answers_the_rest_and_grpc_requests_in_flight_then_exits_0(expor
 
 
 @pytest.mark.notf
-@pytest.mark.skipif(HAS_GRPC, reason="what happens without TensorFlow or the grpc extra")
-def test_grpc_port_without_tensorflow_is_refused_in_one_line_before_any_work(tmp_path):
-    """The gRPC check comes first: the missing directory is not even looked at."""
-    result = subprocess.run([sys.executable, "-m", "keras_preact_serving.server", str(tmp_path / "absent"),
-                             "--grpc-port", "0"], capture_output=True, text=True, timeout=120, env=ENV)
+def test_grpc_port_without_grpcio_and_tritonclient_is_refused_in_one_line_before_any_work(tmp_path):
+    """Without grpcio and tritonclient (hidden from this command line's process), ``--grpc-port`` is refused in one
+    line naming what to install, before Keras loads; the gRPC check comes first: the missing directory is not even
+    looked at. (Without TensorFlow, Triton's gRPC API is served alone: test_serving_triton_grpc.py.)"""
+    hidden = ("import sys; sys.modules.update(grpc=None, tritonclient=None); "
+              "from keras_preact_serving.console import serve; sys.exit(serve(sys.argv[1:]))")
+    result = subprocess.run([sys.executable, "-c", hidden, str(tmp_path / "absent"), "--grpc-port", "0"],
+                            capture_output=True, text=True, timeout=120, env=ENV)
     assert result.returncode == 2 and result.stdout == ""
     assert result.stderr.count("\n") == 1, result.stderr
-    assert result.stderr.startswith("keras-preact-serve: error: --grpc-port (TF Serving's gRPC API) needs TensorFlow")
-    assert "not installed: tensorflow" in result.stderr and "pip install 'keras-preact[grpc]'" in result.stderr
+    assert result.stderr == (
+        "keras-preact-serve: error: --grpc-port (Triton's gRPC API; TF Serving's too with TensorFlow) needs grpcio "
+        "and tritonclient; not installed: grpc, tritonclient. Install them with: pip install 'keras-preact[grpc]' "
+        "(without TensorFlow: 'keras-preact[triton-grpc]')\n")
