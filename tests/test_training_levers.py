@@ -155,11 +155,11 @@ def test_the_draws_of_a_step_do_not_depend_on_where_the_stream_started():
 
 @pytest.mark.parametrize("count, size, architecture, expected", [
     (3_900, (32, 32), "cifar", "3,900 images of 32x32: 500 steps at 32 px (warm-up 100, evaluated every 60), "
-                               "mixup off, BN frozen"),
+                               "mixup off, head from a linear probe, BN frozen"),
     # a pass over 500 images is 7 steps: evaluated every 50 (10 times), not 71 times
     (500, (32, 32), "cifar", "500 images of 32x32: 500 steps at 32 px (warm-up 100, evaluated every 50), mixup off"),
     (45_000, (32, 32), "cifar", "45,000 images of 32x32: 10000 steps at 32 px (warm-up 500, evaluated every 1000), "
-                                "mixup 0.1, BN trained"),
+                                "mixup 0.1, head from a linear probe, BN trained"),
     (600_000, (64, 64), "imagenet", "600,000 images of 64x64: 20000 steps at 128 px (warm-up 500, evaluated every "
                                     "9375), mixup 0.1"),
     (600_000, (300, 400), "imagenet", "600,000 images of 300x400: 20000 steps at 224 px (warm-up 500, evaluated "
@@ -187,7 +187,7 @@ def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):
     assert cli.main(["finetune-folder", "--data-dir", str(folder), "--dry-run"]) == 0
     out = capsys.readouterr().out
     line = ("[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100, evaluated every 50), mixup off, "
-            "BN frozen in phase 2")
+            "head from a linear probe, BN frozen in phase 2")
     assert line in out and out.index(line) < out.index("preset finetune-folder")  # before the recipe's work
     assert "iterations: 500 = " in out
 
@@ -232,3 +232,21 @@ def test_linear_probe_run_fits_the_head_alone_without_training(tmp_path, folder,
     np.testing.assert_allclose(to_numpy(model.get_layer("logits").bias), bias, rtol=1e-4, atol=1e-5)
     metrics = json.loads((tmp_path / "probe" / "metrics.json").read_text())
     assert metrics["steps"] == 0 and 0 <= metrics["test_accuracy"] <= 1
+
+
+def test_head_init_probe_starts_the_new_head_from_the_linear_probe(tmp_path, folder, weights, capsys):
+    """``--head-init probe`` (``--recipe auto``'s): before the first step the new head is the closed-form probe on
+    the frozen features (LP-FT), so a step at a vanishing rate ends with ``--linear-probe``'s head; ``random``
+    keeps the initialiser's."""
+    def head(model):
+        return np.concatenate([to_numpy(v).ravel() for v in model.get_layer("logits").weights])
+
+    probe = head(_train(tmp_path, folder, weights, "probe", "--linear-probe"))
+    one_step = ("--epochs", "1", "--steps-per-epoch", "1", "--lr", "1e-12", "--augmentation", "none")
+    started = head(_train(tmp_path, folder, weights, "lpft", *one_step, "--head-init", "probe"))
+    assert ("[train] head: fitted in closed form on the features of 21 training images before the first step"
+            in capsys.readouterr().out)
+    np.testing.assert_allclose(started, probe, rtol=1e-4, atol=1e-5)
+    random = head(_train(tmp_path, folder, weights, "random", *one_step, "--head-init", "random"))
+    assert np.abs(random - probe).max() > 0.05
+    assert "[train] head: fitted" not in capsys.readouterr().out

@@ -44,7 +44,7 @@ from .data import mixing, pipelines, sources
 from .machine import distribute, execution, memory_guard
 from .machine.memory_guard import OUT_OF_MEMORY_HINT
 from .recipe import configs, ema, optimizers, schedules
-from .recipe.model import build_model, compile_model, head_steps, set_phase
+from .recipe.model import build_model, compile_model, head_steps, new_head, set_phase
 from .run import plots, resume, run_lock, run_state, timing
 from .run.manifest import RunManifest, input_config_for, model_fingerprint
 from .run.plots import read_history
@@ -123,6 +123,9 @@ def train(config, data=None):
         if config.linear_probe:  # the head in closed form, no model.fit
             probe(run)
         else:
+            if config.head_init == "probe" and run.start_step == 0 and new_head(config, run.data.class_names):
+                probe_head(run, "[train] head: fitted in closed form on the features of {n} training images before "
+                                "the first step (--head-init probe)")
             fit(run)
         return finalise(run)
 
@@ -402,20 +405,30 @@ def probe(run):
     (``keras_preact.models.levers.linear_probe``), one forward pass in the order of the files; no ``model.fit``."""
     from keras_preact.models import levers
 
-    config, data = run.config, run.data
+    config = run.config
     _, run.test_stream = input_streams(run)
     run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
                                        run.start_step, run.backup)
+    started = time.time()
+    probe_head(run, "[train] linear probe: the head in closed form on the features of {n} training images (one "
+                    "forward pass, no training)")
+    run.wall_s = time.time() - started
+
+
+def probe_head(run, message):
+    """The classifier's head fitted in closed form on the frozen backbone's features of the training images
+    (``keras_preact.models.levers.linear_probe``), one forward pass in the order of the files: ``linear_probe``'s
+    whole run, and ``head_init="probe"``'s start (LP-FT: Kumar et al. 2022)."""
+    from keras_preact.models import levers
+
+    config, data = run.config, run.data
     if isinstance(data, sources.ArrayData):
         batches = pipelines.ArrayBatches(data.train_images, data.train_labels, config.batch_size, mean=run.mean,
                                          std=run.std)
     else:
         batches = pipelines.FolderBatches(data, "train", config.batch_size, mean=run.mean, std=run.std, raw=False)
-    print(f"[train] linear probe: the head in closed form on the features of {len(batches.labels)} training "
-          "images (one forward pass, no training)", flush=True)
-    started = time.time()
+    print(message.format(n=len(batches.labels)), flush=True)
     levers.linear_probe(run.classifier, batches, batches.labels)
-    run.wall_s = time.time() - started
 
 
 def unfreeze(run):

@@ -59,6 +59,7 @@ DISTRIBUTIONS = ("none", "mirrored", "multiworker", "data-parallel")
 PIPELINES = ("auto", "tf_data", "device", "numpy")
 WEIGHT_DECAY_SCOPES = ("all", "kernels")
 RECIPES = ("fixed", "auto")  # auto: keras_preact_training.recipe.hyperrule
+HEAD_INITS = ("random", "probe")  # fine-tuning: where a new head starts (probe: keras_preact.models.levers)
 INT32_MAX = 2**31 - 1
 
 
@@ -136,6 +137,9 @@ class Config:
     # --- fine-tuning (keras_preact.models.finetune)
     init_weights: str | None = None  # registered weights name, .weights.h5/.keras file or run directory
     head_fraction: float = 0.0  # the first fraction of the iterations trains only the head (backbone frozen)
+    # a new head's start: "random" (its initialiser) or "probe" (fitted in closed form on the frozen features
+    # before any step, then trained on: LP-FT, Kumar et al. 2022)
+    head_init: str = "random"
     label_smoothing: float = 0.0
     # fine-tuning's all-layers phase keeps the batch-norm statistics frozen: "auto" (batch < 64 or < 20,000 images,
     # keras_preact.models.finetune.freeze_norm_rule), "true", "false"
@@ -506,6 +510,7 @@ def _check_levers(config):
     from keras_preact.layers.options import check_choice
 
     check_choice("recipe", config.recipe, RECIPES)
+    check_choice("head_init", config.head_init, HEAD_INITS)
     for field, low, high, rule in (("ema_momentum", 0, 1, "in [0, 1) (0: off)"),
                                    ("mixup", 0, math.inf, ">= 0 (0: off)"), ("cutmix", 0, math.inf, ">= 0 (0: off)")):
         value = getattr(config, field)

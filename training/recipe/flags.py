@@ -22,6 +22,7 @@ CHOICES = {
     "pipeline": configs.PIPELINES,
     "weight_decay_scope": configs.WEIGHT_DECAY_SCOPES,
     "recipe": configs.RECIPES,
+    "head_init": configs.HEAD_INITS,
     "jit_compile": ("auto", "true", "false"),
     "freeze_norm": ("auto", "true", "false"),
     "verbose": ("auto", "0", "1", "2"),
@@ -85,6 +86,9 @@ HELP = {
     "gradient_accumulation": "batches whose gradients are averaged per optimizer update (a larger effective batch "
     "in the memory of one); 1: off",
     "mixup": "mixup alpha (images and one-hot labels mixed, Beta(alpha, alpha)); 0: off",
+    "head_init": "fine-tuning: where a new head starts: random (its initialiser) or probe (fitted in closed form "
+    "on the frozen features of the training images before the first step, then trained on: LP-FT); --recipe auto "
+    "takes probe",
     "linear_probe": "no training: the backbone's features of the training images computed once (no backpropagation) "
     "and the head fitted in closed form (ridge regression to the one-hot labels); evaluated, saved and exported as a "
     "run",

@@ -15,6 +15,9 @@ to 160 and cropped to 128; else 512 and 480). For this project's networks:
   them would cost more than the training);
 - mixup: BiT's rule (0.1 from 20k images, else off); with mixup on the TensorFlow backend's default pipeline
   the run takes ``--pipeline device`` (the labels are mixed on the host);
+- a new head starts from the linear probe (``head_init="probe"``: fitted in closed form on the frozen features
+  before the first step, then trained on; Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features":
+  a random head's first gradients move the features it needs; BiT starts from a zero head);
 - frozen BN in the all-layers phase: the fine-tuning rule, ``--freeze-norm auto``
   (``keras_preact.models.finetune.freeze_norm_rule``: a batch under 64 or under 20k images), whatever the recipe.
 
@@ -51,7 +54,7 @@ def plan(config, num_images, image_size):
     steps_per_epoch = max(1, num_images // config.batch_size, math.ceil(steps / EVALUATIONS))
     fields = dict(steps=steps, epochs=None, steps_per_epoch=steps_per_epoch, total_steps=steps,
                   reference_batch_size=config.batch_size, warmup_steps=warmup, warmup_lr=config.base_lr / 10,
-                  boundaries=(), image_size=size, mixup=mixup)
+                  boundaries=(), image_size=size, mixup=mixup, head_init="probe")
     return Plan(fields)
 
 
@@ -68,8 +71,10 @@ def apply(config, num_images, image_size, given=()):
     config = config.replace(**fields)
     resolved = schedules.resolve(config, num_images)
     kept = sorted(set(given) & set(chosen.fields))
+    head = "from a linear probe" if config.head_init == "probe" else "random"
     line = (f"[recipe] auto: {num_images:,} images of {image_size[0]}x{image_size[1]}: {resolved.total_steps} steps at "
-            f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}, evaluated every {resolved.steps_per_epoch}), mixup {config.mixup or 'off'}, BN "
-            f"{'frozen' if resolved.freeze_norm else 'trained'} in phase 2 (BiT's HyperRule"
+            f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}, evaluated every {resolved.steps_per_epoch}), "
+            f"mixup {config.mixup or 'off'}, head {head}, BN {'frozen' if resolved.freeze_norm else 'trained'} in "
+            "phase 2 (BiT's HyperRule"
             + (f"; given: {', '.join('--' + k.replace('_', '-') for k in kept)})" if kept else ")"))
     return config, line

@@ -24,6 +24,17 @@ def build_classifier(config, num_classes, class_names=None):
     return FAMILIES[config.architecture](config.depth, num_classes, **arguments)
 
 
+def new_head(config, class_names):
+    """Whether the run's network (``build_classifier``) has a new head: fine-tuning from ``init_weights`` whose
+    classes differ from ``class_names`` (``keras_preact.models.finetune.head_plan``)."""
+    if not config.init_weights:
+        return False
+    from keras_preact.models.finetune import head_plan
+
+    loader = configs.init_loader(config)
+    return head_plan(loader, dict(num_classes=len(class_names), class_names=list(class_names)))[1]
+
+
 def init_input_config(config):
     """The input config the network was trained with (``normalization="model"``): the init weights' own
     (a run's or ``.keras`` file's; another library's checkpoint's or a registered checkpoint's preprocessing),
