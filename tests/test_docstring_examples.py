@@ -57,6 +57,7 @@ MODULES = [
     "keras_preact.export",
     "keras_preact.export.contract",
     "keras_preact.export.formats",
+    "keras_preact.export.quantize",
     "keras_preact.export.runtimes",
     "keras_preact.export.version_dir",
     "keras_preact.analysis",

@@ -24,6 +24,7 @@ import shutil
 
 import keras
 
+from keras_preact.export import quantize as quantization
 from keras_preact.export import version_dir
 from keras_preact.export.contract import ServingContract
 
@@ -231,7 +232,9 @@ def check_formats(formats, backend=None):
 
 def export_model(model, export_dir="saved_models", *, formats=("saved_model",), name=None, version=None,
                  class_names=None, input_config=None, mean=None, std=None, top_k=None, image_size=None,
-                 crop_fraction=None, interpolation=None):
+                 crop_fraction=None, interpolation=None, quantize=None, calibration_data=None,
+                 calibration_images=quantization.DEFAULT_CALIBRATION_IMAGES,
+                 max_accuracy_drop=quantization.DEFAULT_MAX_ACCURACY_DROP):
     """Write ``model`` in each of ``formats`` to one version directory ``export_dir/<name>/<version>/``.
 
     Args:
@@ -266,6 +269,13 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
         interpolation: the resize method of that view (``keras_preact.preprocessing.INTERPOLATIONS``);
             default the input config's, else "bilinear".
         formats: names out of ``FORMATS`` (``saved_model``, ``onnx``, ``litert``, ``openvino``), or one name.
+        quantize: "int8": beside the onnx and openvino models, an int8 model of each, calibrated on
+            ``calibration_data`` and checked on its other images (``keras_preact.export.quantize``); default None.
+        calibration_data: a folder of images, one sub-folder per class named as the model's classes.
+        calibration_images: how many of its images calibrate (default 300, drawn with a fixed seed); every other
+            one is held out to compare the float and the int8 model.
+        max_accuracy_drop: the most top-1 points the int8 model may lose against the float one on the held-out
+            images (default 0.5); past it ``AccuracyDropError`` is raised and nothing is written.
 
     Returns:
         The version directory written, a ``pathlib.Path``.
@@ -297,8 +307,12 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
     top_k = version_dir.check_top_k(top_k, num_classes)
     class_names = version_dir.check_class_names(class_names, num_classes)
     input_config = version_dir.resolve_input_config(input_config, image_size, mean, std, crop_fraction, interpolation)
+    quantized = quantization.check_quantization(quantize, formats, calibration_data, calibration_images,
+                                                max_accuracy_drop)
+    if quantized:
+        quantization.calibration_split(calibration_data, class_names, calibration_images)  # the folder, checked
     serving = ServingContract(input_config, top_k)
-    with version_dir.staged_version(export_dir, name, version, model, copies=len(formats)) as (
+    with version_dir.staged_version(export_dir, name, version, model, copies=len(formats) + len(quantized)) as (
         staging,
         scratch,
         target,
@@ -306,6 +320,9 @@ def export_model(model, export_dir="saved_models", *, formats=("saved_model",), 
         for fmt in formats:  # the SavedModel first: it creates the (new) staging directory
             FORMATS[fmt].write(staging, model, serving, class_names, scratch, FORMATS[fmt])
         version_dir.write_assets(staging, class_names, input_config)
+        if quantized:
+            quantization.quantize_version(staging, quantized, calibration_data, class_names, input_config,
+                                          calibration_images, max_accuracy_drop)
     return target
 
 
