@@ -11,8 +11,7 @@ import xml.etree.ElementTree as ElementTree
 import numpy as np
 
 from keras_preact.export.contract import ServingContract
-from keras_preact.export.formats import FORMATS
-from keras_preact.export.quantize import INT8_FILES
+from keras_preact.export.formats import FORMATS, INT8_FILES
 from keras_preact.export.runtimes import model_file
 from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
 from keras_preact.preprocessing import InputConfig

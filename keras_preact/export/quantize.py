@@ -25,9 +25,10 @@ import sys
 
 import numpy as np
 
+from keras_preact.export.formats import FORMATS, INT8_FILES
+
 QUANTIZE_CHOICES = ("int8",)
-QUANTIZED_FORMATS = ("onnx", "openvino")  # the formats an int8 model is written for, in FORMATS order
-INT8_FILES = {"onnx": ("model-int8.onnx",), "openvino": ("openvino/model-int8.xml", "openvino/model-int8.bin")}
+QUANTIZED_FORMATS = tuple(INT8_FILES)  # the formats an int8 model is written for, in FORMATS order
 REPORT = "quantization.json"
 DEFAULT_CALIBRATION_IMAGES = 300  # NNCF's default subset size
 DEFAULT_MAX_ACCURACY_DROP = 0.5  # top-1 points
@@ -240,8 +241,6 @@ def quantize_version(version_dir, formats, folder, class_names, input_config, ca
     report = {"quantize": "int8", "calibration_data": str(folder), "seed": SPLIT_SEED,
               "calibration_images": len(calibration), "held_out_images": len(held_out),
               "max_accuracy_drop": float(max_accuracy_drop), "formats": {}, "calibration_files": calibration}
-    from keras_preact.export.formats import FORMATS
-
     for fmt in formats:
         QUANTIZERS[fmt](os.path.join(version_dir, FORMATS[fmt].files[0]),
                         os.path.join(version_dir, INT8_FILES[fmt][0]), images)

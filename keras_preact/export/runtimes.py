@@ -23,8 +23,7 @@ import threading
 import numpy as np
 
 from keras_preact.export.contract import INPUT_NAME, OUTPUT_NAMES
-from keras_preact.export.formats import FORMATS
-from keras_preact.export.quantize import INT8_FILES
+from keras_preact.export.formats import FORMATS, INT8_FILES
 from keras_preact.export.version_dir import read_assets
 
 # LiteRT interpreters per model: one per core (each runs a call on one thread). OpenVINO's infer requests: as many as
