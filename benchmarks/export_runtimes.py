@@ -19,13 +19,13 @@ SavedModel, and the largest difference of each runtime's probabilities from the 
 """
 
 import argparse
-import pathlib
 import statistics
 import tempfile
 import time
 
 import numpy as np
 
+from benchmarks import rows
 from keras_preact.export import FORMATS, check_formats, export_model, load, quantize
 from keras_preact.models import create_model, get_input_config
 from tests.support import decline_usage_telemetry
@@ -57,16 +57,10 @@ def images_per_second(runtime, images, min_seconds, min_calls):
 
 
 def cpu_line():
-    """The CPU's model name and its int8 dot-product instructions (Linux: /proc/cpuinfo)."""
-    try:
-        info = pathlib.Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return "CPU: unknown"
-    fields = dict(line.split(":", 1) for line in info.splitlines() if ":" in line)
-    flags = set(fields.get("flags\t", "").split())
-    name = fields.get("model name\t", "unknown").strip()
-    return (f"CPU: {name}; AVX-512 VNNI: {'yes' if 'avx512_vnni' in flags else 'no'}; "
-            f"AVX-VNNI: {'yes' if 'avx_vnni' in flags else 'no'}")
+    """The CPU's model name and whether it has int8 dot products (``benchmarks.rows.machine``'s flags)."""
+    found = rows.machine()
+    return (f"CPU: {found['cpu']}; AVX-512 VNNI: {'yes' if 'avx512_vnni' in found['flags'] else 'no'}; "
+            f"AVX-VNNI: {'yes' if 'avx_vnni' in found['flags'] else 'no'}")
 
 
 def add_int8(version_dir, formats, size):

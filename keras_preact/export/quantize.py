@@ -21,7 +21,6 @@ import json
 import math
 import os
 import pathlib
-import sys
 
 import numpy as np
 
@@ -36,11 +35,12 @@ SPLIT_SEED = 0
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif")
 TOOLS = {"onnx": "onnxruntime.quantization.quantize_static (QDQ, per-channel int8 weights, uint8 activations, MinMax)",
          "openvino": "nncf.quantize (post-training quantization, performance preset)"}
+TOOL_PACKAGES = {"onnx": ("onnxruntime",), "openvino": ("nncf", "openvino")}  # their versions go in the report
 NEEDS = {"onnx": ("onnxruntime", 'pip install "keras-preact[onnx]"'),
          "openvino": ("nncf", 'pip install "keras-preact[quantize]"')}
 EVALUATION_BATCH = 64
-# ONNX operators quantized: the convolutions, the classifier and the additions between them (the softmax and the
-# top-k of the contract stay float).
+# ONNX operators quantized: the convolutions, the classifier, and the normalizations, activations and additions
+# between them (the input's normalization, the softmax and the top-k of the contract stay float).
 ONNX_OPS = ("Conv", "Gemm", "MatMul", "Add", "Mul", "Relu", "BatchNormalization", "MaxPool", "AveragePool",
             "GlobalAveragePool", "ReduceMean")
 
@@ -206,7 +206,8 @@ def quantize_openvino(source, target, images):
 
     model = ov.Core().read_model(source)
     dataset = nncf.Dataset([image[None] for image in images])
-    with contextlib.redirect_stdout(sys.stderr):  # NNCF's progress bars: standard output is the command's answer
+    with open(os.devnull, "w") as quiet, contextlib.redirect_stdout(quiet):  # NNCF's progress bars (standard output
+        # is an export command's answer, its standard error the lines it says)
         quantized = nncf.quantize(model, dataset, subset_size=len(images), preset=nncf.QuantizationPreset.PERFORMANCE)
     ov.save_model(quantized, target, compress_to_fp16=False)
 
@@ -214,21 +215,32 @@ def quantize_openvino(source, target, images):
 QUANTIZERS = {"onnx": quantize_onnx, "openvino": quantize_openvino}
 
 
-def _agreement(version_dir, fmt, folder, files, labels, input_config):
-    """Top-1 (percent) of the float and the int8 ``fmt`` model on ``files``, and how many predictions differ."""
+def _agreement(version_dir, formats, folder, files, labels, input_config):
+    """Per format, the top-1 (percent) of its float and int8 models on ``files`` and how many predictions differ:
+    each batch of images viewed once for every model."""
     from keras_preact.export.runtimes import load
 
-    runtimes = load(version_dir, fmt), load(version_dir, fmt, precision="int8")
-    correct, differing = [0, 0], 0
+    runtimes = {fmt: (load(version_dir, fmt), load(version_dir, fmt, precision="int8")) for fmt in formats}
+    counts = {fmt: [0, 0, 0] for fmt in formats}  # float correct, int8 correct, differing
     for start in range(0, len(files), EVALUATION_BATCH):
         images = view_images(folder, files[start:start + EVALUATION_BATCH], input_config)
         truth = labels[start:start + EVALUATION_BATCH]
-        predicted = [np.argmax(r.predict(images)["probabilities"], axis=-1) for r in runtimes]
-        correct = [c + int(np.sum(p == truth)) for c, p in zip(correct, predicted)]
-        differing += int(np.sum(predicted[0] != predicted[1]))
-    float_top1, int8_top1 = (100.0 * c / len(files) for c in correct)
-    return {"file": INT8_FILES[fmt][0], "tool": TOOLS[fmt], "float_top1": float_top1, "int8_top1": int8_top1,
-            "accuracy_drop": float_top1 - int8_top1, "differing": differing}
+        for fmt, pair in runtimes.items():
+            floats, int8s = (np.argmax(r.predict(images)["probabilities"], axis=-1) for r in pair)
+            counts[fmt] = [c + int(np.sum(n)) for c, n in zip(counts[fmt], (floats == truth, int8s == truth,
+                                                                             floats != int8s))]
+    results = {}
+    for fmt, (float_correct, int8_correct, differing) in counts.items():
+        float_top1, int8_top1 = 100.0 * float_correct / len(files), 100.0 * int8_correct / len(files)
+        results[fmt] = {"file": INT8_FILES[fmt][0], "tool": TOOLS[fmt], "float_top1": float_top1,
+                        "int8_top1": int8_top1, "accuracy_drop": float_top1 - int8_top1, "differing": differing}
+    return results
+
+
+def _versions(formats):
+    from importlib import metadata
+
+    return {name: metadata.version(name) for fmt in formats for name in TOOL_PACKAGES[fmt]}
 
 
 def quantize_version(version_dir, formats, folder, class_names, input_config, calibration_images,
@@ -238,19 +250,21 @@ def quantize_version(version_dir, formats, folder, class_names, input_config, ca
     falls more than ``max_accuracy_drop`` points below its float model's. Returns the report."""
     (calibration, _), (held_out, held_labels) = calibration_split(folder, class_names, calibration_images)
     images = view_images(folder, calibration, input_config)
-    report = {"quantize": "int8", "calibration_data": str(folder), "seed": SPLIT_SEED,
-              "calibration_images": len(calibration), "held_out_images": len(held_out),
-              "max_accuracy_drop": float(max_accuracy_drop), "formats": {}, "calibration_files": calibration}
     for fmt in formats:
         QUANTIZERS[fmt](os.path.join(version_dir, FORMATS[fmt].files[0]),
                         os.path.join(version_dir, INT8_FILES[fmt][0]), images)
-        result = report["formats"][fmt] = _agreement(version_dir, fmt, folder, held_out, held_labels, input_config)
+    results = _agreement(version_dir, formats, folder, held_out, held_labels, input_config)
+    for fmt, result in results.items():
         if result["accuracy_drop"] > max_accuracy_drop:
             raise AccuracyDropError(
                 f"int8 {fmt} refused, nothing written: top-1 {result['int8_top1']:.2f}% against the float model's "
                 f"{result['float_top1']:.2f}% on {len(held_out)} held-out images ({result['differing']} predictions "
                 f"differ), a drop of {result['accuracy_drop']:.2f} points, more than the {max_accuracy_drop:g} allowed "
                 "(the maximum accuracy drop).")
+    report = {"quantize": "int8", "calibration_data": str(folder), "seed": SPLIT_SEED,
+              "calibration_images": len(calibration), "held_out_images": len(held_out),
+              "max_accuracy_drop": float(max_accuracy_drop), "formats": results, "versions": _versions(formats),
+              "calibration_files": calibration}
     with open(os.path.join(version_dir, REPORT), "w", encoding="utf-8") as f:
         json.dump(report, f, indent=1)
         f.write("\n")
