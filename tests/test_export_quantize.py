@@ -7,6 +7,8 @@ float ONNX model's answer; the folder's labels are then the float model's, and e
 
 import json
 import pathlib
+import shutil
+import sys
 
 import keras
 import numpy as np
@@ -203,6 +205,15 @@ def test_bad_input_is_refused_in_one_line_naming_the_flag(tmp_path, folder, caps
     assert not (tmp_path / "exports").exists()  # nothing begun
 
 
+def test_an_unreadable_image_is_named_and_nothing_is_written(tmp_path, model, folder):
+    broken = pathlib.Path(shutil.copytree(folder, tmp_path / "images"))
+    (broken / CLASS_NAMES[0]).mkdir(exist_ok=True)
+    (broken / CLASS_NAMES[0] / "broken.png").write_bytes(b"not an image")
+    with pytest.raises(ValueError, match=r"^Invalid calibration_data='.*': airplane/broken.png: Invalid encoded image"):
+        export_int8(model, tmp_path / "exports", broken, max_accuracy_drop=100)
+    assert [p.name for p in (tmp_path / "exports" / "cifar").iterdir()] == []  # nothing, no scratch left
+
+
 def test_the_command_states_the_librarys_defaults():
     assert export_lib.QUANTIZE_CHOICES == quantization.QUANTIZE_CHOICES
     assert export_lib.DEFAULT_CALIBRATION_IMAGES == quantization.DEFAULT_CALIBRATION_IMAGES == 300
@@ -210,7 +221,7 @@ def test_the_command_states_the_librarys_defaults():
 
 
 def test_without_nncf_the_openvino_int8_export_names_the_install_line(tmp_path, folder, capsys, monkeypatch):
-    monkeypatch.setitem(__import__("sys").modules, "nncf", None)  # as if not installed
+    monkeypatch.setitem(sys.modules, "nncf", None)  # as if not installed
     with pytest.raises(SystemExit) as exited:
         export_lib.main([str(tmp_path / "run"), "--format", "openvino", "--quantize", "int8", "--calibration-data",
                          str(folder)])

@@ -166,7 +166,11 @@ def view_images(folder, files, input_config):
     height, width = input_config.crop_size
     out = np.empty((len(files), height, width, 3), np.uint8)
     for i, file in enumerate(files):
-        pixels = keras.ops.convert_to_numpy(view(decode_image_array(os.path.join(folder, file))))
+        try:
+            decoded = decode_image_array(os.path.join(folder, file))
+        except ValueError as error:
+            raise ValueError(f"Invalid calibration_data={str(folder)!r}: {file}: {error}") from None
+        pixels = keras.ops.convert_to_numpy(view(decoded))
         out[i] = np.clip(np.round(pixels), 0, 255).astype(np.uint8)
     return out
 
