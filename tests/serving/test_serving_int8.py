@@ -130,3 +130,16 @@ def test_a_damaged_int8_file_skips_its_version_naming_the_file(whole, tmp_path, 
     (failure,) = model.failed
     assert str(failure).startswith(f"version 2 ({tmp_path / 'm' / '2'}): {named}"), str(failure)
     assert "\n" not in str(failure)
+
+
+def test_the_start_up_line_says_the_int8_model_serves(whole, tmp_path, capsys):
+    from keras_preact_serving.server import announce, make_server
+
+    copy(whole, tmp_path / "m")
+    server = make_server(tmp_path / "m", port=0)  # --runtime auto
+    try:
+        announce(server, "keras-preact-serve")
+    finally:
+        server.server_close()
+    line = capsys.readouterr().out.splitlines()[0]
+    assert line.endswith("[serving_default on openvino-int8 (openvino/model-int8.xml)]"), line
