@@ -175,6 +175,19 @@ def view_images(folder, files, input_config):
     return out
 
 
+@contextlib.contextmanager
+def _quiet_root_warnings():
+    """ONNX Runtime's quantizer warns on the root logger for each normalization's scale, a vector, that it quantizes
+    per tensor rather than per channel (what it should do): one line each, not the command's."""
+    import logging
+
+    logging.disable(logging.WARNING)
+    try:
+        yield
+    finally:
+        logging.disable(logging.NOTSET)
+
+
 def quantize_onnx(source, target, images):
     """``onnxruntime.quantization.quantize_static`` of the ONNX model ``source`` into ``target`` (QDQ), calibrated
     on ``images`` (uint8 ``[N, H, W, 3]``, one at a time), after ONNX Runtime's pre-processing (``quant_pre_process``:
@@ -193,7 +206,7 @@ def quantize_onnx(source, target, images):
         def get_next(self):
             return next(self._items, None)
 
-    with tempfile.TemporaryDirectory() as scratch:
+    with tempfile.TemporaryDirectory() as scratch, _quiet_root_warnings():
         prepared = os.path.join(scratch, "prepared.onnx")
         quant_pre_process(source, prepared, skip_symbolic_shape=True)
         quantization.quantize_static(prepared, target, Reader(), quant_format=quantization.QuantFormat.QDQ,
