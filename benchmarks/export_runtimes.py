@@ -8,6 +8,14 @@ SavedModel, and the largest difference of each runtime's probabilities from the 
 
     KERAS_BACKEND=tensorflow PYTHONPATH=. python benchmarks/export_runtimes.py \
         --models cifar_resnet20:32 imagenet_resnet50:224 --batches 1 64 --rounds 3
+
+``--int8`` adds, after each ONNX and OpenVINO runtime, its int8 model (``keras_preact.export.quantize``'s tools, as
+``--quantize int8`` runs them, calibrated on 32 random images: speed, not accuracy), in the same rotating rounds; the
+"vs float" column is its images/s over the float model's. The CPU's name and whether it has AVX-512 VNNI or AVX-VNNI
+(int8 dot products) head the output:
+
+    KERAS_BACKEND=torch PYTHONPATH=. python -m benchmarks run export_runtimes --out bench.jsonl -- \
+        --models cifar_resnet20:32 imagenet_resnet50:224 --formats openvino onnx --int8 --batches 1 64 --rounds 5
 """
 
 import argparse
@@ -17,7 +25,8 @@ import time
 
 import numpy as np
 
-from keras_preact.export import FORMATS, check_formats, export_model, load
+from benchmarks import rows
+from keras_preact.export import FORMATS, check_formats, export_model, load, quantize
 from keras_preact.models import create_model, get_input_config
 from tests.support import decline_usage_telemetry
 
@@ -47,13 +56,39 @@ def images_per_second(runtime, images, min_seconds, min_calls):
     return calls * len(images) / (time.perf_counter() - start)
 
 
-def bench_model(name, size, formats, batches, rounds, min_seconds, min_calls, export_dir):
+def cpu_line():
+    """The CPU's model name and whether it has int8 dot products (``benchmarks.rows.machine``'s flags)."""
+    found = rows.machine()
+    return (f"CPU: {found['cpu']}; AVX-512 VNNI: {'yes' if 'avx512_vnni' in found['flags'] else 'no'}; "
+            f"AVX-VNNI: {'yes' if 'avx_vnni' in found['flags'] else 'no'}")
+
+
+def add_int8(version_dir, formats, size):
+    """Each quantizable format's int8 model in ``version_dir``; the runtimes to time, each int8 after its float."""
+    calibration = np.random.default_rng(1).integers(0, 256, (32, size, size, 3), dtype=np.uint8)
+    runtimes = []
+    for fmt in formats:
+        runtimes.append(fmt)
+        if fmt in quantize.QUANTIZED_FORMATS:
+            quantize.QUANTIZERS[fmt](f"{version_dir}/{FORMATS[fmt].files[0]}",
+                                     f"{version_dir}/{quantize.INT8_FILES[fmt][0]}", calibration)
+            runtimes.append(f"{fmt}-int8")
+    return runtimes
+
+
+def load_runtime(version_dir, runtime):
+    fmt, _, precision = runtime.partition("-")
+    return load(version_dir, fmt, precision or "fp32")
+
+
+def bench_model(name, size, formats, batches, rounds, min_seconds, min_calls, export_dir, int8=False):
     input_config = get_input_config(name)
     size = size or input_config.crop_size[0]
     model = create_model(name, input_shape=(size, size, 3))
     version_dir = export_model(model, export_dir, name=name.replace("_", "-"), formats=formats,
                                input_config=input_config.replace(input_size=(size, size, 3)))
-    runtimes = {fmt: load(version_dir, fmt) for fmt in formats}
+    formats = add_int8(version_dir, formats, size) if int8 else formats
+    runtimes = {fmt: load_runtime(version_dir, fmt) for fmt in formats}
     rng = np.random.default_rng(0)
     batch_images = {b: rng.integers(0, 256, (b, size, size, 3), dtype=np.uint8) for b in batches}
     reference = runtimes[formats[0]].predict(batch_images[max(batches)])["probabilities"]
@@ -71,8 +106,9 @@ def bench_model(name, size, formats, batches, rounds, min_seconds, min_calls, ex
         base = statistics.median(speeds[formats[0], b])
         for fmt in formats:
             med = statistics.median(speeds[fmt, b])
+            float_med = statistics.median(speeds[fmt.partition("-")[0], b])
             rows.append((f"{name} @{size}", b, fmt, med, min(speeds[fmt, b]), max(speeds[fmt, b]), med / base,
-                         max_diff[fmt]))
+                         med / float_med, max_diff[fmt]))
     return rows
 
 
@@ -86,19 +122,23 @@ def main(argv=None):
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--min-seconds", type=float, default=2.0, help="time at least this long per measurement")
     parser.add_argument("--min-calls", type=int, default=3, help="and at least this many calls")
+    parser.add_argument("--int8", action="store_true", help="also time each ONNX and OpenVINO model's int8 model")
     args = parser.parse_args(argv)
     decline_usage_telemetry()
     formats = args.formats or installed_formats()
     check_formats(formats)
-    print("| model | batch | runtime | img/s (median) | min | max | vs SavedModel | max abs diff |")
-    print("|---|---|---|---|---|---|---|---|")
+    if args.int8:
+        quantize.check_quantization("int8", formats, ".")  # the tools installed (one line otherwise)
+        print(cpu_line())
+    print(f"| model | batch | runtime | img/s (median) | min | max | vs {formats[0]} | vs float | max abs diff |")
+    print("|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as export_dir:
         for name, size in args.models:
             for row in bench_model(name, size, formats, args.batches, args.rounds, args.min_seconds, args.min_calls,
-                                   export_dir):
-                model, batch, fmt, med, lo, hi, ratio, diff = row
-                print(f"| {model} | {batch} | {fmt} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} | {ratio:.2f}x | {diff:.1e} |",
-                      flush=True)
+                                   export_dir, args.int8):
+                model, batch, fmt, med, lo, hi, ratio, to_float, diff = row
+                print(f"| {model} | {batch} | {fmt} | {med:,.0f} | {lo:,.0f} | {hi:,.0f} | {ratio:.2f}x | "
+                      f"{to_float:.2f}x | {diff:.1e} |", flush=True)
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import sys
 
 FIELDS = ("benchmark", "case", "figure", "unit", "better", "spread", "reference", "reference_figure", "ratio",
           "ratio_spread", "rounds", "command", "machine", "backend", "versions", "date")
-CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile")
+CPU_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_tile")
 PACKAGES = ("keras", "numpy", "tensorflow", "jax", "torch")
 
 

@@ -29,6 +29,15 @@ and how many images' predicted classes differ from the in-process ones; ``--json
 the per-image predictions. Exits 1 when a served top-1 differs by more than ``--tolerance`` points
 (default 0.1), or when nothing could be served. ``--limit N`` takes N test images evenly spaced through
 the class-sorted listing (every class present), for smoke runs.
+
+``--quantize int8 --calibration-data FOLDER`` also exports each onnx and openvino format with its int8 model
+(``keras-preact-export --quantize int8``: calibrated on ``--calibration-images`` of the folder, checked on its others)
+and serves it as ``<format>-int8`` (``--runtime onnx-int8``); its rows pass when the served top-1 is at most
+``--max-accuracy-drop`` points (default 0.5) under the evaluation's:
+
+    KERAS_BACKEND=torch PYTHONPATH=. python benchmarks/served_accuracy.py cifar_resnet20 --weights cifar10 \
+        --data-dir /tmp/cifar10-jpeg --formats onnx openvino --quantize int8 \
+        --calibration-data /tmp/cifar10-jpeg/train --json served-int8.json
 """
 
 import argparse
@@ -310,15 +319,30 @@ def body_limit(split, pixels, batch):
                batch * (math.ceil(largest_file * 4 / 3) + 16) + 2**20)
 
 
-def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process, in_process_probabilities):
-    """One format: exported, served, and both input kinds sent; its result rows."""
+def export_format(args, model, fmt, scratch, classes):
+    """``fmt``'s version directory: ``fmt`` itself, or for ``<format>-int8`` the format with its int8 model
+    (``--quantize int8``, calibrated on ``--calibration-data``)."""
     from keras_preact.export import export_model
 
+    base, _, precision = fmt.partition("-")
+    quantize = {} if not precision else {
+        "quantize": "int8", "calibration_data": args.calibration_data, "calibration_images": args.calibration_images,
+        "max_accuracy_drop": args.max_accuracy_drop}
+    return export_model(model, os.path.join(scratch, fmt), formats=(base,), name=MODEL_NAME,
+                        top_k=min(5, classes), **quantize)  # its default 5 needs 5 classes
+
+
+def within(args, fmt, diff_points):
+    """A float format answers as evaluated (``--tolerance``); an int8 one loses at most ``--max-accuracy-drop``."""
+    return abs(diff_points) <= args.tolerance if "-int8" not in fmt else diff_points >= -args.max_accuracy_drop
+
+
+def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process, in_process_probabilities):
+    """One format: exported, served, and both input kinds sent; its result rows."""
     labels = np.asarray(split.labels, np.int64)
     results = []
     started = time.perf_counter()
-    version_dir = export_model(model, os.path.join(scratch, fmt), formats=(fmt,), name=MODEL_NAME,
-                               top_k=min(5, len(split.data.class_names)))  # its default 5 needs 5 classes
+    version_dir = export_format(args, model, fmt, scratch, len(split.data.class_names))
     print(f"[served] {fmt}: exported to {version_dir} in {time.perf_counter() - started:.0f} s", flush=True)
     with Server(version_dir.parent, fmt, max_batch=args.batch, max_body=body_limit(split, pixels, args.batch),
                 start_timeout=args.start_timeout) as server:
@@ -341,7 +365,7 @@ def serve_format(args, fmt, model, split, pixels, scratch, evaluated, in_process
                            differing_predictions=int(np.sum(predicted != in_process)),
                            max_probability_diff=float(np.max(np.abs(probabilities - in_process_probabilities))),
                            seconds=round(time.perf_counter() - started, 1), predictions=predicted.tolist())
-                row["within_tolerance"] = abs(row["diff_points"]) <= args.tolerance
+                row["within_tolerance"] = within(args, fmt, row["diff_points"])
                 results.append(row)
                 print(f"[served] {fmt} {kind}: top-1 {top1:.2%} ({row['diff_points']:+.2f} points, "
                       f"{row['differing_predictions']} predictions differ) in {row['seconds']} s", flush=True)
@@ -422,6 +446,13 @@ def build_parser():
     parser.add_argument("--request-timeout", type=_positive_float, default=600.0,
                         help="seconds one request may take (default 600)")
     parser.add_argument("--json", default=None, metavar="PATH", help="also write the results to PATH (JSON)")
+    parser.add_argument("--quantize", choices=("int8",), default=None,
+                        help="also serve each onnx and openvino format's int8 model (keras-preact-export --quantize "
+                             "int8; --runtime <format>-int8), within --max-accuracy-drop of the evaluation")
+    parser.add_argument("--calibration-data", default=None, metavar="FOLDER",
+                        help="the int8 models' calibration folder (class folders; e.g. DATA_DIR/train)")
+    parser.add_argument("--calibration-images", type=ev._positive_int, default=300)
+    parser.add_argument("--max-accuracy-drop", type=float, default=0.5)
     return parser
 
 
@@ -432,6 +463,7 @@ def main(argv=None):
     import keras
 
     from keras_preact.export import check_formats
+    from keras_preact.export.quantize import check_quantization
 
     if args.json is not None and pathlib.Path(args.json).is_dir():
         parser.error(f"Invalid --json={args.json!r}: a directory; give a file path.")
@@ -446,6 +478,9 @@ def main(argv=None):
         else:
             args.formats = list(check_formats(args.formats))
             refused = {}
+        int8 = check_quantization(args.quantize, args.formats, args.calibration_data, args.calibration_images,
+                                  args.max_accuracy_drop, flags=True)
+        args.formats += [f"{fmt}-int8" for fmt in int8]
         target = ev.resolve_model(args.model, args.weights)
         split = test_split(args.data_dir, args.limit, args.cache_dir, target)
         ev.check_match(target, split.data)

@@ -8,7 +8,10 @@ import math
 
 # Fastest first on CPU, as measured in BENCHMARKS.md, "Export runtimes".
 RUNTIME_SPEED_ORDER = ("openvino", "onnx", "saved_model", "litert")
-RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER)
+# A format's float or int8 model (keras-preact-export --quantize int8); a bare onnx/openvino (and auto) takes the int8
+# model where the version holds one.
+PRECISION_RUNTIMES = ("openvino-int8", "openvino-fp32", "onnx-int8", "onnx-fp32")
+RUNTIMES = ("auto", *RUNTIME_SPEED_ORDER, *PRECISION_RUNTIMES)
 DEFAULT_ENABLE_BATCHING = False  # decided from BENCHMARKS.md, "Dynamic batching"
 DEFAULT_PORT = 8501  # TF Serving's REST port, for both commands (so a TF Serving client needs no change)
 DEFAULT_REPLICAS = 1  # keras-preact-serve-ray
@@ -119,7 +122,9 @@ def _common_arguments(parser, prog, port, port_help):
     parser.add_argument("--runtime", choices=RUNTIMES, default="auto",
                         help="what runs serving_default (uint8 pixels): an export format's runtime, or auto (default): "
                              "the fastest installed for a format the version holds; the SavedModel's other "
-                             "signatures run on TensorFlow")
+                             "signatures run on TensorFlow. auto, onnx and openvino serve the version's int8 model "
+                             "where it has one; onnx-fp32, openvino-fp32 the float model; onnx-int8, openvino-int8 "
+                             "the int8 model")
     RequestLimits.add_arguments(parser.add_argument_group("request limits"), server_only=prog == SERVE)
     return parser.add_argument_group(
         "dynamic batching", "merge concurrent predict requests of one signature into batched model calls")

@@ -11,7 +11,8 @@ import xml.etree.ElementTree as ElementTree
 import numpy as np
 
 from keras_preact.export.contract import ServingContract
-from keras_preact.export.formats import FORMATS
+from keras_preact.export.formats import FORMATS, INT8_FILES
+from keras_preact.export.runtimes import model_file
 from keras_preact.export.version_dir import ASSETS, CLASS_NAMES_ASSET, PREPROCESSING_ASSET
 from keras_preact.preprocessing import InputConfig
 from keras_preact_serving import rest
@@ -72,19 +73,41 @@ def latest_version_dir(model_base):
     return version_dirs(model_base)[0]
 
 
+def int8_in(version_dir):
+    """The formats whose int8 model (``keras-preact-export --quantize int8``) a version folder holds, in
+    ``RUNTIME_SPEED_ORDER``."""
+    folder = pathlib.Path(version_dir)
+    return tuple(f for f in RUNTIME_SPEED_ORDER if f in INT8_FILES and (folder / INT8_FILES[f][0]).is_file())
+
+
+def split_runtime(runtime):
+    """``(format, precision)`` of a ``--runtime`` choice: ``"onnx-int8"`` -> ``("onnx", "int8")``; a bare format or
+    auto has precision None (the int8 model where the version holds one)."""
+    fmt, _, precision = runtime.partition("-")
+    return fmt, precision or None
+
+
+def _holds(path, runtime):
+    fmt, precision = split_runtime(runtime)
+    return fmt in formats_in(path) and (precision != "int8" or fmt in int8_in(path))
+
+
 def check_runtime(model_base, runtime="auto"):
     """``choose_runtimes`` for the newest version holding ``runtime`` (auto: the newest version): one line
     (ValueError, ImportError) unless some version can serve on it."""
     versions = version_dirs(model_base)
-    holding = [path for _, path in versions if runtime in formats_in(path)] or [versions[0][1]]
-    return choose_runtimes(formats_in(holding[0]), runtime)
+    holding = [path for _, path in versions if _holds(path, runtime)] or [versions[0][1]]
+    return choose_runtimes(formats_in(holding[0]), runtime, int8_in(holding[0]))
 
 
-def choose_runtimes(present, runtime="auto"):
-    """``{"pixels": format, "saved_model": bool}``: what runs ``serving_default``, and whether the SavedModel serves."""
+def choose_runtimes(present, runtime="auto", int8=()):
+    """``{"pixels": format, "precision": "fp32" or "int8", "saved_model": bool}``: what runs ``serving_default`` (the
+    format's int8 model where ``int8`` holds it and ``runtime`` does not ask for fp32), and whether the SavedModel
+    serves."""
     if runtime not in RUNTIMES:
         raise ValueError(f"Invalid runtime={runtime!r}: expected one of {', '.join(RUNTIMES)}.")
     has_tf = "saved_model" in present and _installed("saved_model")
+    fmt, precision = split_runtime(runtime)
     if runtime == "auto":
         usable = [f for f in present if _installed(f)]
         if not usable:
@@ -92,14 +115,18 @@ def choose_runtimes(present, runtime="auto"):
             raise ImportError(
                 f"serving this version ({', '.join(present)}) needs a runtime that is not installed: {needs}"
             )
-        return {"pixels": usable[0], "saved_model": has_tf}
-    if runtime not in present:
+        fmt = usable[0]
+    elif fmt not in present:
         raise ValueError(
-            f"Invalid runtime={runtime!r}: the version holds no {runtime} export (it holds {', '.join(present)})."
+            f"Invalid runtime={runtime!r}: the version holds no {fmt} export (it holds {', '.join(present)})."
         )
-    if not _installed(runtime):
-        raise ImportError(f"runtime {runtime} is not installed: {FORMATS[runtime].install}")
-    return {"pixels": runtime, "saved_model": has_tf}
+    elif precision == "int8" and fmt not in int8:
+        raise ValueError(f"Invalid runtime={runtime!r}: the version holds no int8 {fmt} model ({INT8_FILES[fmt][0]}, "
+                         "written by keras-preact-export --quantize int8).")
+    elif not _installed(fmt):
+        raise ImportError(f"runtime {fmt} is not installed: {FORMATS[fmt].install}")
+    precision = precision or ("int8" if fmt in int8 else "fp32")
+    return {"pixels": fmt, "precision": precision, "saved_model": has_tf}
 
 
 class SavedModelSignatures:
@@ -134,10 +161,10 @@ class SavedModelSignatures:
 class ArtifactSignature:
     """``serving_default`` on an ONNX / LiteRT / OpenVINO runtime, with the SavedModel's outputs."""
 
-    def __init__(self, path, fmt):
+    def __init__(self, path, fmt, precision="fp32"):
         from keras_preact.export.runtimes import load
 
-        self._runtime = load(path, fmt)
+        self._runtime = load(path, fmt, precision)
         height, width = self._runtime.input_size
         self._names = np.array([name.encode("utf-8") for name in self._runtime.class_names], dtype=object)
         scores = self._runtime.predict(np.zeros((1, height, width, 3), np.uint8))["scores"]  # and a warm-up
@@ -222,14 +249,21 @@ def started_formats(version_dir):
     return tuple(f for f in RUNTIME_SPEED_ORDER if any((pathlib.Path(version_dir) / e).exists() for e in ENTRIES[f]))
 
 
-def check_version_files(path, formats):
-    """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged; None when whole."""
+def started_int8(version_dir):
+    """The formats a version folder holds any file of an int8 model of (whole or not)."""
+    return tuple(f for f in INT8_FILES if any((pathlib.Path(version_dir) / file).exists() for file in INT8_FILES[f]))
+
+
+def check_version_files(path, formats, int8=()):
+    """``(file, reason, code)`` of the first file a copy cut short left missing, empty or damaged (of ``formats`` and
+    of the int8 models of ``int8``); None when whole."""
     path = pathlib.Path(path)
     names, preprocessing = f"{ASSETS}/{CLASS_NAMES_ASSET}", f"{ASSETS}/{PREPROCESSING_ASSET}"
     required = [names, preprocessing] + (
         ["saved_model.pb", "variables/variables.index"] if "saved_model" in formats else []
     )
     required += [file for f in formats if f != "saved_model" for file in FORMATS[f].files]  # OpenVINO's .xml and .bin
+    required += [file for f in int8 for file in INT8_FILES[f]]
     for file in required:
         if not (path / file).is_file():
             return file, "missing", "NOT_FOUND"
@@ -246,21 +280,23 @@ def check_version_files(path, formats):
         return "variables/variables.data-*", "missing", "NOT_FOUND"
     if "saved_model" in formats and _footer(path / "variables/variables.index") != TABLE_MAGIC:
         return "variables/variables.index", "cut short (no table footer)", "DATA_LOSS"
-    return _check_openvino_files(path, config) if "openvino" in formats else None
+    irs = ([FORMATS["openvino"].files] if "openvino" in formats else []) + (
+        [INT8_FILES["openvino"]] if "openvino" in int8 else [])
+    return next((found for ir in irs if (found := _check_openvino_files(path, config, *ir)) is not None), None)
 
 
-def _check_openvino_files(path, config):
-    """``(file, reason, code)`` of an OpenVINO IR that does not parse, a model.bin shorter than the IR reads, or a
-    preprocessing input size other than the IR's images; None when they fit."""
+def _check_openvino_files(path, config, model=ARTIFACTS["openvino"], weights=OPENVINO_WEIGHTS):
+    """``(file, reason, code)`` of an OpenVINO IR (``model``, ``weights``) that does not parse, weights shorter than
+    the IR reads, or a preprocessing input size other than the IR's images; None when they fit."""
     try:
-        root = ElementTree.parse(path / ARTIFACTS["openvino"]).getroot()
+        root = ElementTree.parse(path / model).getroot()
     except ElementTree.ParseError as error:
-        return ARTIFACTS["openvino"], one_line(error), "DATA_LOSS"
+        return model, one_line(error), "DATA_LOSS"
     needed = max((int(d.get("offset")) + int(d.get("size")) for d in root.iter("data")
                   if (d.get("offset") or "").isdigit() and (d.get("size") or "").isdigit()), default=0)
-    size = (path / OPENVINO_WEIGHTS).stat().st_size
+    size = (path / weights).stat().st_size
     if size < needed:
-        return OPENVINO_WEIGHTS, f"{size} bytes; the IR reads {needed}", "DATA_LOSS"
+        return weights, f"{size} bytes; the IR reads {needed}", "DATA_LOSS"
     shapes = [data.get("shape", "").split(",") for layer in root.iter("layer") if layer.get("type") == "Parameter"
               for data in layer.iter("data")]
     if shapes and len(shapes[0]) == 4 and all(d.isdigit() for d in shapes[0][1:3]):
@@ -271,12 +307,13 @@ def _check_openvino_files(path, config):
     return None
 
 
-def _blame_artifact(error, path, fmt):
-    """The file of a ``fmt`` export an error loading it comes from: the one it names; OpenVINO's weights when a
-    node fails validation on a constant (the IR parsed, so model.bin's values are what is wrong); else the model."""
+def _blame_artifact(error, path, fmt, precision="fp32"):
+    """The file of a ``fmt`` model at ``precision`` an error loading it comes from: the one it names; OpenVINO's
+    weights when a node fails validation on a constant (the IR parsed, so the .bin's values are what is wrong); else
+    the model."""
     if fmt == "openvino" and "While validating node" in str(error) and "Constant" in str(error):
-        return OPENVINO_WEIGHTS
-    return _named_file(error, path, ARTIFACTS[fmt])
+        return OPENVINO_WEIGHTS if precision == "fp32" else INT8_FILES["openvino"][1]
+    return _named_file(error, path, model_file(fmt, precision))
 
 
 def _blame_saved_model(error, path):
@@ -285,6 +322,12 @@ def _blame_saved_model(error, path):
         shards = sorted(p.name for p in (pathlib.Path(path) / "variables").glob("variables.data-*"))
         return _named_file(error, path, f"variables/{shards[0] if len(shards) == 1 else 'variables.data-*'}")
     return _named_file(error, path, "saved_model.pb")
+
+
+def _runtime_file(runtime):
+    """The file a ``--runtime`` choice serves ("?" for auto)."""
+    fmt, precision = split_runtime(runtime)
+    return "?" if fmt == "auto" else model_file(fmt, "int8" if precision == "int8" else "fp32")
 
 
 class Servable:
@@ -306,7 +349,7 @@ class Servable:
                 self.failed.append(error)
             except (ValueError, ImportError) as error:  # this older version lacks the runtime asked for
                 self.failed.append(
-                    VersionError(version, path, ARTIFACTS.get(runtime, "?"), one_line(error), "NOT_FOUND")
+                    VersionError(version, path, _runtime_file(runtime), one_line(error), "NOT_FOUND")
                 )
             else:
                 for failure in self.failed:  # logged once an older version serves (else NoVersionLoads says it)
@@ -318,10 +361,11 @@ class Servable:
         from keras_preact_serving.app import warm_up
 
         self.version, self.path = version, path
-        choice = choose_runtimes(formats_in(path), runtime)
+        choice = choose_runtimes(formats_in(path), runtime, int8_in(path))
         loaded = {choice["pixels"]} | ({"saved_model"} if choice["saved_model"] else set())
+        int8 = set(started_int8(path)) | ({choice["pixels"]} if choice["precision"] == "int8" else set())
         # Every format begun is checked whole: a copy under way is skipped, not served with fewer signatures.
-        if (damaged := check_version_files(path, loaded | set(started_formats(path)))) is not None:
+        if (damaged := check_version_files(path, loaded | set(started_formats(path)), sorted(int8))) is not None:
             raise VersionError(version, path, *damaged)
         self._runners, self.input_specs, signature_defs, self.signatures = {}, {}, {}, {}
         if choice["saved_model"]:
@@ -335,11 +379,12 @@ class Servable:
             signature_defs.update(saved.signature_defs)
         if choice["pixels"] != "saved_model":
             try:
-                artifact = ArtifactSignature(path, choice["pixels"])  # loaded and warmed up
+                artifact = ArtifactSignature(path, choice["pixels"], choice["precision"])  # loaded and warmed up
             except Exception as error:  # noqa: BLE001 - whatever the runtime raises for a damaged file
-                file = _blame_artifact(error, path, choice["pixels"])
+                file = _blame_artifact(error, path, choice["pixels"], choice["precision"])
                 raise VersionError(version, path, file, one_line(error)) from error
-            self._runners[PIXELS_SIGNATURE], self.signatures[PIXELS_SIGNATURE] = artifact, choice["pixels"]
+            served = choice["pixels"] + ("-int8" if choice["precision"] == "int8" else "")
+            self._runners[PIXELS_SIGNATURE], self.signatures[PIXELS_SIGNATURE] = artifact, served
             self.input_specs[PIXELS_SIGNATURE] = artifact.input_spec
             signature_defs.setdefault(PIXELS_SIGNATURE, artifact.signature_def)
         classes = signature_defs[PIXELS_SIGNATURE]["outputs"]["probabilities"]["tensor_shape"]["dim"][-1]["size"]
@@ -350,7 +395,7 @@ class Servable:
                                f"{classes} classes (one name per line, line number = label)", "DATA_LOSS")
         self.metadata = {
             "model_spec": {"name": self.name, "signature_name": "", "version": str(version)},
-            "metadata": {"signature_def": {"signature_def": signature_defs}}}
+            "metadata": {"signature_def": {"signature_def": signature_defs}, "runtime": dict(self.signatures)}}
         try:
             warm_up(self)  # a version loads only if it answers (a table or variable read lazily may fail here)
         except Exception as error:  # noqa: BLE001
@@ -362,7 +407,8 @@ class Servable:
         by_format = {}
         for signature, fmt in sorted(self.signatures.items(), key=lambda item: (item[0] != PIXELS_SIGNATURE, item[0])):
             by_format.setdefault(fmt, []).append(signature)
-        return "; ".join(f"{', '.join(sigs)} on {fmt}" for fmt, sigs in by_format.items())
+        return "; ".join(f"{', '.join(sigs)} on {fmt}" + (f" ({_runtime_file(fmt)})" if fmt.endswith("-int8") else "")
+                         for fmt, sigs in by_format.items())
 
     def status(self, version=None):
         """TF Serving's ``GetModelStatus`` reply: the served version AVAILABLE, newer ones that failed END."""

@@ -27,6 +27,8 @@ PLATFORMS = {
     "onnx": "onnxruntime_onnx",
     "openvino": "openvino",
     "litert": "tensorflow_lite",
+    "onnx-int8": "onnxruntime_onnx",  # the int8 models (keras-preact-export --quantize int8) on the same runtimes
+    "openvino-int8": "openvino",
 }
 MAX_DIMS = 8
 

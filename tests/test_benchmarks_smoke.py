@@ -162,6 +162,25 @@ def test_export_runtimes_times_every_installed_format_on_equal_outputs(capsys):
     assert [r[6].strip() for r in rows if r[2].strip() == "saved_model"] == ["1.00x", "1.00x"]
 
 
+def test_export_runtimes_times_each_int8_model_after_its_float_one(capsys):
+    """benchmarks/export_runtimes.py --int8: the CPU named, then each ONNX and OpenVINO runtime followed by its int8
+    model, the "vs float" column 1.00x for the float rows."""
+    if keras.backend.backend() == "jax":
+        pytest.skip("ONNX and OpenVINO are written from the tensorflow and torch backends")
+    for module in ("onnxruntime", "openvino", "nncf"):
+        pytest.importorskip(module)
+    from benchmarks import export_runtimes
+
+    export_runtimes.main(["--models", "cifar_resnet20:16", "--formats", "openvino", "onnx", "--int8", "--batches",
+                          "2", "--rounds", "1", "--min-seconds", "0", "--min-calls", "1"])
+    lines = capsys.readouterr().out.splitlines()
+    assert re.match(r"CPU: .+; AVX-512 VNNI: (yes|no); AVX-VNNI: (yes|no)$", lines[0]), lines[0]
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[3:]]
+    assert [r[2] for r in rows] == ["openvino", "openvino-int8", "onnx", "onnx-int8"]
+    assert [r[7] for r in rows if not r[2].endswith("-int8")] == ["1.00x", "1.00x"]
+    assert all(float(r[3].replace(",", "")) > 0 for r in rows)
+
+
 def test_remat_memory_reports_a_refused_policy_with_its_message(tmp_path, capsys):
     """benchmarks/remat_memory.py runs the real keras-preact-train per policy; one that ends badly is a row
     with its exit status and the line that says why, and the table's ratios are to the no-remat run."""

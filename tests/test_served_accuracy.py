@@ -87,3 +87,29 @@ def test_a_server_that_cannot_start_is_reported_and_stopped(tmp_path):
 
     with pytest.raises(RuntimeError, match=r"keras-preact-serve exited \(2\).*no numeric version folder"):
         served_accuracy.Server(tmp_path, "onnx", max_batch=8, max_body=2**20, start_timeout=120)
+
+
+@pytest.mark.notf
+@pytest.mark.skipif(keras.backend.backend() == "jax", reason="ONNX is written from the tensorflow and torch backends")
+def test_quantize_serves_each_int8_model_beside_its_float_one(tmp_path, rng):
+    """--quantize int8: onnx-int8 exported with its calibration folder and served by --runtime onnx-int8, judged by
+    --max-accuracy-drop against the evaluation (the float ONNX by --tolerance)."""
+    for module in ("onnxruntime", "starlette"):
+        pytest.importorskip(module)
+    from benchmarks import served_accuracy
+    from keras_preact.models import cifar_resnet
+
+    write_folder(tmp_path / "data", 6, rng)
+    model = cifar_resnet(8, len(CLASSES), class_names=CLASSES)
+    model.save(tmp_path / "model.keras")
+    out = tmp_path / "served.json"
+    code = served_accuracy.main([str(tmp_path / "model.keras"), "--data-dir", str(tmp_path / "data"), "--formats",
+                                 "onnx", "--quantize", "int8", "--calibration-data", str(tmp_path / "data" / "train"),
+                                 "--calibration-images", "8", "--max-accuracy-drop", "100", "--batch", "8",
+                                 "--cache-dir", str(tmp_path / "cache"), "--start-timeout", "120", "--json", str(out)])
+    report = json.loads(out.read_text())
+    rows = {(r["format"], r["input"]): r for r in report["results"]}
+    assert code == 0 and report["passed"], report["results"]
+    int8 = rows["onnx-int8", "uint8_pixels"]
+    assert int8["served"] and int8["runtime"] == "onnx-int8 (model-int8.onnx)" and int8["images"] == 24
+    assert rows["onnx", "uint8_pixels"]["runtime"] == "onnx"

@@ -7,9 +7,11 @@ normalizes as the run did and the SavedModel's ``serving_bytes`` view is the one
 measured on. The CLI::
 
     keras-preact-export RUN_DIR [--export-dir DIR] [--name NAME] [--version N] [--format saved_model,onnx,...]
-                        [--top-k K]
+                        [--top-k K] [--quantize int8 --calibration-data FOLDER [--calibration-images 300]
+                        [--max-accuracy-drop 0.5]]
 
-The formats are checked (known, writable from the Keras backend, installed) before anything is loaded.
+The formats are checked (known, writable from the Keras backend, installed) before anything is loaded, and so are
+the quantization flags (``keras_preact.export.quantize``: the folder's class folders are the run's classes).
 ``export_in_tensorflow(run_dir, export_dir)`` runs this command in a child process on Keras' TensorFlow
 backend: how ``keras-preact-train`` writes the SavedModel of a run trained on PyTorch, whose backend writes none.
 """
@@ -24,6 +26,11 @@ import sys
 import zipfile
 
 from .run import run_lock, run_state  # standard library only: --help loads no Keras (RunManifest's module does)
+
+# keras_preact.export.quantize's choices and defaults, restated for --help (importing the library loads Keras).
+QUANTIZE_CHOICES = ("int8",)
+DEFAULT_CALIBRATION_IMAGES = 300
+DEFAULT_MAX_ACCURACY_DROP = 0.5
 
 # Presets for one's own data: each of their runs is a model of its own, named after its run directory (all
 # fine-tuning runs exported as ``finetune-folder`` made two projects versions of one served model).
@@ -120,16 +127,22 @@ def _no_space(model_dir, model, copies):
     return run_state.DiskFullError(errno.ENOSPC, run_state.no_space_message(model_dir, needed, "--export-dir"))
 
 
-def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",), top_k=None):
+def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, formats=("saved_model",), top_k=None,
+               quantize=None, calibration_data=None, calibration_images=DEFAULT_CALIBRATION_IMAGES,
+               max_accuracy_drop=DEFAULT_MAX_ACCURACY_DROP):
     """Export ``RUN_DIR/model.keras`` in ``formats``; returns the version directory
     ``export_dir/<name>/<version>/`` (``name`` defaults to the run's, ``export_name``; ``top_k`` to
-    ``min(5, classes)``). The SavedModel the run exported itself there is not written again: its directory is
-    returned, said in one line (``version`` writes another)."""
+    ``min(5, classes)``; ``quantize="int8"`` with ``calibration_data``: ``export_model``'s int8 models, checked on
+    the folder's held-out images). The SavedModel the run exported itself there is not written again: its directory
+    is returned, said in one line (``version`` writes another)."""
     from keras_preact.export import check_formats, export_model
+    from keras_preact.export import quantize as quantization
     from keras_preact.export.version_dir import check_top_k
 
     from .run.manifest import RunManifest
 
+    quantized = quantization.check_quantization(quantize, formats, calibration_data, calibration_images,
+                                                max_accuracy_drop, flags=True)
     check_formats(formats)
     run_dir = pathlib.Path(run_dir)
     if run_dir.is_file():
@@ -153,6 +166,8 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
              "--format onnx,litert,openvino the other formats)")
         return done
     top_k = check_top_k(top_k, manifest.num_classes)
+    if quantized:  # the folder's class folders are the run's classes, and some images are left to hold out
+        quantization.calibration_split(calibration_data, list(manifest.class_names), calibration_images, flags=True)
     # One export of a run at a time: a second one waits, then takes the next version.
     with run_lock.waited(run_dir / run_lock.EXPORT_LOCK, f"exporting {run_dir}", _say):
         model = load_run_model(run_dir / "model.keras")
@@ -160,7 +175,9 @@ def export_run(run_dir, export_dir="saved_models", *, name=None, version=None, f
         try:
             return export_model(model, export_dir, formats=formats, name=name, version=version,
                                 class_names=list(manifest.class_names), input_config=manifest.input_config,
-                                image_size=manifest.image_size, top_k=top_k)
+                                image_size=manifest.image_size, top_k=top_k, quantize=quantize,
+                                calibration_data=calibration_data, calibration_images=calibration_images,
+                                max_accuracy_drop=max_accuracy_drop)
         except Exception as error:  # noqa: BLE001 - TensorFlow's ResourceExhaustedError is no OSError
             if not _disk_full(error):
                 raise
@@ -239,7 +256,38 @@ def build_parser():
     parser.add_argument("--top-k", type=_positive_int, default=None, dest="top_k",
                         help="how many classes the scores/classes/class_names outputs hold, 1 to the number of "
                              "classes (default: 5, or the number of classes when fewer)")
+    quantizing = parser.add_argument_group(
+        "int8 quantization", "an int8 model beside each onnx and openvino model (ONNX Runtime's quantize_static, "
+        "NNCF), calibrated on some images of a folder and checked on the others")
+    quantizing.add_argument("--quantize", choices=QUANTIZE_CHOICES, default=None,
+                            help="also write an int8 model of each onnx and openvino export (default: none)")
+    quantizing.add_argument("--calibration-data", default=None, metavar="FOLDER",
+                            help="a folder of images, one sub-folder per class named as the run's classes")
+    quantizing.add_argument("--calibration-images", type=_positive_int,
+                            default=DEFAULT_CALIBRATION_IMAGES,
+                            help="images of the folder that calibrate, drawn with a fixed seed; every other one is "
+                                 "held out to compare the float and int8 models (default %(default)s)")
+    quantizing.add_argument("--max-accuracy-drop", type=float, default=DEFAULT_MAX_ACCURACY_DROP,
+                            help="the most top-1 points the int8 model may lose on the held-out images; past it "
+                                 "nothing is written (default %(default)s)")
     return parser
+
+
+def say_quantization(version_dir):
+    """The int8 models' line per format, from the version's ``quantization.json``."""
+    import json
+
+    from keras_preact.export import quantize as quantization
+
+    path = pathlib.Path(version_dir) / quantization.REPORT
+    if not path.is_file():
+        return
+
+    report = json.loads(path.read_text(encoding="utf-8"))
+    for fmt, result in report["formats"].items():
+        _say(f"int8 {fmt} ({result['file']}): top-1 {result['int8_top1']:.2f}% (float {result['float_top1']:.2f}%) "
+             f"on {report['held_out_images']} held-out images, {result['differing']} predictions differ; "
+             f"calibrated on {report['calibration_images']} images ({quantization.REPORT})")
 
 
 def check_export_dir(export_dir):
@@ -262,9 +310,16 @@ def main(argv=None):
     try:  # export_run checks the formats before anything is read or loaded
         check_export_dir(args.export_dir)
         path = export_run(args.run_dir, args.export_dir, name=args.name, version=args.version, formats=args.formats,
-                           top_k=args.top_k)
+                          top_k=args.top_k, quantize=args.quantize, calibration_data=args.calibration_data,
+                          calibration_images=args.calibration_images, max_accuracy_drop=args.max_accuracy_drop)
     except ValueError as error:
         parser.error(str(error))
+    except RuntimeError as error:
+        from keras_preact.export.quantize import AccuracyDropError
+
+        if not isinstance(error, AccuracyDropError):  # the int8 model lost too much accuracy: nothing was written
+            raise
+        parser.exit(1, f"{parser.prog}: error: {error}\n")
     except ImportError as error:  # a format's exporter or runtime, or Keras' backend, is not installed
         message = str(error).splitlines()[0] if str(error) else repr(error)
         parser.exit(2, f"{parser.prog}: error: {message}\n")
@@ -274,6 +329,7 @@ def main(argv=None):
         if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM, errno.ENOTDIR, errno.EEXIST):
             raise
         parser.exit(2, f"{parser.prog}: error: cannot write under --export-dir={args.export_dir!r}: {error}\n")
+    say_quantization(path)
     print(path)
     return 0
 

@@ -17,7 +17,8 @@ Examples:
 """
 
 from keras_preact.export.contract import INPUT_NAME, OUTPUT_NAMES, ServingContract
-from keras_preact.export.formats import FORMATS, check_formats, export_model, export_saved_model, serving_model
+from keras_preact.export.exporting import export_model, export_saved_model
+from keras_preact.export.formats import FORMATS, check_formats, serving_model
 from keras_preact.export.runtimes import RUNTIMES, load
 from keras_preact.export.version_dir import next_version
 

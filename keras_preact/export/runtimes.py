@@ -23,7 +23,7 @@ import threading
 import numpy as np
 
 from keras_preact.export.contract import INPUT_NAME, OUTPUT_NAMES
-from keras_preact.export.formats import FORMATS
+from keras_preact.export.formats import FORMATS, INT8_FILES
 from keras_preact.export.version_dir import read_assets
 
 # LiteRT interpreters per model: one per core (each runs a call on one thread). OpenVINO's infer requests: as many as
@@ -81,17 +81,39 @@ class RunnerPool:
             self._free.put(runner)
 
 
+PRECISIONS = ("fp32", "int8")  # the float model of a format, or its int8 model (keras_preact.export.quantize)
+
+
+def model_file(format, precision="fp32"):  # noqa: A002 (the format's name, as in model.export)
+    """The file under a version directory that holds ``format``'s model at ``precision``, or None.
+
+    Examples:
+        >>> from keras_preact.export.runtimes import model_file
+        >>> model_file("onnx"), model_file("openvino", "int8"), model_file("litert", "int8")
+        ('model.onnx', 'openvino/model-int8.xml', None)
+    """
+    if precision == "fp32":
+        return FORMATS[format].files[0]
+    return INT8_FILES[format][0] if format in INT8_FILES else None
+
+
 class Runtime:
-    """An exported version directory loaded in one runtime: ``predict(uint8 images) -> dict``."""
+    """An exported version directory loaded in one runtime: ``predict(uint8 images) -> dict``; ``precision`` "int8":
+    the format's int8 model."""
 
     format_name = ""
 
-    def __init__(self, version_dir):
-        self.version_dir = str(version_dir)
-        path = os.path.join(self.version_dir, FORMATS[self.format_name].files[0])
+    def __init__(self, version_dir, precision="fp32"):
+        self.version_dir, self.precision = str(version_dir), precision
+        file = model_file(self.format_name, precision)
+        if file is None:
+            raise ValueError(f"Invalid precision={precision!r}: a {self.format_name} export has no int8 model (int8 "
+                             "models are written for onnx and openvino).")
+        path = os.path.join(self.version_dir, file)
         if not os.path.exists(path):
-            raise ValueError(f"Invalid version_dir={self.version_dir!r}: it holds no {self.format_name} export "
-                             f"({FORMATS[self.format_name].files[0]} is missing).")
+            what = "export" if precision == "fp32" else "int8 model"
+            raise ValueError(f"Invalid version_dir={self.version_dir!r}: it holds no {self.format_name} {what} "
+                             f"({file} is missing).")
         self.class_names, self.input_config = read_assets(self.version_dir)
         self._load(path)
 
@@ -172,8 +194,9 @@ RUNTIMES = {
 }
 
 
-def load(version_dir, format):  # noqa: A002 (the format's name, as in model.export)
-    """``version_dir``'s ``format`` export loaded in its runtime (a ``Runtime``).
+def load(version_dir, format, precision="fp32"):  # noqa: A002 (the format's name, as in model.export)
+    """``version_dir``'s ``format`` export loaded in its runtime (a ``Runtime``); ``precision="int8"``: its int8 model
+    (``export_model(..., quantize="int8")``, onnx and openvino).
 
     Examples:
         ``export_model``'s example loads its SavedModel; the format is checked first:
@@ -186,4 +209,6 @@ def load(version_dir, format):  # noqa: A002 (the format's name, as in model.exp
     """
     if format not in RUNTIMES:
         raise ValueError(f"Invalid format={format!r}: the formats are {', '.join(RUNTIMES)}.")
-    return RUNTIMES[format](version_dir)
+    if precision not in PRECISIONS:
+        raise ValueError(f"Invalid precision={precision!r}: expected one of {', '.join(PRECISIONS)}.")
+    return RUNTIMES[format](version_dir, precision)

@@ -1,8 +1,10 @@
 """Every served answer is its own request's: concurrent clients of keras-preact-serve, over REST and gRPC at once,
-each sending its own images to every runtime (SavedModel, ONNX, OpenVINO, LiteRT), batching off and on (four batch
-threads), each reply compared with its image's answer computed alone in the test process."""
+each sending its own images to every runtime (SavedModel, ONNX, OpenVINO, LiteRT, and the int8 ONNX and OpenVINO
+models), batching off and on (four batch threads), each reply compared with its image's answer computed alone in the
+test process."""
 
 import http.client
+import importlib.util
 import json
 import threading
 import time
@@ -17,11 +19,12 @@ pytest.importorskip("tensorflow_serving", reason="needs the grpc extra")
 from tensorflow_serving.apis import predict_pb2, prediction_service_pb2_grpc  # noqa: E402
 
 import support  # noqa: E402
-from keras_preact.export import load  # noqa: E402
+from keras_preact.export import FORMATS, load  # noqa: E402
 from keras_preact_serving.server import make_server  # noqa: E402
 
-RUNTIMES = ("saved_model", "onnx", "openvino", "litert")
-MODULES = {"onnx": "onnxruntime", "openvino": "openvino", "litert": "ai_edge_litert"}
+RUNTIMES = ("saved_model", "onnx", "openvino", "litert", "onnx-int8", "openvino-int8")
+MODULES = {"onnx": "onnxruntime", "openvino": "openvino", "litert": "ai_edge_litert", "onnx-int8": "onnxruntime",
+           "openvino-int8": "nncf"}
 CLIENTS = 8  # per API: 8 REST and 8 gRPC clients at once
 ROUNDS = 6  # requests per client
 
@@ -32,9 +35,19 @@ IMAGES = support.images(2 * CLIENTS, seed=7)
 
 @pytest.fixture(scope="module")
 def exported(tmp_path_factory, export_copy):
-    """One model per runtime holding that runtime's export alone (copies of conftest's export)."""
+    """One model per runtime holding that runtime's export alone (copies of conftest's export); an int8 runtime's
+    holds the format's float and int8 models (made by ``keras_preact.export.quantize``'s tools, as --quantize int8
+    makes them)."""
+    from keras_preact.export import quantize
+
     base = tmp_path_factory.mktemp("saved_models")
-    return {fmt: export_copy(base, fmt, formats=(fmt,)) for fmt in RUNTIMES}
+    versions = {fmt: export_copy(base, fmt, formats=(fmt,)) for fmt in RUNTIMES if "-" not in fmt}
+    for fmt in ("onnx", "openvino"):
+        if importlib.util.find_spec(MODULES[f"{fmt}-int8"]) is not None:
+            version = versions[f"{fmt}-int8"] = export_copy(base, f"{fmt}-int8", formats=(fmt,))
+            float_file, int8_file = FORMATS[fmt].files[0], quantize.INT8_FILES[fmt][0]
+            quantize.QUANTIZERS[fmt](str(version / float_file), str(version / int8_file), support.images(16, seed=5))
+    return versions
 
 
 def rest_predict(port, name, image):
@@ -67,10 +80,12 @@ def test_concurrent_clients_each_get_their_own_images_answer(exported, runtime, 
     if runtime in MODULES:
         pytest.importorskip(MODULES[runtime], reason=f"needs {runtime}")
     version = exported[runtime]
-    runner = load(version, runtime)
+    fmt, _, precision = runtime.partition("-")
+    runner = load(version, fmt, precision or "fp32")
     expected = [runner.predict(image[None])["probabilities"][0] for image in IMAGES]
     server = make_server(version.parent, port=0, grpc_port=0, runtime=runtime, enable_batching=batching,
                          batching_threads=4)
+    assert server.model.signatures["serving_default"] == runtime  # the int8 model where asked for
     threading.Thread(target=server.serve_forever, daemon=True).start()
     port, name = server.server_address[1], runtime
     channel = grpc.insecure_channel(f"127.0.0.1:{server.grpc_address[1]}")

@@ -57,10 +57,11 @@ def test_formats_and_the_fastest_installed_runtime_are_found(exported):
     assert servable.formats_in(every) == servable.RUNTIME_SPEED_ORDER  # openvino, onnx, saved_model, litert
     assert servable.formats_in(onnx_only) == ("onnx",)
     assert servable.latest_version_dir(onnx_only.parent) == (2, onnx_only)
-    assert servable.choose_runtimes(servable.formats_in(every)) == {"pixels": "openvino", "saved_model": True}
-    assert servable.choose_runtimes(("onnx", "saved_model", "litert")) == {"pixels": "onnx", "saved_model": True}
-    assert servable.choose_runtimes(("saved_model", "litert")) == {"pixels": "saved_model", "saved_model": True}
-    assert servable.choose_runtimes(("onnx",), "onnx") == {"pixels": "onnx", "saved_model": False}
+    fp32 = {"precision": "fp32", "saved_model": True}  # no int8 model in these versions
+    assert servable.choose_runtimes(servable.formats_in(every)) == {"pixels": "openvino", **fp32}
+    assert servable.choose_runtimes(("onnx", "saved_model", "litert")) == {"pixels": "onnx", **fp32}
+    assert servable.choose_runtimes(("saved_model", "litert")) == {"pixels": "saved_model", **fp32}
+    assert servable.choose_runtimes(("onnx",), "onnx") == {"pixels": "onnx", "precision": "fp32", "saved_model": False}
     with pytest.raises(
         ValueError, match=r"Invalid runtime='litert': the version holds no litert export \(it holds onnx\)"
     ):
