@@ -187,7 +187,7 @@ def test_recipe_auto_is_printed_before_any_work(tmp_path, folder, capsys):
     assert cli.main(["finetune-folder", "--data-dir", str(folder), "--dry-run"]) == 0
     out = capsys.readouterr().out
     line = ("[recipe] auto: 21 images of 16x16: 500 steps at 32 px (warm-up 100, evaluated every 50), mixup off, "
-            "head from a linear probe, BN frozen in phase 2")
+            "head from a linear probe, BN frozen (BiT")
     assert line in out and out.index(line) < out.index("preset finetune-folder")  # before the recipe's work
     assert "iterations: 500 = " in out
 
@@ -250,3 +250,15 @@ def test_head_init_probe_starts_the_new_head_from_the_linear_probe(tmp_path, fol
     random = head(_train(tmp_path, folder, weights, "random", *one_step, "--head-init", "random"))
     assert np.abs(random - probe).max() > 0.05
     assert "[train] head: fitted" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("head_fraction, head_init, frozen", [(0.2, "random", True), (0.0, "probe", True),
+                                                             (0.0, "random", False)])
+def test_the_batch_norm_rule_holds_for_a_probed_head_without_a_head_phase(head_fraction, head_init, frozen):
+    """``--freeze-norm auto`` freezes the statistics when fine-tuning on a small set: a head phase, or (``--recipe
+    auto``) a probed head with every layer training from the first step; from weights without either (a run
+    trained on), they train."""
+    from keras_preact_training.recipe import configs, schedules
+
+    config = configs.PRESETS["finetune-folder"].replace(head_fraction=head_fraction, head_init=head_init)
+    assert schedules.frozen_norm(config, 900) is frozen

@@ -48,9 +48,11 @@ def describe_recipe(config):
         f"data: {config.dataset}, {train_size} training images{assumed}, batch {config.batch_size}, augmentation "
         f"{config.augmentation}, normalization {config.normalization}",
         f"iterations: {resolved.total_steps} = {resolved.epochs} epochs x {resolved.steps_per_epoch}",
-        *([f"fine-tuning: from init_weights {config.init_weights}; the new head alone for the first "
-           f"{round(config.head_fraction * resolved.total_steps)} iterations, then every layer; label smoothing "
-           f"{config.label_smoothing}"] if config.init_weights else []),
+        *([f"fine-tuning: from init_weights {config.init_weights}; " + (
+            f"the new head alone for the first {round(config.head_fraction * resolved.total_steps)} iterations, "
+            "then every layer" if config.head_fraction else "every layer from the first iteration")
+           + (", a new head from a linear probe" if config.head_init == "probe" else "")
+           + f"; label smoothing {config.label_smoothing}"] if config.init_weights else []),
         f"optimizer: TorchSGD momentum {config.momentum}, nesterov {config.nesterov}, dampening 0, weight "
         f"decay {config.weight_decay} (coupled, scope {config.weight_decay_scope})",
         f"learning rate ({config.schedule}), from iteration:",

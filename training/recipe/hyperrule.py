@@ -16,8 +16,9 @@ to 160 and cropped to 128; else 512 and 480). For this project's networks:
 - mixup: BiT's rule (0.1 from 20k images, else off); with mixup on the TensorFlow backend's default pipeline
   the run takes ``--pipeline device`` (the labels are mixed on the host);
 - a new head starts from the linear probe (``head_init="probe"``: fitted in closed form on the frozen features
-  before the first step, then trained on; Kumar et al. 2022, "Fine-Tuning can Distort Pretrained Features":
-  a random head's first gradients move the features it needs; BiT starts from a zero head);
+  before the first step) and every layer trains from the first step (``head_fraction=0``): LP-FT, Kumar et al.
+  2022, "Fine-Tuning can Distort Pretrained Features" (a random head's first gradients move the features it
+  needs; BiT trains every layer from a zero head);
 - frozen BN in the all-layers phase: the fine-tuning rule, ``--freeze-norm auto``
   (``keras_preact.models.finetune.freeze_norm_rule``: a batch under 64 or under 20k images), whatever the recipe.
 
@@ -54,7 +55,7 @@ def plan(config, num_images, image_size):
     steps_per_epoch = max(1, num_images // config.batch_size, math.ceil(steps / EVALUATIONS))
     fields = dict(steps=steps, epochs=None, steps_per_epoch=steps_per_epoch, total_steps=steps,
                   reference_batch_size=config.batch_size, warmup_steps=warmup, warmup_lr=config.base_lr / 10,
-                  boundaries=(), image_size=size, mixup=mixup, head_init="probe")
+                  boundaries=(), image_size=size, mixup=mixup, head_init="probe", head_fraction=0.0)
     return Plan(fields)
 
 
@@ -74,7 +75,7 @@ def apply(config, num_images, image_size, given=()):
     head = "from a linear probe" if config.head_init == "probe" else "random"
     line = (f"[recipe] auto: {num_images:,} images of {image_size[0]}x{image_size[1]}: {resolved.total_steps} steps at "
             f"{config.image_size[0]} px (warm-up {resolved.warmup_steps}, evaluated every {resolved.steps_per_epoch}), "
-            f"mixup {config.mixup or 'off'}, head {head}, BN {'frozen' if resolved.freeze_norm else 'trained'} in "
-            "phase 2 (BiT's HyperRule"
+            f"mixup {config.mixup or 'off'}, head {head}, BN {'frozen' if resolved.freeze_norm else 'trained'}"
+            + (" in phase 2" if config.head_fraction else "") + " (BiT's HyperRule"
             + (f"; given: {', '.join('--' + k.replace('_', '-') for k in kept)})" if kept else ")"))
     return config, line

@@ -56,11 +56,12 @@ def resolve(config, train_size):
 
 def frozen_norm(config, train_size):
     """Whether the all-layers phase keeps the batch-norm statistics frozen: ``freeze_norm`` "true"/"false", or
-    "auto": when fine-tuning (``init_weights``, ``head_fraction``) at a batch under 64 or on under 20,000 training
-    images (``keras_preact.models.finetune.freeze_norm_rule``)."""
+    "auto": when fine-tuning (``init_weights`` with a head phase, ``head_fraction``, or a probed head,
+    ``head_init="probe"``) at a batch under 64 or on under 20,000 training images
+    (``keras_preact.models.finetune.freeze_norm_rule``)."""
     if config.freeze_norm != "auto":
         return config.freeze_norm == "true"
-    if not (config.init_weights and config.head_fraction):
+    if not (config.init_weights and (config.head_fraction or config.head_init == "probe")):
         return False
     from keras_preact.models.finetune import freeze_norm_rule
 
