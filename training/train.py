@@ -403,8 +403,6 @@ def fit(run):
 def probe(run):
     """``linear_probe``: the head fitted in closed form on the frozen backbone's features of the training images
     (``keras_preact.models.levers.linear_probe``), one forward pass in the order of the files; no ``model.fit``."""
-    from keras_preact.models import levers
-
     config = run.config
     _, run.test_stream = input_streams(run)
     run.backup_callback = AtomicBackup(run.files_dir / "checkpoints" / "backup", config.checkpoint_every,
