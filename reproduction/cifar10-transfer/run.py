@@ -41,16 +41,16 @@ SIZES = (500, 2500)
 # run the training app's fine-tuning preset, `keras-preact-train finetune-folder` (its default: --recipe auto),
 # with one lever added; "tta" evaluates the "auto" run with `keras-preact-evaluate --tta flip`.
 APP_ROWS = {
-    "auto": [],
+    "auto": [],  # the default: LP-FT, mixup 0.1, BN frozen, 500 steps of batch 64 (training/recipe/hyperrule.py)
+    "nomixup": ["--mixup", "0"],  # BiT's rule for sets under 20k images
     "ema": ["--ema-momentum", "0.99"],
-    "mixup": ["--mixup", "0.1"],
-    "cutmix": ["--cutmix", "1.0"],
+    "cutmix": ["--cutmix", "1.0"],  # beside the default's mixup: one of the two per batch
     "randaugment": ["--rand-augment", "0.5"],
     "layer-decay": ["--layer-decay", "0.7"],
     "probe": ["--linear-probe"],
 }
 LOOP_ROWS = {"today": dict(steps=150, batch_size=128), "scratch": dict(steps=500, batch_size=64)}
-METHODS = ("today", *APP_ROWS, "tta", "scratch")
+METHODS = ("today", "auto", "tta", *list(APP_ROWS)[1:], "scratch")
 HERE = Path(__file__).resolve().parent
 
 
