@@ -163,6 +163,8 @@ def test_jax_multi_process_data_parallel_streams_a_folder(tmp_path):
     outs = finish(procs, timeout=600)
     assert [p.returncode for p in procs] == [0, 0], outs
     assert "[data] folder streamed: 36 images at 16x16" in outs[0] and "on 2 replica(s) (data-parallel)" in outs[0]
+    # --recipe auto's probed head needs one process's features: across processes the head starts random, said
+    assert "[train] head: --head-init probe fits in one process; across 2 processes" in outs[0]
     metrics = json.loads((tmp_path / "run" / "metrics.json").read_text())
     worker = list(csv.DictReader((tmp_path / "run" / "worker-1" / "history.csv").open()))[-1]
     assert metrics["steps"] == 3

@@ -124,8 +124,12 @@ def train(config, data=None):
             probe(run)
         else:
             if config.head_init == "probe" and run.start_step == 0 and new_head(config, run.data.class_names):
-                probe_head(run, "[train] head: fitted in closed form on the features of {n} training images before "
-                                "the first step (--head-init probe)")
+                if run.dist.process_count > 1:  # model.predict's features are sharded across the processes
+                    print(f"[train] head: --head-init probe fits in one process; across {run.dist.process_count} "
+                          "processes the new head starts from its initialiser", flush=True)
+                else:
+                    probe_head(run, "[train] head: fitted in closed form on the features of {n} training images "
+                                    "before the first step (--head-init probe)")
             fit(run)
         return finalise(run)
 
