@@ -1,4 +1,5 @@
-"""Fine-tuning levers on top of the two-phase recipe: layer-wise learning-rate decay and a linear probe.
+"""Fine-tuning levers: layer-wise learning-rate decay, a linear probe (the new head's start in LP-FT, Kumar et al.
+2022) and flip test-time augmentation.
 
 - ``layerwise_decay(model, optimizer, decay)``: discriminative learning rates per stage (Howard & Ruder 2018,
   ULMFiT; BEiT's layer decay): the head trains at the optimizer's rate, the stage below at ``decay`` times it,
