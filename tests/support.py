@@ -507,3 +507,19 @@ def require_data(path, what):
         pytest.fail(f"{path} is not here ({what}): with CI=true a missing data set fails the tests that read it; "
                     "put it there, or unset CI to skip them", pytrace=False)
     pytest.skip(f"{path} is not here ({what})")
+
+
+def never_sent_call(channel, method, request_type, response_type):
+    """(open, release) for a unary gRPC ``method`` whose client sends its headers and never its message: each
+    ``open()`` starts such a call (its request iterator blocks until ``release.set()``) and returns its future."""
+    import threading
+
+    release = threading.Event()
+
+    def nothing():  # the request message never comes (until release)
+        release.wait(60)
+        yield from ()
+
+    call = channel.stream_unary(method, request_serializer=request_type.SerializeToString,
+                                response_deserializer=response_type.FromString).future
+    return (lambda: call(nothing())), release

@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from keras_preact_serving.server import DRAIN_TIMEOUT
-from support import images
+from support import images, never_sent_call
 
 HAS_GRPC = all(importlib.util.find_spec(m) is not None for m in ("tensorflow", "grpc", "tensorflow_serving"))
 needs_grpc = pytest.mark.skipif(not HAS_GRPC, reason="needs TensorFlow and the grpc extra")
@@ -535,21 +535,14 @@ def test_a_predict_whose_message_never_arrives_ends_at_the_request_timeout(expor
     thread.start()
     port = server.grpc_address[1]
     channel = grpc.insecure_channel(f"127.0.0.1:{port}")
-    release = threading.Event()
-
-    def nothing():  # the request message never comes (until the test ends)
-        release.wait(60)
-        yield from ()
-
-    open_stuck = channel.stream_unary("/tensorflow.serving.PredictionService/Predict",
-                                      request_serializer=predict_pb2.PredictRequest.SerializeToString,
-                                      response_deserializer=predict_pb2.PredictResponse.FromString).future
+    open_stuck, release = never_sent_call(channel, "/tensorflow.serving.PredictionService/Predict",
+                                          predict_pb2.PredictRequest, predict_pb2.PredictResponse)
     try:
         started = time.monotonic()
-        first = open_stuck(nothing())
+        first = open_stuck()
         time.sleep(0.2)
         assert predict(port, {"images": images(1)})["probabilities"].shape == (1, 10)  # a slot is free
-        second = open_stuck(nothing())  # both slots held by calls that send nothing
+        second = open_stuck()  # both slots held by calls that send nothing
         for stuck in (first, second):
             assert stuck.exception(timeout + 5) is not None, "the stuck call was not ended by the server"
             assert stuck.code() == grpc.StatusCode.DEADLINE_EXCEEDED, (stuck.code(), stuck.details())

@@ -648,21 +648,16 @@ def test_a_model_infer_whose_message_never_arrives_ends_at_the_request_timeout()
     DEADLINE_EXCEEDED from the server (no client deadline), as for TF Serving's Predict."""
     import grpc
 
+    from support import never_sent_call
+
     state = app.ServingState(Model, app.RequestLimits(request_timeout=1.0))
     state.start()
     running = Running(state, server.Server(state, "127.0.0.1", 0, grpc_port=0))
     channel = grpc.insecure_channel(f"127.0.0.1:{running.server.grpc_address[1]}")
-    release = threading.Event()
-
-    def nothing():  # the request message never comes (until the test ends)
-        release.wait(60)
-        yield from ()
-
-    open_stuck = channel.stream_unary("/inference.GRPCInferenceService/ModelInfer",
-                                      request_serializer=service_pb2.ModelInferRequest.SerializeToString,
-                                      response_deserializer=service_pb2.ModelInferResponse.FromString).future
+    open_stuck, release = never_sent_call(channel, "/inference.GRPCInferenceService/ModelInfer",
+                                          service_pb2.ModelInferRequest, service_pb2.ModelInferResponse)
     try:
-        stuck = open_stuck(nothing())
+        stuck = open_stuck()
         assert stuck.exception(10) is not None, "the stuck call was not ended by the server"
         assert (stuck.code(), stuck.details()) == (grpc.StatusCode.DEADLINE_EXCEEDED,
                                                    "The request did not arrive within 1 s.")
