@@ -291,3 +291,24 @@ def test_readme_python_blocks_each_stand_alone():
                 defined.add(node.arg)
         used = {n.id for n in ast.walk(tree) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
         assert not used - defined, f"{block.where}: uses {sorted(used - defined)} without defining them"
+
+
+def run_serving_client(reason, present, replacements, tmp_path):
+    """Run the docs/export-and-serving.md block marked "run by" ``reason`` (asserting each of ``present`` in its
+    code, then applying ``replacements``) in ``tmp_path`` beside the ``cat.jpg`` it sends; (its printed output,
+    the JPEG's bytes)."""
+    import io
+
+    from support import encode_image, photo_like
+
+    [block] = [b for b in blocks("docs/export-and-serving.md") if b.marker == "run by" and b.reason == reason]
+    assert all(text in block.code for text in present), block.code
+    code = block.code
+    for old, new in replacements.items():
+        code = code.replace(old, new)
+    jpeg = encode_image(photo_like(32, 32))
+    (tmp_path / "cat.jpg").write_bytes(jpeg)
+    printed = io.StringIO()
+    with working_directory(tmp_path), contextlib.redirect_stdout(printed):
+        exec(compile(code, block.where, "exec"), {"__name__": "docs_grpc_client"})  # the documentation's own code
+    return printed.getvalue(), jpeg

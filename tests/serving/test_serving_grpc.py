@@ -121,26 +121,17 @@ def batch_size_metric(port, signature):
 def test_the_documented_client_runs_against_this_server(served, tmp_path):
     """The gRPC client of "docs/export-and-serving.md", as written, against this module's server: only its port,
     the model's name and the image file are this test's. It prints the REST reply's top-3 classes."""
-    import contextlib
-    import io
+    from test_docs import run_serving_client
 
-    from test_docs import blocks, working_directory
+    from support import CLASS_NAMES
 
-    from support import CLASS_NAMES, encode_image, photo_like
-
-    [block] = [b for b in blocks("docs/export-and-serving.md")
-               if b.marker == "run by" and b.reason == "tests/serving/test_serving_grpc.py"]
-    assert 'grpc.insecure_channel("localhost:8500")' in block.code and 'name = "<name>"' in block.code
-    code = block.code.replace("localhost:8500", f"localhost:{served[1]}").replace('"<name>"', '"cifar"')
-    jpeg = encode_image(photo_like(32, 32))
-    (tmp_path / "cat.jpg").write_bytes(jpeg)
-    printed = io.StringIO()
-    with working_directory(tmp_path), contextlib.redirect_stdout(printed):
-        exec(compile(code, block.where, "exec"), {"__name__": "docs_grpc_client"})  # the documentation's own code
+    printed, jpeg = run_serving_client(
+        "tests/serving/test_serving_grpc.py", ['grpc.insecure_channel("localhost:8500")', 'name = "<name>"'],
+        {"localhost:8500": f"localhost:{served[1]}", '"<name>"': '"cifar"'}, tmp_path)
     [rest] = rest_predict(served[0], {"signature_name": "serving_bytes",
                                       "instances": [{"b64": base64.b64encode(jpeg).decode()}]})
-    top3 = re.findall(r"b'(\w+)'", printed.getvalue())
-    assert top3 == rest["class_names"] and set(top3) <= set(CLASS_NAMES), printed.getvalue()
+    top3 = re.findall(r"b'(\w+)'", printed)
+    assert top3 == rest["class_names"] and set(top3) <= set(CLASS_NAMES), printed
 
 
 def jpegs(batch):

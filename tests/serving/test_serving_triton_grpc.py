@@ -475,28 +475,18 @@ def test_tritonclient_grpc_gets_rest_v2s_answers_for_pixels_floats_and_jpeg_byte
 def test_the_documented_grpc_client_runs_against_this_server(tf_served, tmp_path):
     """The ``tritonclient.grpc`` example of "docs/export-and-serving.md", as written, against this server: only its
     port, the model's name and the image file are this test's. It prints the HTTP v2 path's top-3."""
-    import contextlib
-
-    from test_docs import blocks, working_directory
-
-    from support import encode_image, photo_like
+    from test_docs import run_serving_client
 
     running, _, http = tf_served
-    [block] = [b for b in blocks("docs/export-and-serving.md")
-               if b.marker == "run by" and b.reason == "tests/serving/test_serving_triton_grpc.py"]
-    assert 'InferenceServerClient("localhost:8500")' in block.code and '"<name>"' in block.code
-    code = block.code.replace("localhost:8500", f"127.0.0.1:{running.grpc_port}").replace('"<name>"', '"cifar"')
-    jpeg = encode_image(photo_like(32, 32))
-    (tmp_path / "cat.jpg").write_bytes(jpeg)
-    printed = io.StringIO()
-    with working_directory(tmp_path), contextlib.redirect_stdout(printed):
-        exec(compile(code, block.where, "exec"), {"__name__": "docs_grpc_client"})  # the documentation's own code
+    printed, jpeg = run_serving_client(
+        "tests/serving/test_serving_triton_grpc.py", ['InferenceServerClient("localhost:8500")', '"<name>"'],
+        {"localhost:8500": f"127.0.0.1:{running.grpc_port}", '"<name>"': '"cifar"'}, tmp_path)
     import tritonclient.http as httpclient
 
     reference = http.infer("cifar", [http_input(np.array([jpeg], dtype=object), "BYTES", "image_bytes")],
                            outputs=[httpclient.InferRequestedOutput("probabilities", class_count=3)])
     names = http.infer("cifar", [http_input(np.array([jpeg], dtype=object), "BYTES", "image_bytes")])
-    assert printed.getvalue() == (f"{names.as_numpy('class_names')}\n{reference.as_numpy('probabilities')}\n")
+    assert printed == (f"{names.as_numpy('class_names')}\n{reference.as_numpy('probabilities')}\n")
 
 
 def test_concurrent_triton_and_tf_serving_grpc_clients_each_get_their_own_images_answer(tf_served):
