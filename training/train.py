@@ -31,13 +31,16 @@ While ``model.fit`` and ``model.evaluate`` run,
 import contextlib
 import dataclasses
 import functools
+import json
 import pathlib
 import sys
 import time
 
 import keras
+import numpy as np
 
 from keras_preact import scratch
+from keras_preact.models import finetune
 
 from . import export as export_lib
 from .data import mixing, pipelines, sources
@@ -128,8 +131,10 @@ def train(config, data=None):
                     print(f"[train] head: --head-init probe fits in one process; across {run.dist.process_count} "
                           "processes the new head starts from its initialiser", flush=True)
                 else:
-                    probe_head(run, "[train] head: fitted in closed form on the features of {n} training images "
-                                    "before the first step (--head-init probe)")
+                    accuracy = probe_head(run, "[train] head: fitted in closed form on the features of {n} training "
+                                               "images before the first step (--head-init probe)")
+                    if config.probe_rate_rule:
+                        rate_after_probe(run, accuracy)
             fit(run)
         return finalise(run)
 
@@ -204,6 +209,8 @@ def prepare(run, data):
     for directory in (run.files_dir, run.files_dir / "checkpoints" / "backup"):  # this process's own
         scratch.remove_stale(directory)
     run.backup = read_backup(run.run_dir / "checkpoints" / "backup")  # the chief's: every worker resumes from it
+    if run.backup and config.probe_rate_rule:  # the rate the run started at, from its probe's record
+        run.resolved = resolved_after_probe(config, run.resolved, read_probe_record(run.run_dir))
     resume.check_classes(run.run_dir, run.data.class_names, run.backup)
     if run.may_stop_finished:
         done = run_state.finished(run.run_dir, config, run.resolved.total_steps, run.backup)
@@ -241,13 +248,19 @@ def build(run):
     run.classifier.input_config = input_config_for(config, run.mean.tolist(), run.std.tolist())
     run.classifier.class_names = tuple(run.data.class_names)
     if run.is_chief:
-        manifest = RunManifest(
-            name=config.name, class_names=run.classifier.class_names, input_config=run.classifier.input_config,
-            config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(run.resolved),
-            keras_backend=keras.backend.backend(), keras_version=keras.__version__,
-            model=final_fingerprint(run),
-        )
-        write_json(run.run_dir / "config.json", manifest.to_dict())
+        write_manifest(run)
+
+
+def write_manifest(run):
+    """The run manifest, ``config.json``: the config, the schedule resolved from it, what the model is."""
+    config = run.config
+    manifest = RunManifest(
+        name=config.name, class_names=run.classifier.class_names, input_config=run.classifier.input_config,
+        config=dataclasses.asdict(config), resolved_schedule=dataclasses.asdict(run.resolved),
+        keras_backend=keras.backend.backend(), keras_version=keras.__version__,
+        model=final_fingerprint(run),
+    )
+    write_json(run.run_dir / "config.json", manifest.to_dict())
 
 
 def restore_backup(run):
@@ -430,7 +443,55 @@ def probe_head(run, message):
     else:
         batches = pipelines.FolderBatches(data, "train", config.batch_size, mean=run.mean, std=run.std, raw=False)
     print(message.format(n=len(batches.labels)), flush=True)
-    levers.linear_probe(run.classifier, batches, batches.labels)
+    found = levers.features(run.classifier, batches)
+    dense = run.classifier.get_layer("logits")
+    kernel, bias = levers.ridge_head(found, batches.labels, dense.units)  # levers.linear_probe's head
+    dense.kernel.assign(kernel)
+    dense.bias.assign(bias)
+    return float(np.mean(np.argmax(found @ kernel + bias, axis=-1) == np.asarray(batches.labels)))
+
+
+PROBE_RECORD = "probe.json"  # a probed run's probe: its accuracy on the training images (--probe-rate-rule)
+
+
+def rate_after_probe(run, accuracy):
+    """``--probe-rate-rule``: the schedule's rates after the probe (``keras_preact.models.finetune.rate_after_probe``:
+    halved when the probe is right on 99% or more of the training images), said in one line. The probe's accuracy
+    is kept in the run directory, so a resumed run trains at the rate the run started at."""
+    write_json(run.run_dir / PROBE_RECORD, {"train_accuracy": accuracy, "train_images": run.data.train_size})
+    peak = run.resolved.base_lr
+    run.resolved = resolved_after_probe(run.config, run.resolved, accuracy)
+    share = f"the probe is right on {accuracy:.1%} of the {run.data.train_size:,} training images"
+    if run.resolved.base_lr == peak:
+        print(f"[recipe] {share} (under {finetune.SEPARABLE:.0%}): every layer trains at the peak rate {peak:g}",
+              flush=True)
+        return
+    print(f"[recipe] {share} ({finetune.SEPARABLE:.0%} or more): the features already separate them, so every "
+          f"layer trains at half the rate, peak {run.resolved.base_lr:g} (keras_preact.models.finetune."
+          "rate_after_probe; --lr sets the rate)", flush=True)
+    with run.dist.scope():
+        compile_model(run.model, run.config, run.resolved, run.data.num_classes,
+                      steps_per_execution=run.steps_per_execution)
+    write_manifest(run)
+
+
+def read_probe_record(run_dir):
+    """The training accuracy a probed run's probe recorded, or None (no record: the run starts at its rate)."""
+    path = pathlib.Path(run_dir) / PROBE_RECORD
+    if not path.is_file():
+        return None
+    return float(json.loads(path.read_text())["train_accuracy"])
+
+
+def resolved_after_probe(config, resolved, accuracy):
+    """``resolved`` with its rates scaled as ``keras_preact.models.finetune.rate_after_probe`` says for a probe right
+    on ``accuracy`` of the training images (None: unchanged)."""
+    if not config.probe_rate_rule or accuracy is None:
+        return resolved
+    factor = finetune.rate_after_probe(resolved.base_lr, accuracy) / resolved.base_lr
+    if factor == 1:
+        return resolved
+    return dataclasses.replace(resolved, base_lr=resolved.base_lr * factor, warmup_lr=resolved.warmup_lr * factor)
 
 
 def unfreeze(run):

@@ -130,3 +130,32 @@ def freeze_norm_rule(batch_size, num_images):
         if not isinstance(value, int) or isinstance(value, bool) or value < 1:
             raise ValueError(f"Invalid {argument}={value!r}: a positive integer is required.")
     return batch_size < FREEZE_NORM_BELOW_BATCH or num_images < FREEZE_NORM_BELOW_IMAGES
+
+
+# A linear probe that classifies this share of the training images or more leaves the all-layers phase little to
+# learn; that phase then trains at half its rate (``rate_after_probe``).
+SEPARABLE = 0.99
+
+
+def rate_after_probe(rate, probe_accuracy):
+    """The peak learning rate of the all-layers phase that starts from a linear-probe head (LP-FT: Kumar et al.,
+    "Fine-Tuning can Distort Pretrained Features", ICLR 2022): ``rate``, halved when the probe already classifies
+    99% or more of the training images right (``probe_accuracy``, on the training images themselves).
+
+    Features that already separate the training images give the all-layers phase little to learn and much to
+    overfit: on 3 CIFAR-10 classes of a network trained on CIFAR-10 (the probe right on 99.7% of 900 images), every
+    layer at SGD 0.01 ended 0.07 points under to 0.13 over the probed head (3 seeds), at 0.005 0.13 to 0.27 over;
+    on 5 classes the network never saw (the probe right on 80-83%), 0.005 cost 0.3 points at 500 images and 1.6 at
+    2,500 (docs/fine-tuning.md, "The all-layers rate").
+
+    Examples:
+        >>> from keras_preact.models.finetune import rate_after_probe
+        >>> rate_after_probe(0.01, probe_accuracy=0.997), rate_after_probe(0.01, probe_accuracy=0.83)
+        (0.005, 0.01)
+    """
+    if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not rate > 0:
+        raise ValueError(f"Invalid rate={rate!r}: a learning rate > 0 is required.")
+    if not isinstance(probe_accuracy, (int, float)) or isinstance(probe_accuracy, bool) or not 0 <= probe_accuracy <= 1:
+        raise ValueError(f"Invalid probe_accuracy={probe_accuracy!r}: a share of the training images in [0, 1] "
+                         "is required.")
+    return rate / 2 if probe_accuracy >= SEPARABLE else rate

@@ -140,6 +140,9 @@ class Config:
     # a new head's start: "random" (its initialiser) or "probe" (fitted in closed form on the frozen features
     # before any step, then trained on: LP-FT, Kumar et al. 2022)
     head_init: str = "random"
+    # after a probed head: the all-layers rate halved when the probe is right on >= 99% of the training images
+    # (keras_preact.models.finetune.rate_after_probe); --recipe auto's unless --lr is given
+    probe_rate_rule: bool = False
     label_smoothing: float = 0.0
     # fine-tuning's all-layers phase keeps the batch-norm statistics frozen: "auto" (batch < 64 or < 20,000 images,
     # keras_preact.models.finetune.freeze_norm_rule), "true", "false"

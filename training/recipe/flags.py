@@ -80,6 +80,9 @@ HELP = {
     "64 or on under 20,000 training images (docs/fine-tuning.md)",
     "recipe": "auto (the finetune-folder preset's): steps, warm-up, resolution, mixup and frozen BN chosen from the "
     "folder's image count and size after BiT's HyperRule, printed before any work; fixed: the preset's and flags'",
+    "probe_rate_rule": "with --head-init probe: halve the peak rate when the probe classifies 99%% or more of "
+    "the training images right (the features already separate them; keras_preact.models.finetune.rate_after_probe)."
+    " --recipe auto's, unless --lr is given",
     "ema_momentum": "weight EMA (Keras' use_ema), e.g. 0.999: evaluated, saved and exported from the averaged "
     "weights; 0: off",
     "layer_decay": "layer-wise learning-rate decay: stage k of D trains at lr * decay**(D-k), the head at lr; 1: off",

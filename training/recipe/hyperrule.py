@@ -21,6 +21,9 @@ to 160 and cropped to 128; else 512 and 480). For this project's networks:
   before the first step) and every layer trains from the first step (``head_fraction=0``): LP-FT, Kumar et al.
   2022, "Fine-Tuning can Distort Pretrained Features" (a random head's first gradients move the features it
   needs; BiT trains every layer from a zero head);
+- the all-layers rate after the probe: halved when the probe already classifies 99% or more of the training images
+  right (``probe_rate_rule``, ``keras_preact.models.finetune.rate_after_probe``: such features leave that phase
+  little to learn and much to overfit), unless ``--lr`` is given; said in one line after the probe;
 - frozen BN in the all-layers phase: the fine-tuning rule, ``--freeze-norm auto``
   (``keras_preact.models.finetune.freeze_norm_rule``: a batch under 64 or under 20k images), whatever the recipe.
 
@@ -57,7 +60,8 @@ def plan(config, num_images, image_size):
     steps_per_epoch = max(1, num_images // config.batch_size, math.ceil(steps / EVALUATIONS))
     fields = dict(steps=steps, epochs=None, steps_per_epoch=steps_per_epoch, total_steps=steps,
                   reference_batch_size=config.batch_size, warmup_steps=warmup, warmup_lr=config.base_lr / 10,
-                  boundaries=(), image_size=size, mixup=mixup, head_init="probe", head_fraction=0.0)
+                  boundaries=(), image_size=size, mixup=mixup, head_init="probe", head_fraction=0.0,
+                  probe_rate_rule=True)
     return Plan(fields)
 
 
@@ -69,6 +73,8 @@ def apply(config, num_images, image_size, given=()):
     length = {"steps", "epochs", "steps_per_epoch", "total_steps"}
     fields = {k: v for k, v in chosen.fields.items()
               if k not in given and not (k in length and length & set(given))}
+    if "base_lr" in given:  # a rate given is the rate trained at
+        fields.pop("probe_rate_rule", None)
     if fields.get("mixup") and config.pipeline == "auto":
         fields["pipeline"] = "device"
     config = config.replace(**fields)
