@@ -12,8 +12,8 @@ the runtime's own profiler on, as ``keras_preact.export.load`` configures the se
 Prints, per (runtime, batch): milliseconds per call measured around the call, the sum of the profiled node times,
 and that sum split by kind (``KINDS``: convolutions, (de)quantization, layout transposes, the batch-norm affine
 that a pre-activation network keeps before each ReLU, the rest) and by kernel, so the share of the time the integer
-units can shorten is read off directly; then one markdown row (ms per call, each kind, and the time outside the
-profiled nodes):
+units can shorten is read off directly; then a markdown table, a row per (runtime, batch): ms per call, each kind,
+and the time outside the profiled nodes:
 
     KERAS_BACKEND=torch PYTHONPATH=. python benchmarks/int8_profile.py --model cifar_resnet20:32 --batches 1 64
 """
@@ -90,17 +90,19 @@ def profile_onnx(onnx_path, images, calls):
     return per_call, nodes
 
 
-def report(label, per_call, nodes, top):
+def report(cells, per_call, nodes, top):
+    """Prints the profile's kinds and its ``top`` kernels; returns its markdown row (``cells``, then the times)."""
     total = sum(nodes.values())
     kinds = collections.Counter()
     for (op_type, _), ms in nodes.items():
         kinds[kind_of(op_type)] += ms
     split = ", ".join(f"{kind} {ms:.3f} ms ({ms / total:.0%})" for kind, ms in kinds.most_common())
-    print(f"\n## {label}: {per_call:.3f} ms per call, profiled nodes {total:.3f} ms ({total / per_call:.0%}); {split}")
-    print("| " + " | ".join([label, f"{per_call:.3f}", *(f"{kinds[k]:.3f}" for k in (*KINDS, "other")),
-                             f"{per_call - total:.3f}"]) + " |")
+    print(f"\n## {', '.join(cells)}: {per_call:.3f} ms per call, profiled nodes {total:.3f} ms "
+          f"({total / per_call:.0%}); {split}")
     for (op_type, kernel), ms in nodes.most_common(top):
         print(f"  {ms:8.3f} ms  {ms / total:5.1%}  {op_type} [{kernel}]")
+    times = [per_call, *(kinds[k] for k in (*KINDS, "other")), per_call - total]
+    return "| " + " | ".join([*cells, *(f"{t:.3f}" for t in times)]) + " |"
 
 
 def main(argv=None):
@@ -108,7 +110,9 @@ def main(argv=None):
     parser.add_argument("--model", type=parse_model, default=("cifar_resnet20", 32),
                         help="a registered model name with :SIZE (default cifar_resnet20:32)")
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 64])
-    parser.add_argument("--calls", type=int, default=200, help="profiled inferences per (runtime, batch)")
+    parser.add_argument("--calls", type=int, default=200,
+                        help="profiled images per (runtime, batch): calls of a batch of B images take CALLS / B")
+    parser.add_argument("--min-calls", type=int, default=10, help="and at least this many calls")
     parser.add_argument("--top", type=int, default=8, help="kernels listed per profile")
     args = parser.parse_args(argv)
     decline_usage_telemetry()
@@ -125,13 +129,16 @@ def main(argv=None):
         paths = {"onnx": FORMATS["onnx"].files[0], "onnx-int8": quantize.INT8_FILES["onnx"][0],
                  "openvino": FORMATS["openvino"].files[0], "openvino-int8": quantize.INT8_FILES["openvino"][0]}
         rng = np.random.default_rng(0)
+        rows = []
         for batch in args.batches:
             images = rng.integers(0, 256, (batch, size, size, 3), dtype=np.uint8)
             for runtime, path in paths.items():
                 profile = profile_onnx if runtime.startswith("onnx") else profile_openvino
-                calls = max(10, args.calls // batch)
-                per_call, nodes = profile(f"{version_dir}/{path}", images, calls)
-                report(f"{name} @{size}, batch {batch}, {runtime}", per_call, nodes, args.top)
+                per_call, nodes = profile(f"{version_dir}/{path}", images, max(args.min_calls, args.calls // batch))
+                rows.append(report([f"{name} @{size}", str(batch), runtime], per_call, nodes, args.top))
+    print("\n| model | batch | runtime | ms per call | " + " | ".join((*KINDS, "other")) + " | outside |")
+    print("|---" * (len(KINDS) + 6) + "|")
+    print("\n".join(rows))
 
 
 if __name__ == "__main__":

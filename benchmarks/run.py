@@ -58,6 +58,8 @@ SCRIPTS = {
                          "images/s", column="ours", tiny=("--tiny",)),
     "export_runtimes": Script("export_runtimes", "inference speed of each export format", "images/s",
                               column="img/s"),
+    "int8_profile": Script("int8_profile", "where float and int8 models' time goes in ONNX Runtime and OpenVINO",
+                           "ms per call", column="ms per call", better="lower"),
     "input_pipeline": Script("input_pipeline_backends", "input pipeline speed per backend", "images/s",
                              column="img/s"),
     "batch_norm_kernels": Script("batch_norm_kernels", "the fused batch-normalization kernel against Keras'",

@@ -181,6 +181,26 @@ def test_export_runtimes_times_each_int8_model_after_its_float_one(capsys):
     assert all(float(r[3].replace(",", "")) > 0 for r in rows)
 
 
+def test_int8_profile_splits_each_runtime_models_time_by_kind(capsys):
+    """benchmarks/int8_profile.py: a row per (batch, runtime) whose kinds and time outside the nodes add up to the
+    call; the int8 models run (de)quantization nodes, the float ones none."""
+    if keras.backend.backend() == "jax":
+        pytest.skip("ONNX and OpenVINO are written from the tensorflow and torch backends")
+    for module in ("onnxruntime", "openvino", "nncf"):
+        pytest.importorskip(module)
+    from benchmarks import int8_profile
+
+    int8_profile.main(["--model", "cifar_resnet20:16", "--batches", "2", "--calls", "4", "--min-calls", "2"])
+    lines = capsys.readouterr().out.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.startswith("| model | batch | runtime | ms per call"))
+    rows = [[cell.strip() for cell in line.split("|")[1:-1]] for line in lines[header + 2:]]
+    assert [(r[1], r[2]) for r in rows] == [("2", r) for r in ("onnx", "onnx-int8", "openvino", "openvino-int8")]
+    for row in rows:
+        per_call, *parts = map(float, row[3:])
+        assert per_call > 0 and parts[0] > 0 and sum(parts) == pytest.approx(per_call, abs=0.01)
+        assert (parts[1] > 0) is row[2].endswith("-int8")  # (de)quantize
+
+
 def test_remat_memory_reports_a_refused_policy_with_its_message(tmp_path, capsys):
     """benchmarks/remat_memory.py runs the real keras-preact-train per policy; one that ends badly is a row
     with its exit status and the line that says why, and the table's ratios are to the no-remat run."""
