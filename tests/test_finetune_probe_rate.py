@@ -104,6 +104,6 @@ def test_a_probe_under_99_percent_leaves_the_rate(tmp_path, capfd):
     out = capfd.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("[recipe] the probe is right on"))
     accuracy = float(line.split("right on ")[1].split("%")[0])
-    assert accuracy < 99 and line.endswith(f"of the 300 training images (under 99%): every layer trains at the "
+    assert accuracy < 99 and line.endswith("of the 300 training images (under 99%): every layer trains at the "
                                            "peak rate 0.01")
     assert resolved_rates(tmp_path / "run") == (0.01, 0.001)
