@@ -37,7 +37,6 @@ import sys
 import time
 
 import keras
-import numpy as np
 
 from keras_preact import scratch
 from keras_preact.models import finetune
@@ -210,7 +209,7 @@ def prepare(run, data):
         scratch.remove_stale(directory)
     run.backup = read_backup(run.run_dir / "checkpoints" / "backup")  # the chief's: every worker resumes from it
     if run.backup and config.probe_rate_rule:  # the rate the run started at, from its probe's record
-        run.resolved = resolved_after_probe(config, run.resolved, read_probe_record(run.run_dir))
+        run.resolved = resolved_after_probe(run.resolved, read_probe_record(run.run_dir))
     resume.check_classes(run.run_dir, run.data.class_names, run.backup)
     if run.may_stop_finished:
         done = run_state.finished(run.run_dir, config, run.resolved.total_steps, run.backup)
@@ -443,12 +442,7 @@ def probe_head(run, message):
     else:
         batches = pipelines.FolderBatches(data, "train", config.batch_size, mean=run.mean, std=run.std, raw=False)
     print(message.format(n=len(batches.labels)), flush=True)
-    found = levers.features(run.classifier, batches)
-    dense = run.classifier.get_layer("logits")
-    kernel, bias = levers.ridge_head(found, batches.labels, dense.units)  # levers.linear_probe's head
-    dense.kernel.assign(kernel)
-    dense.bias.assign(bias)
-    return float(np.mean(np.argmax(found @ kernel + bias, axis=-1) == np.asarray(batches.labels)))
+    return levers.fit_head(run.classifier, levers.features(run.classifier, batches), batches.labels)
 
 
 PROBE_RECORD = "probe.json"  # a probed run's probe: its accuracy on the training images (--probe-rate-rule)
@@ -460,7 +454,7 @@ def rate_after_probe(run, accuracy):
     is kept in the run directory, so a resumed run trains at the rate the run started at."""
     write_json(run.run_dir / PROBE_RECORD, {"train_accuracy": accuracy, "train_images": run.data.train_size})
     peak = run.resolved.base_lr
-    run.resolved = resolved_after_probe(run.config, run.resolved, accuracy)
+    run.resolved = resolved_after_probe(run.resolved, accuracy)
     share = f"the probe is right on {accuracy:.1%} of the {run.data.train_size:,} training images"
     if run.resolved.base_lr == peak:
         print(f"[recipe] {share} (under {finetune.SEPARABLE:.0%}): every layer trains at the peak rate {peak:g}",
@@ -483,14 +477,12 @@ def read_probe_record(run_dir):
     return float(json.loads(path.read_text())["train_accuracy"])
 
 
-def resolved_after_probe(config, resolved, accuracy):
+def resolved_after_probe(resolved, accuracy):
     """``resolved`` with its rates scaled as ``keras_preact.models.finetune.rate_after_probe`` says for a probe right
     on ``accuracy`` of the training images (None: unchanged)."""
-    if not config.probe_rate_rule or accuracy is None:
+    if accuracy is None:
         return resolved
     factor = finetune.rate_after_probe(resolved.base_lr, accuracy) / resolved.base_lr
-    if factor == 1:
-        return resolved
     return dataclasses.replace(resolved, base_lr=resolved.base_lr * factor, warmup_lr=resolved.warmup_lr * factor)
 
 

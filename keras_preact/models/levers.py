@@ -181,13 +181,31 @@ def linear_probe(model, images, labels, *, l2=1e-3, batch_size=256):
         >>> tuple(model.get_layer("logits").kernel.shape)
         (64, 2)
     """
+    fit_head(model, features(model, images, batch_size), labels, l2=l2)
+    return model
+
+
+def fit_head(model, features_, labels, *, l2=1e-3):
+    """``linear_probe`` on features already computed (``features``): ``model``'s dense head set to ``ridge_head``'s;
+    returns the share of ``labels`` the fitted head gets right on those features (the probe's training accuracy,
+    ``keras_preact.models.finetune.rate_after_probe``'s input).
+
+    Examples:
+        >>> import numpy as np
+        >>> from keras_preact.models import cifar_resnet
+        >>> model = cifar_resnet(8, num_classes=2, input_shape=(8, 8, 3))
+        >>> x = np.random.default_rng(0).normal(size=(32, 8, 8, 3)).astype("float32")
+        >>> fit_head(model, features(model, x), np.arange(32) % 2)  # 64 features separate 32 images
+        1.0
+    """
     dense = model.get_layer("logits") if any(layer.name == "logits" for layer in model.layers) else None
     if dense is None:
         raise ValueError(f"Invalid model={model.name!r}: no dense head ('logits'); build it with num_classes.")
-    kernel, bias = ridge_head(features(model, images, batch_size), labels, dense.units, l2)
+    kernel, bias = ridge_head(features_, labels, dense.units, l2)
     dense.kernel.assign(kernel)
     dense.bias.assign(bias)
-    return model
+    predicted = np.argmax(np.asarray(features_, np.float64) @ kernel + bias, axis=-1)
+    return float(np.mean(predicted == np.asarray(labels).reshape(-1)))
 
 
 def flip_tta(model):
