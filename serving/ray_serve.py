@@ -12,6 +12,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 
 import ray
 from ray import serve
@@ -100,6 +101,35 @@ class TFServingReplica:
         error = self.app.state.serving.load_error
         if error is not None and not first:
             raise RuntimeError(load_error_line(error))
+
+
+HTTP_PROXY_WAIT_S = 60  # how long serve.start waits for the HTTP proxies before it raises (Ray's own, fixed)
+PROXY_POLL_S = 0.5
+
+
+def start_serve(http_options):
+    """Ray Serve started (or joined) with ``http_options``; False where ``serve.start`` gave up waiting for the HTTP
+    proxies. It waits for them at most ``HTTP_PROXY_WAIT_S``, then raises ``TimeoutError`` while the controller it
+    started goes on starting them: on a busy machine a proxy's cold Ray worker takes longer. A second
+    ``serve.start`` then joins that controller, which keeps these options; ``wait_for_proxies`` waits for them.
+
+    Example: ``start_serve({"host": "127.0.0.1", "port": 8000})`` before ``serve.run``."""
+    try:
+        serve.start(http_options=http_options)
+        return True
+    except TimeoutError:
+        serve.start(http_options=http_options)
+        return False
+
+
+def wait_for_proxies():
+    """Until Ray Serve's HTTP proxies are up (``serve.status().proxies``): at least one, and none starting or
+    unhealthy (Ray restarts an unhealthy one; a draining one is on a node without replicas)."""
+    while True:
+        states = {getattr(state, "value", state) for state in serve.status().proxies.values()}
+        if states and not states & {"STARTING", "UNHEALTHY"}:
+            return
+        time.sleep(PROXY_POLL_S)
 
 
 def wait_until_loaded(handle, replicas):
@@ -221,13 +251,16 @@ def main(argv=None):
     for signum in (signal.SIGINT, signal.SIGTERM):  # either stops serving and the Ray instance started here
         signal.signal(signum, _stop)
     try:
-        serve.start(
-            http_options={"host": args.host, "port": args.port, "keep_alive_timeout_s": math.ceil(args.request_timeout)}
-        )
+        if not start_serve({"host": args.host, "port": args.port,
+                            "keep_alive_timeout_s": math.ceil(args.request_timeout)}):
+            print(f"{parser.prog}: Ray Serve's HTTP proxies are not up after Ray's {HTTP_PROXY_WAIT_S} s wait (a busy "
+                  "machine starts their workers slowly): deploying meanwhile; serving once they are up",
+                  file=sys.stderr, flush=True)
         served, error = wait_until_loaded(serve.run(app, name=model_name, route_prefix="/"), args.replicas)
         if error is not None:
             print(f"{parser.prog}: error: {error}", file=sys.stderr, flush=True)
             return 1
+        wait_for_proxies()
         version, path = served
         print(f"Serving model '{model_name}' version {version} ({path}) on {args.replicas} Ray Serve replica(s) "
               f"at http://{args.host}:{args.port}/v1/models/{model_name}", flush=True)

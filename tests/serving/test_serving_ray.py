@@ -48,6 +48,7 @@ import subprocess
 import sys
 import threading
 import time
+import types
 
 import numpy as np
 import pytest
@@ -79,6 +80,9 @@ NODE = {"num_cpus": 2, "object_store_memory": ray_constants.OBJECT_STORE_MINIMUM
         "node_ip_address": "127.0.0.1"}
 CLIENTS = 4  # concurrent clients during the kill: the most requests that can be in flight at once
 RECOVERY_TIMEOUT_S = 120
+# The longest wait for the command's "Serving" line (an event: its stdout), a guard against a hang only. Beside 5
+# busy processes on 2 cores, each replica's cold worker took minutes to import TensorFlow (CI went past 300 s).
+READY_TIMEOUT_S = 900
 POOL = images(8, seed=21)
 # The cluster's environment, inherited by its nodes' processes and the command deployed onto it; not the
 # local command's, which runs as a user runs it.
@@ -244,7 +248,7 @@ def served(cluster, exported, signatures, tmp_path_factory):
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                    **options)
     try:
-        ready, _, _ = select.select([process.stdout], [], [], 300)
+        ready, _, _ = select.select([process.stdout], [], [], READY_TIMEOUT_S)
         line = process.stdout.readline() if ready else ""
         assert (
             f"Serving model 'cifar' version 2 ({exported}) on 2 Ray Serve replica(s) at http://127.0.0.1:{port}" in line
@@ -269,7 +273,7 @@ def cluster_served(cluster, exported, tmp_path_factory):
         process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=stderr, text=True, start_new_session=True,
                                    **options)
     try:
-        ready, _, _ = select.select([process.stdout], [], [], 300)
+        ready, _, _ = select.select([process.stdout], [], [], READY_TIMEOUT_S)
         line = process.stdout.readline() if ready else ""
         assert f"Serving model 'cifar' version 2 ({exported}) on 2 Ray Serve replica(s) at http://127.0.0.1:{port}" \
             in line, log.read_text()[-4000:]
@@ -469,6 +473,33 @@ def test_entry_point_warns_when_the_cluster_has_too_few_nodes_for_max_replicas_p
                      ("shutdown",)]
     assert main_ray([str(exported.parent), "--address", "auto", "--replicas", "4", "--max-replicas-per-node", "2"]) == 0
     assert capsys.readouterr().err == ""
+
+
+def test_serve_is_joined_when_ray_gives_up_waiting_for_its_proxies_and_they_are_waited_for(monkeypatch):
+    """``serve.start`` raises after Ray's fixed 60 s wait for the HTTP proxies (a loaded 2-core machine, in CI):
+    the command joins the Serve it started (a second ``serve.start``) instead of failing, and waits until no proxy
+    is starting or unhealthy; a draining one (a node without replicas) is up."""
+    from keras_preact_serving import ray_serve
+
+    calls = []
+
+    def start(http_options):
+        calls.append(http_options)
+        if len(calls) == 1:
+            raise TimeoutError(f"HTTP proxies not available after {ray_serve.HTTP_PROXY_WAIT_S}s.")
+
+    monkeypatch.setattr(serve, "start", start)
+    assert ray_serve.start_serve({"port": 1}) is False and calls == [{"port": 1}] * 2
+    assert ray_serve.start_serve({"port": 2}) is True and calls[2:] == [{"port": 2}]
+
+    from ray.serve.schema import ProxyStatus
+
+    seen = [{"a": ProxyStatus.STARTING}, {}, {"a": ProxyStatus.HEALTHY, "b": ProxyStatus.UNHEALTHY},
+            {"a": ProxyStatus.HEALTHY, "b": ProxyStatus.DRAINING}, {"a": ProxyStatus.STARTING}]
+    monkeypatch.setattr(serve, "status", lambda: types.SimpleNamespace(proxies=seen.pop(0)))
+    monkeypatch.setattr(ray_serve, "PROXY_POLL_S", 0)
+    ray_serve.wait_for_proxies()
+    assert seen == [{"a": ProxyStatus.STARTING}]
 
 
 def test_entry_point_without_ray_says_what_to_install_in_one_line(monkeypatch, capsys):
@@ -698,6 +729,9 @@ def test_a_replica_batches_with_serve_batch(cluster):
     from keras_preact_serving.batching import BatchingOptions
 
     options = BatchingOptions(batching_max_size=8, batching_timeout_ms=2000)
+    # No HTTP proxy: the probe is called through its handle. A proxy's worker starts cold here, and serve.start
+    # waits for it at most Ray's fixed 60 s (HTTP_PROXY_TIMEOUT): past that on a loaded 2-core machine, in CI.
+    serve.start(proxy_location="Disabled")
     handle = serve.run(_BatcherProbe.bind(options), name="batcher-probe", route_prefix=None)
     try:
         calls, results = handle.remote([1, 2, 1, 2, 1, 1]).result(timeout_s=120)
@@ -707,7 +741,7 @@ def test_a_replica_batches_with_serve_batch(cluster):
         calls, results = handle.remote([9]).result(timeout_s=120)
         assert calls == [8, 9] and results == [(2, 9, [0.0] * 9)]
     finally:
-        serve.shutdown()  # Serve started here with its default HTTP options: the commands below start their own
+        serve.shutdown()  # Serve started here without proxies: the commands below start their own
 
 
 def test_without_address_it_starts_a_ray_of_its_own_beside_a_running_cluster(cluster, served, reference):
